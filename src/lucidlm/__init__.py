@@ -1,0 +1,9 @@
+"""lucidlm: a glass-box toolkit for decoder-only transformer language models."""
+
+from lucidlm.config import PRESETS, ModelConfig, preset
+from lucidlm.errors import LucidLMError
+from lucidlm.loading import load
+from lucidlm.model import Transformer
+
+__version__ = "0.1.0"
+__all__ = ["ModelConfig", "PRESETS", "preset", "Transformer", "load", "LucidLMError", "__version__"]

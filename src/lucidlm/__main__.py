@@ -1,0 +1,3 @@
+from lucidlm.cli import main
+
+raise SystemExit(main())

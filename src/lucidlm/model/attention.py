@@ -1,0 +1,110 @@
+"""Multi-head causal self-attention with grouped-query heads, RoPE, padding masks and a KV cache.
+
+Two paths compute the same thing:
+- fast: ``F.scaled_dot_product_attention`` (fused kernels), used when nobody needs the
+  attention pattern;
+- explicit: scores -> mask -> softmax -> weighted values, spelled out so the scores and
+  pattern can be hooked (``hook_attn_scores``, ``hook_pattern``) and plotted.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lucidlm.config import ModelConfig
+from lucidlm.model.hooks import HookPoint
+from lucidlm.model.kv_cache import KVCache
+from lucidlm.model.positions import RotaryEmbedding
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: Optional[RotaryEmbedding] = None) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, cfg.q_dim, bias=cfg.attn_bias)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.kv_dim, bias=cfg.attn_bias)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.kv_dim, bias=cfg.attn_bias)
+        self.o_proj = nn.Linear(cfg.q_dim, cfg.d_model, bias=cfg.attn_out_bias)
+        self.dropout = cfg.dropout
+        self.rotary = rotary  # one RotaryEmbedding shared by all layers, or None
+        self.kv_cache: Optional[KVCache] = None  # set by Transformer.setup_kv_cache
+        # Prefix tuning hangs a module here that returns extra (k, v) of shape
+        # (B, n_kv, P, hd) to prepend; None for a plain model.
+        self.prefix: Optional[nn.Module] = None
+        self.use_explicit = False  # force the explicit path (e.g. to compare the two)
+
+        self.hook_q = HookPoint()  # (B, T, nh, hd)
+        self.hook_k = HookPoint()  # (B, T, n_kv, hd)
+        self.hook_v = HookPoint()  # (B, T, n_kv, hd)
+        if rotary is not None:
+            self.hook_rot_q = HookPoint()  # (B, T, nh, hd), after rotation
+            self.hook_rot_k = HookPoint()  # (B, T, n_kv, hd), after rotation
+        self.hook_attn_scores = HookPoint()  # (B, nh, T, S), masked, before softmax
+        self.hook_pattern = HookPoint()  # (B, nh, T, S), rows sum to 1
+        self.hook_z = HookPoint()  # (B, T, nh, hd): per-head mix of values
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, input_pos: Optional[torch.Tensor],
+                mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """x: (B, T, d). position_ids: (B, T). input_pos: (T,) cache slots or None.
+        mask: (B, 1, T, S) bool, True = may attend, or None for plain causal."""
+        B, T, _ = x.shape
+        q = self.hook_q(self.q_proj(x).view(B, T, self.n_heads, self.head_dim))
+        k = self.hook_k(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim))
+        v = self.hook_v(self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim))
+        if self.rotary is not None:
+            q = self.hook_rot_q(self.rotary(q, position_ids))
+            k = self.hook_rot_k(self.rotary(k, position_ids))
+
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hd)
+        if self.kv_cache is not None and input_pos is not None:
+            k, v = self.kv_cache.update(input_pos, k, v)  # (B, n_kv, S, hd), S = filled slots
+        if self.prefix is not None:
+            prefix_k, prefix_v = self.prefix(B)  # (B, n_kv, P, hd), always visible
+            k, v = torch.cat([prefix_k.to(k.dtype), k], dim=2), torch.cat([prefix_v.to(v.dtype), v], dim=2)
+            if mask is None:
+                mask = causal_mask(T, k.shape[2] - prefix_k.shape[2], x.device)[None, None]
+            mask = F.pad(mask, (prefix_k.shape[2], 0), value=True)
+
+        if self.n_kv_heads != self.n_heads:  # GQA/MQA: each kv head serves a group of q heads
+            group = self.n_heads // self.n_kv_heads
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+
+        dropout_p = self.dropout if self.training else 0.0
+        explicit = self.use_explicit or self.hook_pattern.active or self.hook_attn_scores.active
+        if explicit:
+            z = self._explicit_attention(q, k, v, mask, dropout_p)
+        elif mask is None and q.shape[2] == k.shape[2]:
+            z = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        else:
+            if mask is None:  # cached decode without padding: causal w.r.t. absolute slots
+                mask = causal_mask(T, k.shape[2], x.device)[None, None]
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+        z = self.hook_z(z.transpose(1, 2))  # (B, T, nh, hd)
+        return self.o_proj(z.reshape(B, T, self.n_heads * self.head_dim))
+
+    def _explicit_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            mask: Optional[torch.Tensor], dropout_p: float) -> torch.Tensor:
+        T, S = q.shape[2], k.shape[2]
+        if mask is None:
+            mask = causal_mask(T, S, q.device)[None, None]
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, S)
+        scores = self.hook_attn_scores(scores.masked_fill(~mask, float("-inf")))
+        pattern = self.hook_pattern(torch.softmax(scores.float(), dim=-1).to(q.dtype))
+        pattern = F.dropout(pattern, dropout_p) if dropout_p > 0 else pattern
+        return pattern @ v  # (B, nh, T, hd)
+
+
+def causal_mask(query_len: int, key_len: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """(T, S) bool, True where query i may see key j. Queries are the last T of S positions,
+    so with a cache (S > T) each new query sees everything before it."""
+    offset = key_len - query_len
+    q_pos = torch.arange(query_len, device=device)[:, None] + offset
+    k_pos = torch.arange(key_len, device=device)[None, :]
+    return k_pos <= q_pos

@@ -1,0 +1,50 @@
+"""One transformer block: attention and MLP, each with a residual connection and a norm.
+
+pre-norm  (GPT-2, LLaMA):        x = x + attn(ln1(x));   x = x + mlp(ln2(x))
+post-norm (seed 000, seed 004):  x = ln1(x + attn(x));   x = ln2(x + mlp(x))   ("add & norm")
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from lucidlm.config import ModelConfig
+from lucidlm.model.attention import Attention
+from lucidlm.model.hooks import HookPoint
+from lucidlm.model.mlp import MLP
+from lucidlm.model.norms import make_norm
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: Optional[nn.Module] = None) -> None:
+        super().__init__()
+        self.pre_norm = cfg.norm_position == "pre"
+        self.ln1 = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
+        self.attn = Attention(cfg, rotary)
+        self.ln2 = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
+        self.mlp = MLP(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+        self.hook_resid_pre = HookPoint()  # (B, T, d)
+        self.hook_attn_out = HookPoint()  # (B, T, d)
+        self.hook_resid_mid = HookPoint()  # (B, T, d)
+        self.hook_mlp_out = HookPoint()  # (B, T, d)
+        self.hook_resid_post = HookPoint()  # (B, T, d)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, input_pos: Optional[torch.Tensor],
+                mask: Optional[torch.Tensor]) -> torch.Tensor:
+        x = self.hook_resid_pre(x)
+        if self.pre_norm:
+            attn_out = self.hook_attn_out(self.dropout(self.attn(self.ln1(x), position_ids, input_pos, mask)))
+            x = self.hook_resid_mid(x + attn_out)
+            mlp_out = self.hook_mlp_out(self.dropout(self.mlp(self.ln2(x))))
+            x = x + mlp_out
+        else:
+            attn_out = self.hook_attn_out(self.dropout(self.attn(x, position_ids, input_pos, mask)))
+            x = self.hook_resid_mid(self.ln1(x + attn_out))
+            mlp_out = self.hook_mlp_out(self.dropout(self.mlp(x)))
+            x = self.ln2(x + mlp_out)
+        return self.hook_resid_post(x)

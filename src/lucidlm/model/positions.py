@@ -1,0 +1,130 @@
+"""Positional information: rotary (two layouts), sinusoidal and learned embeddings.
+
+RoPE rotates pairs of query/key dimensions by an angle proportional to the position.
+Which dimensions form a pair is a layout choice, and checkpoints disagree:
+
+- ``half`` pairs dimension i with i + d/2 (the ``rotate_half`` form of seed 000 and of
+  Hugging Face checkpoints);
+- ``interleaved`` pairs dimension 2i with 2i+1 (Meta's original complex-number form, seed
+  001, and what llama.cpp's GGUF converter produces by permuting Q/K rows).
+
+The two are the same function up to a fixed permutation of each head's Q/K rows:
+``permute_qk_to_interleaved`` / ``permute_qk_to_half`` convert weights between them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
+    """(head_dim/2,) angle per position step for each rotated pair: theta^(-2i/d)."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+
+
+def rope_angles(max_seq_len: int, head_dim: int, theta: float) -> torch.Tensor:
+    """(max_seq_len, head_dim/2) angle m * theta_i, computed in float64 for accuracy."""
+    positions = torch.arange(max_seq_len, dtype=torch.float64)
+    return torch.outer(positions, rope_inverse_frequencies(head_dim, theta))
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, max_seq_len: int, theta: float, variant: str) -> None:
+        super().__init__()
+        self.variant = variant
+        self.head_dim, self.max_seq_len, self.theta = head_dim, max_seq_len, theta
+        # Non-persistent: derived from the config, so never stored in checkpoints.
+        self.register_buffer("cos", torch.empty(max_seq_len, head_dim // 2), persistent=False)  # (S, hd/2)
+        self.register_buffer("sin", torch.empty(max_seq_len, head_dim // 2), persistent=False)  # (S, hd/2)
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        if self.cos.is_meta:
+            return
+        angles = rope_angles(self.max_seq_len, self.head_dim, self.theta)
+        self.cos.copy_(angles.cos())
+        self.sin.copy_(angles.sin())
+
+    def _apply(self, fn, recurse=True):
+        # model.to(torch.bfloat16) must not round the rotation table: keep it in float32.
+        super()._apply(fn, recurse)
+        self.cos, self.sin = self.cos.float(), self.sin.float()
+        return self
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """x: (B, T, n_heads, head_dim); position_ids: (B, T). Returns x rotated, same shape."""
+        cos = self.cos[position_ids].unsqueeze(2)  # (B, T, 1, hd/2)
+        sin = self.sin[position_ids].unsqueeze(2)
+        xf = x.float()
+        if self.variant == "half":
+            x1, x2 = xf.chunk(2, dim=-1)  # first half, second half
+            out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+        else:
+            pairs = xf.unflatten(-1, (-1, 2))  # (B, T, nh, hd/2, 2)
+            x1, x2 = pairs[..., 0], pairs[..., 1]
+            out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+        return out.to(x.dtype)
+
+
+def apply_rope_complex(x: torch.Tensor, position_ids: torch.Tensor, theta: float) -> torch.Tensor:
+    """Seed 001's formulation: view pairs (2i, 2i+1) as complex numbers and multiply by
+    e^{i m theta_i}. Equal to the ``interleaved`` variant; kept as a readable cross-check."""
+    head_dim = x.shape[-1]
+    freqs = position_ids.double()[..., None] * rope_inverse_frequencies(head_dim, theta)  # (B, T, hd/2)
+    rotation = torch.polar(torch.ones_like(freqs), freqs).unsqueeze(2)  # (B, T, 1, hd/2)
+    as_complex = torch.view_as_complex(x.double().unflatten(-1, (-1, 2)).contiguous())
+    return torch.view_as_real(as_complex * rotation).flatten(-2).to(x.dtype)
+
+
+def permute_qk_to_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder each head's output rows from the ``half`` layout to ``interleaved``.
+
+    weight: (n_heads * head_dim, d_in) (or a bias of (n_heads * head_dim,)). Row i of a
+    head's first half and row i of its second half become rows 2i and 2i+1. This is the
+    permutation llama.cpp applies when it converts Hugging Face LLaMA weights to GGUF.
+    """
+    head_dim = weight.shape[0] // n_heads
+    rest = weight.shape[1:]
+    return weight.reshape(n_heads, 2, head_dim // 2, *rest).transpose(1, 2).reshape(weight.shape)
+
+
+def permute_qk_to_half(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Inverse of ``permute_qk_to_interleaved``: rows 2i, 2i+1 become i and i + head_dim/2."""
+    head_dim = weight.shape[0] // n_heads
+    rest = weight.shape[1:]
+    return weight.reshape(n_heads, head_dim // 2, 2, *rest).transpose(1, 2).reshape(weight.shape)
+
+
+def sinusoidal_table(max_seq_len: int, d_model: int) -> torch.Tensor:
+    """(max_seq_len, d_model) table of "Attention is All You Need": sin on even dimensions,
+    cos on odd ones, wavelengths growing geometrically up to 10000 * 2pi (seed 004)."""
+    positions = torch.arange(max_seq_len, dtype=torch.float64)[:, None]
+    frequencies = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(max_seq_len, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(positions * frequencies)
+    table[:, 1::2] = torch.cos(positions * frequencies)
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    def __init__(self, max_seq_len: int, d_model: int) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.empty(max_seq_len, d_model), persistent=False)
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        if not self.table.is_meta:
+            self.table.copy_(sinusoidal_table(*self.table.shape))
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.table[position_ids]  # (B, T, d)
+
+
+class LearnedPositions(nn.Embedding):
+    """GPT-2's learned absolute position embedding: one trained vector per position."""
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, d)
+        return super().forward(position_ids)

@@ -1,0 +1,223 @@
+"""The Transformer: one module for every family, configured by a ModelConfig.
+
+    ids (B, T) -> embed (+ positions) -> [Block x n_layers] -> ln_final -> unembed -> logits (B, T, V)
+
+Read this file top to bottom with ``block.py`` beside it and you have the whole model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Optional, Sequence
+
+import torch
+from torch import nn
+
+from lucidlm.config import ModelConfig
+from lucidlm.errors import InputError, SequenceTooLongError, TokenIdError
+from lucidlm.model.block import Block
+from lucidlm.model.hooks import HookPoint
+from lucidlm.model.kv_cache import KVCache
+from lucidlm.model.norms import make_norm
+from lucidlm.model.positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig, tokenizer: Any = None) -> None:
+        super().__init__()
+        self.config = cfg = config
+        self.tokenizer = tokenizer  # set by loaders that know one; not part of the module tree
+
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_embed: Optional[nn.Module] = None
+        if cfg.positions == "learned":
+            self.pos_embed = LearnedPositions(cfg.max_seq_len, cfg.d_model)
+        elif cfg.positions == "sinusoidal":
+            self.pos_embed = SinusoidalPositions(cfg.max_seq_len, cfg.d_model)
+        rotary = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_variant)
+                  if cfg.positions == "rope" else None)
+        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, rotary) for _ in range(cfg.n_layers))
+        self.ln_final = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.final_norm else None
+        self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.unembed_bias)
+        if cfg.tie_embeddings:
+            self.unembed.weight = self.embed.weight  # one matrix reads tokens in and out
+
+        self.hook_embed = HookPoint()  # (B, T, d)
+        if self.pos_embed is not None:
+            self.hook_pos_embed = HookPoint()  # (B, T, d)
+
+        self.reset_parameters()
+        for name, module in self.named_modules():
+            if isinstance(module, HookPoint):
+                module.name = name
+
+    @classmethod
+    def empty(cls, config: ModelConfig, device: str | torch.device = "cpu", tokenizer: Any = None) -> "Transformer":
+        """A model with uninitialised parameters, for loaders that overwrite every weight:
+        skipping the random init makes loading a pretrained model much faster."""
+        with torch.device("meta"):
+            model = cls(config, tokenizer)
+        model = model.to_empty(device=device)
+        if config.tie_embeddings:  # to_empty gives each module its own copy: tie again
+            model.unembed.weight = model.embed.weight
+        for module in model.modules():
+            if isinstance(module, (RotaryEmbedding, SinusoidalPositions)):
+                module.reset_buffers()
+        return model
+
+    # ------------------------------------------------------------------ parameters
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """GPT-2's initialisation: N(0, 0.02) everywhere, residual output projections scaled
+        down by sqrt(2 * n_layers) so the residual stream's variance does not grow with depth."""
+        for name, param in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(param)
+            elif param.ndim == 1:  # norm scales
+                nn.init.ones_(param)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                nn.init.normal_(param, 0.0, std / math.sqrt(2 * self.config.n_layers))
+            else:
+                nn.init.normal_(param, 0.0, std)
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, ids: torch.Tensor | Sequence[int], attention_mask: Optional[torch.Tensor] = None,
+                position_ids: Optional[torch.Tensor] = None, input_pos: Optional[torch.Tensor] = None,
+                last_token_only: bool = False) -> torch.Tensor:
+        """Logits (B, T, vocab) for token ids (B, T).
+
+        attention_mask: (B, S) 1 for real tokens, 0 for padding, over all key positions
+            (with a KV cache: every slot up to the last one written). Left padding works.
+        position_ids: (B, T) positions for RoPE / position embeddings; by default counted
+            from the first real token of each row, so padding does not shift positions.
+        input_pos: (T,) KV-cache slots to write; uses the cache set up by ``setup_kv_cache``.
+            None runs without touching any cache.
+        last_token_only: unembed only the last position (all generation needs).
+        """
+        ids = self._check_ids(ids)
+        B, T = ids.shape
+        use_cache = input_pos is not None and self.blocks[0].attn.kv_cache is not None
+        if not use_cache:
+            input_pos = None
+        slots = input_pos if input_pos is not None else torch.arange(T, device=ids.device)  # (T,)
+        self._check_length(int(slots[-1]) + 1)
+
+        if position_ids is None:
+            if attention_mask is not None:
+                positions_from_mask = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, S)
+                position_ids = positions_from_mask[:, slots]
+            else:
+                position_ids = slots[None, :].expand(B, T)
+        mask = self._attention_mask(attention_mask, slots, B)
+
+        x = self.hook_embed(self.embed(ids))  # (B, T, d)
+        if self.pos_embed is not None:
+            x = x + self.hook_pos_embed(self.pos_embed(position_ids).to(x.dtype))
+        x = self.embed_dropout(x)
+        for block in self.blocks:
+            x = block(x, position_ids, input_pos, mask)
+        if last_token_only:
+            x = x[:, -1:]
+        if self.ln_final is not None:
+            x = self.ln_final(x)
+        return self.unembed(x)  # (B, T, vocab)
+
+    def _check_ids(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        if not isinstance(ids, torch.Tensor):
+            ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.ndim != 2 or ids.shape[1] == 0:
+            raise InputError(f"expected token ids of shape (batch, seq_len) with seq_len >= 1, got {tuple(ids.shape)}.")
+        if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise InputError(f"token ids must be an integer tensor, got dtype {ids.dtype}.")
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= self.config.vocab_size:
+            bad = low if low < 0 else high
+            raise TokenIdError(
+                f"token id {bad} is out of range: this model's vocabulary has ids 0..{self.config.vocab_size - 1} "
+                f"(vocab_size={self.config.vocab_size}). Encode text with the model's own tokenizer."
+            )
+        return ids.long()
+
+    def _check_length(self, length: int) -> None:
+        limit = self.config.max_seq_len
+        cache = self.blocks[0].attn.kv_cache
+        if cache is not None:
+            limit = min(limit, cache.max_seq_len)
+        if length > limit:
+            raise SequenceTooLongError(
+                f"sequence of {length} tokens is longer than the context window of {limit} tokens "
+                f"(max_seq_len={self.config.max_seq_len}); shorten the prompt or max_new_tokens."
+            )
+
+    @staticmethod
+    def _attention_mask(attention_mask: Optional[torch.Tensor], slots: torch.Tensor, batch: int,
+                        ) -> Optional[torch.Tensor]:
+        """(B, 1, T, S) bool mask, or None when plain causal attention is enough."""
+        if attention_mask is None:
+            return None
+        S = int(slots[-1]) + 1
+        keys_real = attention_mask[:, :S].bool()  # (B, S)
+        if keys_real.shape != (batch, S):
+            raise InputError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected ({batch}, >= {S}).")
+        if bool(keys_real.all()):
+            return None
+        key_slots = torch.arange(S, device=slots.device)
+        causal = key_slots[None, :] <= slots[:, None]  # (T, S)
+        # A padding query would see no key at all (NaN softmax); let it see itself. Its
+        # output is never used, and real tokens never see padding keys.
+        own_slot = key_slots[None, :] == slots[:, None]
+        return ((causal[None] & keys_real[:, None, :]) | own_slot[None]).unsqueeze(1)
+
+    # ------------------------------------------------------------------ KV cache
+    def setup_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None,
+                       dtype: Optional[torch.dtype] = None) -> None:
+        """Preallocate a static cache in every attention layer (shared size, one per layer)."""
+        max_seq_len = min(max_seq_len or self.config.max_seq_len, self.config.max_seq_len)
+        for block in self.blocks:
+            block.attn.kv_cache = KVCache(batch_size, max_seq_len, self.config.n_kv_heads, self.config.head_dim,
+                                          dtype or self.dtype, self.device)
+
+    def clear_kv_cache(self) -> None:
+        for block in self.blocks:
+            block.attn.kv_cache = None
+
+    # ------------------------------------------------------------------ hooks
+    def hook_points(self) -> dict[str, HookPoint]:
+        """Every hook point, by its stable name (``blocks.0.attn.hook_pattern``)."""
+        return {name: m for name, m in self.named_modules() if isinstance(m, HookPoint)}
+
+    def reset_hooks(self) -> None:
+        for hook in self.hook_points().values():
+            hook.remove_hooks()
+
+    # ------------------------------------------------------------------ conveniences
+    # Thin doors into the modules that implement them, so ``model.generate(...)`` works
+    # while generation, inspection and adapters each live in their own file.
+    def generate(self, prompt: Any, **kwargs: Any) -> Any:
+        from lucidlm.generation import generate
+        return generate(self, prompt, **kwargs)
+
+    def stream(self, prompt: Any, **kwargs: Any) -> Iterator[str]:
+        from lucidlm.generation import stream
+        return stream(self, prompt, **kwargs)
+
+    def run_with_cache(self, ids: Any, **kwargs: Any) -> Any:
+        from lucidlm.inspect.cache import run_with_cache
+        return run_with_cache(self, ids, **kwargs)
+
+    def run_with_hooks(self, ids: Any, **kwargs: Any) -> Any:
+        from lucidlm.inspect.cache import run_with_hooks
+        return run_with_hooks(self, ids, **kwargs)

@@ -1,0 +1,258 @@
+"""The interface every lucidlm tokenizer implements, and loading one back from JSON.
+
+A tokenizer turns text into a list of integer ids and back. Each one saves itself as a
+single JSON file whose ``"type"`` field names the class, so ``load_tokenizer(path)`` can
+rebuild the right kind without the caller knowing which it was.
+
+Special tokens (``<|endoftext|>``, ``<pad>``, ...) are strings that map to one id each and
+are never split. ``encode(text, allowed_special=...)`` decides whether such a string in
+the input is that one id (allowed) or ordinary text (not allowed): the same choice
+tiktoken offers, because text scraped from the web can contain ``<|endoftext|>`` on purpose
+or by accident.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar, Union
+
+from lucidlm.errors import TokenizerError
+
+# True: every special token is recognised; False or an empty set: none is; a set: only those.
+# "all" is accepted as a synonym of True so tiktoken-style calls work unchanged.
+AllowedSpecial = Union[bool, set[str], frozenset[str], str]
+
+FORMAT_VERSION = 1
+
+# type name written in the JSON file -> class; filled in by Tokenizer.__init_subclass__
+_TOKENIZER_TYPES: dict[str, type["Tokenizer"]] = {}
+
+
+class Tokenizer(ABC):
+    """Text <-> ids. Subclasses set ``type_name`` and implement the abstract methods."""
+
+    type_name: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.type_name:  # register concrete tokenizers so load_tokenizer can find them
+            _TOKENIZER_TYPES[cls.type_name] = cls
+
+    def __init__(
+        self,
+        special_tokens: dict[str, int],
+        *,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        pad_token: str | None = None,
+    ) -> None:
+        self.special_tokens: dict[str, int] = dict(special_tokens)
+        for role, name in (("bos", bos_token), ("eos", eos_token), ("pad", pad_token)):
+            if name is not None and name not in self.special_tokens:
+                raise TokenizerError(
+                    f"{role}_token {name!r} is not one of this tokenizer's special tokens "
+                    f"{sorted(self.special_tokens)}; add it to special_tokens or pass None"
+                )
+        self.bos_token, self.eos_token, self.pad_token = bos_token, eos_token, pad_token
+        # Longest first so that a special token which is a prefix of another never wins.
+        names = sorted(self.special_tokens, key=len, reverse=True)
+        self._special_regex = re.compile("|".join(map(re.escape, names))) if names else None
+
+    # ----------------------------------------------------------------- abstract core
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of distinct ids: every id is in ``range(vocab_size)``."""
+
+    @abstractmethod
+    def _encode_ordinary(self, text: str, offset: int) -> list[int]:
+        """Encode text that holds no special token. ``offset`` is where ``text`` starts in
+        the caller's string, so errors can name the position the user sees."""
+
+    @abstractmethod
+    def _token_bytes(self, token_id: int) -> bytes:
+        """The bytes of one in-range id (no range check: callers do it)."""
+
+    @abstractmethod
+    def _to_dict(self) -> dict[str, Any]:
+        """Everything besides ``type``/``version`` needed to rebuild this tokenizer."""
+
+    @classmethod
+    @abstractmethod
+    def _from_dict(cls, data: dict[str, Any]) -> "Tokenizer":
+        """Inverse of ``_to_dict``."""
+
+    # ----------------------------------------------------------------- encode / decode
+
+    def encode(self, text: str, *, allowed_special: AllowedSpecial = True) -> list[int]:
+        """Text -> ids. Special tokens in ``allowed_special`` become their single id."""
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
+        ids: list[int] = []
+        for start, piece, is_special in self._split_on_special(text, allowed_special):
+            if is_special:
+                ids.append(self.special_tokens[piece])
+            elif piece:
+                ids.extend(self._encode_ordinary(piece, start))
+        return ids
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """Ids -> the raw bytes they stand for. Streaming uses this so that it never
+        emits half of a multi-byte UTF-8 character."""
+        return b"".join(self._token_bytes(i) for i in self._checked(ids))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Ids -> text; byte sequences that are not valid UTF-8 become U+FFFD."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def id_to_token(self, token_id: int) -> str:
+        """A readable piece for one id (plots, debugging). Not always decodable on its own:
+        a byte-level token holding half a character shows U+FFFD."""
+        (token_id,) = self._checked([token_id])
+        return self._token_bytes(token_id).decode("utf-8", errors="replace")
+
+    # ----------------------------------------------------------------- special ids
+
+    @property
+    def bos_id(self) -> int | None:
+        return self.special_tokens[self.bos_token] if self.bos_token is not None else None
+
+    @property
+    def eos_id(self) -> int | None:
+        return self.special_tokens[self.eos_token] if self.eos_token is not None else None
+
+    @property
+    def pad_id(self) -> int | None:
+        return self.special_tokens[self.pad_token] if self.pad_token is not None else None
+
+    # ----------------------------------------------------------------- save / load
+
+    def save(self, path: str | Path) -> None:
+        """Write this tokenizer as one JSON file (``"type"`` says which class reads it)."""
+        data = {"type": self.type_name, "version": FORMAT_VERSION, **self._to_dict()}
+        # ensure_ascii keeps the file valid UTF-8 even if a vocabulary holds lone surrogates
+        Path(path).write_text(json.dumps(data, ensure_ascii=True, indent=1), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Tokenizer":
+        """Read a file written by ``save``. On a subclass, the file must be of that type."""
+        data = _read_tokenizer_json(path)
+        target = _TOKENIZER_TYPES.get(data["type"])
+        if target is None:
+            raise TokenizerError(
+                f"{path}: unknown tokenizer type {data['type']!r}; "
+                f"known types are {sorted(_TOKENIZER_TYPES)}"
+            )
+        if cls is not Tokenizer and not issubclass(target, cls):
+            raise TokenizerError(
+                f"{path} holds a {data['type']!r} tokenizer, not a {cls.type_name!r} one; "
+                f"use lucidlm.tokenizers.load_tokenizer() to load any type"
+            )
+        try:
+            return target._from_dict(data)
+        except (KeyError, TypeError, ValueError) as err:
+            if isinstance(err, TokenizerError):
+                raise TokenizerError(f"{path}: {err}") from err
+            raise TokenizerError(
+                f"{path}: malformed {data['type']!r} tokenizer file ({type(err).__name__}: "
+                f"{err}); re-create it with Tokenizer.save()"
+            ) from err
+
+    # ----------------------------------------------------------------- helpers
+
+    def _checked(self, ids: Iterable[int]) -> Iterator[int]:
+        """Yield ids, raising TokenizerError on the first one outside the vocabulary."""
+        size = self.vocab_size
+        for token_id in ids:
+            token_id = int(token_id)  # accept numpy / torch integer scalars
+            if not 0 <= token_id < size:
+                raise TokenizerError(
+                    f"token id {token_id} is out of range for this {self.type_name} "
+                    f"tokenizer (vocab_size={size}, valid ids 0..{size - 1}); the ids "
+                    f"probably come from a model with a different vocabulary"
+                )
+            yield token_id
+
+    def _allowed_special_set(self, allowed_special: AllowedSpecial) -> set[str]:
+        if allowed_special is True or allowed_special == "all":
+            return set(self.special_tokens)
+        if allowed_special is False:
+            return set()
+        if isinstance(allowed_special, str):  # a lone name would iterate by characters
+            raise TokenizerError(
+                f"allowed_special={allowed_special!r}: pass True, False, 'all' or a set "
+                f"of special token names"
+            )
+        unknown = set(allowed_special) - set(self.special_tokens)
+        if unknown:
+            raise TokenizerError(
+                f"allowed_special names {sorted(unknown)}, which are not special tokens of "
+                f"this tokenizer; known: {sorted(self.special_tokens)}"
+            )
+        return set(allowed_special)
+
+    def _split_on_special(
+        self, text: str, allowed_special: AllowedSpecial
+    ) -> Iterator[tuple[int, str, bool]]:
+        """Yield (start offset, piece, is_special) covering ``text`` in order."""
+        allowed = self._allowed_special_set(allowed_special)
+        return split_on_special(text, allowed, self._special_regex)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size})"
+
+
+def split_on_special(
+    text: str, allowed: set[str], special_regex: re.Pattern[str] | None = None
+) -> Iterator[tuple[int, str, bool]]:
+    """Cut the special tokens named in ``allowed`` out of ``text``.
+
+    Yields (start offset, piece, is_special) covering ``text`` in order; pieces between
+    specials may be empty. ``special_regex`` may match more names than ``allowed`` (a
+    tokenizer compiles it once for all its specials); the others stay plain text.
+    """
+    if special_regex is None:
+        names = sorted(allowed, key=len, reverse=True)  # longest first: no prefix wins
+        special_regex = re.compile("|".join(map(re.escape, names))) if names else None
+    if not allowed or special_regex is None:
+        yield 0, text, False
+        return
+    pos = 0
+    for match in special_regex.finditer(text):
+        if match.group() not in allowed:
+            continue
+        yield pos, text[pos : match.start()], False
+        yield match.start(), match.group(), True
+        pos = match.end()
+    yield pos, text[pos:], False
+
+
+def _read_tokenizer_json(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise TokenizerError(f"tokenizer file {path} does not exist; save one with .save()")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise TokenizerError(f"{path} is not a JSON tokenizer file: {err}") from err
+    if not isinstance(data, dict) or "type" not in data:
+        raise TokenizerError(
+            f"{path} has no \"type\" field, so it was not written by a lucidlm tokenizer's "
+            f"save(); known types are {sorted(_TOKENIZER_TYPES)}"
+        )
+    if data.get("version", FORMAT_VERSION) > FORMAT_VERSION:
+        raise TokenizerError(
+            f"{path} has format version {data['version']}, newer than this lucidlm "
+            f"understands ({FORMAT_VERSION}); upgrade lucidlm"
+        )
+    return data
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load any tokenizer saved with ``save()``, dispatching on the file's ``"type"``."""
+    return Tokenizer.load(path)

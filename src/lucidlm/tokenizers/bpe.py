@@ -1,0 +1,374 @@
+"""Byte-level byte-pair encoding (BPE), GPT-2 style, with a trainer.
+
+How encoding works (the same steps as GPT-2 and tiktoken):
+
+1. Special tokens (``<|endoftext|>``) are cut out first; each becomes one id.
+2. The rest is split into chunks by a regex (``GPT2_SPLIT_PATTERN``): words with their
+   leading space, numbers, punctuation runs, whitespace runs. Merges never cross chunks,
+   so " dog" and " dog." share the token for " dog".
+3. Each chunk starts as its UTF-8 bytes, one id per byte, so any text can be encoded.
+4. Repeatedly merge the adjacent pair with the lowest rank (the earliest-learned merge)
+   until no pair in the chunk has a merge.
+
+Ids: 0..255 are the 256 single bytes (in ``byte_order``: identity for trained tokenizers,
+GPT-2's own order for its files), id ``256 + r`` is the token made by merge ``r``, and the
+special tokens come last. So a merge's rank and the id it makes are the same number.
+
+Training (``BPETokenizer.train``) is seed 002's loop - merge the most common pair, repeat -
+over the chunk counts instead of the raw text, with pair counts updated incrementally.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import warnings
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import regex
+
+from lucidlm.errors import TokenizerError
+from lucidlm.tokenizers.base import Tokenizer, split_on_special
+
+ENDOFTEXT = "<|endoftext|>"
+
+# GPT-2's pre-tokenizer (openai/gpt-2 encoder.py). \p{L} letters, \p{N} numbers; the
+# "\s+(?!\S)" branch leaves the last space of a run to start the next word (" dog").
+GPT2_SPLIT_PATTERN = (
+    r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+)
+
+_ENCODE_CACHE_SIZE = 1 << 16  # chunks remembered; natural text repeats its words a lot
+
+Pair = tuple[int, int]
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table, used by its ``encoder.json``/``vocab.bpe``.
+
+    Printable Latin-1 bytes map to themselves; the other 68 (control bytes, space, ...)
+    map to chr(256), chr(257), ... in byte order. That is why a leading space shows as "Ġ"
+    (chr(256 + 32)) in GPT-2's files.
+    """
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def merge_pair(ids: list[int], pair: Pair, new_id: int) -> list[int]:
+    """Replace every non-overlapping occurrence of ``pair`` (left to right) by ``new_id``."""
+    out: list[int] = []
+    i, n = 0, len(ids)
+    first, second = pair
+    while i < n:
+        if i + 1 < n and ids[i] == first and ids[i + 1] == second:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+class BPETokenizer(Tokenizer):
+    """Byte-level BPE: a merge list over bytes, a pre-split regex and special tokens."""
+
+    type_name = "bpe"
+
+    def __init__(
+        self,
+        merges: Sequence[Pair],
+        special_tokens: dict[str, int] | None = None,
+        *,
+        pattern: str = GPT2_SPLIT_PATTERN,
+        byte_order: Sequence[int] | None = None,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        pad_token: str | None = None,
+    ) -> None:
+        """``merges[r] = (left_id, right_id)`` makes id ``256 + r``. ``byte_order[i]`` is
+        the byte value of id ``i`` (default: id i is byte i). Special ids must follow the
+        merges: ``256 + len(merges)``, ``+1``, ..."""
+        byte_order = list(range(256)) if byte_order is None else list(byte_order)
+        if sorted(byte_order) != list(range(256)):
+            raise TokenizerError("byte_order must be a permutation of the 256 byte values")
+        n_mergeable = 256 + len(merges)
+        specials = dict(special_tokens or {})
+        expected = set(range(n_mergeable, n_mergeable + len(specials)))
+        if set(specials.values()) != expected:
+            raise TokenizerError(
+                f"special token ids {sorted(specials.values())} must be exactly "
+                f"{n_mergeable}..{n_mergeable + len(specials) - 1}, right after the "
+                f"{len(merges)} merges, so every id below vocab_size means something"
+            )
+        super().__init__(specials, bos_token=bos_token, eos_token=eos_token, pad_token=pad_token)
+        self.pattern = pattern
+        self.byte_order = byte_order
+        self.merges: list[Pair] = [(int(a), int(b)) for a, b in merges]
+
+        self._split_regex = regex.compile(pattern)
+        self._byte_to_id = [0] * 256  # byte value -> id
+        for token_id, byte in enumerate(byte_order):
+            self._byte_to_id[byte] = token_id
+        # id -> bytes for every id; a merged token is its parts' bytes back to back
+        self._vocab: list[bytes] = [bytes([b]) for b in byte_order]
+        self._merge_id: dict[Pair, int] = {}  # pair -> new id (= 256 + rank)
+        for rank, (left, right) in enumerate(self.merges):
+            new_id = 256 + rank
+            if not (0 <= left < new_id and 0 <= right < new_id):
+                raise TokenizerError(
+                    f"merge {rank} = ({left}, {right}) uses an id not made by an earlier "
+                    f"merge (must be < {new_id}); the merge list is corrupt or reordered"
+                )
+            self._merge_id[(left, right)] = new_id
+            self._vocab.append(self._vocab[left] + self._vocab[right])
+        for name in sorted(specials, key=specials.__getitem__):
+            self._vocab.append(name.encode("utf-8"))
+        self._cache: dict[str, list[int]] = {}
+
+    # ----------------------------------------------------------------- encoding
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._vocab)
+
+    def _encode_ordinary(self, text: str, offset: int) -> list[int]:
+        ids: list[int] = []
+        cache = self._cache
+        for chunk in self._split_regex.findall(text):
+            chunk_ids = cache.get(chunk)
+            if chunk_ids is None:
+                chunk_ids = self._encode_chunk(chunk)
+                if len(cache) >= _ENCODE_CACHE_SIZE:
+                    cache.clear()  # crude bound on memory; refills with frequent chunks
+                cache[chunk] = chunk_ids
+            ids.extend(chunk_ids)
+        return ids
+
+    def _encode_chunk(self, chunk: str) -> list[int]:
+        # surrogatepass: a lone surrogate (possible in a Python str) still has bytes to encode
+        ids = [self._byte_to_id[b] for b in chunk.encode("utf-8", errors="surrogatepass")]
+        merge_id = self._merge_id
+        never = len(self._vocab)  # larger than any merge's id, i.e. "no merge"
+        while len(ids) >= 2:
+            # The pair learned earliest has the smallest new id: apply it everywhere.
+            best = min(zip(ids, ids[1:]), key=lambda pair: merge_id.get(pair, never))
+            new_id = merge_id.get(best)
+            if new_id is None:
+                break
+            ids = merge_pair(ids, best, new_id)
+        return ids
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        return self._vocab[token_id]
+
+    # ----------------------------------------------------------------- save / load
+
+    def _to_dict(self) -> dict[str, Any]:
+        return {
+            "pattern": self.pattern,
+            "byte_order": self.byte_order,
+            "merges": [list(pair) for pair in self.merges],
+            "special_tokens": self.special_tokens,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "pad_token": self.pad_token,
+        }
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> "BPETokenizer":
+        return cls(
+            [tuple(pair) for pair in data["merges"]],
+            data["special_tokens"],
+            pattern=data["pattern"],
+            byte_order=data["byte_order"],
+            bos_token=data.get("bos_token"),
+            eos_token=data.get("eos_token"),
+            pad_token=data.get("pad_token"),
+        )
+
+    @classmethod
+    def from_gpt2_files(
+        cls, encoder_json: str | Path, vocab_bpe: str | Path
+    ) -> "BPETokenizer":
+        """Build GPT-2's tokenizer from OpenAI's ``encoder.json`` and ``vocab.bpe``.
+
+        In those files tokens are written through ``bytes_to_unicode`` (a space is "Ġ");
+        ``vocab.bpe`` lists the merges in rank order after a ``#version`` line.
+        """
+        for path in (encoder_json, vocab_bpe):
+            if not Path(path).is_file():
+                raise TokenizerError(f"GPT-2 tokenizer file {path} does not exist")
+        encoder: dict[str, int] = json.loads(Path(encoder_json).read_text(encoding="utf-8"))
+        lines = Path(vocab_bpe).read_text(encoding="utf-8").split("\n")
+        if lines and lines[0].startswith("#version"):
+            lines = lines[1:]
+        merge_lines = [line for line in lines if line.strip()]
+
+        byte_decoder = {ch: b for b, ch in bytes_to_unicode().items()}
+        # ids 0..255 must be the single bytes: that is what makes "id = 256 + rank" hold
+        try:
+            id_to_token = {i: tok for tok, i in encoder.items()}
+            byte_order = [byte_decoder[id_to_token[i]] for i in range(256)]
+        except KeyError as err:
+            raise TokenizerError(
+                f"{encoder_json}: ids 0..255 are not GPT-2's 256 single-byte tokens ({err})"
+            ) from err
+
+        merges: list[Pair] = []
+        for rank, line in enumerate(merge_lines):
+            left, right = line.split(" ")
+            try:
+                pair = (encoder[left], encoder[right])
+                made = encoder[left + right]
+            except KeyError as err:
+                raise TokenizerError(
+                    f"{vocab_bpe} line {rank + 2} ({line!r}) uses token {err} that is not in "
+                    f"{encoder_json}; are the two files from the same model?"
+                ) from None
+            if made != 256 + rank:
+                raise TokenizerError(
+                    f"{vocab_bpe} line {rank + 2}: merge {line!r} makes id {made} in "
+                    f"{encoder_json}, expected {256 + rank}; the files do not match"
+                )
+            merges.append(pair)
+
+        specials = {tok: i for tok, i in encoder.items() if i >= 256 + len(merges)}
+        if ENDOFTEXT not in specials:
+            raise TokenizerError(f"{encoder_json} has no {ENDOFTEXT!r} after the merges")
+        # GPT-2 uses <|endoftext|> both to start and to end documents; it has no pad token.
+        return cls(merges, specials, bos_token=ENDOFTEXT, eos_token=ENDOFTEXT)
+
+    # ----------------------------------------------------------------- training
+
+    @classmethod
+    def train(
+        cls,
+        text: str,
+        vocab_size: int,
+        special_tokens: Sequence[str] = (ENDOFTEXT,),
+        *,
+        pattern: str = GPT2_SPLIT_PATTERN,
+        progress: bool = True,
+    ) -> "BPETokenizer":
+        """Learn ``vocab_size - 256 - len(special_tokens)`` merges from ``text``.
+
+        Each step merges the most frequent adjacent pair. Ties go to the pair whose
+        (left bytes, right bytes) is lexicographically smallest, so training is
+        deterministic. Special tokens in ``text`` are cut out first and never merged.
+        If the corpus runs out of pairs early, training stops with a warning and the
+        vocabulary is smaller than asked.
+        """
+        special_tokens = list(special_tokens)
+        if len(set(special_tokens)) != len(special_tokens):
+            raise TokenizerError(f"special_tokens repeat a name: {special_tokens!r}")
+        minimum = 256 + len(special_tokens) + 1
+        if vocab_size < minimum:
+            raise TokenizerError(
+                f"vocab_size={vocab_size} is too small for byte-level BPE: 256 byte tokens "
+                f"+ {len(special_tokens)} special tokens leave no room for a merge; "
+                f"use vocab_size >= {minimum}"
+            )
+        n_merges = vocab_size - 256 - len(special_tokens)
+        bare = cls([], {}, pattern=pattern)  # no merges yet: encodes chunks to raw bytes
+
+        # Count each distinct chunk once: "the" occurs thousands of times but is one word.
+        chunk_counts: Counter[str] = Counter()
+        for _, piece, is_special in split_on_special(text, set(special_tokens)):
+            if not is_special:
+                chunk_counts.update(bare._split_regex.findall(piece))
+        words = [list(chunk.encode("utf-8", errors="surrogatepass")) for chunk in chunk_counts]
+        freqs = list(chunk_counts.values())
+
+        merges = _learn_merges(words, freqs, n_merges, progress)
+        if len(merges) < n_merges:
+            warnings.warn(
+                f"BPE training ran out of pairs after {len(merges)} of {n_merges} merges: "
+                f"the corpus is too small for vocab_size={vocab_size}; the vocabulary has "
+                f"{256 + len(merges) + len(special_tokens)} tokens",
+                stacklevel=2,
+            )
+        specials = {name: 256 + len(merges) + i for i, name in enumerate(special_tokens)}
+        eos = ENDOFTEXT if ENDOFTEXT in specials else None
+        return cls(merges, specials, pattern=pattern, eos_token=eos)
+
+
+def _learn_merges(
+    words: list[list[int]], freqs: list[int], n_merges: int, progress: bool
+) -> list[Pair]:
+    """The merge loop. ``words[w]`` is distinct chunk w as ids, seen ``freqs[w]`` times.
+
+    Instead of recounting every pair after every merge (seed 002), keep:
+      pair_counts[p]  - occurrences of pair p in the corpus (weighted by chunk frequency)
+      where[p]        - ids of the chunks that contain p
+      heap            - (-count, left bytes, right bytes, pair): the best pair on top
+    A merge only rewrites the chunks in where[p], and only their pairs change count. Heap
+    entries are not removed when a count changes; a stale one is skipped when popped.
+    """
+    from tqdm.auto import tqdm  # local: only training needs it
+
+    vocab: list[bytes] = [bytes([b]) for b in range(256)]  # id -> bytes, grows per merge
+    pair_counts: defaultdict[Pair, int] = defaultdict(int)
+    where: defaultdict[Pair, set[int]] = defaultdict(set)
+    for w, (ids, freq) in enumerate(zip(words, freqs)):
+        for pair in zip(ids, ids[1:]):
+            pair_counts[pair] += freq
+            where[pair].add(w)
+
+    def entry(pair: Pair) -> tuple[int, bytes, bytes, Pair]:
+        return (-pair_counts[pair], vocab[pair[0]], vocab[pair[1]], pair)
+
+    heap = [entry(pair) for pair in pair_counts]
+    heapq.heapify(heap)
+
+    merges: list[Pair] = []
+    bar = tqdm(total=n_merges, desc="BPE merges", unit="merge", disable=not progress)
+    while len(merges) < n_merges and heap:
+        neg_count, _, _, pair = heapq.heappop(heap)
+        if pair_counts.get(pair, 0) != -neg_count or neg_count == 0:
+            continue  # stale entry: this pair's count changed after it was pushed
+        new_id = 256 + len(merges)
+        merges.append(pair)
+        vocab.append(vocab[pair[0]] + vocab[pair[1]])
+
+        changed: set[Pair] = set()
+        for w in where.pop(pair):
+            old = words[w]
+            new = merge_pair(old, pair, new_id)
+            words[w] = new
+            freq = freqs[w]
+            # Take the chunk's old pairs out and put its new ones in. Chunks are short, so
+            # redoing all of its pairs is simpler than, and about as fast as, a local diff.
+            old_pairs, new_pairs = Counter(zip(old, old[1:])), Counter(zip(new, new[1:]))
+            for p, n in old_pairs.items():
+                pair_counts[p] -= n * freq
+                changed.add(p)
+                if p not in new_pairs and p != pair:
+                    where[p].discard(w)
+            for p, n in new_pairs.items():
+                pair_counts[p] += n * freq
+                changed.add(p)
+                where[p].add(w)
+        changed.discard(pair)
+        del pair_counts[pair]
+        for p in changed:
+            if pair_counts[p] > 0:
+                heapq.heappush(heap, entry(p))
+            else:
+                del pair_counts[p]
+                where.pop(p, None)
+        bar.update(1)
+    bar.close()
+    return merges

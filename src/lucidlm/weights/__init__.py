@@ -1,0 +1,1 @@
+"""Reading and writing weights: our own checkpoints, Hugging Face directories, GGUF files."""

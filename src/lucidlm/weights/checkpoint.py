@@ -1,0 +1,92 @@
+"""lucidlm's own model format: a directory with the config, safetensors weights and tokenizer.
+
+    DIR/lucidlm_config.json   ModelConfig fields
+    DIR/model.safetensors     weights under our parameter names
+    DIR/tokenizer.json        the tokenizer, when the model has one (our JSON, with "type")
+
+Training checkpoints add optimizer and RNG state beside these (see training/checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from lucidlm.config import ModelConfig
+from lucidlm.errors import CheckpointError
+from lucidlm.model.transformer import Transformer
+from lucidlm.weights.state import load_into, own_state_dict
+
+CONFIG_NAME = "lucidlm_config.json"
+WEIGHTS_NAME = "model.safetensors"
+TOKENIZER_NAME = "tokenizer.json"
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    return path.is_dir() and (path / CONFIG_NAME).is_file()
+
+
+def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path,
+                            metadata: Optional[dict[str, str]] = None) -> None:
+    """Write to a temporary file in the same directory, then rename: a crash mid-write
+    leaves the previous file intact, never a truncated one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def save_model(model: Transformer, directory: str | Path) -> Path:
+    directory = Path(directory)
+    atomic_save_safetensors(own_state_dict(model), directory / WEIGHTS_NAME)
+    atomic_write_text(directory / CONFIG_NAME, json.dumps(model.config.to_dict(), indent=2) + "\n")
+    if model.tokenizer is not None and hasattr(model.tokenizer, "save"):
+        model.tokenizer.save(directory / TOKENIZER_NAME)
+    return directory
+
+
+def load_model(directory: str | Path, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu") -> Transformer:
+    directory = Path(directory)
+    if not (directory / CONFIG_NAME).is_file():
+        raise CheckpointError(f"{directory} has no {CONFIG_NAME}; it is not a lucidlm model directory.")
+    config = ModelConfig.load(directory / CONFIG_NAME)
+    weights_path = directory / WEIGHTS_NAME
+    if not weights_path.is_file():
+        raise CheckpointError(f"{weights_path} is missing; the checkpoint is incomplete (re-save or re-train).")
+    try:
+        tensors = load_file(weights_path)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{weights_path} cannot be read ({exc}); the file is truncated or corrupted.") from None
+    tokenizer = None
+    if (directory / TOKENIZER_NAME).is_file():
+        from lucidlm.tokenizers import load_tokenizer
+        tokenizer = load_tokenizer(directory / TOKENIZER_NAME)
+    model = Transformer.empty(config, device)
+    load_into(model, tensors, weights_path)
+    model.tokenizer = tokenizer
+    return model.to(dtype).eval()
