@@ -70,21 +70,22 @@ class Attention(nn.Module):
                 mask = causal_mask(T, k.shape[2] - prefix_k.shape[2], x.device)[None, None]
             mask = F.pad(mask, (prefix_k.shape[2], 0), value=True)
 
-        if self.n_kv_heads != self.n_heads:  # GQA/MQA: each kv head serves a group of q heads
-            group = self.n_heads // self.n_kv_heads
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
-
         dropout_p = self.dropout if self.training else 0.0
+        grouped = self.n_kv_heads != self.n_heads  # GQA/MQA: each kv head serves a group of q heads
         explicit = self.use_explicit or self.hook_pattern.active or self.hook_attn_scores.active
         if explicit:
+            if grouped:
+                group = self.n_heads // self.n_kv_heads
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             z = self._explicit_attention(q, k, v, mask, dropout_p)
-        elif mask is None and q.shape[2] == k.shape[2]:
-            z = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        elif mask is None and T == k.shape[2]:
+            z = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=grouped)
+        elif mask is None and T == 1:  # one new token sees every filled cache slot: no mask
+            z = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, enable_gqa=grouped)
         else:
-            if mask is None:  # cached decode without padding: causal w.r.t. absolute slots
+            if mask is None:  # chunk of queries after cached keys: causal w.r.t. absolute slots
                 mask = causal_mask(T, k.shape[2], x.device)[None, None]
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=grouped)
 
         z = self.hook_z(z.transpose(1, 2))  # (B, T, nh, hd)
         return self.o_proj(z.reshape(B, T, self.n_heads * self.head_dim))
