@@ -42,6 +42,7 @@ GPT2_SPLIT_PATTERN = (
 )
 
 _ENCODE_CACHE_SIZE = 1 << 16  # chunks remembered; natural text repeats its words a lot
+_LONG_CHUNK = 200  # bytes; longer chunks take the O(n log n) merge path (same result)
 
 Pair = tuple[int, int]
 
@@ -160,6 +161,8 @@ class BPETokenizer(Tokenizer):
     def _encode_chunk(self, chunk: str) -> list[int]:
         # surrogatepass: a lone surrogate (possible in a Python str) still has bytes to encode
         ids = [self._byte_to_id[b] for b in chunk.encode("utf-8", errors="surrogatepass")]
+        if len(ids) > _LONG_CHUNK:
+            return self._merge_long(ids)
         merge_id = self._merge_id
         never = len(self._vocab)  # larger than any merge's id, i.e. "no merge"
         while len(ids) >= 2:
@@ -170,6 +173,40 @@ class BPETokenizer(Tokenizer):
                 break
             ids = merge_pair(ids, best, new_id)
         return ids
+
+    def _merge_long(self, ids: list[int]) -> list[int]:
+        """Same result as the loop in ``_encode_chunk``, in O(n log n) instead of O(n^2).
+
+        A long chunk (a base64 blob, a DNA string) makes rescanning every pair after every
+        merge quadratic. Here a heap holds (merge id, position) for every mergeable pair
+        and the tokens form a linked list. Popping in (id, position) order merges the
+        earliest-learned pair first and its occurrences left to right - exactly what the
+        simple loop does - because a merge only creates pairs with larger ids.
+        """
+        merge_id = self._merge_id
+        n = len(ids)
+        tokens: list[int | None] = list(ids)  # None: merged into its left neighbour
+        next_pos = list(range(1, n + 1))  # n means "no next token"
+        prev_pos = list(range(-1, n - 1))  # -1 means "no previous token"
+        pairs = enumerate(zip(ids, ids[1:]))
+        heap = [(merge_id[pair], i) for i, pair in pairs if pair in merge_id]
+        heapq.heapify(heap)
+        while heap:
+            new_id, i = heapq.heappop(heap)
+            j = next_pos[i]
+            if tokens[i] is None or j == n or merge_id.get((tokens[i], tokens[j])) != new_id:
+                continue  # stale: a neighbour changed since this entry was pushed
+            tokens[i], tokens[j] = new_id, None
+            next_pos[i] = next_pos[j]
+            if next_pos[j] < n:
+                prev_pos[next_pos[j]] = i
+            # The new token makes new pairs with its neighbours on both sides.
+            left, right = prev_pos[i], next_pos[i]
+            if left >= 0 and (tokens[left], new_id) in merge_id:
+                heapq.heappush(heap, (merge_id[(tokens[left], new_id)], left))
+            if right < n and (new_id, tokens[right]) in merge_id:
+                heapq.heappush(heap, (merge_id[(new_id, tokens[right])], i))
+        return [t for t in tokens if t is not None]
 
     def _token_bytes(self, token_id: int) -> bytes:
         return self._vocab[token_id]
@@ -249,7 +286,9 @@ class BPETokenizer(Tokenizer):
         if ENDOFTEXT not in specials:
             raise TokenizerError(f"{encoder_json} has no {ENDOFTEXT!r} after the merges")
         # GPT-2 uses <|endoftext|> both to start and to end documents; it has no pad token.
-        return cls(merges, specials, bos_token=ENDOFTEXT, eos_token=ENDOFTEXT)
+        return cls(
+            merges, specials, byte_order=byte_order, bos_token=ENDOFTEXT, eos_token=ENDOFTEXT
+        )
 
     # ----------------------------------------------------------------- training
 
@@ -282,13 +321,13 @@ class BPETokenizer(Tokenizer):
                 f"use vocab_size >= {minimum}"
             )
         n_merges = vocab_size - 256 - len(special_tokens)
-        bare = cls([], {}, pattern=pattern)  # no merges yet: encodes chunks to raw bytes
+        split_regex = regex.compile(pattern)
 
         # Count each distinct chunk once: "the" occurs thousands of times but is one word.
         chunk_counts: Counter[str] = Counter()
         for _, piece, is_special in split_on_special(text, set(special_tokens)):
             if not is_special:
-                chunk_counts.update(bare._split_regex.findall(piece))
+                chunk_counts.update(split_regex.findall(piece))
         words = [list(chunk.encode("utf-8", errors="surrogatepass")) for chunk in chunk_counts]
         freqs = list(chunk_counts.values())
 
@@ -337,7 +376,7 @@ def _learn_merges(
     bar = tqdm(total=n_merges, desc="BPE merges", unit="merge", disable=not progress)
     while len(merges) < n_merges and heap:
         neg_count, _, _, pair = heapq.heappop(heap)
-        if pair_counts.get(pair, 0) != -neg_count or neg_count == 0:
+        if pair_counts.get(pair, 0) != -neg_count:
             continue  # stale entry: this pair's count changed after it was pushed
         new_id = 256 + len(merges)
         merges.append(pair)
