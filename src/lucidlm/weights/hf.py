@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -40,6 +40,7 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 TOKENIZER_NAME = "tokenizer.json"
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 
 # architecture class -> (family, model_type)
 SUPPORTED = {"LlamaForCausalLM": ("llama", "llama"), "GPT2LMHeadModel": ("gpt2", "gpt2")}
@@ -186,10 +187,9 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
 def _to_our_names(model: Transformer, family: str, tensors: dict[str, torch.Tensor],
                   source: Path) -> dict[str, torch.Tensor]:
     """Check the file against the tensors this config needs (HF names and shapes), then rename."""
-    prefix = "transformer." if family == "gpt2" else "model."
     # Original GPT-2 checkpoints have no "transformer." prefix; accept both spellings.
-    if family == "gpt2" and not any(k.startswith(prefix) for k in tensors):
-        tensors = {prefix + k if not k.startswith("lm_head.") else k: v for k, v in tensors.items()}
+    if family == "gpt2" and not any(k.startswith("transformer.") for k in tensors):
+        tensors = {k if k.startswith("lm_head.") else f"transformer.{k}": v for k, v in tensors.items()}
     with torch.device("meta"):  # shapes only: no memory, no copies
         expected = {name: t.shape for name, t in hf_state_dict(Transformer(model.config)).items()}
     for name, shape in expected.items():
@@ -280,52 +280,53 @@ def _gpt2_to_ours(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[st
 
 def export_family(cfg: ModelConfig) -> str:
     """``"llama"`` or ``"gpt2"``: the Hugging Face architecture this config can be written as.
-    Raises ConfigError naming the first field that neither family can express."""
-    llama_problem = _llama_export_problem(cfg)
-    if llama_problem is None:
-        return "llama"
-    gpt2_problem = _gpt2_export_problem(cfg)
-    if gpt2_problem is None:
-        return "gpt2"
-    wanted = "gpt2" if cfg.positions == "learned" else "llama"
-    problem = gpt2_problem if wanted == "gpt2" else llama_problem
+    Raises ConfigError listing every field that keeps it from the nearer family."""
+    problems = {"llama": _llama_export_problems(cfg), "gpt2": _gpt2_export_problems(cfg)}
+    for family, found in problems.items():
+        if not found:
+            return family
+    nearest = min(problems, key=lambda family: len(problems[family]))
     raise ConfigError(
-        f"this model cannot be exported to Hugging Face: {problem}. lucidlm exports LLaMA-style models "
-        f"(rope + rms + swiglu + pre-norm + final norm) as {_ARCHITECTURE_OF_FAMILY['llama']} and GPT-2-style "
-        f"models (learned positions + layer norm + pre-norm + final norm) as {_ARCHITECTURE_OF_FAMILY['gpt2']}; "
-        f"save it in lucidlm's own format instead (lucidlm convert --to lucidlm)."
+        f"this model cannot be exported to Hugging Face: as {_ARCHITECTURE_OF_FAMILY[nearest]} (the nearest fit) "
+        f"{'; '.join(problems[nearest])}. lucidlm exports LLaMA-style models (rope + rms + swiglu + pre-norm + "
+        f"final norm) and GPT-2-style models (learned positions + layer norm + pre-norm + final norm); save this "
+        f"one in lucidlm's own format instead (lucidlm convert --to lucidlm)."
     )
 
 
-def _common_export_problem(cfg: ModelConfig) -> Optional[str]:
+def _common_export_problems(cfg: ModelConfig) -> list[str]:
+    problems = []
     if cfg.norm_position != "pre":
-        return f"norm_position={cfg.norm_position!r} (post-norm) has no Hugging Face equivalent, it needs 'pre'"
+        problems.append(f"norm_position={cfg.norm_position!r} (post-norm) has no Hugging Face "
+                        f"equivalent (it needs 'pre')")
     if not cfg.final_norm:
-        return "final_norm=False, but both Hugging Face families apply a final norm"
+        problems.append("final_norm=False, but both Hugging Face families apply a final norm")
     if cfg.unembed_bias:
-        return "unembed_bias=True, but both Hugging Face families have a bias-free lm_head"
-    return None
+        problems.append("unembed_bias=True, but both Hugging Face families have a bias-free lm_head")
+    return problems
 
 
-def _llama_export_problem(cfg: ModelConfig) -> Optional[str]:
-    for name, value in (("positions", "rope"), ("norm", "rms"), ("mlp", "swiglu")):
-        if getattr(cfg, name) != value:
-            return f"{name}={getattr(cfg, name)!r}, but LLaMA needs {name}={value!r}"
-    return _common_export_problem(cfg)
+def _llama_export_problems(cfg: ModelConfig) -> list[str]:
+    problems = [f"{name}={getattr(cfg, name)!r}, but LLaMA needs {name}={value!r}"
+                for name, value in (("positions", "rope"), ("norm", "rms"), ("mlp", "swiglu"))
+                if getattr(cfg, name) != value]
+    return problems + _common_export_problems(cfg)
 
 
-def _gpt2_export_problem(cfg: ModelConfig) -> Optional[str]:
+def _gpt2_export_problems(cfg: ModelConfig) -> list[str]:
+    problems = []
     if cfg.positions != "learned":
-        return f"positions={cfg.positions!r}, but GPT-2 needs positions='learned'"
+        problems.append(f"positions={cfg.positions!r}, but GPT-2 needs positions='learned'")
     if cfg.norm != "layer":
-        return f"norm={cfg.norm!r}, but GPT-2 needs norm='layer'"
+        problems.append(f"norm={cfg.norm!r}, but GPT-2 needs norm='layer'")
     if cfg.mlp not in _GPT2_ACTIVATION_NAMES:
-        return f"mlp={cfg.mlp!r}, but GPT-2 needs one of {', '.join(_GPT2_ACTIVATION_NAMES)}"
+        problems.append(f"mlp={cfg.mlp!r}, but GPT-2 needs one of {', '.join(_GPT2_ACTIVATION_NAMES)}")
     if cfg.n_kv_heads != cfg.n_heads:
-        return f"n_kv_heads={cfg.n_kv_heads} differs from n_heads={cfg.n_heads}; GPT-2 has no grouped-query attention"
+        problems.append(f"n_kv_heads={cfg.n_kv_heads} differs from n_heads={cfg.n_heads}; "
+                        f"GPT-2 has no grouped-query attention")
     if cfg.q_dim != cfg.d_model:
-        return f"n_heads*head_dim={cfg.q_dim} differs from d_model={cfg.d_model}; GPT-2 needs them equal"
-    return _common_export_problem(cfg)
+        problems.append(f"n_heads*head_dim={cfg.q_dim} differs from d_model={cfg.d_model}; GPT-2 needs them equal")
+    return problems + _common_export_problems(cfg)
 
 
 def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
@@ -398,14 +399,12 @@ def hf_config(model: Transformer) -> dict[str, Any]:
     """config.json contents for this model (LlamaForCausalLM or GPT2LMHeadModel)."""
     cfg = model.config
     family = export_family(cfg)
-    tokenizer = model.tokenizer
-    bos = getattr(tokenizer, "bos_id", None) if tokenizer is not None else None
-    eos = getattr(tokenizer, "eos_id", None) if tokenizer is not None else None
+    architecture = _ARCHITECTURE_OF_FAMILY[family]
+    token_ids = {f"{role}_token_id": getattr(model.tokenizer, f"{role}_id", None) for role in ("bos", "eos", "pad")}
     dtype_name = _DTYPE_NAMES.get(model.dtype, "float32")
-    common = dict(architectures=[_ARCHITECTURE_OF_FAMILY[family]], model_type=SUPPORTED[_ARCHITECTURE_OF_FAMILY[family]][1],
-                  vocab_size=cfg.vocab_size, tie_word_embeddings=cfg.tie_embeddings, bos_token_id=bos,
-                  eos_token_id=eos, pad_token_id=getattr(tokenizer, "pad_id", None) if tokenizer is not None else None,
-                  torch_dtype=dtype_name, dtype=dtype_name, use_cache=True)
+    common = dict(architectures=[architecture], model_type=SUPPORTED[architecture][1], vocab_size=cfg.vocab_size,
+                  tie_word_embeddings=cfg.tie_embeddings, **token_ids, torch_dtype=dtype_name, dtype=dtype_name,
+                  use_cache=True)
     if family == "llama":
         return dict(
             common, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
@@ -435,12 +434,22 @@ def save_hf(model: Transformer, out_dir: str | Path) -> Path:
 
 
 def _save_tokenizer(tokenizer: Any, out_dir: Path) -> None:
-    """Hugging Face's tokenizer.json, when the model's tokenizer can produce one."""
+    """Hugging Face's tokenizer.json (+ tokenizer_config.json for the bos/eos roles and chat
+    template), when the model's tokenizer can produce one; our own char/word/BPE ones cannot."""
     if tokenizer is None:
         return
-    if hasattr(tokenizer, "to_hf_json"):
+    if hasattr(tokenizer, "save_hf"):
+        tokenizer.save_hf(out_dir / TOKENIZER_NAME)
+    elif hasattr(tokenizer, "to_hf_json"):
         data = tokenizer.to_hf_json()
-        text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
-        atomic_write_text(out_dir / TOKENIZER_NAME, text)
-    elif type(tokenizer).__name__ == "HFTokenizer" and hasattr(tokenizer, "save"):
-        tokenizer.save(out_dir / TOKENIZER_NAME)
+        atomic_write_text(out_dir / TOKENIZER_NAME, data if isinstance(data, str) else json.dumps(data))
+    else:
+        return
+    roles = {f"{role}_token": getattr(tokenizer, f"{role}_token", None) for role in ("bos", "eos", "pad", "unk")}
+    tokenizer_config = {k: v for k, v in roles.items() if isinstance(v, str)}
+    tokenizer_config["add_bos_token"] = bool(getattr(tokenizer, "add_bos", False))
+    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"  # what AutoTokenizer builds from tokenizer.json
+    if isinstance(getattr(tokenizer, "chat_template", None), str):
+        tokenizer_config["chat_template"] = tokenizer.chat_template
+    text = json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n"
+    atomic_write_text(out_dir / TOKENIZER_CONFIG_NAME, text)

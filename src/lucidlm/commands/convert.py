@@ -1,0 +1,76 @@
+"""``lucidlm convert SOURCE OUT_DIR --to hf|lucidlm``: write a model in another format."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from lucidlm.errors import LucidLMError
+
+FORMATS = {"hf": "Hugging Face (config.json + model.safetensors)",
+           "lucidlm": "lucidlm (lucidlm_config.json + model.safetensors + tokenizer.json)"}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "convert",
+        help="convert a model to Hugging Face or lucidlm format",
+        description="Load a model from anything lucidlm can read and write it in another format.\n\n"
+                    "--to hf      a directory transformers' AutoModelForCausalLM.from_pretrained loads:\n"
+                    "             LLaMA-style models (RoPE, RMSNorm, SwiGLU) become LlamaForCausalLM,\n"
+                    "             GPT-2-style models (learned positions, LayerNorm) become GPT2LMHeadModel;\n"
+                    "             interleaved-RoPE (GGUF-layout) Q/K rows are permuted to rotate_half.\n"
+                    "             Post-norm, sinusoidal and other non-HF configs are refused with the reason.\n"
+                    "--to lucidlm lucidlm's own directory, which keeps every config field.",
+        epilog="examples:\n"
+               "  lucidlm convert smollm2-135m out/smollm2-hf --to hf\n"
+               "  lucidlm convert path/to/hf-model out/mine --to lucidlm\n"
+               "  lucidlm convert runs/shakespeare/checkpoint out/shakespeare-hf --to hf --dtype bfloat16",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("source", metavar="SOURCE",
+                        help="what to convert: a pretrained name (smollm2-135m), a .gguf file, a Hugging Face "
+                             "directory, a lucidlm model or checkpoint directory, or a preset name (random init)")
+    parser.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (created if needed)")
+    parser.add_argument("--to", dest="to_format", choices=sorted(FORMATS), required=True,
+                        help="output format: " + "; ".join(f"{k} = {v}" for k, v in FORMATS.items()))
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                        help="dtype of the written weights (default: float32)")
+    parser.add_argument("--force", action="store_true",
+                        help="write into OUT_DIR even if it already holds files (they may be overwritten)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lucidlm.loading import load
+
+    out_dir = Path(args.out_dir).expanduser()
+    if out_dir.exists() and not out_dir.is_dir():
+        raise LucidLMError(f"OUT_DIR {out_dir} exists and is a file; give a directory path.")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not args.force:
+        raise LucidLMError(f"OUT_DIR {out_dir} is not empty; pick another directory or pass --force.")
+    source = Path(args.source).expanduser()
+    if source.exists() and source.resolve() == out_dir.resolve():
+        raise LucidLMError(f"OUT_DIR {out_dir} is the SOURCE itself; write the conversion somewhere else.")
+
+    start = time.perf_counter()
+    model = load(args.source, dtype=DTYPES[args.dtype])
+    if args.to_format == "hf":
+        from lucidlm.weights.hf import export_family, save_hf, SUPPORTED
+        family = export_family(model.config)
+        save_hf(model, out_dir)
+        target = next(arch for arch, (fam, _) in SUPPORTED.items() if fam == family)
+    else:
+        from lucidlm.weights.checkpoint import save_model
+        save_model(model, out_dir)
+        target = "lucidlm"
+    cfg = model.config
+    files = ", ".join(sorted(p.name for p in out_dir.iterdir() if p.is_file()))
+    print(f"converted {args.source} ({cfg.name}: {cfg.n_layers} layers, d_model {cfg.d_model}, "
+          f"{model.num_parameters() / 1e6:.2f}M parameters, {args.dtype}) -> {out_dir} as {target} "
+          f"[{files}] in {time.perf_counter() - start:.1f}s")
+    return 0
