@@ -1,14 +1,16 @@
 """Tokenizers behind one interface: character, word and byte-level BPE (trainable, or
-GPT-2's own files). Every one saves to a single JSON file that ``load_tokenizer`` reads.
+GPT-2's own files), plus pretrained models' tokenizers (``HFTokenizer``). Every one saves to
+a single JSON file that ``load_tokenizer`` reads back, whatever its type.
 
->>> tok = BPETokenizer.train(text, vocab_size=4096, progress=False)
->>> tok.save("tok.json"); load_tokenizer("tok.json").encode("Hello") == tok.encode("Hello")
-True
+    tok = BPETokenizer.train(text, vocab_size=4096)      # or CharTokenizer.train(text), ...
+    tok.save("tok.json")
+    same = load_tokenizer("tok.json")                   # a BPETokenizer again
 """
 
 from lucidlm.tokenizers.base import Tokenizer, load_tokenizer
 from lucidlm.tokenizers.bpe import GPT2_SPLIT_PATTERN, BPETokenizer
 from lucidlm.tokenizers.char import CharTokenizer
+from lucidlm.tokenizers.pretrained import HFTokenizer  # imported so load_tokenizer knows "hf"
 from lucidlm.tokenizers.word import WordTokenizer
 
 train_bpe = BPETokenizer.train  # convenience: train_bpe(text, vocab_size, ...)
@@ -17,6 +19,7 @@ __all__ = [
     "GPT2_SPLIT_PATTERN",
     "BPETokenizer",
     "CharTokenizer",
+    "HFTokenizer",
     "Tokenizer",
     "WordTokenizer",
     "load_tokenizer",

@@ -1,0 +1,299 @@
+"""Tokenizers of pretrained models, run by the Hugging Face ``tokenizers`` library.
+
+A pretrained model's ids only mean something under its own tokenizer, byte for byte. Two
+places describe one:
+
+- a GGUF file's metadata (``tokenizer.ggml.*``): the vocabulary, the merges, which tokens
+  are control tokens, the BOS/EOS/PAD ids, and a pre-tokenizer *name* (``smollm``,
+  ``llama-bpe``, ``qwen2``...) standing for the regex that cut text into chunks when the
+  merges were learned;
+- a Hugging Face ``tokenizer.json``, which spells all of that out.
+
+``HFTokenizer.from_gguf_fields`` rebuilds the first the way transformers does
+(``transformers/integrations/gguf/gguf_tokenizer_mapping.py``), so the ids are the ones
+transformers gives for the same file; ``HFTokenizer.from_file`` reads the second.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+from lucidlm.errors import TokenizerError
+from lucidlm.tokenizers.base import AllowedSpecial, Tokenizer
+from lucidlm.tokenizers.bpe import bytes_to_unicode
+
+# llama.cpp's token_type values (llama_token_type in llama.h)
+TOKEN_TYPE_CONTROL = 3
+TOKEN_TYPE_USER_DEFINED = 4
+
+# Pre-tokenizer regexes by GGUF ``tokenizer.ggml.pre`` name, as transformers maps them.
+# Names not listed (``gpt2``, ``smollm``, ``default``...) get GPT-2's own regex, which is
+# what the ByteLevel pre-tokenizer applies by itself.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+PRE_TOKENIZER_SPLITS: dict[str, str] = {
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe", "pixtral"), _LLAMA3_SPLIT),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2_SPLIT),
+    **dict.fromkeys(("gpt-4o", "llama4"), _GPT4O_SPLIT),
+}
+
+_BYTE_DECODER = {char: byte for byte, char in bytes_to_unicode().items()}
+
+
+class HFTokenizer(Tokenizer):
+    """lucidlm's Tokenizer interface over a ``tokenizers.Tokenizer``.
+
+    ``add_bos``: whether ``encode`` puts the BOS id first (the GGUF's ``add_bos_token``).
+    ``chat_template``: the Jinja chat template that came with the model, or None.
+    """
+
+    type_name = "hf"
+
+    def __init__(self, backend: Any, *, add_bos: bool = False, bos_token: Optional[str] = None,
+                 eos_token: Optional[str] = None, pad_token: Optional[str] = None,
+                 unk_token: Optional[str] = None, chat_template: Optional[str] = None) -> None:
+        self._backend = backend
+        self.add_bos = add_bos
+        self.unk_token = unk_token
+        self.chat_template = chat_template
+        added = backend.get_added_tokens_decoder()  # id -> AddedToken
+        special = {tok.content: i for i, tok in added.items() if tok.special}
+        for role in (bos_token, eos_token, pad_token):  # a role token is special even if unflagged
+            if role is not None and role not in special:
+                role_id = backend.token_to_id(role)
+                if role_id is None:
+                    raise TokenizerError(f"special token {role!r} is not in the vocabulary")
+                special[role] = role_id
+        super().__init__(special, bos_token=bos_token, eos_token=eos_token, pad_token=pad_token)
+        self._vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        self._byte_level = _has_byte_level_decoder(backend)
+        self._plain: Any = None  # built when first needed (see _encode_ordinary)
+        self._bytes: Optional[list[bytes]] = None  # id -> bytes, built on first decode
+
+    # ----------------------------------------------------------------- constructors
+
+    @classmethod
+    def from_gguf_fields(cls, fields: dict[str, Any], source: str = "GGUF file") -> "HFTokenizer":
+        """Build from GGUF metadata (``tokenizer.ggml.*`` keys, decoded to Python values)."""
+        from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
+        from tokenizers import Tokenizer as Backend
+        from tokenizers.models import BPE
+
+        kind = fields.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise TokenizerError(
+                f"{source}: tokenizer.ggml.model={kind!r} is not supported; lucidlm builds byte-level BPE "
+                f"('gpt2') tokenizers from GGUF metadata. Load the model's tokenizer.json with "
+                f"HFTokenizer.from_file instead."
+            )
+        tokens: list[str] = fields.get("tokenizer.ggml.tokens") or []
+        merges: list[str] = fields.get("tokenizer.ggml.merges") or []
+        if not tokens:
+            raise TokenizerError(f"{source}: tokenizer.ggml.tokens is missing or empty; the file has no tokenizer.")
+        spelling = bytes_to_unicode()
+        alphabet = set(spelling.values())
+        vocab: dict[str, int] = {}
+        for index, token in enumerate(tokens):
+            # Control tokens may be stored in plain UTF-8; BPE looks tokens up in byte spelling.
+            spelled = token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8"))
+            vocab.setdefault(spelled, index)
+        try:
+            pairs = [tuple(m.split(" ")) for m in merges]
+            backend = Backend(BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="",
+                                  end_of_word_suffix="", fuse_unk=False))
+        except Exception as exc:  # the Rust side rejects merges naming unknown tokens
+            raise TokenizerError(f"{source}: the vocabulary and merges do not form a BPE tokenizer ({exc}).") from None
+        split = PRE_TOKENIZER_SPLITS.get(fields.get("tokenizer.ggml.pre", ""))
+        if split is None:
+            backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        else:
+            backend.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ])
+        backend.decoder = decoders.ByteLevel()
+
+        types = fields.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        # A "control" token outside the byte alphabet is a llama.cpp mislabel (transformers skips it too).
+        control = [t for t, kind_ in zip(tokens, types) if kind_ == TOKEN_TYPE_CONTROL and set(t) <= alphabet]
+        user = [t for t, kind_ in zip(tokens, types) if kind_ == TOKEN_TYPE_USER_DEFINED and t in vocab]
+        backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
+        backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
+
+        def token_for(key: str) -> Optional[str]:
+            token_id = fields.get(f"tokenizer.ggml.{key}")
+            if token_id is None:
+                return None
+            if not 0 <= int(token_id) < len(tokens):
+                raise TokenizerError(f"{source}: tokenizer.ggml.{key}={token_id} is outside the vocabulary "
+                                     f"of {len(tokens)} tokens.")
+            return tokens[int(token_id)]
+
+        return cls(backend, add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)),
+                   bos_token=token_for("bos_token_id"), eos_token=token_for("eos_token_id"),
+                   pad_token=token_for("padding_token_id"), unk_token=token_for("unknown_token_id"),
+                   chat_template=fields.get("tokenizer.chat_template"))
+
+    @classmethod
+    def from_file(cls, path: str | Path, config_path: Optional[str | Path] = None) -> "HFTokenizer":
+        """Read a Hugging Face ``tokenizer.json``. Roles (bos/eos/pad), add_bos and the chat
+        template come from ``tokenizer_config.json`` beside it (or ``config_path``) if present."""
+        from tokenizers import Tokenizer as Backend
+
+        path = Path(path)
+        if not path.is_file():
+            raise TokenizerError(f"tokenizer file {path} does not exist.")
+        try:
+            backend = Backend.from_file(str(path))
+        except Exception as exc:
+            raise TokenizerError(f"{path} is not a Hugging Face tokenizer.json ({exc}).") from None
+        config_path = Path(config_path) if config_path else path.with_name("tokenizer_config.json")
+        config: dict[str, Any] = {}
+        if config_path.is_file():
+            try:
+                config = json.loads(config_path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as exc:
+                raise TokenizerError(f"{config_path} is not valid JSON ({exc}).") from None
+
+        def role(name: str) -> Optional[str]:
+            value = config.get(name)
+            if isinstance(value, dict):  # {"content": "<s>", ...}, transformers' AddedToken form
+                value = value.get("content")
+            return value if isinstance(value, str) and backend.token_to_id(value) is not None else None
+
+        bos = role("bos_token")
+        add_bos = config.get("add_bos_token")
+        if add_bos is None:  # no config: does the file's post-processor put a token first?
+            with_special = backend.encode("a", add_special_tokens=True).ids
+            without = backend.encode("a", add_special_tokens=False).ids
+            add_bos = len(with_special) > len(without) and with_special[1:] == without[:len(with_special) - 1]
+            if add_bos and bos is None:
+                bos = backend.id_to_token(with_special[0])
+        backend.post_processor = None  # BOS is added by encode(), never twice
+        template = config.get("chat_template")
+        return cls(backend, add_bos=bool(add_bos), bos_token=bos, eos_token=role("eos_token"),
+                   pad_token=role("pad_token"), unk_token=role("unk_token"),
+                   chat_template=template if isinstance(template, str) else None)
+
+    # ----------------------------------------------------------------- Tokenizer interface
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def encode(self, text: str, *, allowed_special: AllowedSpecial = True) -> list[int]:
+        """Text -> ids, with the BOS id first when the model's tokenizer adds one."""
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
+        allowed = self._allowed_special_set(allowed_special)
+        if allowed == set(self.special_tokens):  # the backend splits on every added token itself
+            ids = self._backend.encode(text, add_special_tokens=False).ids
+        else:
+            ids = super().encode(text, allowed_special=allowed)
+        if self.add_bos and self.bos_id is not None:
+            ids = [self.bos_id, *ids]
+        return ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Many texts at once (in parallel in the Rust backend); special tokens allowed."""
+        encoded = self._backend.encode_batch(list(texts), add_special_tokens=False)
+        prefix = [self.bos_id] if self.add_bos and self.bos_id is not None else []
+        return [prefix + e.ids for e in encoded]
+
+    def _encode_ordinary(self, text: str, offset: int) -> list[int]:
+        if self._plain is None:
+            # The same tokenizer without added tokens, so that special-token strings the caller
+            # did not allow stay ordinary text: the backend has no switch for that.
+            from tokenizers import Tokenizer as Backend
+
+            plain = json.loads(self._backend.to_str())
+            plain["added_tokens"] = []
+            self._plain = Backend.from_str(json.dumps(plain))
+        return self._plain.encode(text, add_special_tokens=False).ids
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        if self._bytes is None:
+            added = self._backend.get_added_tokens_decoder()
+            self._bytes = [self._piece_bytes(i, added) for i in range(self._vocab_size)]
+        return self._bytes[token_id]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        if self._byte_level:
+            return super().decode(ids)
+        # Other decoders (sentencepiece's metaspace, byte fallback) also drop a leading space.
+        return self._backend.decode(list(self._checked(ids)), skip_special_tokens=False)
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        return self._backend.token_to_id(token)
+
+    @property
+    def backend(self) -> Any:
+        """The underlying ``tokenizers.Tokenizer`` (read it; changing it desynchronises us)."""
+        return self._backend
+
+    # ----------------------------------------------------------------- save / load
+
+    def save_hf(self, path: str | Path) -> None:
+        """Write a plain Hugging Face ``tokenizer.json`` (no lucidlm fields)."""
+        self._backend.save(str(path))
+
+    def _to_dict(self) -> dict[str, Any]:
+        return {
+            # Kept as one string: parsing it as JSON only to re-serialise it for the backend
+            # would double the cost of a warm model load.
+            "tokenizer_json": self._backend.to_str(),
+            "add_bos": self.add_bos, "bos_token": self.bos_token, "eos_token": self.eos_token,
+            "pad_token": self.pad_token, "unk_token": self.unk_token, "chat_template": self.chat_template,
+        }
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> "HFTokenizer":
+        from tokenizers import Tokenizer as Backend
+
+        try:
+            embedded = data["tokenizer_json"]
+            backend = Backend.from_str(embedded if isinstance(embedded, str) else json.dumps(embedded))
+        except Exception as exc:
+            raise TokenizerError(f"the embedded tokenizer_json cannot be read ({exc})") from None
+        return cls(backend, add_bos=bool(data.get("add_bos", False)), bos_token=data.get("bos_token"),
+                   eos_token=data.get("eos_token"), pad_token=data.get("pad_token"),
+                   unk_token=data.get("unk_token"), chat_template=data.get("chat_template"))
+
+    # ----------------------------------------------------------------- helpers
+
+    def _piece_bytes(self, token_id: int, added: dict[int, Any]) -> bytes:
+        token = self._backend.id_to_token(token_id)
+        if token is None:  # a hole in the id space
+            return b""
+        if token_id in added:  # added tokens are stored as their literal text
+            return added[token_id].content.encode("utf-8")
+        if self._byte_level and all(c in _BYTE_DECODER for c in token):
+            return bytes(_BYTE_DECODER[c] for c in token)
+        if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):  # sentencepiece byte fallback
+            return bytes([int(token[3:5], 16)])
+        return token.replace("\u2581", " ").encode("utf-8")
+
+    def __repr__(self) -> str:
+        return f"HFTokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, eos={self.eos_token!r})"
+
+
+
+def _has_byte_level_decoder(backend: Any) -> bool:
+    """Whether the decoder maps GPT-2's byte alphabet back to bytes (alone or in a Sequence)."""
+    if backend.decoder is None:
+        return False
+    return '"type":"ByteLevel"' in backend.decoder.__getstate__().decode("utf-8").replace(" ", "")
