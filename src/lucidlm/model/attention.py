@@ -49,16 +49,18 @@ class Attention(nn.Module):
         self.hook_z = HookPoint()  # (B, T, nh, hd): per-head mix of values
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, input_pos: Optional[torch.Tensor],
-                mask: Optional[torch.Tensor]) -> torch.Tensor:
+                mask: Optional[torch.Tensor], rope_cos_sin: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                ) -> torch.Tensor:
         """x: (B, T, d). position_ids: (B, T). input_pos: (T,) cache slots or None.
-        mask: (B, 1, T, S) bool, True = may attend, or None for plain causal."""
+        mask: (B, 1, T, S) bool, True = may attend, or None for plain causal.
+        rope_cos_sin: the rotation for these positions, if the caller already looked it up."""
         B, T, _ = x.shape
         q = self.hook_q(self.q_proj(x).view(B, T, self.n_heads, self.head_dim))
         k = self.hook_k(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim))
         v = self.hook_v(self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim))
         if self.rotary is not None:
-            q = self.hook_rot_q(self.rotary(q, position_ids))
-            k = self.hook_rot_k(self.rotary(k, position_ids))
+            q = self.hook_rot_q(self.rotary(q, position_ids, rope_cos_sin))
+            k = self.hook_rot_k(self.rotary(k, position_ids, rope_cos_sin))
 
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hd)
         if self.kv_cache is not None and input_pos is not None:

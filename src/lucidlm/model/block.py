@@ -35,15 +35,17 @@ class Block(nn.Module):
         self.hook_resid_post = HookPoint()  # (B, T, d)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, input_pos: Optional[torch.Tensor],
-                mask: Optional[torch.Tensor]) -> torch.Tensor:
+                mask: Optional[torch.Tensor], rope_cos_sin: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                ) -> torch.Tensor:
         x = self.hook_resid_pre(x)
         if self.pre_norm:
-            attn_out = self.hook_attn_out(self.dropout(self.attn(self.ln1(x), position_ids, input_pos, mask)))
+            attn_out = self.hook_attn_out(self.dropout(self.attn(self.ln1(x), position_ids, input_pos, mask,
+                                                                 rope_cos_sin)))
             x = self.hook_resid_mid(x + attn_out)
             mlp_out = self.hook_mlp_out(self.dropout(self.mlp(self.ln2(x))))
             x = x + mlp_out
         else:
-            attn_out = self.hook_attn_out(self.dropout(self.attn(x, position_ids, input_pos, mask)))
+            attn_out = self.hook_attn_out(self.dropout(self.attn(x, position_ids, input_pos, mask, rope_cos_sin)))
             x = self.hook_resid_mid(self.ln1(x + attn_out))
             mlp_out = self.hook_mlp_out(self.dropout(self.mlp(x)))
             x = self.ln2(x + mlp_out)

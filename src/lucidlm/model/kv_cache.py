@@ -31,11 +31,15 @@ class KVCache(nn.Module):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (B, n_kv, T, hd) at slots ``input_pos`` (T,); return the filled prefix
         of the cache, (B, n_kv, end, hd) with end = last written slot + 1."""
-        self.k[:, :, input_pos] = k.to(self.k.dtype)
-        self.v[:, :, input_pos] = v.to(self.v.dtype)
+        start, end = int(input_pos[0]), int(input_pos[-1]) + 1
+        if end - start == input_pos.numel():  # contiguous slots (always, in generation): a plain copy
+            self.k[:, :, start:end].copy_(k)
+            self.v[:, :, start:end].copy_(v)
+        else:
+            self.k[:, :, input_pos] = k.to(self.k.dtype)
+            self.v[:, :, input_pos] = v.to(self.v.dtype)
         # Attending only to the filled prefix (not all max_seq_len slots) keeps CPU decoding
         # fast; the slice is a view, so nothing is copied.
-        end = int(input_pos[-1]) + 1
         return self.k[:, :, :end], self.v[:, :, :end]
 
     def reorder(self, beam_idx: torch.Tensor) -> None:

@@ -55,12 +55,19 @@ class RotaryEmbedding(nn.Module):
         self.cos, self.sin = self.cos.double(), self.sin.double()
         return self
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """x: (B, T, n_heads, head_dim); position_ids: (B, T). Returns x rotated, same shape."""
-        compute_dtype = torch.promote_types(x.dtype, torch.float32)  # bf16/fp16 rotate in fp32
-        cos = self.cos[position_ids].unsqueeze(2).to(compute_dtype)  # (B, T, 1, hd/2)
+    def cos_sin(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotation for positions (B, T): cos and sin, each (B, T, 1, hd/2). Looked up
+        once per forward pass and shared by every layer."""
+        compute_dtype = torch.promote_types(dtype, torch.float32)  # bf16/fp16 rotate in fp32
+        cos = self.cos[position_ids].unsqueeze(2).to(compute_dtype)
         sin = self.sin[position_ids].unsqueeze(2).to(compute_dtype)
-        xf = x.to(compute_dtype)
+        return cos, sin
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
+                cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x: (B, T, n_heads, head_dim); position_ids: (B, T). Returns x rotated, same shape."""
+        cos, sin = cos_sin if cos_sin is not None else self.cos_sin(position_ids, x.dtype)
+        xf = x.to(cos.dtype)
         if self.variant == "half":
             x1, x2 = xf.chunk(2, dim=-1)  # first half, second half
             out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)

@@ -125,8 +125,10 @@ class Transformer(nn.Module):
         if self.pos_embed is not None:
             x = x + self.hook_pos_embed(self.pos_embed(position_ids).to(x.dtype))
         x = self.embed_dropout(x)
+        rotary = self.blocks[0].attn.rotary
+        rope_cos_sin = rotary.cos_sin(position_ids, x.dtype) if rotary is not None else None
         for block in self.blocks:
-            x = block(x, position_ids, input_pos, mask)
+            x = block(x, position_ids, input_pos, mask, rope_cos_sin)
         if last_token_only:
             x = x[:, -1:]
         if self.ln_final is not None:
@@ -221,3 +223,15 @@ class Transformer(nn.Module):
     def run_with_hooks(self, ids: Any, **kwargs: Any) -> Any:
         from lucidlm.inspect.cache import run_with_hooks
         return run_with_hooks(self, ids, **kwargs)
+
+    def set_adapter(self, name: str) -> None:
+        from lucidlm.peft import set_adapter
+        set_adapter(self, name)
+
+    def merge_adapter(self) -> None:
+        from lucidlm.peft import merge_adapter
+        merge_adapter(self)
+
+    def unmerge_adapter(self) -> None:
+        from lucidlm.peft import unmerge_adapter
+        unmerge_adapter(self)
