@@ -1,0 +1,247 @@
+"""Run the model and keep (or change) what flows through its hook points.
+
+    logits, cache = run_with_cache(model, ids)          # every activation, by hook name
+    cache["blocks.0.attn.hook_pattern"]                 # (B, nh, T, S)
+    cache["pattern", 0]                                 # the same, TransformerLens shorthand
+    logits = run_with_hooks(model, ids, fwd_hooks=[("blocks.3.hook_resid_post", patch)])
+
+Hooks are attached for one forward pass and removed in a ``finally``, so an exception in
+a hook never leaves the model altered. Hooks the caller attached by hand are left alone.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from lucidlm.errors import HookError, InputError
+from lucidlm.model.hooks import HookFn, HookPoint
+
+NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
+
+# TransformerLens-style short names -> the hook's path inside ``blocks.{layer}``.
+SHORT_NAMES = {
+    "resid_pre": "hook_resid_pre", "attn_out": "hook_attn_out", "resid_mid": "hook_resid_mid",
+    "mlp_out": "hook_mlp_out", "resid_post": "hook_resid_post",
+    "q": "attn.hook_q", "k": "attn.hook_k", "v": "attn.hook_v", "rot_q": "attn.hook_rot_q",
+    "rot_k": "attn.hook_rot_k", "attn_scores": "attn.hook_attn_scores", "pattern": "attn.hook_pattern",
+    "attn": "attn.hook_pattern", "z": "attn.hook_z",
+    "pre": "mlp.hook_pre", "post": "mlp.hook_post", "pre_linear": "mlp.hook_pre_linear",
+    "mlp_pre": "mlp.hook_pre", "mlp_post": "mlp.hook_post",
+    "scale": "{sub}.hook_scale", "normalized": "{sub}.hook_normalized",
+}
+# Short names that live outside the blocks.
+GLOBAL_SHORT_NAMES = {"embed": "hook_embed", "pos_embed": "hook_pos_embed"}
+
+
+def unknown_hook_error(name: str, valid: Sequence[str]) -> HookError:
+    close = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return HookError(
+        f"unknown hook name {name!r}.{hint} This model has {len(valid)} hook points; "
+        f"list them with model.hook_points() (names look like 'blocks.0.attn.hook_pattern')."
+    )
+
+
+def resolve_hook_names(model: nn.Module, names_filter: NamesFilter) -> list[str]:
+    """The hook names a filter selects: None = all, a name, a list of names, or a predicate."""
+    all_names = list(model.hook_points())
+    if names_filter is None:
+        return all_names
+    if callable(names_filter):
+        return [n for n in all_names if names_filter(n)]
+    names = [names_filter] if isinstance(names_filter, str) else list(names_filter)
+    known = set(all_names)
+    for name in names:
+        if name not in known:
+            raise unknown_hook_error(name, all_names)
+    return names
+
+
+class ActivationCache(Mapping):
+    """Activations by hook name, read-only. Also answers TransformerLens shorthand:
+    ``cache["pattern", 0]``, ``cache["resid_post", -1]``, ``cache["scale", 2, "ln1"]``,
+    ``cache["embed"]``."""
+
+    def __init__(self, activations: dict[str, torch.Tensor], model: nn.Module, has_batch_dim: bool = True) -> None:
+        self._acts = activations
+        self.model = model
+        self.has_batch_dim = has_batch_dim
+
+    # -- Mapping --
+    def __getitem__(self, key: Union[str, tuple]) -> torch.Tensor:
+        name = self.full_name(key)
+        if name not in self._acts:
+            if name in self.model.hook_points():
+                raise HookError(
+                    f"hook {name!r} exists but was not cached: it was left out by names_filter "
+                    f"(or did not run). Cached: {len(self._acts)} hooks."
+                )
+            raise unknown_hook_error(name, list(self._acts) or list(self.model.hook_points()))
+        return self._acts[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._acts)
+
+    def __len__(self) -> int:
+        return len(self._acts)
+
+    def __repr__(self) -> str:
+        return f"ActivationCache({len(self)} activations: {', '.join(list(self._acts)[:4])}, ...)"
+
+    @property
+    def n_layers(self) -> int:
+        return self.model.config.n_layers
+
+    def full_name(self, key: Union[str, tuple]) -> str:
+        """``("pattern", 0)`` -> ``"blocks.0.attn.hook_pattern"``; full names pass through."""
+        if isinstance(key, str):
+            return GLOBAL_SHORT_NAMES.get(key, key)
+        if not isinstance(key, tuple) or not key or not isinstance(key[0], str):
+            raise HookError(f"cache key {key!r} must be a hook name or a tuple like ('pattern', 0).")
+        short, rest = key[0], key[1:]
+        if short in GLOBAL_SHORT_NAMES and not rest:
+            return GLOBAL_SHORT_NAMES[short]
+        if short not in SHORT_NAMES:
+            raise unknown_hook_error(short, sorted(SHORT_NAMES) + sorted(GLOBAL_SHORT_NAMES))
+        if not rest or not isinstance(rest[0], int):
+            raise HookError(f"cache key {key!r}: {short!r} is per layer; write cache[{short!r}, layer].")
+        layer = check_layer(rest[0], self.n_layers)
+        path = SHORT_NAMES[short]
+        if "{sub}" in path:
+            sub = rest[1] if len(rest) > 1 else None
+            if sub not in ("ln1", "ln2"):
+                raise HookError(f"cache key {key!r}: name the norm, e.g. "
+                                f"cache[{short!r}, {layer}, 'ln1'] (ln1 or ln2).")
+            path = path.format(sub=sub)
+        return f"blocks.{layer}.{path}"
+
+    # -- conveniences --
+    def to(self, device: Union[str, torch.device]) -> "ActivationCache":
+        return ActivationCache({k: v.to(device) for k, v in self._acts.items()}, self.model, self.has_batch_dim)
+
+    def remove_batch_dim(self) -> "ActivationCache":
+        if not self.has_batch_dim:
+            return self
+        batch = {v.shape[0] for v in self._acts.values()}
+        if batch != {1}:
+            raise InputError(f"remove_batch_dim needs a batch of 1, but the cached batch size is {sorted(batch)}.")
+        return ActivationCache({k: v[0] for k, v in self._acts.items()}, self.model, has_batch_dim=False)
+
+    def accumulated_resid(self, layer: Optional[int] = None, incl_mid: bool = False,
+                          apply_ln: bool = False, return_labels: bool = False) -> Any:
+        """The residual stream after 0, 1, ..., ``layer`` blocks, stacked: (n, [B,] T, d).
+
+        Entry 0 is the input to block 0 (token + position embeddings); entry i is the output
+        of block i-1. With ``incl_mid`` the stream between attention and MLP is included too.
+        ``apply_ln`` passes each through the final norm, ready for the unembedding (the
+        logit lens)."""
+        layer = self.n_layers if layer is None else layer
+        if not 0 <= layer <= self.n_layers:
+            raise HookError(f"layer={layer} is out of range: accumulated_resid takes 0..{self.n_layers}.")
+        labels, parts = ["embed"], [self["blocks.0.hook_resid_pre"]]
+        for i in range(layer):
+            if incl_mid:
+                labels.append(f"{i}_mid")
+                parts.append(self[f"blocks.{i}.hook_resid_mid"])
+            labels.append(f"{i}_post")
+            parts.append(self[f"blocks.{i}.hook_resid_post"])
+        stack = torch.stack(parts)
+        if apply_ln:
+            stack = self.apply_ln_final(stack)
+        return (stack, labels) if return_labels else stack
+
+    stack_residual = accumulated_resid
+
+    def apply_ln_final(self, resid: torch.Tensor) -> torch.Tensor:
+        """The model's final norm applied to any residual-stream tensor (..., d); identity
+        for models without one (post-norm blocks end in their own norm)."""
+        ln_final = self.model.ln_final
+        if ln_final is None:
+            return resid
+        param = next(ln_final.parameters())
+        with torch.no_grad():
+            return ln_final(resid.to(param.device, param.dtype))
+
+
+def check_layer(layer: int, n_layers: int) -> int:
+    """Layer index, negative counting from the end; HookError naming the valid range."""
+    if not -n_layers <= layer < n_layers:
+        raise HookError(f"layer={layer} is out of range: this model has {n_layers} layers (0..{n_layers - 1}).")
+    return layer % n_layers
+
+
+def _attach(model: nn.Module, pairs: list[tuple[str, HookFn]]) -> list[tuple[HookPoint, HookFn]]:
+    points = model.hook_points()
+    attached = []
+    for name, fn in pairs:
+        points[name].add_hook(fn)
+        attached.append((points[name], fn))
+    return attached
+
+
+def _detach(attached: list[tuple[HookPoint, HookFn]]) -> None:
+    for point, fn in attached:
+        # Remove by identity: the same function may be attached elsewhere, or twice.
+        for i in range(len(point.fns) - 1, -1, -1):
+            if point.fns[i] is fn:
+                del point.fns[i]
+                break
+
+
+def _as_ids(model: nn.Module, ids: Any) -> Any:
+    if isinstance(ids, str):
+        from lucidlm.inspect.steps import to_tokens
+        return to_tokens(model, ids)
+    return ids
+
+
+def run_with_cache(model: nn.Module, ids: Any, names_filter: NamesFilter = None,
+                   device: Optional[Union[str, torch.device]] = None, remove_batch_dim: bool = False,
+                   input_pos: Optional[torch.Tensor] = None, **forward_kwargs: Any,
+                   ) -> tuple[torch.Tensor, ActivationCache]:
+    """One forward pass that records the selected activations (detached).
+
+    ids: token ids (T,) or (B, T), or text (encoded with ``model.tokenizer``).
+    input_pos: KV-cache slots, passed to the model (set the cache up first with
+    ``model.setup_kv_cache``); the cache then holds activations of the new positions only.
+    """
+    names = resolve_hook_names(model, names_filter)
+    activations: dict[str, torch.Tensor] = {}
+
+    def make_saver(name: str) -> HookFn:
+        def save(act: torch.Tensor, hook: HookPoint) -> None:
+            act = act.detach()
+            activations[name] = act.to(device) if device is not None else act
+        return save
+
+    attached = _attach(model, [(name, make_saver(name)) for name in names])
+    try:
+        logits = model(_as_ids(model, ids), input_pos=input_pos, **forward_kwargs)
+    finally:
+        _detach(attached)
+    cache = ActivationCache(activations, model)
+    return logits, (cache.remove_batch_dim() if remove_batch_dim else cache)
+
+
+def run_with_hooks(model: nn.Module, ids: Any,
+                   fwd_hooks: Sequence[tuple[Union[str, Callable[[str], bool]], HookFn]] = (),
+                   reset_hooks_end: bool = True, **forward_kwargs: Any) -> torch.Tensor:
+    """One forward pass with ``fn(activation, hook) -> new | None`` attached at each named
+    hook point (or at every hook point whose name satisfies a predicate)."""
+    pairs: list[tuple[str, HookFn]] = []
+    for target, fn in fwd_hooks:
+        if not callable(fn):
+            raise HookError(f"the hook for {target!r} is {fn!r}, not a function fn(activation, hook).")
+        pairs.extend((name, fn) for name in resolve_hook_names(model, target))
+    attached = _attach(model, pairs)
+    try:
+        return model(_as_ids(model, ids), **forward_kwargs)
+    finally:
+        if reset_hooks_end:
+            _detach(attached)
+

@@ -1,0 +1,76 @@
+"""The logit lens: what would the model predict if it stopped after block L?
+
+Each layer's residual stream (the embeddings, then the output of every block) is passed
+through the final norm and the unembedding, as if it were the last layer. Early layers
+usually predict something close to the input token; the answer forms in the middle
+layers and sharpens towards the end. The last row is exactly the model's own prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from lucidlm.inspect.cache import ActivationCache, run_with_cache
+
+
+@dataclass
+class LogitLens:
+    layer_labels: list[str]  # "embed", "0", "1", ...: the row's residual stream is after that block
+    input_tokens: list[str]  # the tokens at each position (columns)
+    top_ids: torch.Tensor  # (n_layers + 1, T, k)
+    top_probs: torch.Tensor  # (n_layers + 1, T, k)
+    top_tokens: list[list[list[str]]]  # [layer][position][rank]
+
+    def table(self, rank: int = 0) -> list[list[tuple[str, float]]]:
+        """(layers x positions) of (token, probability) for the rank-th guess."""
+        return [[(self.top_tokens[l][t][rank], float(self.top_probs[l, t, rank]))
+                 for t in range(self.top_ids.shape[1])] for l in range(self.top_ids.shape[0])]
+
+    def format(self, width: int = 10) -> str:
+        """The table as text: one row per layer, one column per position."""
+        def cell(text: str) -> str:
+            text = text.replace("\n", "\\n")
+            return (text[: width - 1] + "…" if len(text) > width else text).ljust(width)
+        lines = [" " * 6 + "".join(cell(t) for t in self.input_tokens)]
+        for label, row in zip(self.layer_labels, self.table()):
+            lines.append(label.rjust(5) + " " + "".join(cell(f"{tok}") for tok, _ in row))
+        return "\n".join(lines)
+
+
+def lens_logits(model: nn.Module, cache: ActivationCache) -> torch.Tensor:
+    """(n_layers + 1, T, V) logits read off every layer's residual stream (batch row 0)."""
+    stack = cache.accumulated_resid(apply_ln=True)  # (L+1, B, T, d) or (L+1, T, d)
+    if cache.has_batch_dim:
+        stack = stack[:, 0]
+    unembed = model.unembed
+    with torch.no_grad():
+        return unembed(stack.to(unembed.weight.dtype))
+
+
+def logit_lens(model: nn.Module, ids: Any, top_k: int = 1, cache: Optional[ActivationCache] = None) -> LogitLens:
+    """Top ``top_k`` tokens of every layer at every position, for one sequence."""
+    if cache is None:
+        names = ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(model.config.n_layers)]
+        with torch.no_grad():
+            _, cache = run_with_cache(model, ids, names_filter=names)
+    probs = torch.softmax(lens_logits(model, cache).float(), dim=-1)  # (L+1, T, V)
+    top_probs, top_ids = probs.topk(top_k, dim=-1)
+    tokenizer = getattr(model, "tokenizer", None)
+    name = tokenizer.id_to_token if tokenizer is not None else str
+    top_tokens = [[[name(int(i)) for i in pos] for pos in layer] for layer in top_ids.tolist()]
+    if tokenizer is not None:
+        from lucidlm.inspect.steps import to_str_tokens
+        input_tokens = to_str_tokens(model, ids if isinstance(ids, str) else _first_row(ids))
+    else:
+        input_tokens = [str(i) for i in _first_row(ids)]
+    labels = ["embed"] + [str(i) for i in range(model.config.n_layers)]
+    return LogitLens(labels, input_tokens, top_ids, top_probs, top_tokens)
+
+
+def _first_row(ids: Any) -> list[int]:
+    ids = torch.as_tensor(ids)
+    return (ids[0] if ids.ndim == 2 else ids).tolist()

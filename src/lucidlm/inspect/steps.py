@@ -1,0 +1,135 @@
+"""Seed 002's walk from text to tokens to the next token, one step at a time.
+
+    to_str_tokens(model, "hi, my name is")      # ['hi', ',', ' my', ' name', ' is']
+    for step in generation_steps(model, "hi, my name is", max_new_tokens=5):
+        print(step.line)                         # the sequence so far, then the new token
+
+Each step runs only the new token through the model: the prompt is prefilled into the
+KV cache once, then every decoded token reads the cached keys and values.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, TextIO
+
+import torch
+from torch import nn
+
+from lucidlm.errors import GenerationError, InputError, TokenizerError
+
+
+def _tokenizer(model: nn.Module) -> Any:
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise TokenizerError(
+            "this model has no tokenizer (model.tokenizer is None), so it cannot turn text into tokens; "
+            "pass token ids instead, or load a model that comes with one (lucidlm.load(...))."
+        )
+    return tokenizer
+
+
+def to_tokens(model: nn.Module, text: str) -> torch.Tensor:
+    """Text -> ids of shape (1, T) on the model's device."""
+    ids = _tokenizer(model).encode(text)
+    if not ids:
+        raise InputError(f"the text {text!r} tokenizes to no tokens; give at least one character of text.")
+    return torch.tensor([ids], dtype=torch.long, device=model.embed.weight.device)
+
+
+def to_str_tokens(model: nn.Module, text_or_ids: Any) -> Any:
+    """Each token as the text it stands for: a list of str, or a list of lists for a batch."""
+    tokenizer = _tokenizer(model)
+    if isinstance(text_or_ids, str):
+        ids = to_tokens(model, text_or_ids)[0].tolist()
+    elif isinstance(text_or_ids, torch.Tensor):
+        ids = text_or_ids.tolist()
+    else:
+        ids = list(text_or_ids)
+    if ids and isinstance(ids[0], list):
+        if len(ids) > 1:
+            return [[tokenizer.id_to_token(i) for i in row] for row in ids]
+        ids = ids[0]
+    return [tokenizer.id_to_token(int(i)) for i in ids]
+
+
+@dataclass
+class GenerationStep:
+    ids: list[int]  # the whole sequence, new token included
+    str_tokens: list[str]  # the same, as text pieces
+    new_id: int
+    new_token: str
+    prob: float  # the probability the token was picked with (after temperature and top-k)
+
+    @property
+    def line(self) -> str:
+        """Seed 002's printout: the sequence before this step, a space, the new token."""
+        return f"{''.join(self.str_tokens[:-1])} {self.new_token}"
+
+
+@torch.no_grad()
+def generation_steps(model: nn.Module, prompt: Any, max_new_tokens: int = 10, temperature: float = 0.0,
+                     top_k: Optional[int] = None, seed: Optional[int] = None,
+                     stop_at_eos: bool = True) -> Iterator[GenerationStep]:
+    """Yield one GenerationStep per new token. temperature 0 = greedy (argmax)."""
+    if temperature < 0:
+        raise GenerationError(f"temperature={temperature} must be >= 0 (0 means greedy).")
+    if top_k is not None and top_k < 1:
+        raise GenerationError(f"top_k={top_k} must be >= 1 (or None for no limit).")
+    ids = (to_tokens(model, prompt) if isinstance(prompt, str) else torch.as_tensor(prompt).reshape(1, -1))[0].tolist()
+    if not ids:
+        raise InputError("the prompt has no tokens; give at least one.")
+    tokenizer = getattr(model, "tokenizer", None)
+    eos_id = getattr(tokenizer, "eos_id", None) if stop_at_eos else None
+    generator = torch.Generator(device=model.embed.weight.device)
+    if seed is not None:
+        generator.manual_seed(seed)
+
+    saved_caches = [block.attn.kv_cache for block in model.blocks]
+    total = min(len(ids) + max_new_tokens, model.config.max_seq_len)
+    model.setup_kv_cache(1, total)
+    try:
+        device = model.embed.weight.device
+        step_ids = torch.tensor([ids], device=device)  # prefill with the whole prompt
+        start = 0
+        while len(ids) < total:
+            input_pos = torch.arange(start, start + step_ids.shape[1], device=device)
+            logits = model(step_ids, input_pos=input_pos, last_token_only=True)[0, -1].float()  # (V,)
+            new_id, prob = _pick(logits, temperature, top_k, generator)
+            ids.append(new_id)
+            str_tokens = to_str_tokens(model, ids) if tokenizer is not None else [str(i) for i in ids]
+            yield GenerationStep(list(ids), str_tokens, new_id, str_tokens[-1], prob)
+            if new_id == eos_id:
+                return
+            start += step_ids.shape[1]
+            step_ids = torch.tensor([[new_id]], device=device)
+    finally:
+        for block, cache in zip(model.blocks, saved_caches):
+            block.attn.kv_cache = cache
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: Optional[int],
+          generator: torch.Generator) -> tuple[int, float]:
+    if temperature == 0:
+        probs = torch.softmax(logits, dim=-1)
+        new_id = int(probs.argmax())
+        return new_id, float(probs[new_id])
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    new_id = int(torch.multinomial(probs, 1, generator=generator))
+    return new_id, float(probs[new_id])
+
+
+def print_steps(model: nn.Module, prompt: Any, max_new_tokens: int = 10, file: TextIO = sys.stdout,
+                **sampling: Any) -> list[str]:
+    """Print the sequence after every new token (seed 002's ``generate``); return the final
+    tokens as text pieces."""
+    final: list[str] = to_str_tokens(model, prompt) if isinstance(prompt, str) else []
+    for step in generation_steps(model, prompt, max_new_tokens, **sampling):
+        print(step.line, file=file)
+        final = step.str_tokens
+    return final

@@ -1,0 +1,128 @@
+"""The HTML report: the numbers it embeds, self-containment, escaping, errors, and the CLI command."""
+
+import argparse
+import json
+import re
+
+import pytest
+import torch
+
+from lucidlm.commands import inspect as inspect_command
+from lucidlm.errors import InputError, LucidLMError, TokenizerError
+from lucidlm.inspect import build_report, run_with_cache, write_report
+from lucidlm.inspect.report import MAX_REPORT_TOKENS
+
+TEXT = "Hi, you!"
+
+
+def _embedded_data(page):
+    match = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S)
+    return json.loads(match.group(1))
+
+
+def test_report_embeds_the_model_outputs(tiny_model):
+    page = build_report(tiny_model, TEXT, top_k=4)
+    data = _embedded_data(page)
+    ids = torch.tensor([tiny_model.tokenizer.encode(TEXT)])
+    assert data["ids"] == ids[0].tolist()
+    assert data["tokens"] == list(TEXT)
+    with torch.no_grad():
+        probs = torch.softmax(tiny_model(ids)[0], dim=-1)  # (T, V)
+    top = probs.topk(4, dim=-1)
+    assert [[p["id"] for p in row] for row in data["topk"]] == top.indices.tolist()
+    embedded_probs = torch.tensor([[p["prob"] for p in row] for row in data["topk"]])
+    torch.testing.assert_close(embedded_probs, top.values, atol=1e-5, rtol=0)
+    assert data["topk"][0][0]["token"] == tiny_model.tokenizer.id_to_token(int(top.indices[0, 0]))
+
+    _, cache = run_with_cache(tiny_model, ids)
+    T = len(TEXT)  # rows are stored up to the diagonal: pad them back to (L, nh, T, T)
+    attention = torch.tensor([[[row + [0.0] * (T - len(row)) for row in head] for head in layer]
+                              for layer in data["attention"]])
+    assert [len(row) for row in data["attention"][1][2]] == list(range(1, T + 1))
+    assert attention.shape == (2, 4, len(TEXT), len(TEXT))
+    for layer in range(2):
+        torch.testing.assert_close(attention[layer], cache["pattern", layer][0], atol=5e-4, rtol=0)
+    lens_final = data["lens"]["tokens"][-1]
+    assert lens_final == [tiny_model.tokenizer.id_to_token(int(i)) for i in probs.argmax(-1)]
+    assert data["lens"]["labels"] == ["embed", "0", "1"]
+
+
+def test_report_is_self_contained_and_ascii(tiny_model):
+    page = build_report(tiny_model, TEXT)
+    page.encode("ascii")  # non-ASCII text travels as JSON escapes
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert "<link" not in page and "@import" not in page
+    for element_id in ("tokens", "topk", "attention-heatmap", "logit-lens", "layer-select", "head-select"):
+        assert f'id="{element_id}"' in page
+
+
+def test_text_cannot_break_out_of_the_page(make_model):
+    model = make_model("llama")
+    text = "</script><b>x</b>'"
+    page = build_report(model, text)
+    assert page.count("</script>") == 2  # the data block and the code, nothing injected
+    assert _embedded_data(page)["text"] == text
+
+
+def test_report_errors(tiny_model, tmp_path):
+    with pytest.raises(InputError, match="empty"):
+        build_report(tiny_model, "")
+    with pytest.raises(InputError, match="top_k"):
+        build_report(tiny_model, TEXT, top_k=0)
+    with pytest.raises(InputError, match=f"at most {MAX_REPORT_TOKENS} tokens"):
+        build_report(tiny_model, "a" * (MAX_REPORT_TOKENS + 1))
+    with pytest.raises(TokenizerError, match="not in this CharTokenizer's alphabet"):
+        build_report(tiny_model, "caf\u00e9")
+    tiny_model.tokenizer = None
+    with pytest.raises(TokenizerError, match="no tokenizer"):
+        write_report(tiny_model, TEXT, tmp_path / "r.html")
+    assert not (tmp_path / "r.html").exists()
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="lucidlm")
+    inspect_command.register(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def test_inspect_command_writes_the_report(tiny_model, tmp_path, capsys):
+    from lucidlm.weights.checkpoint import save_model
+
+    save_model(tiny_model, tmp_path / "model")
+    out = tmp_path / "out" / "report.html"
+    args = _parser().parse_args(["inspect", TEXT, "--model", str(tmp_path / "model"), "--out", str(out),
+                                 "--top-k", "3", "--plots", str(tmp_path / "figs")])
+    assert args.handler(args) == 0
+    data = _embedded_data(out.read_text())
+    assert data["tokens"] == list(TEXT) and len(data["topk"][0]) == 3
+    figures = sorted(p.name for p in (tmp_path / "figs").iterdir())
+    assert figures == ["attention_layer0.png", "attention_layer0.svg", "attention_layer1.png",
+                       "attention_layer1.svg", "logit_lens.png", "logit_lens.svg"]
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_inspect_command_errors(tiny_model, tmp_path):
+    from lucidlm.weights.checkpoint import save_model
+
+    save_model(tiny_model, tmp_path / "model")
+    for argv, message in ((["", "--model", str(tmp_path / "model")], "TEXT is empty"),
+                          (["hi", "--model", str(tmp_path / "model"), "--top-k", "0"], "--top-k 0")):
+        args = _parser().parse_args(["inspect", *argv, "--out", str(tmp_path / "r.html")])
+        with pytest.raises(LucidLMError, match=message):
+            args.handler(args)
+    help_text = _parser()._subparsers._group_actions[0].choices["inspect"].format_help()
+    assert "--top-k" in help_text and "logit lens" in help_text
+
+
+def test_through_cli_main(tiny_model, tmp_path, capsys):
+    from lucidlm.cli import main
+    from lucidlm.weights.checkpoint import save_model
+
+    save_model(tiny_model, tmp_path / "model")
+    out = tmp_path / "r.html"
+    assert main(["inspect", TEXT, "--model", str(tmp_path / "model"), "--out", str(out)]) == 0
+    assert _embedded_data(out.read_text())["tokens"] == list(TEXT)
+    capsys.readouterr()
+    assert main(["inspect", "\u00e9", "--model", str(tmp_path / "model"), "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("lucidlm inspect: error:") and "alphabet" in err and "\n" not in err

@@ -1,0 +1,82 @@
+"""Seed 002's step-by-step view: tokens as text, and generation one token at a time."""
+
+import io
+
+import pytest
+import torch
+
+from lucidlm.errors import GenerationError, InputError, TokenizerError
+from lucidlm.inspect import generation_steps, print_steps, to_str_tokens, to_tokens
+
+PROMPT = "Once upon"
+
+
+def _greedy_without_cache(model, ids, n):
+    """Seed 002's loop: rerun the whole sequence, take the argmax of the last position."""
+    ids = list(ids)
+    for _ in range(n):
+        logits = model(torch.tensor([ids]))
+        ids.append(int(logits[0, -1].argmax()))
+    return ids
+
+
+def test_to_str_tokens_round_trips_the_text(tiny_model):
+    pieces = to_str_tokens(tiny_model, PROMPT)
+    assert "".join(pieces) == PROMPT and len(pieces) == len(PROMPT)
+    ids = to_tokens(tiny_model, PROMPT)
+    assert ids.shape == (1, len(PROMPT))
+    assert to_str_tokens(tiny_model, ids) == pieces
+    assert to_str_tokens(tiny_model, ids[0].tolist()) == pieces
+    assert to_str_tokens(tiny_model, torch.cat([ids, ids])) == [pieces, pieces]
+    with pytest.raises(InputError, match="tokenizes to no tokens"):
+        to_tokens(tiny_model, "")
+
+
+def test_greedy_steps_with_kv_cache_match_full_recomputation(tiny_model):
+    with torch.no_grad():
+        expected = _greedy_without_cache(tiny_model, tiny_model.tokenizer.encode(PROMPT), 8)
+    steps = list(generation_steps(tiny_model, PROMPT, max_new_tokens=8, stop_at_eos=False))
+    assert [s.new_id for s in steps] == expected[len(PROMPT):]
+    assert steps[-1].ids == expected
+    assert steps[-1].str_tokens == [tiny_model.tokenizer.id_to_token(i) for i in expected]
+    with torch.no_grad():
+        probs = torch.softmax(tiny_model(torch.tensor([expected[:-1]]))[0, -1], dim=-1)
+    assert steps[-1].prob == pytest.approx(float(probs.max()), rel=1e-4)
+    assert all(block.attn.kv_cache is None for block in tiny_model.blocks)  # cache handed back
+
+
+def test_print_steps_prints_the_sequence_then_the_new_token(tiny_model):
+    out = io.StringIO()
+    final = print_steps(tiny_model, PROMPT, max_new_tokens=3, file=out, stop_at_eos=False)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3
+    assert lines[0] == f"{PROMPT} {final[len(PROMPT)]}"
+    assert lines[2] == f"{''.join(final[:-1])} {final[-1]}"
+
+
+def test_sampling_is_reproducible_and_top_k_1_is_greedy(tiny_model):
+    run = lambda **kw: [s.new_id for s in generation_steps(tiny_model, PROMPT, 6, stop_at_eos=False, **kw)]  # noqa
+    assert run(temperature=1.5, seed=3) == run(temperature=1.5, seed=3)
+    assert run(temperature=1.5, top_k=1, seed=3) == run()
+    with pytest.raises(GenerationError, match="temperature"):
+        run(temperature=-1)
+
+
+def test_stops_at_eos(make_model):
+    model = make_model("seed004-words")  # untied, with an unembedding bias
+    eos = model.tokenizer.eos_id
+    with torch.no_grad():  # make the end-of-text token the certain next token
+        model.unembed.weight.zero_()
+        model.unembed.bias.zero_()
+        model.unembed.bias[eos] = 10.0
+    steps = list(generation_steps(model, PROMPT, max_new_tokens=5))
+    assert [s.new_id for s in steps] == [eos]
+
+
+def test_text_needs_a_tokenizer(tiny_model):
+    tiny_model.tokenizer = None
+    with pytest.raises(TokenizerError, match="no tokenizer"):
+        to_str_tokens(tiny_model, "hi")
+    ids = [5, 6, 7]
+    steps = list(generation_steps(tiny_model, ids, max_new_tokens=2, stop_at_eos=False))
+    assert steps[-1].ids[:3] == ids and len(steps) == 2
