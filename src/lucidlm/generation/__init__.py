@@ -1,0 +1,282 @@
+"""Text generation: KV-cached sampling, streaming, batches and beam search.
+
+>>> result = generate(model, "Once upon a time", max_new_tokens=20, temperature=0)
+>>> result.text, result.token_ids, result.finish_reason
+>>> for piece in stream(model, "Hello", chat=True): print(piece, end="", flush=True)
+
+Rules every entry point follows:
+
+- ``prompt`` is text (encoded with ``model.tokenizer``) or a list of token ids. An empty
+  prompt starts from the tokenizer's BOS token; with no BOS token it is an error.
+- The prompt must fit the context window (``config.max_seq_len``). Generation stops
+  with ``finish_reason="length"`` after ``max_new_tokens`` or when prompt + output fill
+  the context, whichever comes first.
+- ``finish_reason`` is ``"eos"`` (the model ended; the EOS id is the last of ``token_ids``
+  but not part of ``text``), ``"stop"`` (a stop string appeared: ``text`` ends just before
+  it; ``token_ids`` still hold every generated token, the last one completing the stop
+  string) or ``"length"``.
+- ``temperature=0`` is greedy. ``seed`` seeds a private generator: same seed, same
+  output, and the global torch RNG is left alone.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional, Sequence
+
+import torch
+
+from lucidlm.errors import GenerationError
+from lucidlm.generation.beam_search import beam_search
+from lucidlm.generation.decode import DecodeSession, sample_rows
+from lucidlm.generation.sampling import SamplingSettings, process_logits, sample_next
+from lucidlm.generation.streaming import TextAssembler
+
+__all__ = ["GenerationResult", "generate", "stream", "generate_batch", "check_options", "beam_search",
+           "SamplingSettings", "DecodeSession", "process_logits", "sample_next", "TextAssembler"]
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]  # generated ids only
+    text: str  # their text (no EOS, cut before a stop string)
+    prompt_ids: list[int] = field(default_factory=list)
+    finish_reason: str = "length"  # "eos" | "stop" | "length"
+
+
+@dataclass
+class _Request:
+    """Everything ``generate`` was asked to do, validated."""
+
+    settings: SamplingSettings
+    max_new_tokens: int
+    stop: list[str]
+    eos_ids: list[int]
+    seed: Optional[int]
+    num_beams: int
+    length_penalty: float
+    stop_on_eos: bool
+
+    def use_tokenizer(self, tokenizer: Any) -> None:
+        self.eos_ids = _eos_ids(tokenizer) if self.stop_on_eos else []
+
+
+def generate(model: Any, prompt: str | Sequence[int], *, max_new_tokens: int = 64, temperature: float = 1.0,
+             top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
+             repetition_penalty: Optional[float] = None, seed: Optional[int] = None,
+             stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True, num_beams: int = 1,
+             length_penalty: float = 1.0, chat: bool = False) -> GenerationResult:
+    """Continue ``prompt``; see the module docstring for the rules. ``chat=True`` wraps a
+    text prompt as one user message in the model's chat template."""
+    runner = _Run(model, prompt, locals())
+    for _ in runner.pieces():
+        pass
+    return runner.result
+
+
+def stream(model: Any, prompt: str | Sequence[int], **kwargs: Any) -> Iterator[str]:
+    """Like ``generate`` but yields text pieces as they are decoded. The pieces join to
+    exactly ``generate(...).text``: never half a UTF-8 character, never a stop string.
+    With ``num_beams > 1`` the whole text comes as one piece at the end."""
+    runner = _Run(model, prompt, kwargs)  # validate now, not at the first next()
+    return runner.pieces()
+
+
+def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int = 64,
+                   temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
+                   min_p: Optional[float] = None, repetition_penalty: Optional[float] = None,
+                   seed: Optional[int] = None, stop: Optional[str | Sequence[str]] = None,
+                   stop_on_eos: bool = True, chat: bool = False) -> list[GenerationResult]:
+    """Generate for several prompts in one batch (left-padded, one KV cache). Each row
+    stops on its own; greedy results equal one-prompt-at-a-time ``generate``."""
+    if isinstance(prompts, str) or len(prompts) == 0:
+        raise GenerationError("generate_batch takes a non-empty list of prompts; use generate() for one prompt.")
+    kwargs = {k: v for k, v in locals().items() if k not in ("model", "prompts", "chat")}
+    request = _make_request(kwargs)
+    request.use_tokenizer(model.tokenizer)
+    rows = [_prompt_ids(model, p, chat) for p in prompts]
+    max_new = _fit_to_context(model, rows, request.max_new_tokens)
+    tokenizer = model.tokenizer
+    assemblers = [TextAssembler(tokenizer, request.stop, request.eos_ids) if tokenizer is not None else None
+                  for _ in rows]
+    outputs: list[list[int]] = [[] for _ in rows]
+    reasons = ["length"] * len(rows)
+    finished = torch.zeros(len(rows), dtype=torch.bool)
+    pad_id = _pad_id(tokenizer)
+    with closing(sample_rows(model, rows, max_new, request.settings, _generator(model, request.seed),
+                             finished, pad_id)) as steps:
+        for next_ids in steps:
+            for i, token in enumerate(next_ids.tolist()):
+                if finished[i]:
+                    continue
+                outputs[i].append(token)
+                if assemblers[i] is not None:
+                    assemblers[i].add(token)
+                    if assemblers[i].stopped:
+                        reasons[i], finished[i] = "stop", True
+                if token in request.eos_ids:
+                    reasons[i], finished[i] = "eos", True
+    results = []
+    for row, out, reason, assembler in zip(rows, outputs, reasons, assemblers):
+        if assembler is not None:
+            assembler.finish()
+        results.append(GenerationResult(out, assembler.text if assembler else "", list(row), reason))
+    return results
+
+
+class _Run:
+    """One generation, driven by iterating ``pieces()``; ``result`` is set at the end."""
+
+    def __init__(self, model: Any, prompt: Any, kwargs: dict[str, Any]) -> None:
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("model", "prompt")}
+        chat = bool(kwargs.pop("chat", False))
+        self.model = model
+        self.request = _make_request(kwargs)
+        self.request.use_tokenizer(model.tokenizer)
+        self.prompt_ids = _prompt_ids(model, prompt, chat)
+        self.max_new = _fit_to_context(model, [self.prompt_ids], self.request.max_new_tokens)
+        tokenizer = model.tokenizer
+        if tokenizer is None and self.request.stop:
+            raise GenerationError("stop strings need a tokenizer to decode text, but model.tokenizer is None.")
+        self.assembler = (TextAssembler(tokenizer, self.request.stop, self.request.eos_ids)
+                          if tokenizer is not None else None)
+        self.result: Optional[GenerationResult] = None
+
+    def pieces(self) -> Iterator[str]:
+        token_ids: list[int] = []
+        reason = "length"
+        assembler = self.assembler
+        if self.request.num_beams > 1:
+            token_ids, _ = beam_search(self.model, self.prompt_ids, num_beams=self.request.num_beams,
+                                       max_new_tokens=self.max_new, eos_ids=self.request.eos_ids,
+                                       length_penalty=self.request.length_penalty,
+                                       repetition_penalty=self.request.settings.repetition_penalty)
+            if token_ids and token_ids[-1] in self.request.eos_ids:
+                reason = "eos"
+            text = ""
+            if assembler is not None:
+                text = "".join(assembler.add(t) for t in token_ids) + assembler.finish()
+                reason = "stop" if assembler.stopped else reason
+            self.result = GenerationResult(token_ids, text, list(self.prompt_ids), reason)
+            if text:
+                yield text
+            return
+
+        finished = torch.zeros(1, dtype=torch.bool)
+        steps = sample_rows(self.model, [self.prompt_ids], self.max_new, self.request.settings,
+                            _generator(self.model, self.request.seed), finished, _pad_id(self.model.tokenizer))
+        with closing(steps):
+            for next_ids in steps:
+                token = int(next_ids[0])
+                token_ids.append(token)
+                if token in self.request.eos_ids:
+                    reason = "eos"
+                    break
+                if assembler is not None:
+                    piece = assembler.add(token)
+                    if piece:
+                        yield piece
+                    if assembler.stopped:
+                        reason = "stop"
+                        break
+        text = ""
+        if assembler is not None:
+            piece = assembler.finish()
+            if piece:
+                yield piece
+            text = assembler.text
+        self.result = GenerationResult(token_ids, text, list(self.prompt_ids), reason)
+
+
+def check_options(**kwargs: Any) -> None:
+    """Raise GenerationError for bad generation options, before any model is loaded."""
+    kwargs.pop("chat", None)
+    _make_request(kwargs)
+
+
+# ---------------------------------------------------------------------- helpers
+def _make_request(kwargs: dict[str, Any]) -> _Request:
+    max_new = kwargs.get("max_new_tokens", 64)
+    if not isinstance(max_new, int) or max_new < 0:
+        raise GenerationError(f"max_new_tokens={max_new!r} is invalid: use a whole number >= 0.")
+    num_beams = kwargs.get("num_beams", 1)
+    if not isinstance(num_beams, int) or num_beams < 1:
+        raise GenerationError(f"num_beams={num_beams!r} is invalid: use 1 (no beam search) or more.")
+    known = {"max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "stop",
+             "stop_on_eos", "num_beams", "length_penalty"}
+    unknown = set(kwargs) - known
+    if unknown:
+        raise GenerationError(f"unknown generation option(s) {sorted(unknown)}; known: {sorted(known | {'chat'})}.")
+    settings = SamplingSettings(temperature=kwargs.get("temperature", 1.0), top_k=kwargs.get("top_k"),
+                                top_p=kwargs.get("top_p"), min_p=kwargs.get("min_p"),
+                                repetition_penalty=kwargs.get("repetition_penalty"))
+    stop = kwargs.get("stop")
+    stop = [stop] if isinstance(stop, str) else list(stop or [])
+    return _Request(settings, max_new, stop, [], kwargs.get("seed"), num_beams,
+                    float(kwargs.get("length_penalty", 1.0)), bool(kwargs.get("stop_on_eos", True)))
+
+
+def _prompt_ids(model: Any, prompt: Any, chat: bool) -> list[int]:
+    tokenizer = model.tokenizer
+    if chat:
+        if not isinstance(prompt, str):
+            raise GenerationError("chat=True needs a text prompt (the user's message), not token ids.")
+        from lucidlm.chat import encode_chat
+        return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise GenerationError("this model has no tokenizer (model.tokenizer is None): pass token ids, not text.")
+        ids = list(tokenizer.encode(prompt))
+    elif isinstance(prompt, torch.Tensor):
+        ids = [int(i) for i in prompt.reshape(-1).tolist()]
+    else:
+        ids = [int(i) for i in prompt]
+    if not ids:
+        bos = getattr(tokenizer, "bos_id", None) if tokenizer is not None else None
+        if bos is None:
+            raise GenerationError("the prompt is empty and the tokenizer has no BOS token to start from; "
+                                  "give at least one token of prompt.")
+        ids = [bos]
+    vocab = model.config.vocab_size
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise GenerationError(f"prompt token id {bad[0]} is outside this model's vocabulary 0..{vocab - 1}.")
+    return ids
+
+
+def _fit_to_context(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int) -> int:
+    """max_new_tokens, cut so prompt + output fit the context; error if the prompt cannot."""
+    limit = model.config.max_seq_len
+    longest = max(len(r) for r in rows)
+    if longest > limit:
+        raise GenerationError(f"the prompt is {longest} tokens, longer than the model's context of {limit} tokens "
+                              f"(max_seq_len); shorten the prompt.")
+    return min(max_new_tokens, limit - longest)
+
+
+def _eos_ids(tokenizer: Any) -> list[int]:
+    if tokenizer is None:
+        return []
+    ids = getattr(tokenizer, "eos_ids", None)  # tokenizers with several end tokens may list them all
+    if ids:
+        return [int(i) for i in ids]
+    eos = getattr(tokenizer, "eos_id", None)
+    return [] if eos is None else [int(eos)]
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for name in ("pad_id", "eos_id", "bos_id"):  # any valid id will do: padding is masked out
+        value = getattr(tokenizer, name, None) if tokenizer is not None else None
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def _generator(model: Any, seed: Optional[int]) -> torch.Generator:
+    generator = torch.Generator(device=model.device)
+    if seed is None:
+        generator.seed()  # fresh entropy, without touching the global RNG
+    else:
+        generator.manual_seed(int(seed))
+    return generator

@@ -1,0 +1,107 @@
+"""Beam search with Hugging Face's semantics (``generate(num_beams=n, do_sample=False)``).
+
+Keep the n best partial sequences ("beams") by total log-probability. Each step every
+beam proposes every token; the best 2n candidates (n beams x vocab) are ranked:
+
+- a candidate that ends (EOS, or the length limit) becomes a finished hypothesis with
+  score = sum of log-probs / (generated length) ** length_penalty, if it ranks in the
+  top n; the best n finished hypotheses are kept;
+- the best n candidates that did not end become the next beams. 2n candidates guarantee
+  n of them are still running even if n ended.
+
+Stopping (``early_stopping``, HF's default False): stop once no running beam can beat the
+worst kept hypothesis (estimated at the current length); True stops as soon as n
+hypotheses are finished; "never" keeps going while any improvement is possible.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+from lucidlm.generation.decode import DecodeSession
+from lucidlm.generation.sampling import apply_repetition_penalty
+
+NEG_INF = -1.0e9  # HF's "impossible" score; a finite value keeps the arithmetic NaN-free
+
+
+@torch.inference_mode()
+def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_new_tokens: int,
+                eos_ids: Sequence[int] = (), length_penalty: float = 1.0,
+                early_stopping: bool | str = False, repetition_penalty: Optional[float] = None,
+                ) -> tuple[list[int], float]:
+    """The best hypothesis' generated ids (EOS included if it ended with one) and its score."""
+    if max_new_tokens <= 0:
+        return [], 0.0
+    n, L = num_beams, len(prompt_ids)
+    device = model.device
+    eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
+    keep = max(2, 1 + len(eos_ids)) * n  # candidates ranked per step
+
+    running = torch.tensor([list(prompt_ids)] * n, dtype=torch.long, device=device)  # (n, L + t)
+    # Only beam 0 is live at first: n identical beams would propose the same tokens n times.
+    running_scores = torch.full((n,), NEG_INF, device=device)
+    running_scores[0] = 0.0
+    finished: list[tuple[float, list[int]]] = []  # (score, generated ids), best first, at most n
+    improvement_possible = True
+
+    with DecodeSession(model, [list(prompt_ids)] * n, capacity=L + max_new_tokens) as session:
+        logits = session.prefill()  # (n, V)
+        for t in range(max_new_tokens):
+            log_probs = torch.log_softmax(logits, dim=-1)  # (n, V)
+            if repetition_penalty not in (None, 1.0):  # HF applies processors to log-probs here
+                log_probs = apply_repetition_penalty(log_probs, running, repetition_penalty)
+            vocab = log_probs.shape[-1]
+            total = (log_probs + running_scores[:, None]).view(-1)  # (n * V,)
+            cand_scores, cand_index = torch.topk(total, keep)  # (keep,)
+            cand_beam, cand_token = cand_index // vocab, cand_index % vocab
+            generated_len = t + 1
+            ends = torch.isin(cand_token, eos) | (generated_len == max_new_tokens)  # (keep,)
+
+            # Finished hypotheses: only candidates ranked in the top n may enter.
+            if improvement_possible and not (early_stopping is True and len(finished) == n):
+                for rank in range(n):
+                    if not bool(ends[rank]):
+                        continue
+                    score = float(cand_scores[rank]) / generated_len ** length_penalty
+                    ids = running[cand_beam[rank], L:].tolist() + [int(cand_token[rank])]
+                    _add_hypothesis(finished, score, ids, n)
+
+            # Next beams: the best candidates that did not end.
+            next_rank = torch.topk(cand_scores + ends.float() * NEG_INF, n).indices  # (n,)
+            beam_idx, next_tokens = cand_beam[next_rank], cand_token[next_rank]
+            running = torch.cat([running[beam_idx], next_tokens[:, None]], dim=1)
+            running_scores = cand_scores[next_rank] + ends[next_rank].float() * NEG_INF
+
+            improvement_possible = improvement_possible and _can_improve(
+                running_scores, finished, n, generated_len, max_new_tokens, length_penalty, early_stopping)
+            if (not improvement_possible or bool(ends.all())
+                    or (early_stopping is True and len(finished) == n)):
+                break
+            session.reorder(beam_idx)
+            logits = session.step(next_tokens)
+
+    best_score, best_ids = finished[0]
+    return best_ids, best_score
+
+
+def _add_hypothesis(finished: list[tuple[float, list[int]]], score: float, ids: list[int], n: int) -> None:
+    """Insert keeping the list sorted best first (earlier entries win ties, as HF's topk)."""
+    position = next((i for i, (s, _) in enumerate(finished) if score > s), len(finished))
+    finished.insert(position, (score, ids))
+    del finished[n:]
+
+
+def _can_improve(running_scores: torch.Tensor, finished: list[tuple[float, list[int]]], n: int,
+                 generated_len: int, max_new_tokens: int, length_penalty: float,
+                 early_stopping: bool | str) -> bool:
+    """HF's heuristic: could the best running beam still beat the worst kept hypothesis?"""
+    if len(finished) < n:
+        return True
+    if early_stopping == "never" and length_penalty > 0.0:
+        best_length = max_new_tokens  # a longer sequence scores higher: assume the longest
+    else:
+        best_length = generated_len
+    best_possible = float(running_scores[0]) / best_length ** length_penalty
+    return best_possible > finished[-1][0]

@@ -1,0 +1,115 @@
+"""The prefill/decode loop over the model's static KV cache.
+
+Generation runs the model twice over:
+
+1. prefill: the whole (left-padded) prompt in one forward pass, filling cache slots
+   0..L-1 and giving the logits for the first new token;
+2. decode: one token per step, written at the next slot; each step attends to the cache
+   instead of recomputing the prefix, so a step costs O(1) tokens of compute.
+
+``DecodeSession`` owns that bookkeeping (slots, padding mask, cache set-up and clean-up);
+what to do with the logits (sample, beam search, stop) is the caller's business.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional, Sequence
+
+import torch
+
+
+class DecodeSession:
+    """Use as a context manager: the KV cache lives exactly as long as the ``with`` block.
+
+    rows: token ids per sequence (B rows, each non-empty). Rows of different lengths are
+    left-padded to the same length L, so every row's next token lands in the same slot,
+    and an attention mask hides the padding (positions count from each row's first real
+    token, so padding does not shift RoPE).
+    capacity: total slots to allocate, L + the most tokens that will be fed back.
+    """
+
+    def __init__(self, model: Any, rows: Sequence[Sequence[int]], capacity: int,
+                 pad_id: int = 0) -> None:
+        self.model = model
+        self.batch_size = len(rows)
+        self.prompt_len = max(len(r) for r in rows)
+        self.capacity = capacity
+        device = model.device
+        self.slots = torch.arange(capacity, device=device)  # slices of it are input_pos, no new tensor per step
+        padded = torch.full((self.batch_size, self.prompt_len), pad_id, dtype=torch.long)
+        mask = torch.zeros((self.batch_size, capacity), dtype=torch.long)
+        for i, row in enumerate(rows):
+            padded[i, self.prompt_len - len(row):] = torch.tensor(list(row), dtype=torch.long)
+            mask[i, self.prompt_len - len(row):] = 1  # decoded slots are real for every row
+        self.prompt_ids = padded.to(device)  # (B, L)
+        # With no padding, plain causal attention is exact and faster: skip the mask.
+        has_padding = bool((mask[:, :self.prompt_len] == 0).any())
+        self.attention_mask: Optional[torch.Tensor] = mask.to(device) if has_padding else None
+        self.next_slot = 0
+
+    # Each call enters inference mode itself: a ``with`` around a generator's yields would
+    # leak the mode into the caller's code between steps.
+    @torch.inference_mode()
+    def __enter__(self) -> "DecodeSession":
+        self.model.setup_kv_cache(self.batch_size, max_seq_len=self.capacity)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.model.clear_kv_cache()
+
+    def prefill(self) -> torch.Tensor:
+        """Run the prompt; logits (B, V) for the first new token."""
+        return self._forward(self.prompt_ids)
+
+    def step(self, next_ids: torch.Tensor) -> torch.Tensor:
+        """Feed one new token per row (B,); logits (B, V) for the token after it."""
+        return self._forward(next_ids.view(self.batch_size, 1))
+
+    @torch.inference_mode()
+    def reorder(self, beam_idx: torch.Tensor) -> None:
+        """Keep cache rows ``beam_idx`` (B,), in that order (beam search)."""
+        for block in self.model.blocks:
+            block.attn.kv_cache.reorder(beam_idx)
+
+    @torch.inference_mode()
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        T = ids.shape[1]
+        end = self.next_slot + T
+        input_pos = self.slots[self.next_slot:end]  # (T,)
+        mask = self.attention_mask[:, :end] if self.attention_mask is not None else None
+        logits = self.model(ids, attention_mask=mask, input_pos=input_pos, last_token_only=True)
+        self.next_slot = end
+        return logits[:, -1].float()  # (B, V)
+
+
+def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, settings: Any,
+                generator: Optional[torch.Generator], finished: torch.Tensor, pad_id: int = 0,
+                ) -> Iterator[torch.Tensor]:
+    """Yield the next token of every row (B,) for up to ``max_new_tokens`` steps.
+
+    ``finished`` (B,) bool is owned by the caller, who sets a row when it ends (EOS, stop
+    string); the loop stops early once every row has. Finished rows keep decoding in
+    lockstep (cheaper than reshaping the cache); their tokens are simply ignored.
+    Close the generator (or exhaust it) to free the cache.
+    """
+    from lucidlm.generation.sampling import sample_next
+
+    if max_new_tokens <= 0:
+        return
+    B, L = len(rows), max(len(r) for r in rows)
+    # Every token seen so far, per row, for the repetition penalty. Padding slots repeat the
+    # row's first token: penalising a token twice is the same as once.
+    seen = torch.empty((B, L + max_new_tokens), dtype=torch.long)
+    for i, row in enumerate(rows):
+        seen[i, :L] = torch.tensor([row[0]] * (L - len(row)) + list(row), dtype=torch.long)
+    seen = seen.to(model.device)
+    with DecodeSession(model, rows, capacity=L + max_new_tokens - 1, pad_id=pad_id) as session:
+        logits = session.prefill()
+        for t in range(max_new_tokens):
+            with torch.inference_mode():
+                next_ids = sample_next(logits, settings, seen[:, :L + t], generator)  # (B,)
+                seen[:, L + t] = next_ids
+            yield next_ids
+            if t + 1 == max_new_tokens or bool(finished.all()):
+                return  # the last token is never fed back: no forward pass for it
+            logits = session.step(next_ids)

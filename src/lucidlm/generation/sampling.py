@@ -1,0 +1,116 @@
+"""Logit processors and the sampler: how one row of logits becomes the next token.
+
+Each processor takes logits (B, V) and returns new logits (B, V); a filtered-out token gets
+-inf, so softmax gives it probability 0. They are applied in Hugging Face's order:
+
+    repetition penalty -> temperature -> top-k -> top-p -> min-p -> sample (or argmax)
+
+``temperature == 0`` means greedy decoding: the argmax after the repetition penalty.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from lucidlm.errors import GenerationError
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """The knobs of the sampler, checked once when built."""
+
+    temperature: float = 1.0
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.temperature is None or not self.temperature >= 0:  # `not >=` also catches NaN
+            raise GenerationError(f"temperature={self.temperature} is invalid: use 0 (greedy) or a positive number.")
+        if self.top_k is not None and (int(self.top_k) != self.top_k or self.top_k < 0):
+            raise GenerationError(f"top_k={self.top_k} is invalid: use a whole number >= 0 (0 or None = no top-k).")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise GenerationError(f"top_p={self.top_p} is invalid: it must be in (0, 1] (1 or None = no top-p).")
+        if self.min_p is not None and not 0 <= self.min_p <= 1:
+            raise GenerationError(f"min_p={self.min_p} is invalid: it must be in [0, 1] (0 or None = no min-p).")
+        if self.repetition_penalty is not None and not self.repetition_penalty > 0:
+            raise GenerationError(
+                f"repetition_penalty={self.repetition_penalty} is invalid: it must be > 0 "
+                f"(1 or None = no penalty; > 1 discourages repeats)."
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen_ids: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL's penalty (Keskar et al. 2019), as in HF: every token already seen in the row
+    has its logit divided by ``penalty`` if positive, multiplied if negative, so a penalty
+    > 1 always makes it less likely. seen_ids: (B, S); repeats are harmless."""
+    seen_logits = logits.gather(1, seen_ids)  # (B, S)
+    seen_logits = torch.where(seen_logits < 0, seen_logits * penalty, seen_logits / penalty)
+    return logits.scatter(1, seen_ids, seen_logits)
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return logits / temperature
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits of each row (and any tied with the k-th)."""
+    k = min(int(k), logits.shape[-1])
+    kth_largest = torch.topk(logits, k, dim=-1).values[..., -1:]  # (B, 1)
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus sampling (Holtzman et al. 2019): keep the smallest set of most likely tokens
+    whose probabilities add up to at least p. The most likely token is always kept."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability of the tokens ranked above
+    drop_sorted = mass_before >= p  # the set above already reached p
+    drop_sorted[..., 0] = False
+    drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Min-p sampling (Nguyen et al. 2024): keep tokens at least ``min_p`` times as likely
+    as the most likely one, so the cut adapts to how confident the model is."""
+    probs = logits.softmax(dim=-1)  # (B, V)
+    threshold = min_p * probs.max(dim=-1, keepdim=True).values  # (B, 1)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def process_logits(logits: torch.Tensor, settings: SamplingSettings,
+                   seen_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Every processor the settings ask for, in HF's order. logits: (B, V) float."""
+    if settings.repetition_penalty not in (None, 1.0) and seen_ids is not None:
+        logits = apply_repetition_penalty(logits, seen_ids, settings.repetition_penalty)
+    if settings.greedy:
+        return logits  # the filters below cannot change the argmax
+    if settings.temperature != 1.0:
+        logits = apply_temperature(logits, settings.temperature)
+    if settings.top_k:
+        logits = top_k_filter(logits, settings.top_k)
+    if settings.top_p is not None and settings.top_p < 1.0:
+        logits = top_p_filter(logits, settings.top_p)
+    if settings.min_p:
+        logits = min_p_filter(logits, settings.min_p)
+    return logits
+
+
+def sample_next(logits: torch.Tensor, settings: SamplingSettings, seen_ids: Optional[torch.Tensor] = None,
+                generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Next token ids (B,) from logits (B, V)."""
+    logits = process_logits(logits.float(), settings, seen_ids)
+    if settings.greedy:
+        return logits.argmax(dim=-1)
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

@@ -1,0 +1,86 @@
+"""Turning a stream of token ids into a stream of text, safely.
+
+Two things make this more than ``decode(id)`` per token:
+
+- A byte-level token can hold half of a multi-byte UTF-8 character (an emoji is often
+  split over 2-4 tokens). Bytes go through an incremental UTF-8 decoder, which emits a
+  character only once all its bytes have arrived.
+- Stop strings can span tokens. Text that could still turn out to be the start of a stop
+  string is held back until the next tokens decide it; the stop string itself (and
+  anything after it) is never emitted.
+
+Generation builds its final ``text`` from the same pieces, so streaming and non-streaming
+results are identical by construction.
+"""
+
+from __future__ import annotations
+
+import codecs
+from typing import Any, Iterable, Optional
+
+
+class TextAssembler:
+    """Feed token ids one at a time; get back the text that is safe to show so far."""
+
+    def __init__(self, tokenizer: Any, stop: Optional[Iterable[str]] = None,
+                 skip_ids: Iterable[int] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stop = [s for s in (stop or []) if s]
+        self.skip_ids = set(skip_ids)  # e.g. EOS: ends generation, is not text
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._text = ""  # everything decoded so far
+        self._emitted = 0  # how much of _text has been handed out
+        self.stopped = False  # a stop string was found
+
+    @property
+    def text(self) -> str:
+        """The text handed out so far (the final text once ``finish`` was called)."""
+        return self._text[:self._emitted]
+
+    def add(self, token_id: int) -> str:
+        """Decode one more token; return the new text that is safe to emit (maybe "")."""
+        if self.stopped or token_id in self.skip_ids:
+            return ""
+        self._text += self._decoder.decode(token_bytes(self.tokenizer, token_id))
+        return self._release(final=False)
+
+    def finish(self) -> str:
+        """Flush: incomplete bytes at the end become U+FFFD, held-back text is released."""
+        if not self.stopped:
+            self._text += self._decoder.decode(b"", final=True)
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> str:
+        if self.stopped:
+            return ""
+        start = self._emitted
+        hits = [i for i in (self._text.find(s, start) for s in self.stop) if i >= 0]
+        if hits:
+            self.stopped = True
+            end = min(hits)
+        elif final:
+            end = len(self._text)
+        else:
+            end = len(self._text) - self._held_back(start)
+        self._emitted = end
+        return self._text[start:end]
+
+    def _held_back(self, start: int) -> int:
+        """Length of the longest tail of the unemitted text that begins some stop string."""
+        pending = self._text[start:]
+        longest = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(pending)), longest, -1):
+                if s.startswith(pending[-n:]):
+                    longest = n
+                    break
+        return longest
+
+
+def token_bytes(tokenizer: Any, token_id: int) -> bytes:
+    """The raw bytes of one token, for tokenizers with ``decode_bytes`` (all of lucidlm's);
+    others fall back to their text, which cannot split a character."""
+    decode_bytes = getattr(tokenizer, "decode_bytes", None)
+    if decode_bytes is not None:
+        return decode_bytes([token_id])
+    return tokenizer.decode([token_id]).encode("utf-8")

@@ -1,0 +1,86 @@
+"""Tiny models and tokenizers shared by the generation tests (imported, not collected)."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import pytest
+import torch
+
+from lucidlm import Transformer, preset
+from lucidlm.tokenizers import BPETokenizer
+
+EOT = "<|endoftext|>"
+
+
+def byte_tokenizer(with_eos: bool = True, with_bos: bool = False) -> BPETokenizer:
+    """Byte-level tokenizer with no merges: id b is byte b, so one emoji is 4 tokens."""
+    specials = {}
+    if with_eos:
+        specials[EOT] = 256
+    if with_bos:
+        specials["<s>"] = 256 + len(specials)
+    return BPETokenizer([], specials, eos_token=EOT if with_eos else None, bos_token="<s>" if with_bos else None)
+
+
+def toy_model(seed: int = 0, tokenizer=None, max_seq_len: int = 256, **overrides) -> Transformer:
+    tokenizer = tokenizer if tokenizer is not None else byte_tokenizer()
+    torch.manual_seed(seed)
+    cfg = dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, vocab_size=tokenizer.vocab_size,
+               max_seq_len=max_seq_len, multiple_of=32)
+    cfg.update(overrides)
+    model = Transformer(preset("llama", **cfg), tokenizer).eval()
+    # Random init at std 0.02 makes near-uniform logits; sharpen them so greedy choices are
+    # far from ties and runs say something about the model, not about rounding.
+    with torch.no_grad():
+        model.unembed.weight.mul_(40.0)
+    return model
+
+
+class ScriptedModel(torch.nn.Module):
+    """Stands in for a Transformer: whatever the prompt, it 'generates' ``script`` token by
+    token (a one-hot logit at the next scripted id), through the same KV-cache calls."""
+
+    def __init__(self, tokenizer, script: Sequence[int], prompt_len: int, max_seq_len: int = 512) -> None:
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.script = list(script)
+        self.prompt_len = prompt_len
+        self.config = preset("llama", vocab_size=tokenizer.vocab_size, max_seq_len=max_seq_len,
+                             n_layers=1, d_model=8, n_heads=1, n_kv_heads=1)
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.cache_live = False
+        self.calls = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.anchor.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.anchor.dtype
+
+    def setup_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None, dtype=None) -> None:
+        self.cache_live = True
+
+    def clear_kv_cache(self) -> None:
+        self.cache_live = False
+
+    def forward(self, ids, attention_mask=None, position_ids=None, input_pos=None, last_token_only=False):
+        assert self.cache_live, "generation must set up the KV cache first"
+        self.calls += 1
+        step = int(input_pos[-1]) + 1 - self.prompt_len
+        token = self.script[min(step, len(self.script) - 1)]
+        logits = torch.full((ids.shape[0], 1, self.config.vocab_size), -10.0)
+        logits[..., token] = 10.0
+        return logits
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Imported by each test module. One torch thread: when other processes keep a 2-core
+    machine busy, OpenMP's spinning second thread makes tiny kernels ~1000x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,93 @@
+"""Beam search against HF ``generate(num_beams=n, do_sample=False)`` on a tiny random Llama."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from generation_toys import byte_tokenizer, one_torch_thread  # noqa: F401 (autouse fixture)
+
+from lucidlm.generation import generate
+from lucidlm.generation.beam_search import beam_search
+
+transformers = pytest.importorskip("transformers")
+
+EOS = 256
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(HF model, our model) with the same weights. The unembedding is sharpened (so fp32
+    rounding cannot reorder beams) and EOS swapped with a token the model likes, so that
+    beams really finish at different lengths."""
+    from lucidlm.weights.hf import load_hf
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=257, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=None,
+                                      eos_token_id=EOS, pad_token_id=EOS)
+    hf = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(30.0)
+        greedy = hf.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=6, do_sample=False, eos_token_id=None)[0]
+        liked = int(greedy[-2])
+        w = hf.lm_head.weight
+        w[[liked, EOS]] = w[[EOS, liked]]
+    path = tmp_path_factory.mktemp("tiny_llama")
+    hf.save_pretrained(path)
+    ours = load_hf(path)
+    ours.tokenizer = byte_tokenizer()  # EOS id 256, for generate()
+    return hf, ours
+
+
+def hf_beam(hf, prompt, **kwargs):
+    out = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=EOS,
+                      pad_token_id=EOS, **kwargs)[0, len(prompt):].tolist()
+    return out[:out.index(EOS) + 1] if EOS in out else out
+
+
+PROMPTS = [[5, 6, 7], [100, 20, 30, 40, 50], [1], [250, 3, 3, 3, 9, 80, 81]]
+
+
+@pytest.mark.parametrize("num_beams", [2, 4])
+@pytest.mark.parametrize("length_penalty", [1.0, 0.0, 2.0])
+def test_beam_search_matches_hf(pair, num_beams, length_penalty):
+    hf, ours = pair
+    finished_early = 0
+    for prompt in PROMPTS:
+        expected = hf_beam(hf, prompt, num_beams=num_beams, length_penalty=length_penalty)
+        result = generate(ours, prompt, num_beams=num_beams, length_penalty=length_penalty, max_new_tokens=MAX_NEW)
+        assert result.token_ids == expected, prompt
+        finished_early += expected[-1] == EOS
+        assert result.finish_reason == ("eos" if expected[-1] == EOS else "length")
+    if length_penalty <= 1.0:  # (2.0 rewards length so much that the full-length beams win)
+        assert finished_early >= 1  # the EOS paths were exercised
+
+
+@pytest.mark.parametrize("early_stopping", [True, "never"])
+def test_early_stopping_modes_match_hf(pair, early_stopping):
+    hf, ours = pair
+    for prompt in PROMPTS:
+        expected = hf_beam(hf, prompt, num_beams=3, early_stopping=early_stopping)
+        ids, _ = beam_search(ours, prompt, num_beams=3, max_new_tokens=MAX_NEW, eos_ids=[EOS],
+                             early_stopping=early_stopping)
+        assert ids == expected, prompt
+
+
+def test_beam_search_with_repetition_penalty_matches_hf(pair):
+    hf, ours = pair
+    for prompt in PROMPTS:
+        expected = hf_beam(hf, prompt, num_beams=3, repetition_penalty=1.5)
+        result = generate(ours, prompt, num_beams=3, repetition_penalty=1.5, max_new_tokens=MAX_NEW)
+        assert result.token_ids == expected, prompt
+
+
+def test_one_beam_is_greedy_and_beams_beat_greedy_on_score(pair):
+    _, ours = pair
+    prompt = PROMPTS[1]
+    greedy = generate(ours, prompt, temperature=0, max_new_tokens=MAX_NEW, stop_on_eos=False).token_ids
+    ids, score = beam_search(ours, prompt, num_beams=1, max_new_tokens=MAX_NEW)
+    assert ids == greedy
+    _, score4 = beam_search(ours, prompt, num_beams=4, max_new_tokens=MAX_NEW)
+    assert score4 >= score - 1e-6
