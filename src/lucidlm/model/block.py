@@ -26,7 +26,7 @@ class Block(nn.Module):
         self.attn = Attention(cfg, rotary)
         self.ln2 = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
         self.mlp = MLP(cfg)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
 
         self.hook_resid_pre = HookPoint()  # (B, T, d)
         self.hook_attn_out = HookPoint()  # (B, T, d)

@@ -36,7 +36,7 @@ class Transformer(nn.Module):
             self.pos_embed = SinusoidalPositions(cfg.max_seq_len, cfg.d_model)
         rotary = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_variant)
                   if cfg.positions == "rope" else None)
-        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.embed_dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
         self.blocks = nn.ModuleList(Block(cfg, rotary) for _ in range(cfg.n_layers))
         self.ln_final = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.final_norm else None
         self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.unembed_bias)
