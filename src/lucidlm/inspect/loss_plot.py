@@ -1,0 +1,73 @@
+"""The loss curve of a training run as a PNG: per-step training loss (raw and smoothed)
+with the periodic train/val evaluations on top.
+
+Draws on a bare matplotlib ``Figure`` with the Agg canvas, so it works headless and never
+switches the pyplot backend of the program that calls it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+__all__ = ["plot_loss_curves", "read_metrics"]
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The evaluation records of a ``metrics.jsonl`` file, one dict per line."""
+    lines = Path(path).read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _smooth(values: Sequence[float], weight: float) -> list[float]:
+    """Exponential moving average, debiased like Adam's moments so the start is not pulled to 0."""
+    out, avg = [], 0.0
+    for i, v in enumerate(values, start=1):
+        avg = weight * avg + (1 - weight) * v
+        out.append(avg / (1 - weight**i))
+    return out
+
+
+def plot_loss_curves(metrics: Sequence[dict[str, Any]] | str | Path, path: str | Path,
+                     step_losses: Optional[Sequence[float]] = None, title: str = "training loss",
+                     smoothing: float = 0.9) -> Path:
+    """Write the loss curve to ``path`` (PNG) and return the path.
+
+    metrics: records with ``step``, ``train_loss``, ``val_loss`` (or a metrics.jsonl path).
+    step_losses: the training loss of every optimizer step, step 1 first (optional).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    records = read_metrics(metrics) if isinstance(metrics, (str, Path)) else list(metrics)
+    fig = Figure(figsize=(8, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    if step_losses:
+        steps = range(1, len(step_losses) + 1)
+        ax.plot(steps, step_losses, color="tab:blue", alpha=0.25, linewidth=0.8, label="train (per step)")
+        ax.plot(steps, _smooth(step_losses, smoothing), color="tab:blue", linewidth=1.2,
+                label=f"train (EMA {smoothing})")
+    evals = [r for r in records if "step" in r]
+    for key, color, label in (("train_loss", "tab:green", "train (eval)"), ("val_loss", "tab:orange", "val (eval)")):
+        points = [(r["step"], r[key]) for r in evals if r.get(key) is not None and math.isfinite(r[key])]
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, "o-", color=color, markersize=4, linewidth=1.2, label=label)
+    if evals and evals[-1].get("val_loss") is not None:
+        last = evals[-1]
+        ax.annotate(f"val {last['val_loss']:.3f}", (last["step"], last["val_loss"]),
+                    textcoords="offset points", xytext=(-10, 10), ha="right", fontsize=9)
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats / token)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    if ax.lines:
+        ax.legend(loc="upper right", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path

@@ -1,0 +1,229 @@
+"""From a text corpus to batches of token windows.
+
+The corpus (one .txt file, or a folder of them) is tokenized ONCE into two flat token
+arrays on disk, ``train.bin`` and ``val.bin`` (uint16 when the vocabulary fits, else
+uint32), which are memory-mapped: a corpus larger than RAM trains just as well, and a
+resumed run reads exactly the same tokens. The split is on the token array (the first
+90% trains, the last 10% validates), as in nanoGPT's ``prepare.py``.
+
+A batch is ``batch_size`` random windows of ``block_size + 1`` tokens: inputs are the
+first ``block_size``, targets the same window shifted by one. The window starts come from
+a seeded ``torch.Generator``, so a run is reproducible and its position in the data
+stream can be saved and restored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from lucidlm.errors import DataError
+from lucidlm.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, WordTokenizer, load_tokenizer
+
+TOKENIZER_KINDS = ("char", "word", "bpe")
+DEFAULT_BPE_VOCAB = 1024
+MIN_TRAIN_BATCHES = 10  # seed 004 refuses a corpus with fewer distinct batches than this
+DATA_DIR_NAME = "data"
+META_NAME = "meta.json"
+
+
+@dataclass
+class TokenData:
+    """The prepared corpus: memory-mapped token arrays and the tokenizer that made them."""
+
+    train: np.ndarray  # (N_train,) uint16 | uint32
+    val: np.ndarray  # (N_val,)
+    tokenizer: Tokenizer
+    directory: Path
+
+
+# ----------------------------------------------------------------------------- reading
+
+def corpus_files(source: str | Path) -> list[Path]:
+    """The .txt files a --data argument names: the file itself, or every .txt under a folder."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        if not files:
+            raise DataError(f"folder {path} holds no .txt files; put the training text in *.txt files there.")
+        return files
+    raise DataError(f"training data {path} does not exist; pass a text file or a folder of .txt files.")
+
+
+def read_text(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = raw[exc.start]
+        raise DataError(
+            f"{path} is not UTF-8 text: byte 0x{bad:02x} at offset {exc.start} cannot be decoded "
+            f"({exc.reason}). Convert the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`)."
+        ) from None
+
+
+def read_corpus(files: Sequence[Path]) -> list[str]:
+    """One string per file; empty files are skipped, an empty corpus is an error."""
+    texts = [read_text(f) for f in files]
+    if not any(t.strip() for t in texts):
+        names = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
+        raise DataError(f"the training corpus is empty ({names} hold no text); add text to train on.")
+    return [t for t in texts if t]
+
+
+# ----------------------------------------------------------------------------- tokenizing
+
+def train_tokenizer(kind: str, text: str, vocab_size: Optional[int] = None, progress: bool = False) -> Tokenizer:
+    """A new tokenizer of ``kind`` (char | word | bpe) learned from ``text``."""
+    if kind == "char":
+        return CharTokenizer.train(text)
+    if kind == "word":
+        return WordTokenizer.train(text, max_vocab=vocab_size)
+    if kind == "bpe":
+        return BPETokenizer.train(text, vocab_size or DEFAULT_BPE_VOCAB, progress=progress)
+    raise DataError(f"unknown tokenizer {kind!r}; choose one of {', '.join(TOKENIZER_KINDS)}.")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+def tokenize_documents(tokenizer: Tokenizer, texts: Sequence[str]) -> np.ndarray:
+    """All documents as one token array; an end-of-text token (if the tokenizer has one)
+    separates documents so the model does not learn to run one file into the next."""
+    dtype = token_dtype(tokenizer.vocab_size)
+    pieces = []
+    for i, text in enumerate(texts):
+        if i > 0 and tokenizer.eos_id is not None:
+            pieces.append(np.array([tokenizer.eos_id], dtype=dtype))
+        # Plain text only: "<|endoftext|>" typed in a corpus is not a document boundary.
+        pieces.append(np.asarray(tokenizer.encode(text, allowed_special=False), dtype=dtype))
+    return np.concatenate(pieces)
+
+
+def _fingerprint(files: Sequence[Path], kind: str, vocab_size: Optional[int], val_fraction: float) -> str:
+    """Changes when the corpus or the tokenizing choices change, so stale .bin files are redone."""
+    h = hashlib.sha256()
+    for f in files:
+        stat = f.stat()
+        h.update(f"{f.resolve()}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+    h.update(f"{kind}|{vocab_size}|{val_fraction}".encode())
+    return h.hexdigest()
+
+
+def prepare_data(source: str | Path, out_dir: str | Path, tokenizer: str = "char",
+                 vocab_size: Optional[int] = None, val_fraction: float = 0.1,
+                 progress: bool = False) -> TokenData:
+    """Tokenize ``source`` into ``out_dir/data/{train,val}.bin`` (once) and memory-map them.
+
+    A second call with the same corpus and settings reuses the files (and the saved
+    tokenizer) instead of tokenizing again.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise DataError(f"val_fraction={val_fraction} must be between 0 and 1 (exclusive), e.g. 0.1.")
+    files = corpus_files(source)
+    directory = Path(out_dir) / DATA_DIR_NAME
+    fingerprint = _fingerprint(files, tokenizer, vocab_size, val_fraction)
+    meta_path = directory / META_NAME
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("fingerprint") == fingerprint:
+            return _open(directory, meta)
+
+    texts = read_corpus(files)
+    tok = train_tokenizer(tokenizer, "\n".join(texts), vocab_size, progress)
+    tokens = tokenize_documents(tok, texts)
+    n_train = int(len(tokens) * (1.0 - val_fraction))
+    if n_train < 2 or len(tokens) - n_train < 2:
+        raise DataError(
+            f"the corpus {source} has only {len(tokens)} tokens, too few to split into training and "
+            f"validation data; add more text."
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    tokens[:n_train].tofile(directory / "train.bin")
+    tokens[n_train:].tofile(directory / "val.bin")
+    tok.save(directory / "tokenizer.json")
+    meta = dict(fingerprint=fingerprint, dtype=tokens.dtype.name, n_train=n_train, n_val=len(tokens) - n_train,
+                tokenizer=tokenizer, vocab_size=tok.vocab_size, files=[str(f) for f in files])
+    (directory / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")  # last: marks the data complete
+    return _open(directory, meta)
+
+
+def _open(directory: Path, meta: dict) -> TokenData:
+    dtype = np.dtype(meta["dtype"])
+    train = np.memmap(directory / "train.bin", dtype=dtype, mode="r", shape=(meta["n_train"],))
+    val = np.memmap(directory / "val.bin", dtype=dtype, mode="r", shape=(meta["n_val"],))
+    return TokenData(train, val, load_tokenizer(directory / "tokenizer.json"), directory)
+
+
+# ----------------------------------------------------------------------------- batches
+
+def count_batches(n_tokens: int, batch_size: int, block_size: int) -> int:
+    """How many distinct (non-overlapping) batches of windows the tokens hold, counted as
+    seed 004 does: windows of block_size + 1 tokens, batch_size windows per batch."""
+    return (n_tokens // (block_size + 1)) // batch_size
+
+
+def check_enough_data(data: TokenData, batch_size: int, block_size: int,
+                      minimum: int = MIN_TRAIN_BATCHES) -> None:
+    """Refuse to train on a corpus that holds fewer than ``minimum`` distinct training
+    batches (the model would memorise it) or not one full validation batch."""
+    hint = ("use a smaller --block-size or --batch-size, or add more text")
+    n_train = count_batches(len(data.train), batch_size, block_size)
+    if n_train < minimum:
+        raise DataError(
+            f"the training split holds only {n_train} distinct batches of {batch_size} x {block_size + 1} "
+            f"tokens ({len(data.train)} tokens); at least {minimum} are needed: {hint}."
+        )
+    n_val = count_batches(len(data.val), batch_size, block_size)
+    if n_val < 1:
+        raise DataError(
+            f"the validation split ({len(data.val)} tokens) does not hold one batch of {batch_size} x "
+            f"{block_size + 1} tokens: {hint} (or a larger validation fraction)."
+        )
+
+
+def get_batch(tokens: np.ndarray, batch_size: int, block_size: int, generator: torch.Generator,
+              device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch_size`` random windows: inputs (B, T) and next-token targets (B, T), int64."""
+    starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=generator)  # (B,)
+    index = starts.numpy()[:, None] + np.arange(block_size + 1)  # (B, T+1)
+    windows = torch.from_numpy(tokens[index].astype(np.int64))  # (B, T+1)
+    x, y = windows[:, :-1], windows[:, 1:]
+    if torch.device(device).type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+@dataclass
+class PaddedBatch:
+    ids: torch.Tensor  # (B, L) right-padded with pad_id
+    attention_mask: torch.Tensor  # (B, L) 1 real, 0 padding
+    targets: torch.Tensor  # (B, L) ids shifted left; ignore_index at padding and the last slot
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int, ignore_index: int = -100) -> PaddedBatch:
+    """Variable-length examples as one right-padded batch with next-token targets.
+
+    Position t predicts token t + 1, so targets[t] = ids[t + 1]; where that token is padding
+    (or does not exist) the target is ``ignore_index`` and contributes no loss.
+    """
+    if not sequences or any(len(s) == 0 for s in sequences):
+        raise DataError("pad_batch needs at least one sequence and no empty sequence.")
+    length = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
+        mask[row, : len(seq)] = 1
+    targets = torch.full_like(ids, ignore_index)
+    targets[:, :-1] = torch.where(mask[:, 1:].bool(), ids[:, 1:], ignore_index)
+    return PaddedBatch(ids, mask, targets)

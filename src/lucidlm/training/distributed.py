@@ -1,0 +1,106 @@
+"""Data-parallel training under ``torchrun --nproc_per_node N``.
+
+torchrun starts N copies of the program with RANK / LOCAL_RANK / WORLD_SIZE set; each holds
+a full model replica, computes gradients on its share of the batch, and DDP averages the
+gradients across processes before every optimizer step. Without those variables everything
+here is a no-op and training runs in one process.
+
+How ranks get different data: every rank draws the same *global* batch of
+``batch_size * world_size`` windows from an identically seeded generator and keeps its own
+``batch_size`` rows. The ranks see disjoint data, the generator state is the same on every
+rank (one checkpoint restores all of them), and the run equals a single-process run with
+``batch_size * world_size`` up to floating-point summation order.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from lucidlm.errors import ConfigError
+
+
+@dataclass
+class DistributedContext:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: str = "cpu"
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Only this process prints, evaluates and writes files."""
+        return self.rank == 0
+
+
+def launched_by_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+
+
+def setup_distributed(device: str) -> DistributedContext:
+    """Join the process group if torchrun launched us; pick this rank's device."""
+    if not launched_by_torchrun():
+        return DistributedContext(device=device)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    world_size = int(os.environ["WORLD_SIZE"])
+    if device.startswith("cuda"):
+        if torch.cuda.device_count() <= local_rank:
+            raise ConfigError(
+                f"rank {rank} wants GPU {local_rank}, but only {torch.cuda.device_count()} GPU(s) are visible; "
+                f"use --nproc_per_node <= the GPU count, or --device cpu."
+            )
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def rank_slice(batch: torch.Tensor, ctx: DistributedContext) -> torch.Tensor:
+    """This rank's rows of a global batch (B * world_size, ...) -> (B, ...)."""
+    if not ctx.enabled:
+        return batch
+    per_rank = batch.shape[0] // ctx.world_size
+    return batch[ctx.rank * per_rank: (ctx.rank + 1) * per_rank]
+
+
+def any_rank(flag: bool, ctx: DistributedContext) -> bool:
+    """True on every rank if it is true on any (a Ctrl-C seen by one rank stops all of them
+    at the same step, so none is left waiting in an all-reduce)."""
+    if not ctx.enabled:
+        return flag
+    tensor = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item() > 0)
+
+
+def gather_rng_states(state: torch.Tensor, ctx: DistributedContext) -> list[torch.Tensor]:
+    """Every rank's RNG state (a ByteTensor), in rank order, so rank 0 can checkpoint the
+    dropout RNG of all ranks. Plain tensors, not all_gather_object: no pickles."""
+    if not ctx.enabled:
+        return [state]
+    local = state.to(ctx.device)
+    gathered = [torch.empty_like(local) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, local)
+    return [g.cpu() for g in gathered]
+
+
+def barrier(ctx: DistributedContext) -> None:
+    if ctx.enabled:
+        dist.barrier()
+
+
+def cleanup_distributed(ctx: DistributedContext) -> None:
+    if ctx.enabled and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
