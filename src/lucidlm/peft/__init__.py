@@ -1,0 +1,60 @@
+"""Parameter-efficient fine-tuning: train a few new numbers, keep the base model frozen.
+
+- ``lora.py``      LoRA: low-rank updates W + (alpha/r) B A, several named adapters, merge/unmerge
+- ``adapters.py``  Houlsby bottleneck adapters after attention and MLP outputs
+- ``prefix.py``    prefix tuning: trained keys/values every attention layer can see
+- ``files.py``     save/load adapters (LoRA in Hugging Face PEFT's format, see ``peft_format.py``)
+
+    model = lucidlm.load()
+    add_lora(model, r=8, alpha=16, targets=("q_proj", "v_proj"))
+    ... train ...
+    save_adapter(model, "out/")            # PeftModel.from_pretrained(hf_model, "out/") reads it
+    lucidlm.load(adapter="out/")           # and so does lucidlm
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from torch import nn
+
+from lucidlm.peft.adapters import BottleneckAdapter, add_adapters, adapter_parameter_count, set_adapters_disabled
+from lucidlm.peft.files import load_adapter, method_of, save_adapter
+from lucidlm.peft.lora import (LoRALinear, adapter_names, add_lora, count_parameters, freeze_base, lora_layers,
+                               match_targets, merge_adapter, merge_and_unload, set_adapter,
+                               trainable_parameters_report, unload_lora, unmerge_adapter)
+from lucidlm.peft.prefix import PrefixEncoder, add_prefix, freeze_prefix, prefix_parameter_count, set_prefix_disabled
+
+
+@contextmanager
+def disable_adapters(model: nn.Module) -> Iterator[nn.Module]:
+    """Run the base model inside the block (for a base-vs-tuned comparison): LoRA, adapters
+    and prefixes are switched off, a merged LoRA is taken out, and all come back after."""
+    lora = [layer for _, layer in lora_layers(model)]
+    merged = any(layer.merged_adapter for layer in lora)
+    if merged:
+        unmerge_adapter(model)
+    previous = [layer.disabled for layer in lora]
+    for layer in lora:
+        layer.disabled = True
+    set_adapters_disabled(model, True)
+    set_prefix_disabled(model, True)
+    try:
+        yield model
+    finally:
+        for layer, was in zip(lora, previous):
+            layer.disabled = was
+        set_adapters_disabled(model, False)
+        set_prefix_disabled(model, False)
+        if merged:
+            merge_adapter(model)
+
+
+__all__ = [
+    "LoRALinear", "add_lora", "set_adapter", "merge_adapter", "unmerge_adapter", "merge_and_unload", "unload_lora",
+    "adapter_names", "lora_layers", "match_targets", "freeze_base", "count_parameters", "trainable_parameters_report",
+    "BottleneckAdapter", "add_adapters", "adapter_parameter_count",
+    "PrefixEncoder", "add_prefix", "freeze_prefix", "prefix_parameter_count",
+    "save_adapter", "load_adapter", "method_of", "disable_adapters",
+]

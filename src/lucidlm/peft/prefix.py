@@ -1,0 +1,133 @@
+"""Prefix tuning (Li & Liang, 2021; seed 004 section 3.1.1).
+
+Every attention layer gets P extra key/value pairs that all queries can see, as if an
+invisible, trained prompt came before the text. Training the keys/values directly is
+unstable, so (as in the paper) they are produced by a small MLP from P trainable vectors:
+
+    tokens (P, d) -> Linear(d, hidden) -> tanh -> Linear(hidden, n_layers * 2 * kv_dim) -> (k, v) per layer
+
+After training, ``freeze_prefix`` evaluates the MLP once and keeps only the resulting keys
+and values (n_layers * 2 * P * kv_dim numbers): the MLP was only a training aid.
+
+Each layer's ``Attention.prefix`` is a ``LayerPrefix``: called with the batch size it returns
+(k, v), each (B, n_kv, P, hd); attention.py prepends them and widens the mask.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lucidlm.errors import AdapterError
+from lucidlm.peft.lora import freeze_base
+
+
+class PrefixEncoder(nn.Module):
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, d_model: int, length: int,
+                 hidden: int) -> None:
+        super().__init__()
+        self.n_layers, self.n_kv_heads, self.head_dim, self.length = n_layers, n_kv_heads, head_dim, length
+        self.tokens = nn.Parameter(torch.randn(length, d_model))  # (P, d)
+        self.hidden = nn.Linear(d_model, hidden)
+        self.to_kv = nn.Linear(hidden, n_layers * 2 * n_kv_heads * head_dim)
+        # Zero keys/values at the start: the prefix then only slightly dilutes attention,
+        # instead of pouring random values into a pretrained model (as LoRA starts with B = 0).
+        nn.init.zeros_(self.to_kv.weight)
+        nn.init.zeros_(self.to_kv.bias)
+        self.frozen = False
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    def layer_kv(self, layer: int) -> torch.Tensor:
+        """(2, n_kv, P, hd) for one layer. The rows of ``to_kv`` for this layer only, so the
+        big projection is computed once per forward in total, not once per layer."""
+        if self.frozen:
+            return self.kv[layer]
+        h = torch.tanh(self.hidden(self.tokens))  # (P, hidden)
+        rows = slice(layer * 2 * self.kv_dim, (layer + 1) * 2 * self.kv_dim)
+        kv = F.linear(h, self.to_kv.weight[rows], self.to_kv.bias[rows])  # (P, 2 * kv_dim)
+        return kv.view(self.length, 2, self.n_kv_heads, self.head_dim).permute(1, 2, 0, 3)
+
+    def freeze(self) -> None:
+        """Evaluate the MLP once and keep only the keys/values, as a buffer."""
+        if self.frozen:
+            return
+        with torch.no_grad():
+            kv = torch.stack([self.layer_kv(i) for i in range(self.n_layers)])  # (L, 2, n_kv, P, hd)
+        del self.tokens, self.hidden, self.to_kv
+        self.register_buffer("kv", kv.contiguous())
+        self.frozen = True
+
+
+class LayerPrefix(nn.Module):
+    """What ``Attention.prefix`` calls. It reaches the shared encoder without registering
+    it as a child, so its parameters appear once in the model (under ``prefix_encoder``)."""
+
+    def __init__(self, encoder: PrefixEncoder, layer: int) -> None:
+        super().__init__()
+        self._encoder = [encoder]  # a list hides it from nn.Module's child registry
+        self.layer = layer
+        self.disabled = False
+
+    def forward(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self._encoder[0].layer_kv(self.layer)  # each (n_kv, P, hd)
+        shape = (batch_size, *k.shape)
+        return k.unsqueeze(0).expand(shape), v.unsqueeze(0).expand(shape)  # (B, n_kv, P, hd)
+
+
+def prefix_encoder(model: nn.Module) -> Optional[PrefixEncoder]:
+    return getattr(model, "prefix_encoder", None)
+
+
+def add_prefix(model: nn.Module, length: int = 16, hidden: Optional[int] = None) -> PrefixEncoder:
+    """Give every attention layer ``length`` trainable prefix keys/values (through an MLP of
+    width ``hidden``, default d_model) and freeze the rest of the model."""
+    if getattr(model, "blocks", None) is None:
+        raise AdapterError("prefix tuning needs a lucidlm Transformer (a model with .blocks).")
+    if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+        raise AdapterError(f"prefix length={length!r} must be a positive integer (typical: 10-30).")
+    if prefix_encoder(model) is not None:
+        raise AdapterError("the model already has a prefix; load a fresh base model to add a new one.")
+    cfg = model.config
+    hidden = hidden or cfg.d_model
+    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0:
+        raise AdapterError(f"prefix hidden size={hidden!r} must be a positive integer.")
+    freeze_base(model)
+    encoder = PrefixEncoder(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.d_model, length, hidden)
+    model.add_module("prefix_encoder", encoder.to(model.embed.weight.device, model.embed.weight.dtype))
+    for i, block in enumerate(model.blocks):
+        block.attn.prefix = LayerPrefix(encoder, i)
+    return encoder
+
+
+def freeze_prefix(model: nn.Module) -> None:
+    encoder = prefix_encoder(model)
+    if encoder is None:
+        raise AdapterError("the model has no prefix to freeze; add one with add_prefix().")
+    encoder.freeze()
+
+
+def prefix_parameter_count(d_model: int, n_layers: int, kv_dim: int, length: int, hidden: int) -> int:
+    """Trainable numbers while training: tokens + MLP."""
+    out = n_layers * 2 * kv_dim
+    return length * d_model + (d_model * hidden + hidden) + (hidden * out + out)
+
+
+def set_prefix_disabled(model: nn.Module, disabled: bool) -> None:
+    """Detach (or re-attach) the prefix modules from attention; the encoder stays in place."""
+    encoder = prefix_encoder(model)
+    if encoder is None:
+        return
+    for i, block in enumerate(model.blocks):
+        block.attn.prefix = None if disabled else LayerPrefix(encoder, i)
+
+
+def remove_prefix(model: nn.Module) -> None:
+    set_prefix_disabled(model, True)
+    if prefix_encoder(model) is not None:
+        del model.prefix_encoder

@@ -1,0 +1,133 @@
+"""LoRA files in Hugging Face PEFT's format, both ways, on a tiny random LLaMA (2 layers):
+our adapter runs in transformers+peft, and a peft adapter runs in lucidlm, with equal logits."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from lucidlm import load  # noqa: E402
+from lucidlm.config import preset  # noqa: E402
+from lucidlm.errors import AdapterError  # noqa: E402
+from lucidlm.model.transformer import Transformer  # noqa: E402
+from lucidlm.peft import LoRALinear, add_lora, adapter_names, load_adapter, save_adapter  # noqa: E402
+from lucidlm.weights.hf import save_hf  # noqa: E402
+
+CONFIG = dict(vocab_size=101, d_model=48, n_layers=2, n_heads=6, n_kv_heads=2, d_mlp=96, max_seq_len=64,
+              rope_theta=10000.0)
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    """Our tiny model exported as an HF dir: the one base both libraries load."""
+    torch.manual_seed(0)
+    model = Transformer(preset("llama", **CONFIG))
+    return save_hf(model, tmp_path_factory.mktemp("base"))
+
+
+def hf_model(base_dir):
+    return transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+
+
+def ids() -> torch.Tensor:
+    return torch.randint(0, CONFIG["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(3))
+
+
+def train_a_little(model: Transformer, steps: int = 4) -> None:
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-2)
+    batch = ids()
+    model.train()
+    for _ in range(steps):
+        logits = model(batch[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+def test_our_adapter_runs_in_peft(base_dir, tmp_path):
+    model = load(base_dir)
+    add_lora(model, r=4, alpha=8, targets=("q", "v", "down"))
+    train_a_little(model)
+    assert model.blocks[1].mlp.down_proj.lora_B["default"].abs().max() > 0
+    save_adapter(model, tmp_path, base_model_name_or_path=str(base_dir))
+
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 4, 8)
+    assert config["target_modules"] == ["down_proj", "q_proj", "v_proj"]
+
+    theirs = peft.PeftModel.from_pretrained(hf_model(base_dir), tmp_path).eval()
+    with torch.no_grad():
+        ours_logits = model(ids())
+        their_logits = theirs(ids()).logits
+        base_logits = hf_model(base_dir)(ids()).logits
+    assert (ours_logits - base_logits).abs().max() > 1e-3  # the adapter does something
+    assert (ours_logits - their_logits).abs().max() <= 1e-4
+
+
+def test_peft_adapter_runs_in_lucidlm(base_dir, tmp_path):
+    torch.manual_seed(1)
+    theirs = peft.get_peft_model(hf_model(base_dir), peft.LoraConfig(
+        r=3, lora_alpha=6, target_modules=["k_proj", "o_proj", "gate_proj"], task_type="CAUSAL_LM",
+        rank_pattern={"gate_proj": 5}, alpha_pattern={"o_proj": 12}))
+    with torch.no_grad():  # B starts at zero; randomise it so the adapter is not a no-op
+        for name, param in theirs.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    theirs.save_pretrained(tmp_path)
+    theirs.eval()
+
+    model = load(base_dir, adapter=tmp_path)
+    assert adapter_names(model) == ["default"]
+    assert model.blocks[0].mlp.gate_proj.rank("default") == 5
+    assert model.blocks[0].attn.o_proj.scaling["default"] == pytest.approx(12 / 3)
+    assert model.blocks[0].attn.k_proj.scaling["default"] == pytest.approx(6 / 3)
+    assert model.blocks[0].attn.k_proj.merged_adapter is None  # attached, not merged
+    with torch.no_grad():
+        ours_logits = model(ids())
+        their_logits = theirs(ids()).logits
+        base_logits = hf_model(base_dir)(ids()).logits
+    assert (their_logits - base_logits).abs().max() > 1e-3
+    assert (ours_logits - their_logits).abs().max() <= 1e-4
+
+    # and back out again: our re-export of their adapter still loads in peft with the same result
+    save_adapter(model, tmp_path / "again")
+    again = peft.PeftModel.from_pretrained(hf_model(base_dir), tmp_path / "again").eval()
+    with torch.no_grad():
+        assert (again(ids()).logits - their_logits).abs().max() <= 1e-5
+
+
+def test_adapter_for_another_base_names_tensor_and_shapes(base_dir, tmp_path):
+    model = load(base_dir)
+    add_lora(model, r=2, targets=("q_proj",))
+    save_adapter(model, tmp_path)
+    torch.manual_seed(0)
+    other = Transformer(preset("llama", **{**CONFIG, "d_model": 60, "n_heads": 6}))
+    with pytest.warns(UserWarning, match="different|trained on a base model"):
+        with pytest.raises(AdapterError, match=r"'base_model\.model\.model\.layers\.0\.self_attn\.q_proj\.lora_A\.weight'"
+                                               r" has shape \(2, 48\) .* needs \(2, 60\)"):
+            load_adapter(other, tmp_path)
+    assert not any(isinstance(m, LoRALinear) for m in other.modules())
+
+    deeper = Transformer(preset("llama", **{**CONFIG, "n_layers": 1}))
+    with pytest.warns(UserWarning):
+        with pytest.raises(AdapterError, match=r"layers\.1\.self_attn\.q_proj.*blocks\.1\.attn\.q_proj"):
+            load_adapter(deeper, tmp_path)
+
+
+def test_missing_adapter_dir_is_clear(tmp_path):
+    with pytest.raises(AdapterError, match="does not exist"):
+        load_adapter(Transformer(preset("llama", **CONFIG)), tmp_path / "nope")
+
+
+def test_empty_dir_asks_for_the_adapter_files(tmp_path):
+    with pytest.raises(AdapterError, match="adapter_config.json does not exist"):
+        load_adapter(Transformer(preset("llama", **CONFIG)), tmp_path)
