@@ -22,6 +22,7 @@ ROPE_VARIANTS = ("half", "interleaved")
 NORM_KINDS = ("rms", "layer")
 NORM_POSITIONS = ("pre", "post")
 MLP_KINDS = ("relu", "gelu", "gelu_tanh", "swiglu")
+INIT_SCHEMES = ("gpt2", "lecun")
 
 
 @dataclass
@@ -60,8 +61,12 @@ class ModelConfig:
     tie_embeddings: bool = False
     unembed_bias: bool = False
 
-    # regularisation
+    # regularisation and initialisation
     dropout: float = 0.0  # embeddings, residual branches and attention weights
+    # gpt2: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layers) (GPT-2, nanoGPT);
+    # lecun: N(0, 1/fan_in) for matrices and N(0, 1/d_model) for embeddings (Flax's defaults,
+    # seed 004's): tokens start on the scale of fixed sinusoidal positions instead of 50x below.
+    init: str = "gpt2"
 
     # bookkeeping: which family this is, used in messages and exports
     name: str = "custom"
@@ -72,6 +77,7 @@ class ModelConfig:
         self._check_choice("norm", NORM_KINDS)
         self._check_choice("norm_position", NORM_POSITIONS)
         self._check_choice("mlp", MLP_KINDS)
+        self._check_choice("init", INIT_SCHEMES)
         for size in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "multiple_of"):
             self._check_positive_int(size)
 
@@ -234,7 +240,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "seed004-words": dict(
         name="seed004", vocab_size=25670, d_model=128, n_layers=1, n_heads=4, d_mlp=256,
         max_seq_len=64, positions="sinusoidal", norm="layer", norm_eps=1e-6, norm_position="post",
-        final_norm=False, mlp="gelu_tanh", attn_bias=True, mlp_bias=True, unembed_bias=True,
+        final_norm=False, mlp="gelu_tanh", attn_bias=True, mlp_bias=True, unembed_bias=True, init="lecun",
     ),
 }
 

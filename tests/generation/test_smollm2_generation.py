@@ -3,7 +3,6 @@ transformers loading the same GGUF (dequantized to fp32)."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -29,25 +28,13 @@ CHAT_PROMPTS = ["What is the capital of France?", "Write a haiku about the sea."
 
 
 @pytest.fixture(scope="module")
-def ours():
-    import lucidlm
-    try:
-        from lucidlm.pretrained import find_gguf
-        find_gguf("smollm2-135m")
-    except Exception as exc:  # noqa: BLE001 - any reason the package is unusable
-        pytest.skip(f"the embedded SmolLM2 is not available: {exc}")
-    return lucidlm.load("smollm2-135m")
+def ours(smollm2):
+    return smollm2
 
 
 @pytest.fixture(scope="module")
-def hf():
-    from lucidlm.pretrained import find_gguf
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    path = find_gguf("smollm2-135m")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                              dtype=torch.float32).eval()
-    return model, tokenizer
+def hf(hf_smollm2):
+    return hf_smollm2
 
 
 def hf_greedy(hf_model, prompt_ids):

@@ -7,18 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-import lucidlm
 from lucidlm.inspect import logit_lens, run_with_cache, run_with_hooks, write_report
 
 pytestmark = pytest.mark.slow
 
 CLEAN, CORRUPT = "The capital of France is", "The capital of Italy is"
 SUBJECT_POS = 3  # " France" / " Italy"
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    return lucidlm.load("smollm2-135m")
 
 
 @pytest.fixture(scope="module")

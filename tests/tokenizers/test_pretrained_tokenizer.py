@@ -4,8 +4,6 @@ saving, loading and export to a plain tokenizer.json."""
 
 from __future__ import annotations
 
-import os
-import warnings
 
 import pytest
 
@@ -42,13 +40,8 @@ def ours(gguf_path) -> HFTokenizer:
 
 
 @pytest.fixture(scope="module")
-def reference(gguf_path):
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    from transformers import AutoTokenizer
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+def reference(hf_smollm2):
+    return hf_smollm2[1]
 
 
 @pytest.mark.parametrize("text", TEXTS, ids=range(len(TEXTS)))

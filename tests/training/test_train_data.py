@@ -118,3 +118,16 @@ def test_too_small_corpus_says_how_many_batches(corpus, tmp_path):
     message = str(err.value)
     assert f"only {expected} distinct batches" in message and "--block-size" in message and "--batch-size" in message
     check_enough_data(data, 4, 32)  # a smaller batch and context fit
+
+
+def test_interleaved_split_holds_out_every_tenth_chunk():
+    from lucidlm.training.data import SPLIT_CHUNK, split_tokens
+
+    tokens = np.arange(SPLIT_CHUNK * 25 + 7, dtype=np.uint32)
+    train, val = split_tokens(tokens, 0.1, "interleaved")
+    assert len(train) + len(val) == len(tokens)
+    val_chunks = sorted(set((val // SPLIT_CHUNK).tolist()))
+    assert val_chunks == [9, 19]  # chunks 9 and 19 of 0..25: a tenth, evenly spread
+    assert np.array_equal(np.sort(np.concatenate([train, val])), tokens)  # nothing lost or repeated
+    tail_train, tail_val = split_tokens(tokens, 0.1, "tail")
+    assert len(tail_val) == len(tokens) - int(len(tokens) * 0.9) and tail_val[0] == tail_train[-1] + 1

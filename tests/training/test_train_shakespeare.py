@@ -4,11 +4,13 @@ import math
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import lucidlm
 from lucidlm.training import TrainConfig, train
+from lucidlm.training.data import SPLIT_CHUNK
 
 SHAKESPEARE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tinyshakespeare.txt"
 
@@ -48,31 +50,46 @@ def test_nanogpt_shakespeare_char_cpu_run(tmp_path):
     assert sum(w in corpus_words for w in generated) >= len(generated) / 2  # mostly real words
 
 
+def unigram_baselines(words: list[str], is_val: np.ndarray) -> tuple[float, float]:
+    """(entropy of the training words' unigram distribution, cross-entropy of that unigram
+    model -- add-0.1 smoothed over the whole vocabulary -- on the validation words), in nats."""
+    train = [w for w, v in zip(words, is_val) if not v]
+    val = [w for w, v in zip(words, is_val) if v]
+    counts, total, vocab = Counter(train), len(train), len(set(words))
+    entropy = -sum(c / total * math.log(c / total) for c in counts.values())
+    cross_entropy = -sum(math.log((counts[w] + 0.1) / (total + 0.1 * vocab)) for w in val) / len(val)
+    return entropy, cross_entropy
+
+
 @pytest.mark.slow
-def test_seed004_word_level_model_learns_the_unigram_distribution(tmp_path):
-    text = SHAKESPEARE.read_text()
-    words = text.split()
-    counts = Counter(words[: int(len(words) * 0.9)])
-    total = sum(counts.values())
-    unigram_entropy = -sum(c / total * math.log(c / total) for c in counts.values())  # nats; ~7.56
+def test_seed004_word_level_model_beats_the_unigram_entropy(tmp_path):
+    words = SHAKESPEARE.read_text().split()
+    chunk = np.arange(len(words)) // SPLIT_CHUNK
+    is_val = np.floor((chunk + 1) * 0.1) > np.floor(chunk * 0.1)  # the trainer's interleaved split
+    unigram_entropy, unigram_val_loss = unigram_baselines(words, is_val)  # ~7.56 and ~7.80 nats
 
     # Seed 004: d_model 128, 4 heads, 1 layer, widening 2, Adam(2e-3, b1 0.9, b2 0.99), batch 32,
-    # seq 64, every word of the corpus in the vocabulary; no weight decay, schedule or clipping.
-    # The seed trains 3500 steps; on 2 CPU cores a step costs ~1-2.5 s (a 25,673-way softmax
-    # over 2048 positions), so this run is short: long enough to leave the uniform guess
-    # (ln 25673 = 10.15 nats) for the unigram distribution, not to beat it -- with this
-    # architecture and init the loss sits on the unigram plateau for the first few hundred steps.
+    # seq 64, every word of the corpus in the vocabulary, Flax's initialisation (preset
+    # "seed004-words"); no weight decay, schedule or clipping. The seed trains 3500 steps on
+    # all the data; a 1-layer model with a 25,673-word vocabulary memorises the 180k training
+    # words after ~300 steps, so this run stops there (validation loss is at its lowest).
+    # Validation text is every 10th chunk of 1024 words: held out from all over the corpus,
+    # so the vocabulary it needs was seen in training (with the last 10% held out instead,
+    # even a bigram model stays above the unigram entropy: new plays, new names).
+    steps = 300
     config = TrainConfig(
-        data=str(SHAKESPEARE), out_dir=str(tmp_path), tokenizer="word", preset="seed004-words",
+        data=str(SHAKESPEARE), out_dir=str(tmp_path), tokenizer="word", preset="seed004-words", split="interleaved",
         batch_size=32, block_size=64, learning_rate=2e-3, decay_lr=False, beta1=0.9, beta2=0.99,
-        weight_decay=0.0, grad_clip=0.0, warmup_iters=0, max_iters=STEPS_SEED004, eval_interval=STEPS_SEED004,
-        eval_iters=10, sample_tokens=0, progress=False,
+        weight_decay=0.0, grad_clip=0.0, warmup_iters=0, max_iters=steps, eval_interval=steps,
+        eval_iters=10, final_eval_iters=40, sample_tokens=0, progress=False,
     )
     result = train(config)
     vocab = len(set(words)) + 3  # every word + <pad>, <unk>, <|endoftext|>
-    assert result.metrics[0]["val_loss"] == pytest.approx(math.log(vocab), abs=0.05)  # untrained: uniform
-    assert result.val_loss < math.log(vocab) - 2.0
-    assert result.train_loss < unigram_entropy + 0.3, (result.train_loss, unigram_entropy)
+    print(f"val loss {result.val_loss:.3f} nats; unigram entropy {unigram_entropy:.3f}, "
+          f"unigram model on the validation words {unigram_val_loss:.3f}")
+    assert result.metrics[0]["val_loss"] == pytest.approx(math.log(vocab), abs=0.6)  # untrained: near uniform
+    assert result.val_loss < unigram_entropy - 0.1
+    assert result.val_loss < unigram_val_loss - 0.3
 
     model = lucidlm.load(str(tmp_path))
     assert model.config.vocab_size == vocab
@@ -80,6 +97,3 @@ def test_seed004_word_level_model_learns_the_unigram_distribution(tmp_path):
     generated = model.tokenizer.decode(sample.token_ids).split()
     print("Love", *generated)
     assert len(generated) == 15 and set(generated) <= set(words)
-
-
-STEPS_SEED004 = 50

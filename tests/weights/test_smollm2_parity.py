@@ -3,14 +3,11 @@ the logits transformers gives for the same GGUF file, and answers a chat prompt 
 
 from __future__ import annotations
 
-import os
-import warnings
 
 import pytest
 import torch
 
 import lucidlm
-from lucidlm.pretrained import find_gguf
 
 pytestmark = pytest.mark.slow
 
@@ -28,21 +25,13 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def ours():
-    return lucidlm.load("smollm2-135m")
+def ours(smollm2):
+    return smollm2
 
 
 @pytest.fixture(scope="module")
-def reference():
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = find_gguf("smollm2-135m")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return model.eval(), tokenizer
+def reference(hf_smollm2):
+    return hf_smollm2
 
 
 def test_config_is_the_smollm2_preset(ours):

@@ -33,7 +33,7 @@ NANOGPT_OPTIONS = (
     ("--eval-iters", "eval_iters", int, "batches per split in each evaluation"),
     ("--final-eval-iters", "final_eval_iters", int, "batches per split in the last evaluation (default: --eval-iters)"),
     ("--seed", "seed", int, "random seed (weights, batches, dropout)"),
-    ("--val-fraction", "val_fraction", float, "fraction of the tokens (the end of the corpus) held out for validation"),
+    ("--val-fraction", "val_fraction", float, "fraction of the tokens held out for validation (see --split)"),
     ("--sample-tokens", "sample_tokens", int, "tokens of greedy sample printed at each evaluation (0 = none)"),
 )
 
@@ -78,6 +78,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         suffix = "" if "(default" in text else f" (default: {default})"
         parser.add_argument(flag, dest=name, type=kind, default=default, metavar=kind.__name__.upper(),
                             help=text + suffix)
+    parser.add_argument("--split", choices=("tail", "interleaved"), default=DEFAULTS.split,
+                        help="which tokens validate: tail = the last --val-fraction of the corpus (nanoGPT); "
+                             "interleaved = every 10th chunk of 1024 tokens, from all over the corpus "
+                             "(default: %(default)s)")
     parser.add_argument("--constant-lr", action="store_true",
                         help="keep --learning-rate constant (no warmup or decay), like seed 004's Adam")
     parser.add_argument("--device", default=DEFAULTS.device,
@@ -100,7 +104,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     fields = {name: getattr(args, name) for _, name, _, _ in NANOGPT_OPTIONS}
     return TrainConfig(
         data=args.data, out_dir=args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
-        preset=args.preset, decay_lr=not args.constant_lr, device=args.device, dtype=args.dtype,
+        preset=args.preset, split=args.split, decay_lr=not args.constant_lr, device=args.device, dtype=args.dtype,
         compile=args.compile, sample_prompt=args.sample_prompt, progress=not args.no_progress,
         resume=args.resume, **fields,
     )

@@ -68,13 +68,20 @@ class Transformer(nn.Module):
 
     # ------------------------------------------------------------------ parameters
     def reset_parameters(self, std: float = 0.02) -> None:
-        """GPT-2's initialisation: N(0, 0.02) everywhere, residual output projections scaled
-        down by sqrt(2 * n_layers) so the residual stream's variance does not grow with depth."""
+        """Random weights as ``config.init`` says. "gpt2": N(0, 0.02) everywhere, residual
+        output projections scaled down by sqrt(2 * n_layers) so the residual stream's variance
+        does not grow with depth. "lecun": N(0, 1/fan_in) for matrices, N(0, 1/d_model) for
+        embeddings (Flax's defaults, which seed 004's models use)."""
+        lecun = self.config.init == "lecun"
         for name, param in self.named_parameters():
             if name.endswith("bias"):
                 nn.init.zeros_(param)
             elif param.ndim == 1:  # norm scales
                 nn.init.ones_(param)
+            elif lecun:
+                fan_in = param.shape[1] if name.endswith("proj.weight") or name.startswith("unembed") \
+                    else self.config.d_model
+                nn.init.normal_(param, 0.0, 1.0 / math.sqrt(fan_in))
             elif name.endswith(("o_proj.weight", "down_proj.weight")):
                 nn.init.normal_(param, 0.0, std / math.sqrt(2 * self.config.n_layers))
             else:

@@ -3,8 +3,12 @@
 The corpus (one .txt file, or a folder of them) is tokenized ONCE into two flat token
 arrays on disk, ``train.bin`` and ``val.bin`` (uint16 when the vocabulary fits, else
 uint32), which are memory-mapped: a corpus larger than RAM trains just as well, and a
-resumed run reads exactly the same tokens. The split is on the token array (the first
-90% trains, the last 10% validates), as in nanoGPT's ``prepare.py``.
+resumed run reads exactly the same tokens. The split is on the token array: by default
+the first 90% trains and the last 10% validates, as in nanoGPT's ``prepare.py``
+(``split="tail"``). ``split="interleaved"`` instead holds out every tenth chunk of 1,024
+tokens, so validation text comes from all over the corpus: a word-level model on a single
+play collection otherwise validates on the last plays' names and words, which the first
+90% never shows it.
 
 A batch is ``batch_size`` random windows of ``block_size + 1`` tokens: inputs are the
 first ``block_size``, targets the same window shifted by one. The window starts come from
@@ -109,19 +113,35 @@ def tokenize_documents(tokenizer: Tokenizer, texts: Sequence[str]) -> np.ndarray
     return np.concatenate(pieces)
 
 
-def _fingerprint(files: Sequence[Path], kind: str, vocab_size: Optional[int], val_fraction: float) -> str:
+def _fingerprint(files: Sequence[Path], kind: str, vocab_size: Optional[int], val_fraction: float,
+                 split: str = "tail") -> str:
     """Changes when the corpus or the tokenizing choices change, so stale .bin files are redone."""
     h = hashlib.sha256()
     for f in files:
         stat = f.stat()
         h.update(f"{f.resolve()}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
-    h.update(f"{kind}|{vocab_size}|{val_fraction}".encode())
+    h.update(f"{kind}|{vocab_size}|{val_fraction}|{split}".encode())
     return h.hexdigest()
+
+
+SPLITS = ("tail", "interleaved")
+SPLIT_CHUNK = 1024  # tokens per chunk for split="interleaved"
+
+
+def split_tokens(tokens: np.ndarray, val_fraction: float, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) token arrays; see the module docstring for the two kinds of split."""
+    if split == "tail":
+        n_train = int(len(tokens) * (1.0 - val_fraction))
+        return tokens[:n_train], tokens[n_train:]
+    chunk = np.arange(len(tokens)) // SPLIT_CHUNK
+    # Chunk c validates when floor((c+1) f) > floor(c f): a fraction f of the chunks, evenly spread.
+    is_val = np.floor((chunk + 1) * val_fraction) > np.floor(chunk * val_fraction)
+    return tokens[~is_val], tokens[is_val]
 
 
 def prepare_data(source: str | Path, out_dir: str | Path, tokenizer: str = "char",
                  vocab_size: Optional[int] = None, val_fraction: float = 0.1,
-                 progress: bool = False) -> TokenData:
+                 progress: bool = False, split: str = "tail") -> TokenData:
     """Tokenize ``source`` into ``out_dir/data/{train,val}.bin`` (once) and memory-map them.
 
     A second call with the same corpus and settings reuses the files (and the saved
@@ -129,9 +149,11 @@ def prepare_data(source: str | Path, out_dir: str | Path, tokenizer: str = "char
     """
     if not 0.0 < val_fraction < 1.0:
         raise DataError(f"val_fraction={val_fraction} must be between 0 and 1 (exclusive), e.g. 0.1.")
+    if split not in SPLITS:
+        raise DataError(f"unknown split={split!r}; valid options are: {', '.join(SPLITS)}.")
     files = corpus_files(source)
     directory = Path(out_dir) / DATA_DIR_NAME
-    fingerprint = _fingerprint(files, tokenizer, vocab_size, val_fraction)
+    fingerprint = _fingerprint(files, tokenizer, vocab_size, val_fraction, split)
     meta_path = directory / META_NAME
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
@@ -141,15 +163,16 @@ def prepare_data(source: str | Path, out_dir: str | Path, tokenizer: str = "char
     texts = read_corpus(files)
     tok = train_tokenizer(tokenizer, "\n".join(texts), vocab_size, progress)
     tokens = tokenize_documents(tok, texts)
-    n_train = int(len(tokens) * (1.0 - val_fraction))
-    if n_train < 2 or len(tokens) - n_train < 2:
+    train, val = split_tokens(tokens, val_fraction, split)
+    n_train = len(train)
+    if n_train < 2 or len(val) < 2:
         raise DataError(
             f"the corpus {source} has only {len(tokens)} tokens, too few to split into training and "
             f"validation data; add more text."
         )
     directory.mkdir(parents=True, exist_ok=True)
-    tokens[:n_train].tofile(directory / "train.bin")
-    tokens[n_train:].tofile(directory / "val.bin")
+    train.tofile(directory / "train.bin")
+    val.tofile(directory / "val.bin")
     tok.save(directory / "tokenizer.json")
     meta = dict(fingerprint=fingerprint, dtype=tokens.dtype.name, n_train=n_train, n_val=len(tokens) - n_train,
                 tokenizer=tokenizer, vocab_size=tok.vocab_size, files=[str(f) for f in files])

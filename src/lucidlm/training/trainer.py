@@ -59,6 +59,7 @@ class TrainConfig:
     tokenizer: str = "char"  # char | word | bpe
     vocab_size: Optional[int] = None  # bpe: target size (default 1024); word: cap
     val_fraction: float = 0.1
+    split: str = "tail"  # tail (nanoGPT: the end validates) | interleaved (every 10th chunk)
     # model: a preset, optionally resized
     preset: str = "shakespeare-char"
     n_layer: Optional[int] = None
@@ -114,7 +115,7 @@ class TrainConfig:
 # Settings that shape the training trajectory: a resumed run must use the same ones.
 # (max_iters, evaluation, sampling, device and compile may change between runs.)
 RESUME_MUST_MATCH = (
-    "data", "tokenizer", "vocab_size", "val_fraction", "preset", "n_layer", "n_head", "n_embd",
+    "data", "tokenizer", "vocab_size", "val_fraction", "split", "preset", "n_layer", "n_head", "n_embd",
     "block_size", "dropout", "batch_size", "gradient_accumulation_steps", "learning_rate", "min_lr",
     "warmup_iters", "lr_decay_iters", "decay_lr", "beta1", "beta2", "weight_decay", "grad_clip", "seed", "dtype",
 )
@@ -260,7 +261,8 @@ class Trainer:
         if not cfg.data:
             raise ConfigError("no training data given; pass --data FILE_OR_FOLDER.")
         progress = cfg.progress and self.ctx.is_main and sys.stderr.isatty()
-        return prepare_data(cfg.data, self.out_dir, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, progress)
+        return prepare_data(cfg.data, self.out_dir, cfg.tokenizer, cfg.vocab_size, cfg.val_fraction, progress,
+                            cfg.split)
 
     def _wrap_model(self) -> torch.nn.Module:
         model: torch.nn.Module = self.model
