@@ -6,22 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import lucidlm
 from lucidlm.training import TrainConfig, train
 from lucidlm.training.data import SPLIT_CHUNK
 
 SHAKESPEARE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tinyshakespeare.txt"
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # On 2 shared cores, one thread per process is faster than two threads waiting on each other.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.slow
