@@ -41,9 +41,9 @@ def register(subparsers: Any) -> None:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="SOURCE", default=None,
+    parser.add_argument("--model", metavar="SOURCE", default="smollm2-135m",
                         help="model to load: a .gguf file, a Hugging Face or lucidlm model directory, a "
-                             "pretrained name or a preset (default: the embedded smollm2-135m)")
+                             "pretrained name (smollm2-135m: the embedded model) or a preset")
     parser.add_argument("--adapter", metavar="DIR", default=None,
                         help="LoRA / prefix-tuning adapter directory to apply")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
