@@ -1,4 +1,7 @@
-"""Generation speed and memory: lucidlm vs transformers on the embedded SmolLM2-135M GGUF (fp32, CPU).
+"""Generation speed and memory: lucidlm vs transformers on the embedded SmolLM2-135M GGUF (CPU).
+
+Both in float32, plus lucidlm with bfloat16 weights: decoding one token reads every weight
+once, so on a CPU it is memory-bound and halving the bytes per weight is what moves it.
 
 Each side runs in its own subprocess (so peak RSS is its own): once to warm the disk cache
 (and lucidlm's converted-model cache), then ``--rounds`` times alternating with the other
@@ -24,6 +27,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results" / "generation.json"
+SIDES = ("ours", "ours-bf16", "hf")
 PREFILL_LENGTHS = (128, 512)
 DECODE_PROMPT, DECODE_NEW = 16, 128
 
@@ -43,14 +47,14 @@ def best_time(fn, repeats: int) -> float:
     return min(times)
 
 
-def run_ours(repeats: int) -> dict:
+def run_ours(repeats: int, dtype_name: str = "float32") -> dict:
     import torch
 
     import lucidlm
     from lucidlm.generation import generate
 
     start = time.perf_counter()
-    model = lucidlm.load("smollm2-135m", dtype=torch.float32)
+    model = lucidlm.load("smollm2-135m", dtype=getattr(torch, dtype_name))
     load_s = time.perf_counter() - start
     out = {"load_s": load_s}
     with torch.inference_mode():
@@ -109,7 +113,7 @@ def child(side: str, threads: int, repeats: int) -> None:
     import torch
     if threads:
         torch.set_num_threads(threads)
-    out = run_ours(repeats) if side == "ours" else run_hf(repeats)
+    out = run_hf(repeats) if side == "hf" else run_ours(repeats, "bfloat16" if side == "ours-bf16" else "float32")
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     out["threads"] = torch.get_num_threads()
     print("RESULT " + json.dumps(out))
@@ -140,44 +144,47 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads in each side (0 = torch's default)")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per measurement (best is kept)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs of each side (best is kept)")
-    parser.add_argument("--child", choices=("ours", "hf"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args.threads, args.repeats)
         return
 
-    for side in ("ours", "hf"):
+    for side in SIDES:
         spawn(side, args.threads, 1)  # warm the page cache (and lucidlm's converted cache)
     # Alternate the sides for several rounds and keep each side's best figure: on a shared
     # machine, load from other processes comes and goes, and this gives both sides the
     # same chances.
-    runs: dict[str, list[dict]] = {"ours": [], "hf": []}
+    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
     for _ in range(args.rounds):
-        for side in ("ours", "hf"):
+        for side in SIDES:
             runs[side].append(spawn(side, args.threads, args.repeats))
     results = {side: best_of(side_runs) for side, side_runs in runs.items()}
     rows = [("warm load (s)", "load_s", False), ("prefill 128 (tok/s)", "prefill128_tok_s", True),
             ("prefill 512 (tok/s)", "prefill512_tok_s", True), ("decode 128 (tok/s)", "decode_tok_s", True),
             ("peak RSS (MB)", "peak_rss_mb", False)]
-    print(f"\nSmolLM2-135M-Instruct, fp32, CPU, {results['ours']['threads']} thread(s), "
-          f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'metric':<22}{'lucidlm':>12}{'transformers':>15}{'ratio':>9}   (ratio > 1 = lucidlm better)")
-    ratios = {}
+    print(f"\nSmolLM2-135M-Instruct, CPU, {results['ours']['threads']} thread(s), "
+          f"load average {os.getloadavg()[0]:.1f}; ratios against transformers fp32 (> 1 = lucidlm better)")
+    print(f"{'metric':<22}{'lucidlm fp32':>14}{'lucidlm bf16':>14}{'transformers fp32':>19}{'fp32 ratio':>12}"
+          f"{'bf16 ratio':>12}")
+    ratios: dict[str, dict[str, float]] = {"fp32": {}, "bf16": {}}
     for label, key, higher_is_better in rows:
-        ours, theirs = results["ours"][key], results["hf"][key]
-        ratio = ours / theirs if higher_is_better else theirs / ours
-        ratios[key] = ratio
-        print(f"{label:<22}{ours:>12.2f}{theirs:>15.2f}{ratio:>8.2f}x")
+        ours, ours_bf16, theirs = results["ours"][key], results["ours-bf16"][key], results["hf"][key]
+        for name, value in (("fp32", ours), ("bf16", ours_bf16)):
+            ratios[name][key] = value / theirs if higher_is_better else theirs / value
+        print(f"{label:<22}{ours:>14.2f}{ours_bf16:>14.2f}{theirs:>19.2f}{ratios['fp32'][key]:>11.2f}x"
+              f"{ratios['bf16'][key]:>11.2f}x")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     import torch
     import transformers
     RESULTS.write_text(json.dumps({
-        "model": "SmolLM2-135M-Instruct (Q4_1 GGUF dequantized to fp32)",
+        "model": "SmolLM2-135M-Instruct (Q4_1 GGUF dequantized to fp32; lucidlm also cast to bf16)",
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average": os.getloadavg()},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "settings": {"prefill_lengths": PREFILL_LENGTHS, "decode_prompt": DECODE_PROMPT, "decode_new": DECODE_NEW,
                      "repeats": args.repeats, "threads": results["ours"]["threads"]},
-        "lucidlm": results["ours"], "transformers": results["hf"], "ratios_lucidlm_better_if_above_1": ratios,
+        "lucidlm": results["ours"], "lucidlm_bf16": results["ours-bf16"], "transformers": results["hf"],
+        "ratios_vs_transformers_fp32_lucidlm_better_if_above_1": ratios,
     }, indent=2) + "\n")
     print(f"\nwrote {RESULTS}")
 
