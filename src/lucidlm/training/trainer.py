@@ -491,8 +491,10 @@ class Trainer:
         cfg, ctx = self.config, self.ctx
         from tqdm.auto import tqdm
 
+        total, trainable = self.model.num_parameters(), self.model.num_parameters(trainable_only=True)
+        counted = f"{total:,}" if trainable == total else f"{trainable:,} of {total:,}"
         self._print(
-            f"training {self.model.num_parameters():,} parameters ({self.model_config.n_layers} layers, "
+            f"training {counted} parameters ({self.model_config.n_layers} layers, "
             f"d_model {self.model_config.d_model}, vocab {self.model_config.vocab_size}) on "
             f"{len(self.data.train):,} train / {len(self.data.val):,} val tokens; {self.tokens_per_step:,} tokens "
             f"per step ({ctx.world_size} process(es)), device {self.device}"
