@@ -4,7 +4,6 @@ import json
 import warnings
 from collections import Counter
 from functools import lru_cache
-from pathlib import Path
 
 import pytest
 import regex
@@ -14,14 +13,7 @@ from hypothesis import strategies as st
 from lucidlm.errors import TokenizerError
 from lucidlm.tokenizers import GPT2_SPLIT_PATTERN, BPETokenizer, load_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]  # repo root: tests/tokenizers/<this file>
-
-
-def shared_file(*parts: str) -> Path:
-    path = ROOT.parent.joinpath("shared", "data", *parts)
-    if not path.exists():
-        pytest.skip(f"{path} not found: the shared assets live in ../shared beside the repo")
-    return path
+from tokenizer_assets import shared_file  # noqa: E402  (tests/tokenizers is on sys.path)
 
 
 @lru_cache(maxsize=None)

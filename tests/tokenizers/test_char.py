@@ -1,6 +1,5 @@
 """CharTokenizer: seed 002's character vocabulary and nanoGPT's shakespeare-char ids."""
 
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -9,14 +8,7 @@ from hypothesis import strategies as st
 from lucidlm.errors import TokenizerError
 from lucidlm.tokenizers import CharTokenizer, WordTokenizer, load_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]  # repo root: tests/tokenizers/<this file>
-
-
-def shared_file(*parts: str) -> Path:
-    path = ROOT.parent.joinpath("shared", "data", *parts)
-    if not path.exists():
-        pytest.skip(f"{path} not found: the shared assets live in ../shared beside the repo")
-    return path
+from tokenizer_assets import shared_file  # noqa: E402  (tests/tokenizers is on sys.path)
 
 
 def test_trained_alphabet_is_sorted_characters_then_eos():

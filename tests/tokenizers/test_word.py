@@ -1,20 +1,12 @@
 """WordTokenizer: seed 004's whitespace words, made reproducible, with <pad>=0 and <unk>."""
 
-from pathlib import Path
 
 import pytest
 
 from lucidlm.errors import TokenizerError
 from lucidlm.tokenizers import WordTokenizer, load_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]  # repo root: tests/tokenizers/<this file>
-
-
-def shared_file(*parts: str) -> Path:
-    path = ROOT.parent.joinpath("shared", "data", *parts)
-    if not path.exists():
-        pytest.skip(f"{path} not found: the shared assets live in ../shared beside the repo")
-    return path
+from tokenizer_assets import shared_file  # noqa: E402  (tests/tokenizers is on sys.path)
 
 
 CORPUS = "the cat sat on the mat\nthe end"
