@@ -4,6 +4,7 @@ from lucidlm.config import PRESETS, ModelConfig, preset
 from lucidlm.errors import LucidLMError
 from lucidlm.loading import load
 from lucidlm.model import Transformer
+from lucidlm.quantization import quantize
 
 __version__ = "0.1.0"
-__all__ = ["ModelConfig", "PRESETS", "preset", "Transformer", "load", "LucidLMError", "__version__"]
+__all__ = ["ModelConfig", "PRESETS", "preset", "Transformer", "load", "quantize", "LucidLMError", "__version__"]
