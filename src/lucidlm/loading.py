@@ -6,6 +6,11 @@ source is one of
 - a ``.gguf`` file;
 - a Hugging Face model directory (``config.json`` + ``*.safetensors``);
 - a lucidlm model or training-checkpoint directory.
+
+dtype: float weights of that dtype (default float32; for the embedded model, giving a dtype
+    asks for the float path instead of its quantized default).
+quantize: "int8" | "int4" (weight-only, see lucidlm.quantization; group_size picks the
+    groups) or, for GGUF files, "gguf" (keep the file's own quantization).
 """
 
 from __future__ import annotations
@@ -16,36 +21,60 @@ from typing import Any, Optional
 import torch
 
 from lucidlm.config import PRESETS, preset
-from lucidlm.errors import LucidLMError
+from lucidlm.errors import LucidLMError, QuantizationError
 from lucidlm.language_model import LanguageModel
 
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def load(source: Optional[str | Path] = None, *, dtype: torch.dtype = torch.float32,
+def load(source: Optional[str | Path] = None, *, dtype: Optional[torch.dtype] = None,
          device: str | torch.device = "cpu", adapter: Optional[str | Path] = None,
+         quantize: Optional[str] = None, group_size: Optional[int] = None,
          seed: int = 0, **overrides: Any) -> LanguageModel:
     """A ``LanguageModel`` (the network with generate / stream / run_with_cache) from
-    ``source`` (see the module docstring). ``dtype``/``device`` place the weights; ``adapter``
-    loads a saved adapter on top; ``seed`` and ``overrides`` (config fields) apply to presets."""
-    model = _load_base(DEFAULT_MODEL if source is None else source, dtype, device, seed, overrides)
+    ``source`` (see the module docstring). ``dtype``/``device`` place the weights; ``quantize``
+    and ``group_size`` keep the matrices as integer codes; ``adapter`` loads a saved adapter on
+    top; ``seed`` and ``overrides`` (config fields) apply to presets."""
+    if quantize is not None and adapter is not None:
+        raise QuantizationError(
+            f"quantize={quantize!r} with an adapter: merge the adapter into the float model first "
+            f"(lucidlm merge ...), then load the merged model with quantize={quantize!r}."
+        )
+    model = _load_base(DEFAULT_MODEL if source is None else source, dtype, device, seed, overrides,
+                       quantize, group_size)
     if adapter is not None:
         from lucidlm.peft import load_adapter
         load_adapter(model, adapter)
     return model
 
 
-def _load_base(source: str | Path, dtype: torch.dtype, device: str | torch.device, seed: int,
-               overrides: dict[str, Any]) -> LanguageModel:
+def _load_base(source: str | Path, dtype: Optional[torch.dtype], device: str | torch.device, seed: int,
+               overrides: dict[str, Any], quantize: Optional[str], group_size: Optional[int]) -> LanguageModel:
     from lucidlm.pretrained import PRETRAINED, load_pretrained
 
     name = str(source)
     if name in PRETRAINED:
-        return load_pretrained(name, dtype=dtype, device=device, model_cls=LanguageModel)
+        return load_pretrained(name, dtype=dtype, device=device, quantize=quantize, group_size=group_size,
+                               model_cls=LanguageModel)
     path = Path(source).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         from lucidlm.weights.gguf import load_gguf
-        return load_gguf(path, dtype=dtype, device=device, model_cls=LanguageModel)
+        return load_gguf(path, dtype=dtype or torch.float32, device=device, quantize=quantize,
+                         group_size=group_size, model_cls=LanguageModel)
+    if quantize == "gguf":
+        raise QuantizationError(f"quantize='gguf' keeps a GGUF file's own quantization, but {name!r} is not a "
+                                f".gguf file; use quantize='int8' or 'int4'.")
+    model = _load_float(source, name, path, dtype or torch.float32, device, seed, overrides)
+    if quantize is not None:
+        from lucidlm.quantization import is_quantized, quantize as quantize_model
+        if is_quantized(model):
+            raise QuantizationError(f"{name} is already quantized; load it without quantize=.")
+        quantize_model(model, quantize, group_size)
+    return model
+
+
+def _load_float(source: str | Path, name: str, path: Path, dtype: torch.dtype, device: str | torch.device,
+                seed: int, overrides: dict[str, Any]) -> LanguageModel:
     if path.is_dir():
         from lucidlm.weights.checkpoint import is_checkpoint_dir, load_model
         from lucidlm.weights.hf import is_hf_dir, load_hf
@@ -59,6 +88,8 @@ def _load_base(source: str | Path, dtype: torch.dtype, device: str | torch.devic
             f"{path} is a directory but neither a lucidlm model (lucidlm_config.json) nor a Hugging Face "
             f"model (config.json + *.safetensors)."
         )
+    from lucidlm.pretrained import PRETRAINED
+
     if name in PRESETS:
         torch.manual_seed(seed)
         return LanguageModel(preset(name, **overrides)).to(device=device, dtype=dtype).eval()

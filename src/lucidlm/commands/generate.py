@@ -10,6 +10,7 @@ from typing import Any
 from lucidlm.errors import GenerationError
 
 DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZE_CHOICES = ("int8", "int4", "gguf")
 
 
 def register(subparsers: Any) -> None:
@@ -47,7 +48,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapter", metavar="DIR", default=None,
                         help="LoRA / prefix-tuning adapter directory to apply")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="weights' dtype")
+    parser.add_argument("--dtype", choices=DTYPES, default=None,
+                        help="float weights of this dtype (default: float32; for the embedded model, its "
+                             "quantized default unless --dtype or --quantize is given)")
+    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
+                        help="keep weights as integer codes: int8 (per channel), int4 (groups of "
+                             "--group-size, 32 by default), or gguf (a GGUF file's own quantization)")
+    parser.add_argument("--group-size", type=int, default=None, help="quantization group size (int4: 32, 64, 128)")
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser, default_max_new_tokens: int) -> None:
@@ -79,7 +86,9 @@ def load_model_from_args(args: argparse.Namespace) -> Any:
 
     import lucidlm
 
-    model = lucidlm.load(args.model, dtype=getattr(torch, args.dtype), device=args.device, adapter=args.adapter)
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    model = lucidlm.load(args.model, dtype=dtype, device=args.device, adapter=args.adapter,
+                         quantize=args.quantize, group_size=args.group_size)
     model.eval()
     return model
 

@@ -29,6 +29,7 @@ from lucidlm.config import ModelConfig
 from lucidlm.errors import GGUFError, UnsupportedArchitectureError
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
+from lucidlm.weights.gguf_quants import EXACT, exact_float, exact_plain, native_scheme, plain_from_float
 from lucidlm.weights.state import load_into
 
 GGUF_MAGIC = b"GGUF"
@@ -193,6 +194,8 @@ def dequantize_tensor(tensor: Any, source: str) -> torch.Tensor:
     from gguf import quants
 
     name, kind = tensor.name, tensor.tensor_type
+    if kind.name in EXACT:  # the common types: same numbers as gguf.quants, computed in torch
+        return exact_float(tensor, kind.name)
     try:
         array = quants.dequantize(tensor.data, kind)
     except NotImplementedError:
@@ -213,13 +216,7 @@ def gguf_tensors(reader: Any, config: ModelConfig, source: str,
     for tensor in items:
         ours = _our_name(tensor.name)
         if ours is None:
-            if tensor.name == "rope_freqs.weight":
-                raise UnsupportedArchitectureError(
-                    f"{source}: the file carries rope_freqs.weight (Llama 3.1-style RoPE frequency scaling), "
-                    f"which lucidlm does not implement."
-                )
-            raise GGUFError(f"{source}: tensor {tensor.name!r} has no place in a {config.name} model; the file "
-                            f"is for a different architecture.")
+            gguf_tensors_check_name(tensor, config, source)
         weight = dequantize_tensor(tensor, source)
         if ours.endswith("q_proj.weight"):
             weight = permute_qk_to_half(weight, config.n_heads)
@@ -227,6 +224,62 @@ def gguf_tensors(reader: Any, config: ModelConfig, source: str,
             weight = permute_qk_to_half(weight, config.n_kv_heads)
         out[ours] = weight
     return out
+
+
+def gguf_quantized_tensors(reader: Any, config: ModelConfig, source: str, quantize: str,
+                           group_size: Optional[int], scale_dtype: torch.dtype,
+                           ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
+    """(tensors, layout) with the matrices kept quantized: ``quantize="gguf"`` keeps each
+    tensor in the nearest lucidlm scheme to its own type (Q8_0 -> int8/32, Q4_0/Q4_1 ->
+    int4/32 exactly); "int8"/"int4" use that scheme everywhere, converting bit for bit where
+    the file's blocks already are that scheme and group size, and through float otherwise.
+    Float tensors (norms) come back as float32 under their names."""
+    from lucidlm.quantization import scheme_class
+    from lucidlm.quantization.base import check_group_size
+
+    out: dict[str, torch.Tensor] = {}
+    layout: dict[str, dict[str, Any]] = {}
+    for tensor in reader.tensors:
+        ours = _our_name(tensor.name)
+        if ours is None:
+            gguf_tensors_check_name(tensor, config, source)
+        kind = tensor.tensor_type.name
+        module = ours[: -len(".weight")]
+        is_matrix = len(tensor.data.shape) == 2 and not module.endswith(("ln1", "ln2", "ln_final"))
+        if not is_matrix:
+            out[ours] = dequantize_tensor(tensor, source)
+            continue
+        if quantize == "gguf":
+            target = native_scheme(kind)
+        else:
+            target = (quantize, scheme_class(quantize).default_group_size if group_size is None else group_size)
+        if target is None:
+            out[ours] = dequantize_tensor(tensor, source)
+            continue
+        check_group_size(module, int(tensor.shape[0]), target[1], target[0])  # GGUF shape: [in, out]
+        if EXACT.get(kind) == target:
+            plain = exact_plain(tensor, kind, scale_dtype)
+        else:
+            plain = plain_from_float(dequantize_tensor(tensor, source), *target, scale_dtype)
+        n_heads = config.n_heads if module.endswith("q_proj") else config.n_kv_heads
+        for name, value in plain.items():
+            # Q/K rows back to the "half" layout: permuting output rows (codes with their row's
+            # scales) is exact for per-row and per-group quantization.
+            if module.endswith(("q_proj", "k_proj")):
+                value = permute_qk_to_half(value, n_heads)
+            out[f"{module}.{name}"] = value
+        layout[module] = {"scheme": target[0], "group_size": target[1]}
+    return out, layout
+
+
+def gguf_tensors_check_name(tensor: Any, config: ModelConfig, source: str) -> None:
+    if tensor.name == "rope_freqs.weight":
+        raise UnsupportedArchitectureError(
+            f"{source}: the file carries rope_freqs.weight (Llama 3.1-style RoPE frequency scaling), "
+            f"which lucidlm does not implement."
+        )
+    raise GGUFError(f"{source}: tensor {tensor.name!r} has no place in a {config.name} model; the file "
+                    f"is for a different architecture.")
 
 
 def _our_name(gguf_name: str) -> Optional[str]:
@@ -258,22 +311,49 @@ def read_gguf(path: str | Path, progress: Optional[Callable[[Any], Any]] = None
     meta = read_metadata(reader)
     config = config_from_metadata(meta, source)
     tensors = gguf_tensors(reader, config, source, progress)
-    config = config.replace(tie_embeddings="unembed.weight" not in tensors)
-    embed = tensors.get("embed.weight")
-    if embed is not None and embed.shape[0] != config.vocab_size:
-        config = config.replace(vocab_size=int(embed.shape[0]))  # the tensor is what the model uses
-    tokenizer = tokenizer_from_metadata(meta, source)
-    return config, tensors, tokenizer
+    return _finish_config(config, tensors), tensors, tokenizer_from_metadata(meta, source)
+
+
+def _finish_config(config: ModelConfig, tensors: dict[str, torch.Tensor]) -> ModelConfig:
+    names = {k.rsplit(".", 1)[0] for k in tensors}
+    config = config.replace(tie_embeddings="unembed" not in names)
+    rows = [t.shape[0] for k, t in tensors.items() if k.startswith("embed.")]
+    if rows and rows[0] != config.vocab_size:
+        config = config.replace(vocab_size=int(rows[0]))  # the tensor is what the model uses
+    return config
 
 
 def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-              progress: Optional[Callable[[Any], Any]] = None,
-              model_cls: type[Transformer] = Transformer) -> Transformer:
-    """A Transformer (or ``model_cls``, a subclass) with the GGUF file's weights (dequantized)
-    and tokenizer. The chat template, if the file has one, is ``model.tokenizer.chat_template``.
+              progress: Optional[Callable[[Any], Any]] = None, quantize: Optional[str] = None,
+              group_size: Optional[int] = None, model_cls: type[Transformer] = Transformer) -> Transformer:
+    """A Transformer (or ``model_cls``, a subclass) with the GGUF file's weights and tokenizer.
+
+    quantize=None: every tensor dequantized to float (``dtype``), exactly as ``gguf.quants``
+    does. quantize="gguf" | "int8" | "int4": matrices stay quantized (see
+    ``gguf_quantized_tensors``); ``dtype`` is then the residual stream's dtype.
+    The chat template, if the file has one, is ``model.tokenizer.chat_template``.
     """
-    config, tensors, tokenizer = read_gguf(path, progress)
+    if quantize is None:
+        config, tensors, tokenizer = read_gguf(path, progress)
+        model = model_cls.empty(config, device)
+        load_into(model, tensors, path)
+        model.tokenizer = tokenizer
+        return model.to(dtype).eval()
+
+    from lucidlm.quantization import DEFAULT_COMPUTE_DTYPE, install_quantized, scheme_class
+
+    if quantize != "gguf":
+        scheme_class(quantize)  # an unknown name fails before any work
+    source = str(path)
+    reader = open_gguf(path)
+    meta = read_metadata(reader)
+    config = config_from_metadata(meta, source)
+    tensors, layout = gguf_quantized_tensors(reader, config, source, quantize, group_size, DEFAULT_COMPUTE_DTYPE)
+    config = _finish_config(config, tensors)
+    if config.tie_embeddings and "embed" in layout:
+        layout["unembed"] = layout["embed"]  # one matrix: the unembedding is built from the same codes
     model = model_cls.empty(config, device)
-    load_into(model, tensors, path)
-    model.tokenizer = tokenizer
+    rest = install_quantized(model, layout, {k: v.to(device) for k, v in tensors.items()}, source)
+    load_into(model, rest, path)
+    model.tokenizer = tokenizer_from_metadata(meta, source)
     return model.to(dtype).eval()
