@@ -126,3 +126,67 @@ class TrainConfig(LoopConfig):
 
 
 PretrainConfig = TrainConfig
+
+
+FINETUNE_METHODS = ("lora", "adapter", "prefix", "full")
+DEFAULT_LEARNING_RATES = {"lora": 1e-3, "adapter": 1e-3, "prefix": 3e-3, "full": 1e-4}
+
+
+@dataclass
+class FinetuneConfig(LoopConfig):
+    """Fine-tuning a pretrained model: what to train, on which data, and the loop settings
+    (defaults sized for a short CPU run on the embedded SmolLM2-135M)."""
+
+    model: Optional[str] = opt(None, "the base model: a pretrained name, .gguf file, Hugging Face or lucidlm "
+                                     "directory (default: the embedded SmolLM2-135M-Instruct)")
+    data: str = opt("", "a .jsonl file of examples ({\"text\"}, {\"prompt\", \"completion\"} or {\"messages\"}), or "
+                        "a UTF-8 .txt file / folder to train on random windows of")
+    method: str = opt("lora", "what to train: lora, adapter (bottleneck), prefix, or full (every weight)",
+                      choices=FINETUNE_METHODS)
+    rank: int = opt(8, "LoRA: rank r of each update B @ A")
+    alpha: float = opt(16.0, "LoRA: updates are scaled by alpha/r")
+    lora_dropout: float = opt(0.05, "LoRA: dropout on the LoRA branch's input", flag="--dropout")
+    targets: str = opt("q_proj,v_proj", "LoRA: comma-separated linear layers (q,k,v,o,gate,up,down, all-linear) "
+                                        "or a regular expression over module names")
+    init: str = opt("kaiming", "LoRA: initialisation of A (B starts at zero)", choices=("kaiming", "gaussian"))
+    adapter_name: str = opt("default", "LoRA: name of the adapter")
+    bottleneck: int = opt(32, "adapter: width of each bottleneck adapter")
+    prefix_length: int = opt(16, "prefix: trained key/value positions per layer")
+    prefix_hidden: Optional[int] = opt(None, "prefix: width of the reparameterisation MLP (default: d_model)")
+    example_format: str = opt("auto", "JSONL examples: text, prompt_completion, messages, or auto (from the first "
+                                      "line)", choices=("auto", "text", "prompt_completion", "messages"))
+    max_length: Optional[int] = opt(None, "JSONL examples: pad or truncate each to this many tokens (default: the "
+                                          "longest, at most the model's context)")
+    truncate: bool = opt(True, "JSONL examples: refuse examples longer than --max-length instead of cutting them",
+                         flag="--no-truncate")
+    mask_prompt: bool = opt(False, "JSONL examples: no loss on prompt tokens (instruction tuning)")
+    epochs: Optional[float] = opt(None, "JSONL examples: train this many passes over the data (overrides "
+                                        "--max-iters)")
+    block_size: int = opt(128, "text corpus: tokens per random window (at most the model's context)")
+    val_fraction: float = opt(0.1, "fraction of the examples (or of the corpus' end) held out for validation")
+    batch_size: int = opt(8, "sequences per micro-batch and process")
+    learning_rate: Optional[float] = opt(None, "peak learning rate (default: 1e-3 lora and adapter, 3e-3 prefix, "
+                                               "1e-4 full)")
+    min_lr: Optional[float] = opt(None, "final learning rate (default: learning-rate / 10)")
+    warmup_iters: int = opt(20, "steps of linear warmup")
+    max_iters: int = opt(200, "total optimizer steps")
+    lr_decay_iters: Optional[int] = opt(None, "cosine decay length (default: the number of steps)")
+    weight_decay: float = opt(0.0, "AdamW weight decay (matrices only)")
+    eval_interval: int = opt(50, "evaluate, sample and checkpoint every this many steps")
+    eval_iters: int = opt(10, "batches per split in each evaluation")
+    sample_tokens: int = opt(40, "tokens sampled at each evaluation, base model beside tuned (0 = none)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.method not in FINETUNE_METHODS:
+            raise ConfigError(f"method={self.method!r}; choose one of {', '.join(FINETUNE_METHODS)}.")
+        if self.epochs is not None and self.epochs <= 0:
+            raise ConfigError(f"epochs={self.epochs} must be > 0.")
+
+    def resolved(self, max_iters: Optional[int] = None) -> "FinetuneConfig":
+        """The settings the loop runs with: method defaults and the step count filled in."""
+        steps = self.max_iters if max_iters is None else max_iters
+        lr = self.learning_rate or DEFAULT_LEARNING_RATES[self.method]
+        return dataclasses.replace(self, max_iters=steps, learning_rate=lr,
+                                   min_lr=lr / 10 if self.min_lr is None else self.min_lr,
+                                   lr_decay_iters=self.lr_decay_iters or steps)

@@ -186,9 +186,14 @@ def prepare_data(source: str | Path, out_dir: str | Path, tokenizer: str | Token
 
 
 def _tokenizer_identity(tokenizer: Tokenizer) -> str:
-    """Tells a given tokenizer from another: its class, size and how it encodes a probe."""
-    probe = tokenizer.encode("The quick brown fox, 1234 jumps!\nOver the lazy dog.")
-    digest = hashlib.sha256(json.dumps([type(tokenizer).__name__, tokenizer.vocab_size, list(probe)]).encode())
+    """Tells a given tokenizer from another: its class, size and what its first ids decode to."""
+    pieces = []
+    for i in range(min(tokenizer.vocab_size, 512)):
+        try:
+            pieces.append(tokenizer.decode([i]))
+        except Exception:  # a special or unused id some tokenizers refuse to decode alone
+            pieces.append(None)
+    digest = hashlib.sha256(json.dumps([type(tokenizer).__name__, tokenizer.vocab_size, pieces]).encode())
     return f"given:{digest.hexdigest()[:16]}"
 
 
