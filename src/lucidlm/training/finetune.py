@@ -70,11 +70,8 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
         raise ConfigError("no training data given; pass --data FILE.jsonl (or a .txt corpus).")
     out_dir = Path(config.out_dir)
     base_name = str(config.model) if config.model is not None else "smollm2-135m"
-    saved_config = {**config.to_dict(), "data": resolved(config.data)}
     payload = "model" if config.method == "full" else "trainable"
     found = open_run(out_dir, config.resume, ctx, "model.safetensors" if payload == "model" else TRAINABLE_NAME)
-    if found is not None:
-        check_same_settings(config, saved_config, found[1], found[0], ctx)
     if model is None:
         from lucidlm.loading import load
 
@@ -92,6 +89,10 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
     if config.epochs is not None and isinstance(data, ExampleBatches):
         steps = math.ceil(config.epochs * data.steps_per_epoch / config.gradient_accumulation_steps)
     run_config = config.resolved(steps)
+    # Compared resolved: a resume that changes the step count changes the default decay length.
+    saved_config = {**run_config.to_dict(), "data": resolved(config.data)}
+    if found is not None:
+        check_same_settings(run_config, saved_config, found[1], found[0], ctx)
     torch.manual_seed(config.seed + ctx.rank)
     train_model = wrap_model(model, ctx, config.compile)
     optimizer = configure_optimizer(model, run_config, device, ctx.sharded)
