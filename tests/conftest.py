@@ -14,6 +14,35 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+# -- a suite that cannot quietly shrink -----------------------------------------------------
+# In CI every oracle, asset and the browser are installed by scripts/install.sh --test, so a
+# skip can only mean something is missing: it fails the run, with the skip's own reason.
+
+def _fail_skip(report) -> None:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = (f"skipped under CI=true, which the suite does not allow: {reason}\n"
+                       "Install what the test needs with `bash scripts/install.sh --test` "
+                       "(and keep ../shared beside the repo).")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
+        _fail_skip(report)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if IN_CI and report.skipped:  # a module-level importorskip
+        _fail_skip(report)
 SHARED = REPO_ROOT.parent / "shared"
 
 
@@ -34,10 +63,8 @@ def smollm2():
     import lucidlm
     from lucidlm.pretrained import find_gguf
 
-    try:
-        find_gguf("smollm2-135m")
-    except Exception as exc:  # noqa: BLE001 - any reason the package is unusable
-        pytest.skip(f"the embedded SmolLM2 is not available: {exc}")
+    # No skip here: a broken lookup of the embedded model is a failure the suite must show.
+    find_gguf("smollm2-135m")
     return lucidlm.load("smollm2-135m")
 
 

@@ -14,8 +14,9 @@ def _manual_lens_logits(model, ids, after_blocks):
     x = model.embed(ids)
     if model.pos_embed is not None:
         x = x + model.pos_embed(positions)
+    rope = model.rotary.cos_sin(positions, x.dtype) if model.rotary is not None else None
     for block in model.blocks[:after_blocks]:
-        x = block(x, positions, None, None)
+        x = block(x, rope)
     if model.ln_final is not None:
         x = model.ln_final(x)
     return model.unembed(x)[0]  # (T, V)
@@ -43,11 +44,11 @@ def test_every_row_matches_a_model_stopped_after_that_block(family_model):
 def test_accumulated_resid_stacks_embeddings_then_each_block(tiny_model):
     _, cache = run_with_cache(tiny_model, TEXT)
     stack, labels = cache.accumulated_resid(return_labels=True)
-    assert labels == ["embed", "0_post", "1_post"]
+    assert labels == ["0_pre", "1_pre", "final_post"]  # TransformerLens's labels
     assert torch.equal(stack[0], cache["resid_pre", 0])
     assert torch.equal(stack[2], cache["resid_post", 1])
     with_mid, labels = cache.accumulated_resid(layer=1, incl_mid=True, return_labels=True)
-    assert labels == ["embed", "0_mid", "0_post"] and with_mid.shape[0] == 3
+    assert labels == ["0_pre", "0_mid", "1_pre"] and with_mid.shape[0] == 3
     normed = cache.accumulated_resid(apply_ln=True)
     torch.testing.assert_close(normed[1], tiny_model.ln_final(cache["resid_post", 0]))
 

@@ -15,6 +15,9 @@ Rules every entry point follows:
   but not part of ``text``), ``"stop"`` (a stop string appeared: ``text`` ends just before
   it; ``token_ids`` still hold every generated token, the last one completing the stop
   string) or ``"length"``.
+- ``text`` is what the output adds to the prompt: ``tokenizer.decode(prompt + token_ids)``
+  minus the prompt's text, for every tokenizer (a word-level one puts a space before each
+  word; a character split between the prompt and the output belongs to the output).
 - ``temperature=0`` is greedy. ``seed`` seeds a private generator: same seed, same
   output, and the global torch RNG is left alone.
 """
@@ -29,6 +32,7 @@ import torch
 
 from lucidlm.errors import GenerationError
 from lucidlm.generation.beam_search import beam_search
+from lucidlm.generation.chat_template import encode_chat
 from lucidlm.generation.decode import DecodeSession, sample_rows
 from lucidlm.generation.sampling import SamplingSettings, process_logits, sample_next
 from lucidlm.generation.streaming import TextAssembler
@@ -98,8 +102,8 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
     rows = [_prompt_ids(model, p, chat) for p in prompts]
     max_new = _fit_to_context(model, rows, request.max_new_tokens)
     tokenizer = model.tokenizer
-    assemblers = [TextAssembler(tokenizer, request.stop, request.eos_ids) if tokenizer is not None else None
-                  for _ in rows]
+    assemblers = [TextAssembler(tokenizer, request.stop, request.eos_ids, row) if tokenizer is not None else None
+                  for row in rows]
     outputs: list[list[int]] = [[] for _ in rows]
     reasons = ["length"] * len(rows)
     finished = torch.zeros(len(rows), dtype=torch.bool)
@@ -139,7 +143,7 @@ class _Run:
         tokenizer = model.tokenizer
         if tokenizer is None and self.request.stop:
             raise GenerationError("stop strings need a tokenizer to decode text, but model.tokenizer is None.")
-        self.assembler = (TextAssembler(tokenizer, self.request.stop, self.request.eos_ids)
+        self.assembler = (TextAssembler(tokenizer, self.request.stop, self.request.eos_ids, self.prompt_ids)
                           if tokenizer is not None else None)
         self.result: Optional[GenerationResult] = None
 
@@ -222,7 +226,6 @@ def _prompt_ids(model: Any, prompt: Any, chat: bool) -> list[int]:
     if chat:
         if not isinstance(prompt, str):
             raise GenerationError("chat=True needs a text prompt (the user's message), not token ids.")
-        from lucidlm.chat import encode_chat
         return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
     if isinstance(prompt, str):
         if tokenizer is None:

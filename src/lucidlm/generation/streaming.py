@@ -1,7 +1,11 @@
 """Turning a stream of token ids into a stream of text, safely.
 
-Two things make this more than ``decode(id)`` per token:
+Three things make this more than ``decode(id)`` per token:
 
+- A token's text can depend on the token before it: a word-level tokenizer puts a space
+  between words, so "the" after "Love" adds " the", not "the". Each token's bytes are what
+  decoding it *after its predecessor* adds, so the text always equals decoding all the ids
+  at once, minus the prompt's text.
 - A byte-level token can hold half of a multi-byte UTF-8 character (an emoji is often
   split over 2-4 tokens). Bytes go through an incremental UTF-8 decoder, which emits a
   character only once all its bytes have arrived.
@@ -16,18 +20,27 @@ results are identical by construction.
 from __future__ import annotations
 
 import codecs
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 
 class TextAssembler:
     """Feed token ids one at a time; get back the text that is safe to show so far."""
 
     def __init__(self, tokenizer: Any, stop: Optional[Iterable[str]] = None,
-                 skip_ids: Iterable[int] = ()) -> None:
+                 skip_ids: Iterable[int] = (), prompt_ids: Sequence[int] = ()) -> None:
+        """``prompt_ids``: the ids the output continues. Their text is not part of ``text``,
+        but they give the first new token its predecessor, and a UTF-8 character split
+        between the prompt's last bytes and the output's first ones belongs to the output."""
         self.tokenizer = tokenizer
         self.stop = [s for s in (stop or []) if s]
         self.skip_ids = set(skip_ids)  # e.g. EOS: ends generation, is not text
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._previous: Optional[int] = None  # the last id decoded (prompt or output)
+        if len(prompt_ids):
+            # Complete characters of the prompt come out here and are dropped; a dangling
+            # partial character stays in the decoder, to be completed by the output.
+            self._decoder.decode(_decode_bytes(tokenizer, [int(i) for i in prompt_ids]))
+            self._previous = int(prompt_ids[-1])
         self._text = ""  # everything decoded so far
         self._emitted = 0  # how much of _text has been handed out
         self.stopped = False  # a stop string was found
@@ -41,7 +54,8 @@ class TextAssembler:
         """Decode one more token; return the new text that is safe to emit (maybe "")."""
         if self.stopped or token_id in self.skip_ids:
             return ""
-        self._text += self._decoder.decode(token_bytes(self.tokenizer, token_id))
+        self._text += self._decoder.decode(continuation_bytes(self.tokenizer, self._previous, token_id))
+        self._previous = token_id
         return self._release(final=False)
 
     def finish(self) -> str:
@@ -77,10 +91,28 @@ class TextAssembler:
         return longest
 
 
-def token_bytes(tokenizer: Any, token_id: int) -> bytes:
-    """The raw bytes of one token, for tokenizers with ``decode_bytes`` (all of lucidlm's);
-    others fall back to their text, which cannot split a character."""
+def continuation_bytes(tokenizer: Any, previous: Optional[int], token_id: int) -> bytes:
+    """The bytes ``token_id`` adds to a text whose last token is ``previous`` (None: it is
+    the first token): decode the pair, drop what the predecessor alone decodes to.
+
+    Every lucidlm tokenizer decodes a sequence to a function of neighbouring pairs (plain
+    concatenation, or words joined by a space, or a leading space dropped from the very
+    first token), so one token of context is enough for the result to equal decoding the
+    whole sequence at once.
+    """
+    if previous is None:
+        return _decode_bytes(tokenizer, [token_id])
+    before = _decode_bytes(tokenizer, [previous])
+    pair = _decode_bytes(tokenizer, [previous, token_id])
+    if not pair.startswith(before):  # a decoder that rewrites its predecessor: best effort
+        return _decode_bytes(tokenizer, [token_id])
+    return pair[len(before):]
+
+
+def _decode_bytes(tokenizer: Any, ids: list[int]) -> bytes:
+    """Raw bytes for tokenizers with ``decode_bytes`` (all of lucidlm's); others fall back
+    to their text, which cannot split a character."""
     decode_bytes = getattr(tokenizer, "decode_bytes", None)
     if decode_bytes is not None:
-        return decode_bytes([token_id])
-    return tokenizer.decode([token_id]).encode("utf-8")
+        return decode_bytes(ids)
+    return tokenizer.decode(ids).encode("utf-8")

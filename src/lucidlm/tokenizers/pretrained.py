@@ -81,6 +81,7 @@ class HFTokenizer(Tokenizer):
         super().__init__(special, bos_token=bos_token, eos_token=eos_token, pad_token=pad_token)
         self._vocab_size = backend.get_vocab_size(with_added_tokens=True)
         self._byte_level = _has_byte_level_decoder(backend)
+        self._strips_leading_space = not self._byte_level and _strips_leading_space(backend)
         self._plain: Any = None  # built when first needed (see _encode_ordinary)
         self._bytes: Optional[list[bytes]] = None  # id -> bytes, built on first decode
 
@@ -231,11 +232,19 @@ class HFTokenizer(Tokenizer):
             self._bytes = [self._piece_bytes(i, added) for i in range(self._vocab_size)]
         return self._bytes[token_id]
 
-    def decode(self, ids: Iterable[int]) -> str:
-        if self._byte_level:
-            return super().decode(ids)
-        # Other decoders (sentencepiece's metaspace, byte fallback) also drop a leading space.
-        return self._backend.decode(list(self._checked(ids)), skip_special_tokens=False)
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """The tokens' bytes, concatenated. Sentencepiece decoders that drop the space they
+        prepended when encoding (Metaspace ``first``, a leading ``Strip``) drop one leading
+        space of the whole text, as the backend does.
+
+        ``decode`` is this, decoded as UTF-8: for valid text it equals the backend's decode,
+        and unlike the backend's byte fallback (which turns a whole run of byte tokens into
+        U+FFFD when one is invalid) it is a function of each token and its predecessor, so
+        streamed text can always equal decoding everything at once."""
+        data = super().decode_bytes(ids)
+        if self._strips_leading_space and data.startswith(b" "):
+            data = data[1:]
+        return data
 
     def token_to_id(self, token: str) -> Optional[int]:
         return self._backend.token_to_id(token)
@@ -290,6 +299,24 @@ class HFTokenizer(Tokenizer):
     def __repr__(self) -> str:
         return f"HFTokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, eos={self.eos_token!r})"
 
+
+
+def _decoder_steps(backend: Any) -> list[dict[str, Any]]:
+    """The backend's decoder as a flat list of JSON steps (a Sequence is unrolled)."""
+    if backend.decoder is None:
+        return []
+    spec = json.loads(backend.decoder.__getstate__().decode("utf-8"))
+    return spec.get("decoders", [spec]) if spec.get("type") == "Sequence" else [spec]
+
+
+def _strips_leading_space(backend: Any) -> bool:
+    for step in _decoder_steps(backend):
+        if step.get("type") == "Strip" and step.get("content") == " " and step.get("start", 0) > 0:
+            return True
+        if step.get("type") == "Metaspace" and step.get("prepend_scheme", "always") != "never" \
+                and step.get("add_prefix_space", True):
+            return True
+    return False
 
 
 def _has_byte_level_decoder(backend: Any) -> bool:
