@@ -40,6 +40,8 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[torch.dtype] = 
             f"quantize={quantize!r} with an adapter: merge the adapter into the float model first "
             f"(lucidlm merge ...), then load the merged model with quantize={quantize!r}."
         )
+    if adapter is not None and dtype is None:
+        dtype = torch.float32  # adapters wrap float Linear layers: never the embedded model's quantized default
     model = _load_base(DEFAULT_MODEL if source is None else source, dtype, device, seed, overrides,
                        quantize, group_size)
     if adapter is not None:

@@ -2,9 +2,10 @@
 
 A GGUF file is a header of key/value metadata (hyperparameters, the tokenizer) followed by
 tensors, each possibly quantized in blocks (Q8_0: 32 weights share one scale; Q4_K: 256
-weights in super-blocks). We read it with the ``gguf`` package's reader (memory-mapped,
-nothing is copied until asked), dequantize every tensor to float32 with ``gguf.quants``,
-and rename it to our parameter names.
+weights in super-blocks). We read it with our own small reader (``gguf_reader.py``:
+memory-mapped, nothing is copied until asked; ``gguf.GGUFReader`` takes seconds on a large
+vocabulary), and either keep the matrices quantized (``gguf_quants.py``) or dequantize them
+to float32 exactly as ``gguf.quants`` does, and rename them to our parameter names.
 
 Two layout facts matter:
 - GGUF lists dimensions fastest-first (``ne`` order), so a (out, in) matrix is shown as
@@ -76,9 +77,9 @@ def supported_types() -> tuple[str, ...]:
 
 
 def open_gguf(path: str | Path) -> Any:
-    """A ``gguf.GGUFReader`` over ``path``, with every way a file can be broken turned into
-    a GGUFError that names the file."""
-    import gguf
+    """A ``GGUFFile`` (our fast memory-mapped reader) over ``path``, with every way a file can
+    be broken turned into a GGUFError that names the file."""
+    from lucidlm.weights.gguf_reader import GGUFFile, TensorOutOfBounds, UnknownTensorType
 
     path = Path(path)
     if not path.is_file():
@@ -91,34 +92,17 @@ def open_gguf(path: str | Path) -> Any:
             f"{path} is not a GGUF file: it starts with {magic!r}, not the magic bytes {GGUF_MAGIC!r}. "
             f"Pass a .gguf file produced by llama.cpp's converter (or a model directory)."
         )
-
-    class CheckedReader(gguf.GGUFReader):
-        # Check every tensor's byte range before the reader slices it: a short file would
-        # otherwise fail later with a bare numpy reshape error.
-        def _build_tensors(self, start_offs: int, fields: list) -> None:  # type: ignore[override]
-            for field in fields:
-                _, name, _, dims, raw_type, offset = field.parts
-                name = bytes(name).decode("utf-8", errors="replace")
-                try:
-                    kind = gguf.GGMLQuantizationType(int(raw_type[0]))
-                except ValueError:
-                    raise GGUFError(f"{path}: tensor {name!r} has unknown type id {int(raw_type[0])}; "
-                                    f"the file is corrupted or from a newer llama.cpp.") from None
-                block, type_size = gguf.GGML_QUANT_SIZES[kind]
-                n_bytes = int(np.prod(dims)) * type_size // block
-                start = int(start_offs + offset[0])
-                if start + n_bytes > size:
-                    raise GGUFError(
-                        f"{path}: data of tensor {name!r} spans bytes {start}..{start + n_bytes}, beyond the end "
-                        f"of the file ({size} bytes). The file is truncated or corrupted; download or convert it again."
-                    )
-            super()._build_tensors(start_offs, fields)
-
     try:
-        return CheckedReader(str(path))
-    except GGUFError:
-        raise
-    except Exception as exc:  # the reader raises ValueError/IndexError/KeyError/... on bad bytes
+        return GGUFFile(path)
+    except UnknownTensorType as exc:
+        raise GGUFError(f"{path}: tensor {exc.name!r} has unknown type id {exc.kind}; the file is corrupted or "
+                        f"from a newer llama.cpp.") from None
+    except TensorOutOfBounds as exc:
+        raise GGUFError(
+            f"{path}: data of tensor {exc.name!r} spans bytes {exc.start}..{exc.start + exc.n_bytes}, beyond the end "
+            f"of the file ({size} bytes). The file is truncated or corrupted; download or convert it again."
+        ) from None
+    except Exception as exc:  # struct.error, ValueError, ... on bad bytes
         raise GGUFError(
             f"{path} cannot be read as GGUF ({type(exc).__name__}: {exc}); the file is truncated or "
             f"corrupted ({size} bytes). Download or convert it again."
@@ -127,12 +111,7 @@ def open_gguf(path: str | Path) -> Any:
 
 def read_metadata(reader: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """Every metadata key -> its Python value (strings decoded, arrays as lists)."""
-    metadata = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in skip:
-            continue
-        metadata[key] = field.contents()
-    return metadata
+    return {key: value for key, value in reader.metadata.items() if key not in skip}
 
 
 def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
