@@ -2,8 +2,9 @@
 
 from lucidlm.config import PRESETS, ModelConfig, preset
 from lucidlm.errors import LucidLMError
+from lucidlm.language_model import LanguageModel
 from lucidlm.loading import load
 from lucidlm.model import Transformer
 
 __version__ = "0.1.0"
-__all__ = ["ModelConfig", "PRESETS", "preset", "Transformer", "load", "LucidLMError", "__version__"]
+__all__ = ["ModelConfig", "PRESETS", "preset", "Transformer", "LanguageModel", "load", "LucidLMError", "__version__"]

@@ -114,23 +114,24 @@ def cache_dir(name: str, gguf_path: Optional[Path] = None) -> Path:
 
 
 def load_pretrained(name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                    progress: bool = True) -> Transformer:
-    """The pretrained model ``name`` with its tokenizer; converts and caches on first use."""
+                    progress: bool = True, model_cls: type[Transformer] = Transformer) -> Transformer:
+    """The pretrained model ``name`` with its tokenizer, built as ``model_cls``; converts and
+    caches on first use."""
     gguf_path = find_gguf(name)
     target = cache_dir(name, gguf_path)
     if target.is_dir():
         try:
-            return load_cached(target, dtype=dtype, device=device)
+            return load_cached(target, dtype=dtype, device=device, model_cls=model_cls)
         except (LucidLMError, OSError) as exc:  # a damaged cache: rebuild it rather than fail
             warnings.warn(f"cached model {target} is unreadable ({exc}); converting {gguf_path} again.",
                           stacklevel=2)
             shutil.rmtree(target, ignore_errors=True)
-    model = convert_to_cache(gguf_path, target, progress=progress)
+    model = convert_to_cache(gguf_path, target, progress=progress, model_cls=model_cls)
     return model.to(device=device, dtype=dtype)
 
 
 def load_cached(directory: Path, dtype: torch.dtype = torch.float32,
-                device: str | torch.device = "cpu") -> Transformer:
+                device: str | torch.device = "cpu", model_cls: type[Transformer] = Transformer) -> Transformer:
     """A converted model back from its cache directory.
 
     Like ``checkpoint.load_model``, but the loaded tensors become the parameters
@@ -151,7 +152,7 @@ def load_cached(directory: Path, dtype: torch.dtype = torch.float32,
         tensors = load_file(weights, device=str(device))
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{weights} cannot be read ({exc}); the cache is damaged.") from None
-    model = Transformer.empty(config, device)
+    model = model_cls.empty(config, device)
     expected = {name: tuple(t.shape) for name, t in own_state_dict(model).items()}
     found = {name: tuple(t.shape) for name, t in tensors.items()}
     if found != expected:
@@ -165,7 +166,8 @@ def load_cached(directory: Path, dtype: torch.dtype = torch.float32,
     return model.eval()
 
 
-def convert_to_cache(gguf_path: Path, target: Path, progress: bool = True) -> Transformer:
+def convert_to_cache(gguf_path: Path, target: Path, progress: bool = True,
+                     model_cls: type[Transformer] = Transformer) -> Transformer:
     """Dequantize ``gguf_path`` into a lucidlm model directory at ``target``, atomically.
     Returns the float32 model it wrote."""
     from lucidlm.weights.gguf import load_gguf
@@ -177,7 +179,7 @@ def convert_to_cache(gguf_path: Path, target: Path, progress: bool = True) -> Tr
         def bar(tensors):  # noqa: E306 - a tqdm wrapper with our label
             return tqdm(tensors, desc=f"converting {gguf_path.name}", unit="tensor", leave=False)
 
-    model = load_gguf(gguf_path, dtype=torch.float32, progress=bar)
+    model = load_gguf(gguf_path, dtype=torch.float32, progress=bar, model_cls=model_cls)
     try:
         _save_atomically(model, target)
     except OSError as exc:  # a read-only home still gets a working model, just not a fast next load

@@ -32,7 +32,7 @@ def test_kv_cached_greedy_equals_recomputing(model, prompt):
     assert len(result.token_ids) == 30
     assert result.token_ids == greedy_without_cache(model, result.prompt_ids, 30)
     assert result.finish_reason == "length"
-    assert all(block.attn.kv_cache is None for block in model.blocks)  # cache freed afterwards
+    assert model.kv_caches is None  # cache freed afterwards
 
 
 def test_rope_interleaved_and_learned_positions_also_cache_correctly():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lucidlm import Transformer, preset
+from lucidlm import LanguageModel, preset
 from lucidlm.tokenizers import CharTokenizer
 
 ALPHABET = sorted(set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ,.!?'\n<>/"))
@@ -18,11 +18,11 @@ TINY = {
 FAMILIES = sorted(TINY)
 
 
-def make_tiny(family: str = "llama", seed: int = 0, **overrides) -> Transformer:
+def make_tiny(family: str = "llama", seed: int = 0, **overrides) -> LanguageModel:
     tokenizer = CharTokenizer(ALPHABET)
     torch.manual_seed(seed)
     cfg = preset(family, vocab_size=tokenizer.vocab_size, **{**TINY[family], **overrides})
-    model = Transformer(cfg, tokenizer).eval()
+    model = LanguageModel(cfg, tokenizer).eval()
     with torch.no_grad():  # larger weights than the 0.02 init, so attention is not uniform
         for name, param in model.named_parameters():
             if param.ndim == 2:
@@ -33,12 +33,12 @@ def make_tiny(family: str = "llama", seed: int = 0, **overrides) -> Transformer:
 
 
 @pytest.fixture(params=FAMILIES)
-def family_model(request) -> Transformer:
+def family_model(request) -> LanguageModel:
     return make_tiny(request.param)
 
 
 @pytest.fixture
-def tiny_model() -> Transformer:
+def tiny_model() -> LanguageModel:
     return make_tiny("llama")
 
 

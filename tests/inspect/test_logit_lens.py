@@ -14,8 +14,9 @@ def _manual_lens_logits(model, ids, after_blocks):
     x = model.embed(ids)
     if model.pos_embed is not None:
         x = x + model.pos_embed(positions)
+    rope = model.rotary.cos_sin(positions, x.dtype) if model.rotary is not None else None
     for block in model.blocks[:after_blocks]:
-        x = block(x, positions, None, None)
+        x = block(x, rope)
     if model.ln_final is not None:
         x = model.ln_final(x)
     return model.unembed(x)[0]  # (T, V)

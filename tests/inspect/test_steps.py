@@ -42,7 +42,7 @@ def test_greedy_steps_with_kv_cache_match_full_recomputation(tiny_model):
     with torch.no_grad():
         probs = torch.softmax(tiny_model(torch.tensor([expected[:-1]]))[0, -1], dim=-1)
     assert steps[-1].prob == pytest.approx(float(probs.max()), rel=1e-4)
-    assert all(block.attn.kv_cache is None for block in tiny_model.blocks)  # cache handed back
+    assert tiny_model.kv_caches is None  # cache handed back
 
 
 def test_print_steps_prints_the_sequence_then_the_new_token(tiny_model):

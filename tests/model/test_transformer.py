@@ -96,7 +96,7 @@ def test_post_norm_block_normalises_its_output() -> None:
 
 def test_bf16_keeps_float64_rope_tables() -> None:
     model = make("llama").to(torch.bfloat16)
-    rotary = model.blocks[0].attn.rotary
+    rotary = model.rotary
     assert rotary.cos.dtype == torch.float64
     assert model(ids_for(model)).dtype == torch.bfloat16
 

@@ -119,10 +119,10 @@ def test_prefix_equals_keys_values_already_in_the_cache():
         with_prefix = model(batch)
         kv = [encoder.layer_kv(i) for i in range(CONFIG["n_layers"])]  # each (2, n_kv, P, hd)
         with disable_adapters(model):
-            assert all(block.attn.prefix is None for block in model.blocks)
+            assert model.prefix_encoder() is None  # switched off
             model.setup_kv_cache(batch_size=2, max_seq_len=16)
-            for block, (k, v) in zip(model.blocks, kv):
-                block.attn.kv_cache.update(torch.arange(3), k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1))
+            for cache, (k, v) in zip(model.kv_caches, kv):
+                cache.update(torch.arange(3), k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1))
             positions = torch.arange(7)[None].expand(2, 7)
             cached = model(batch, position_ids=positions, input_pos=torch.arange(3, 10))
             model.clear_kv_cache()

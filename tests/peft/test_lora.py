@@ -7,22 +7,22 @@ import torch
 
 from lucidlm.config import preset
 from lucidlm.errors import AdapterError
-from lucidlm.model.transformer import Transformer
+from lucidlm import LanguageModel
 from lucidlm.peft import (LoRALinear, add_lora, adapter_names, disable_adapters, merge_adapter, merge_and_unload,
                           set_adapter, trainable_parameters_report, unmerge_adapter)
 
 
-def tiny_model(seed: int = 0) -> Transformer:
+def tiny_model(seed: int = 0) -> LanguageModel:
     torch.manual_seed(seed)
     cfg = preset("llama", vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=64, max_seq_len=64)
-    return Transformer(cfg).eval()
+    return LanguageModel(cfg).eval()
 
 
 def batch(seed: int = 1) -> torch.Tensor:
     return torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(seed))
 
 
-def train_steps(model: Transformer, steps: int = 5, lr: float = 1e-2) -> None:
+def train_steps(model: LanguageModel, steps: int = 5, lr: float = 1e-2) -> None:
     """Plain steps of next-token loss: just enough to move B away from zero."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr)
@@ -82,7 +82,7 @@ def test_merge_unmerge_after_training():
         model.merge_adapter()
         merged = model(ids)
     assert (merged - unmerged).abs().max() <= 1e-5
-    assert (unmerged - Transformer.forward(tiny_model(), ids)).abs().max() > 1e-3  # training changed something
+    assert (unmerged - LanguageModel.forward(tiny_model(), ids)).abs().max() > 1e-3  # training changed something
     with pytest.raises(AdapterError, match="already merged"):
         merge_adapter(model)
     model.unmerge_adapter()

@@ -32,6 +32,7 @@ import torch
 
 from lucidlm.errors import GenerationError
 from lucidlm.generation.beam_search import beam_search
+from lucidlm.generation.chat_template import encode_chat
 from lucidlm.generation.decode import DecodeSession, sample_rows
 from lucidlm.generation.sampling import SamplingSettings, process_logits, sample_next
 from lucidlm.generation.streaming import TextAssembler
@@ -225,7 +226,6 @@ def _prompt_ids(model: Any, prompt: Any, chat: bool) -> list[int]:
     if chat:
         if not isinstance(prompt, str):
             raise GenerationError("chat=True needs a text prompt (the user's message), not token ids.")
-        from lucidlm.chat import encode_chat
         return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
     if isinstance(prompt, str):
         if tokenizer is None:

@@ -68,8 +68,7 @@ class DecodeSession:
     @torch.inference_mode()
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Keep cache rows ``beam_idx`` (B,), in that order (beam search)."""
-        for block in self.model.blocks:
-            block.attn.kv_cache.reorder(beam_idx)
+        self.model.reorder_kv_cache(beam_idx)
 
     @torch.inference_mode()
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:

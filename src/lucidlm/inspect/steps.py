@@ -86,7 +86,7 @@ def generation_steps(model: nn.Module, prompt: Any, max_new_tokens: int = 10, te
     if seed is not None:
         generator.manual_seed(seed)
 
-    saved_caches = [block.attn.kv_cache for block in model.blocks]
+    saved_caches = model.kv_caches
     total = min(len(ids) + max_new_tokens, model.config.max_seq_len)
     model.setup_kv_cache(1, total)
     try:
@@ -105,8 +105,7 @@ def generation_steps(model: nn.Module, prompt: Any, max_new_tokens: int = 10, te
             start += step_ids.shape[1]
             step_ids = torch.tensor([[new_id]], device=device)
     finally:
-        for block, cache in zip(model.blocks, saved_caches):
-            block.attn.kv_cache = cache
+        model.kv_caches = saved_caches
 
 
 def _pick(logits: torch.Tensor, temperature: float, top_k: Optional[int],

@@ -19,11 +19,16 @@ from torch import nn
 from lucidlm.config import ModelConfig
 from lucidlm.model.hooks import HookPoint
 from lucidlm.model.kv_cache import KVCache
-from lucidlm.model.positions import RotaryEmbedding
+from lucidlm.model.positions import apply_rope
+
+RopeCosSin = tuple[torch.Tensor, torch.Tensor]  # each (B, T, 1, hd/2), from RotaryEmbedding.cos_sin
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: Optional[RotaryEmbedding] = None) -> None:
+    """Holds weights and hook points only: the rotation table, the KV cache and any prefix
+    belong to the Transformer, which passes them in on every call."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.q_proj = nn.Linear(cfg.d_model, cfg.q_dim, bias=cfg.attn_bias)
@@ -31,46 +36,44 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.d_model, cfg.kv_dim, bias=cfg.attn_bias)
         self.o_proj = nn.Linear(cfg.q_dim, cfg.d_model, bias=cfg.attn_out_bias)
         self.dropout = cfg.dropout
-        self.rotary = rotary  # one RotaryEmbedding shared by all layers, or None
-        self.kv_cache: Optional[KVCache] = None  # set by Transformer.setup_kv_cache
-        # Prefix tuning hangs a module here that returns extra (k, v) of shape
-        # (B, n_kv, P, hd) to prepend; None for a plain model.
-        self.prefix: Optional[nn.Module] = None
+        self.rope_variant = cfg.rope_variant if cfg.positions == "rope" else None
         self.use_explicit = False  # force the explicit path (e.g. to compare the two)
 
         self.hook_q = HookPoint()  # (B, T, nh, hd)
         self.hook_k = HookPoint()  # (B, T, n_kv, hd)
         self.hook_v = HookPoint()  # (B, T, n_kv, hd)
-        if rotary is not None:
+        if self.rope_variant is not None:
             self.hook_rot_q = HookPoint()  # (B, T, nh, hd), after rotation
             self.hook_rot_k = HookPoint()  # (B, T, n_kv, hd), after rotation
         self.hook_attn_scores = HookPoint()  # (B, nh, T, S), masked, before softmax
         self.hook_pattern = HookPoint()  # (B, nh, T, S), rows sum to 1
         self.hook_z = HookPoint()  # (B, T, nh, hd): per-head mix of values
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, input_pos: Optional[torch.Tensor],
-                mask: Optional[torch.Tensor], rope_cos_sin: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-                ) -> torch.Tensor:
-        """x: (B, T, d). position_ids: (B, T). input_pos: (T,) cache slots or None.
+    def forward(self, x: torch.Tensor, rope: Optional[RopeCosSin], mask: Optional[torch.Tensor],
+                kv_cache: Optional[KVCache] = None, input_pos: Optional[torch.Tensor] = None,
+                prefix_kv: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: (B, T, d). rope: the rotation for these positions (RoPE models), else None.
         mask: (B, 1, T, S) bool, True = may attend, or None for plain causal.
-        rope_cos_sin: the rotation for these positions, if the caller already looked it up."""
+        kv_cache, input_pos: this layer's cache and the (T,) slots to write, or None.
+        prefix_kv: (2, n_kv, P, hd) keys and values every query sees first (prefix tuning)."""
         B, T, _ = x.shape
         q = self.hook_q(self.q_proj(x).view(B, T, self.n_heads, self.head_dim))
         k = self.hook_k(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim))
         v = self.hook_v(self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim))
-        if self.rotary is not None:
-            q = self.hook_rot_q(self.rotary(q, position_ids, rope_cos_sin))
-            k = self.hook_rot_k(self.rotary(k, position_ids, rope_cos_sin))
+        if self.rope_variant is not None:
+            q = self.hook_rot_q(apply_rope(q, *rope, self.rope_variant))
+            k = self.hook_rot_k(apply_rope(k, *rope, self.rope_variant))
 
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hd)
-        if self.kv_cache is not None and input_pos is not None:
-            k, v = self.kv_cache.update(input_pos, k, v)  # (B, n_kv, S, hd), S = filled slots
-        if self.prefix is not None:
-            prefix_k, prefix_v = self.prefix(B)  # (B, n_kv, P, hd), always visible
-            k, v = torch.cat([prefix_k.to(k.dtype), k], dim=2), torch.cat([prefix_v.to(v.dtype), v], dim=2)
+        if kv_cache is not None and input_pos is not None:
+            k, v = kv_cache.update(input_pos, k, v)  # (B, n_kv, S, hd)
+        if prefix_kv is not None:
+            P = prefix_kv.shape[-2]
+            prefix_k, prefix_v = (t.to(k.dtype).expand(B, -1, -1, -1) for t in prefix_kv)  # (B, n_kv, P, hd)
             if mask is None:
-                mask = causal_mask(T, k.shape[2] - prefix_k.shape[2], x.device)[None, None]
-            mask = F.pad(mask, (prefix_k.shape[2], 0), value=True)
+                mask = causal_mask(T, k.shape[2], x.device)[None, None]
+            k, v = torch.cat([prefix_k, k], dim=2), torch.cat([prefix_v, v], dim=2)
+            mask = F.pad(mask, (P, 0), value=True)  # every query sees the whole prefix
 
         dropout_p = self.dropout if self.training else 0.0
         grouped = self.n_kv_heads != self.n_heads  # GQA/MQA: each kv head serves a group of q heads

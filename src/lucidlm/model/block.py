@@ -12,18 +12,19 @@ import torch
 from torch import nn
 
 from lucidlm.config import ModelConfig
-from lucidlm.model.attention import Attention
+from lucidlm.model.attention import Attention, RopeCosSin
 from lucidlm.model.hooks import HookPoint
+from lucidlm.model.kv_cache import KVCache
 from lucidlm.model.mlp import MLP
 from lucidlm.model.norms import make_norm
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: Optional[nn.Module] = None) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.pre_norm = cfg.norm_position == "pre"
         self.ln1 = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
-        self.attn = Attention(cfg, rotary)
+        self.attn = Attention(cfg)
         self.ln2 = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
         self.mlp = MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
@@ -34,18 +35,19 @@ class Block(nn.Module):
         self.hook_mlp_out = HookPoint()  # (B, T, d)
         self.hook_resid_post = HookPoint()  # (B, T, d)
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, input_pos: Optional[torch.Tensor],
-                mask: Optional[torch.Tensor], rope_cos_sin: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Optional[RopeCosSin] = None, mask: Optional[torch.Tensor] = None,
+                kv_cache: Optional[KVCache] = None, input_pos: Optional[torch.Tensor] = None,
+                prefix_kv: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: (B, T, d) -> (B, T, d). The other arguments go to attention (see Attention.forward)."""
         x = self.hook_resid_pre(x)
         if self.pre_norm:
-            attn_out = self.hook_attn_out(self.dropout(self.attn(self.ln1(x), position_ids, input_pos, mask,
-                                                                 rope_cos_sin)))
+            attn_out = self.hook_attn_out(self.dropout(self.attn(self.ln1(x), rope, mask, kv_cache, input_pos,
+                                                                 prefix_kv)))
             x = self.hook_resid_mid(x + attn_out)
             mlp_out = self.hook_mlp_out(self.dropout(self.mlp(self.ln2(x))))
             x = x + mlp_out
         else:
-            attn_out = self.hook_attn_out(self.dropout(self.attn(x, position_ids, input_pos, mask, rope_cos_sin)))
+            attn_out = self.hook_attn_out(self.dropout(self.attn(x, rope, mask, kv_cache, input_pos, prefix_kv)))
             x = self.hook_resid_mid(self.ln1(x + attn_out))
             mlp_out = self.hook_mlp_out(self.dropout(self.mlp(x)))
             x = self.ln2(x + mlp_out)

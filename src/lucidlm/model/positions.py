@@ -67,15 +67,21 @@ class RotaryEmbedding(nn.Module):
                 cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x: (B, T, n_heads, head_dim); position_ids: (B, T). Returns x rotated, same shape."""
         cos, sin = cos_sin if cos_sin is not None else self.cos_sin(position_ids, x.dtype)
-        xf = x.to(cos.dtype)
-        if self.variant == "half":
-            x1, x2 = xf.chunk(2, dim=-1)  # first half, second half
-            out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-        else:
-            pairs = xf.unflatten(-1, (-1, 2))  # (B, T, nh, hd/2, 2)
-            x1, x2 = pairs[..., 0], pairs[..., 1]
-            out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
-        return out.to(x.dtype)
+        return apply_rope(x, cos, sin, self.variant)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, variant: str) -> torch.Tensor:
+    """Rotate x (B, T, n_heads, head_dim) by a rotation looked up with ``RotaryEmbedding.cos_sin``
+    (each (B, T, 1, hd/2)); ``variant`` says which dimensions pair up (module docstring)."""
+    xf = x.to(cos.dtype)
+    if variant == "half":
+        x1, x2 = xf.chunk(2, dim=-1)  # first half, second half
+        out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    else:
+        pairs = xf.unflatten(-1, (-1, 2))  # (B, T, nh, hd/2, 2)
+        x1, x2 = pairs[..., 0], pairs[..., 1]
+        out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+    return out.to(x.dtype)
 
 
 def apply_rope_complex(x: torch.Tensor, position_ids: torch.Tensor, theta: float) -> torch.Tensor:

@@ -8,7 +8,7 @@ Read this file top to bottom with ``block.py`` beside it and you have the whole 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import nn
@@ -23,6 +23,10 @@ from lucidlm.model.positions import LearnedPositions, RotaryEmbedding, Sinusoida
 
 
 class Transformer(nn.Module):
+    """The network and the state it owns: one rotary table for all layers, the KV caches
+    (``setup_kv_cache`` / ``clear_kv_cache``) and an optional prefix module (prefix tuning).
+    Generation, inspection and adapters live above it (``lucidlm.LanguageModel``)."""
+
     def __init__(self, config: ModelConfig, tokenizer: Any = None) -> None:
         super().__init__()
         self.config = cfg = config
@@ -34,14 +38,21 @@ class Transformer(nn.Module):
             self.pos_embed = LearnedPositions(cfg.max_seq_len, cfg.d_model)
         elif cfg.positions == "sinusoidal":
             self.pos_embed = SinusoidalPositions(cfg.max_seq_len, cfg.d_model)
-        rotary = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_variant)
-                  if cfg.positions == "rope" else None)
+        # One rotation table for every layer, looked up once per forward pass.
+        self.rotary = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_variant)
+                       if cfg.positions == "rope" else None)
         self.embed_dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
-        self.blocks = nn.ModuleList(Block(cfg, rotary) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_final = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.final_norm else None
         self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.unembed_bias)
         if cfg.tie_embeddings:
             self.unembed.weight = self.embed.weight  # one matrix reads tokens in and out
+
+        # State that is not weights: one KVCache per layer while generating (setup_kv_cache),
+        # and a prefix module, called with no argument, that returns the prefix keys/values
+        # of every layer, (n_layers, 2, n_kv, P, hd) or None (peft.add_prefix installs one).
+        self.kv_caches: Optional[nn.ModuleList] = None
+        self.register_module("prefix_encoder", None)
 
         self.hook_embed = HookPoint()  # (B, T, d)
         if self.pos_embed is not None:
@@ -101,7 +112,7 @@ class Transformer(nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(self, ids: torch.Tensor | Sequence[int], attention_mask: Optional[torch.Tensor] = None,
                 position_ids: Optional[torch.Tensor] = None, input_pos: Optional[torch.Tensor] = None,
-                last_token_only: bool = False) -> torch.Tensor:
+                last_token_only: bool = False, prefix_kv: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits (B, T, vocab) for token ids (B, T).
 
         attention_mask: (B, S) 1 for real tokens, 0 for padding, over all key positions
@@ -111,10 +122,12 @@ class Transformer(nn.Module):
         input_pos: (T,) KV-cache slots to write; uses the cache set up by ``setup_kv_cache``.
             None runs without touching any cache.
         last_token_only: unembed only the last position (all generation needs).
+        prefix_kv: (n_layers, 2, n_kv, P, hd) keys and values every query sees before the
+            text; by default those of the installed prefix module, if any.
         """
         ids = self._check_ids(ids)
         B, T = ids.shape
-        use_cache = input_pos is not None and self.blocks[0].attn.kv_cache is not None
+        use_cache = input_pos is not None and self.kv_caches is not None
         if not use_cache:
             input_pos = None
         slots = input_pos if input_pos is not None else torch.arange(T, device=ids.device)  # (T,)
@@ -132,10 +145,12 @@ class Transformer(nn.Module):
         if self.pos_embed is not None:
             x = x + self.hook_pos_embed(self.pos_embed(position_ids).to(x.dtype))
         x = self.embed_dropout(x)
-        rotary = self.blocks[0].attn.rotary
-        rope_cos_sin = rotary.cos_sin(position_ids, x.dtype) if rotary is not None else None
-        for block in self.blocks:
-            x = block(x, position_ids, input_pos, mask, rope_cos_sin)
+        rope = self.rotary.cos_sin(position_ids, x.dtype) if self.rotary is not None else None
+        if prefix_kv is None and self.prefix_encoder is not None:
+            prefix_kv = self.prefix_encoder()
+        caches = self.kv_caches if use_cache else [None] * len(self.blocks)
+        for i, (block, cache) in enumerate(zip(self.blocks, caches)):
+            x = block(x, rope, mask, cache, input_pos, prefix_kv[i] if prefix_kv is not None else None)
         if last_token_only:
             x = x[:, -1:]
         if self.ln_final is not None:
@@ -162,9 +177,8 @@ class Transformer(nn.Module):
 
     def _check_length(self, length: int) -> None:
         limit = self.config.max_seq_len
-        cache = self.blocks[0].attn.kv_cache
-        if cache is not None:
-            limit = min(limit, cache.max_seq_len)
+        if self.kv_caches is not None:
+            limit = min(limit, self.kv_caches[0].max_seq_len)
         if length > limit:
             raise SequenceTooLongError(
                 f"sequence of {length} tokens is longer than the context window of {limit} tokens "
@@ -193,15 +207,20 @@ class Transformer(nn.Module):
     # ------------------------------------------------------------------ KV cache
     def setup_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None,
                        dtype: Optional[torch.dtype] = None) -> None:
-        """Preallocate a static cache in every attention layer (shared size, one per layer)."""
+        """Preallocate a static cache for every layer (one size for all, one cache each)."""
         max_seq_len = min(max_seq_len or self.config.max_seq_len, self.config.max_seq_len)
-        for block in self.blocks:
-            block.attn.kv_cache = KVCache(batch_size, max_seq_len, self.config.n_kv_heads, self.config.head_dim,
-                                          dtype or self.dtype, self.device)
+        self.kv_caches = nn.ModuleList(
+            KVCache(batch_size, max_seq_len, self.config.n_kv_heads, self.config.head_dim, dtype or self.dtype,
+                    self.device) for _ in self.blocks)
 
     def clear_kv_cache(self) -> None:
-        for block in self.blocks:
-            block.attn.kv_cache = None
+        self.kv_caches = None
+
+    def reorder_kv_cache(self, rows: torch.Tensor) -> None:
+        """Keep cache rows ``rows`` (B,), in that order (beam search reshuffles hypotheses)."""
+        if self.kv_caches is not None:
+            for cache in self.kv_caches:
+                cache.reorder(rows)
 
     # ------------------------------------------------------------------ hooks
     def hook_points(self) -> dict[str, HookPoint]:
@@ -211,34 +230,3 @@ class Transformer(nn.Module):
     def reset_hooks(self) -> None:
         for hook in self.hook_points().values():
             hook.remove_hooks()
-
-    # ------------------------------------------------------------------ conveniences
-    # Thin doors into the modules that implement them, so ``model.generate(...)`` works
-    # while generation, inspection and adapters each live in their own file.
-    def generate(self, prompt: Any, **kwargs: Any) -> Any:
-        from lucidlm.generation import generate
-        return generate(self, prompt, **kwargs)
-
-    def stream(self, prompt: Any, **kwargs: Any) -> Iterator[str]:
-        from lucidlm.generation import stream
-        return stream(self, prompt, **kwargs)
-
-    def run_with_cache(self, ids: Any, **kwargs: Any) -> Any:
-        from lucidlm.inspect.cache import run_with_cache
-        return run_with_cache(self, ids, **kwargs)
-
-    def run_with_hooks(self, ids: Any, **kwargs: Any) -> Any:
-        from lucidlm.inspect.cache import run_with_hooks
-        return run_with_hooks(self, ids, **kwargs)
-
-    def set_adapter(self, name: str) -> None:
-        from lucidlm.peft import set_adapter
-        set_adapter(self, name)
-
-    def merge_adapter(self) -> None:
-        from lucidlm.peft import merge_adapter
-        merge_adapter(self)
-
-    def unmerge_adapter(self) -> None:
-        from lucidlm.peft import unmerge_adapter
-        unmerge_adapter(self)

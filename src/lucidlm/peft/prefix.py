@@ -9,8 +9,9 @@ unstable, so (as in the paper) they are produced by a small MLP from P trainable
 After training, ``freeze_prefix`` evaluates the MLP once and keeps only the resulting keys
 and values (n_layers * 2 * P * kv_dim numbers): the MLP was only a training aid.
 
-Each layer's ``Attention.prefix`` is a ``LayerPrefix``: called with the batch size it returns
-(k, v), each (B, n_kv, P, hd); attention.py prepends them and widens the mask.
+The encoder is installed as the model's ``prefix_encoder``: the Transformer calls it once per
+forward pass for every layer's keys/values, (n_layers, 2, n_kv, P, hd), and hands each layer
+its slice; attention prepends them and widens the mask.
 """
 
 from __future__ import annotations
@@ -38,6 +39,17 @@ class PrefixEncoder(nn.Module):
         nn.init.zeros_(self.to_kv.weight)
         nn.init.zeros_(self.to_kv.bias)
         self.frozen = False
+        self.disabled = False  # disable_adapters: the model runs as if there were no prefix
+
+    def forward(self) -> Optional[torch.Tensor]:
+        """Every layer's prefix keys/values, (n_layers, 2, n_kv, P, hd); None while disabled."""
+        if self.disabled:
+            return None
+        if self.frozen:
+            return self.kv
+        h = torch.tanh(self.hidden(self.tokens))  # (P, hidden)
+        kv = self.to_kv(h).view(self.length, self.n_layers, 2, self.n_kv_heads, self.head_dim)
+        return kv.permute(1, 2, 3, 0, 4)  # (L, 2, n_kv, P, hd)
 
     @property
     def kv_dim(self) -> int:
@@ -64,22 +76,6 @@ class PrefixEncoder(nn.Module):
         self.frozen = True
 
 
-class LayerPrefix(nn.Module):
-    """What ``Attention.prefix`` calls. It reaches the shared encoder without registering
-    it as a child, so its parameters appear once in the model (under ``prefix_encoder``)."""
-
-    def __init__(self, encoder: PrefixEncoder, layer: int) -> None:
-        super().__init__()
-        self._encoder = [encoder]  # a list hides it from nn.Module's child registry
-        self.layer = layer
-        self.disabled = False
-
-    def forward(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = self._encoder[0].layer_kv(self.layer)  # each (n_kv, P, hd)
-        shape = (batch_size, *k.shape)
-        return k.unsqueeze(0).expand(shape), v.unsqueeze(0).expand(shape)  # (B, n_kv, P, hd)
-
-
 def prefix_encoder(model: nn.Module) -> Optional[PrefixEncoder]:
     return getattr(model, "prefix_encoder", None)
 
@@ -100,8 +96,6 @@ def add_prefix(model: nn.Module, length: int = 16, hidden: Optional[int] = None)
     freeze_base(model)
     encoder = PrefixEncoder(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.d_model, length, hidden)
     model.add_module("prefix_encoder", encoder.to(model.embed.weight.device, model.embed.weight.dtype))
-    for i, block in enumerate(model.blocks):
-        block.attn.prefix = LayerPrefix(encoder, i)
     return encoder
 
 
@@ -119,15 +113,13 @@ def prefix_parameter_count(d_model: int, n_layers: int, kv_dim: int, length: int
 
 
 def set_prefix_disabled(model: nn.Module, disabled: bool) -> None:
-    """Detach (or re-attach) the prefix modules from attention; the encoder stays in place."""
+    """Switch the prefix off (or back on); the encoder and its weights stay in place."""
     encoder = prefix_encoder(model)
-    if encoder is None:
-        return
-    for i, block in enumerate(model.blocks):
-        block.attn.prefix = None if disabled else LayerPrefix(encoder, i)
+    if encoder is not None:
+        encoder.disabled = disabled
 
 
 def remove_prefix(model: nn.Module) -> None:
     set_prefix_disabled(model, True)
     if prefix_encoder(model) is not None:
-        del model.prefix_encoder
+        model.prefix_encoder = None

@@ -72,7 +72,8 @@ def save_model(model: Transformer, directory: str | Path) -> Path:
 
 
 def load_model(directory: str | Path, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu") -> Transformer:
+               device: str | torch.device = "cpu", model_cls: type[Transformer] = Transformer) -> Transformer:
+    """The model saved in ``directory`` by ``save_model``, built as ``model_cls``."""
     directory = Path(directory)
     if not (directory / CONFIG_NAME).is_file():
         raise CheckpointError(f"{directory} has no {CONFIG_NAME}; it is not a lucidlm model directory.")
@@ -88,7 +89,7 @@ def load_model(directory: str | Path, dtype: torch.dtype = torch.float32,
     if (directory / TOKENIZER_NAME).is_file():
         from lucidlm.tokenizers import load_tokenizer
         tokenizer = load_tokenizer(directory / TOKENIZER_NAME)
-    model = Transformer.empty(config, device)
+    model = model_cls.empty(config, device)
     load_into(model, tensors, weights_path)
     model.tokenizer = tokenizer
     return model.to(dtype).eval()

@@ -267,13 +267,13 @@ def read_gguf(path: str | Path, progress: Optional[Callable[[Any], Any]] = None
 
 
 def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-              progress: Optional[Callable[[Any], Any]] = None) -> Transformer:
-    """A Transformer with the GGUF file's weights (dequantized) and tokenizer.
-
-    The chat template, if the file has one, is ``model.tokenizer.chat_template``.
+              progress: Optional[Callable[[Any], Any]] = None,
+              model_cls: type[Transformer] = Transformer) -> Transformer:
+    """A Transformer (or ``model_cls``, a subclass) with the GGUF file's weights (dequantized)
+    and tokenizer. The chat template, if the file has one, is ``model.tokenizer.chat_template``.
     """
     config, tensors, tokenizer = read_gguf(path, progress)
-    model = Transformer.empty(config, device)
+    model = model_cls.empty(config, device)
     load_into(model, tensors, path)
     model.tokenizer = tokenizer
     return model.to(dtype).eval()

@@ -68,13 +68,15 @@ def is_hf_dir(path: str | Path) -> bool:
     return isinstance(config, dict) and ("model_type" in config or "architectures" in config)
 
 
-def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Transformer:
-    """A Transformer with the weights of a Hugging Face LLaMA or GPT-2 directory."""
+def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+            model_cls: type[Transformer] = Transformer) -> Transformer:
+    """A Transformer (or ``model_cls``, a subclass) with the weights of a Hugging Face LLaMA
+    or GPT-2 directory."""
     path = Path(path)
     hf_config = _read_json(path / CONFIG_NAME)
     family = hf_family(hf_config, path / CONFIG_NAME)
     config = config_from_hf(hf_config, source=str(path / CONFIG_NAME))
-    model = Transformer.empty(config, device)
+    model = model_cls.empty(config, device)
     tensors = read_safetensors(path)
     load_into(model, _to_our_names(model, family, tensors, path), path)
     model.tokenizer = _load_tokenizer(path)
