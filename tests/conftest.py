@@ -96,6 +96,13 @@ def gemma3_gguf():
 
 
 @pytest.fixture(scope="session")
+def gemma3(gemma3_gguf):
+    import lucidlm
+
+    return lucidlm.load("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
 def hf_gemma3_tokenizer(gemma3_gguf):
     import warnings
 
