@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from lucidlm.errors import HookError, InputError
+from lucidlm.inspect import resid
 from lucidlm.model.hooks import HookFn, HookPoint
 
 NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
@@ -84,6 +85,9 @@ class ActivationCache(Mapping):
             raise unknown_hook_error(name, list(self._acts) or list(self.model.hook_points()))
         return self._acts[name]
 
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self._acts
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._acts)
 
@@ -132,40 +136,47 @@ class ActivationCache(Mapping):
             raise InputError(f"remove_batch_dim needs a batch of 1, but the cached batch size is {sorted(batch)}.")
         return ActivationCache({k: v[0] for k, v in self._acts.items()}, self.model, has_batch_dim=False)
 
-    def accumulated_resid(self, layer: Optional[int] = None, incl_mid: bool = False,
-                          apply_ln: bool = False, return_labels: bool = False) -> Any:
-        """The residual stream after 0, 1, ..., ``layer`` blocks, stacked: (n, [B,] T, d).
-
-        Entry 0 is the input to block 0 (token + position embeddings); entry i is the output
-        of block i-1. With ``incl_mid`` the stream between attention and MLP is included too.
-        ``apply_ln`` passes each through the final norm, ready for the unembedding (the
-        logit lens)."""
-        layer = self.n_layers if layer is None else layer
-        if not 0 <= layer <= self.n_layers:
-            raise HookError(f"layer={layer} is out of range: accumulated_resid takes 0..{self.n_layers}.")
-        labels, parts = ["embed"], [self["blocks.0.hook_resid_pre"]]
-        for i in range(layer):
-            if incl_mid:
-                labels.append(f"{i}_mid")
-                parts.append(self[f"blocks.{i}.hook_resid_mid"])
-            labels.append(f"{i}_post")
-            parts.append(self[f"blocks.{i}.hook_resid_post"])
-        stack = torch.stack(parts)
-        if apply_ln:
-            stack = self.apply_ln_final(stack)
-        return (stack, labels) if return_labels else stack
+    # -- residual-stream analyses (TransformerLens's, same numbers; see inspect/resid.py) --
+    def accumulated_resid(self, layer: Optional[int] = None, incl_mid: bool = False, apply_ln: bool = False,
+                          pos_slice: Any = None, mlp_input: bool = False, return_labels: bool = False) -> Any:
+        """The stream at each block's input, stacked: (n, [B,] T, d); see resid.accumulated_resid."""
+        return resid.accumulated_resid(self, layer, incl_mid, apply_ln, pos_slice, mlp_input, return_labels)
 
     stack_residual = accumulated_resid
 
-    def apply_ln_final(self, resid: torch.Tensor) -> torch.Tensor:
+    def decompose_resid(self, layer: Optional[int] = None, mlp_input: bool = False, mode: str = "all",
+                        apply_ln: bool = False, pos_slice: Any = None, incl_embeds: bool = True,
+                        return_labels: bool = False) -> Any:
+        """The stream at ``layer``'s input split into what wrote it; see resid.decompose_resid."""
+        return resid.decompose_resid(self, layer, mlp_input, mode, apply_ln, pos_slice, incl_embeds, return_labels)
+
+    def stack_head_results(self, layer: int = -1, return_labels: bool = False, incl_remainder: bool = False,
+                           pos_slice: Any = None, apply_ln: bool = False) -> Any:
+        """Each head's output, (L * nh, [B,] T, d) labelled "L0H0"...; see resid.stack_head_results."""
+        return resid.stack_head_results(self, layer, return_labels, incl_remainder, pos_slice, apply_ln)
+
+    def apply_ln_to_stack(self, residual_stack: torch.Tensor, layer: Optional[int] = None, mlp_input: bool = False,
+                          pos_slice: Any = None, batch_slice: Any = None, has_batch_dim: bool = True,
+                          recompute_ln: bool = False) -> torch.Tensor:
+        """Scale a stack by ``layer``'s cached norm scale; see resid.apply_ln_to_stack."""
+        return resid.apply_ln_to_stack(self, residual_stack, layer, mlp_input, pos_slice, batch_slice,
+                                       has_batch_dim, recompute_ln)
+
+    def logit_attrs(self, residual_stack: torch.Tensor, tokens: Any, incorrect_tokens: Any = None,
+                    pos_slice: Any = None, batch_slice: Any = None, has_batch_dim: bool = True) -> torch.Tensor:
+        """Direct logit attribution of each component; see resid.logit_attrs."""
+        return resid.logit_attrs(self, residual_stack, tokens, incorrect_tokens, pos_slice, batch_slice,
+                                 has_batch_dim)
+
+    def apply_ln_final(self, resid_stream: torch.Tensor) -> torch.Tensor:
         """The model's final norm applied to any residual-stream tensor (..., d); identity
         for models without one (post-norm blocks end in their own norm)."""
         ln_final = self.model.ln_final
         if ln_final is None:
-            return resid
+            return resid_stream
         param = next(ln_final.parameters())
         with torch.no_grad():
-            return ln_final(resid.to(param.device, param.dtype))
+            return ln_final(resid_stream.to(param.device, param.dtype))
 
 
 def check_layer(layer: int, n_layers: int) -> int:
