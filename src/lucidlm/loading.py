@@ -122,8 +122,8 @@ def _load_base(source: str | Path, dtype: torch.dtype, device: str | torch.devic
     if path.exists():
         raise LucidLMError(f"{path} is a file lucidlm cannot load; expected a .gguf file or a model directory.")
     raise LucidLMError(
-        f"cannot load {name!r}: no such file or directory, and not a known name"
-        f"{did_you_mean(name, list(PRETRAINED) + list(PRESETS))}. Pretrained models: "
+        f"cannot load {name!r}: no such file or directory, and not a known name. Pretrained models: "
         f"{', '.join(sorted(PRETRAINED))}. Architectures (untrained, with random_init=True): "
-        f"{', '.join(sorted(set(PRESETS) - set(PRETRAINED)))}."
+        f"{', '.join(sorted(set(PRESETS) - set(PRETRAINED)))}"
+        f"{did_you_mean(name, list(PRETRAINED) + list(PRESETS)) or '.'}"
     )
