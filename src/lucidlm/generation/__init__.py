@@ -40,7 +40,7 @@ from lucidlm.generation.defaults import apply_sampling_defaults
 from lucidlm.generation.sampling import SamplingSettings, process_logits, sample_next
 from lucidlm.generation.streaming import TextAssembler
 
-__all__ = ["GenerationResult", "generate", "stream", "generate_batch", "check_options", "beam_search",
+__all__ = ["GenerationResult", "TextStream", "generate", "stream", "generate_batch", "check_options", "beam_search",
            "SamplingSettings", "DecodeSession", "process_logits", "sample_next", "TextAssembler"]
 
 
@@ -83,12 +83,30 @@ def generate(model: Any, prompt: str | Sequence[int], *, max_new_tokens: int = 6
     return runner.result
 
 
-def stream(model: Any, prompt: str | Sequence[int], **kwargs: Any) -> Iterator[str]:
+def stream(model: Any, prompt: str | Sequence[int], **kwargs: Any) -> "TextStream":
     """Like ``generate`` but yields text pieces as they are decoded. The pieces join to
     exactly ``generate(...).text``: never half a UTF-8 character, never a stop string.
-    With ``num_beams > 1`` the whole text comes as one piece at the end."""
-    runner = _Run(model, prompt, kwargs)  # validate now, not at the first next()
-    return runner.pieces()
+    With ``num_beams > 1`` the whole text comes as one piece at the end. Once the pieces
+    run out, ``.result`` holds the ``GenerationResult`` (ids, finish reason)."""
+    return TextStream(_Run(model, prompt, kwargs))  # validate now, not at the first next()
+
+
+class TextStream(Iterator[str]):
+    """The text pieces of one generation; ``result`` is set when they run out."""
+
+    def __init__(self, runner: "_Run") -> None:
+        self._runner = runner
+        self._pieces = runner.pieces()
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def close(self) -> None:
+        self._pieces.close()
+
+    @property
+    def result(self) -> Optional[GenerationResult]:
+        return self._runner.result
 
 
 def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int = 64,
