@@ -18,6 +18,7 @@ _LAZY = {  # public name -> module that defines it
     "ModelConfig": "lucidlm.config",
     "PRESETS": "lucidlm.config",
     "preset": "lucidlm.config",
+    "quantize": "lucidlm.quantization",
     "LucidLMError": "lucidlm.errors",
 }
 __all__ = [*_LAZY, "__version__"]
