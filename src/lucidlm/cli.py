@@ -25,7 +25,7 @@ SUMMARIES = {  # shown by `lucidlm --help`; tests check they match each command'
     "generate": "continue a prompt with a model (KV-cached sampling, beam search, streaming)",
     "chat": "chat with a model in the terminal (streams its answers)",
     "train": "train a model from scratch on a text corpus",
-    "finetune": "fine-tune a pretrained model on a text corpus with LoRA, adapters or prefix tuning",
+    "finetune": "fine-tune a pretrained model with LoRA, adapters, prefix tuning or all weights",
     "merge": "merge a LoRA adapter into its base model and save the result",
     "inspect": "look inside the model: tokens, top-k predictions, attention maps, logit lens (HTML report)",
     "convert": "convert a model to Hugging Face or lucidlm format",

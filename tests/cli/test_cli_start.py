@@ -45,7 +45,7 @@ def test_top_level_help_lists_each_command_with_its_own_summary():
     full = cli.build_parser()  # every command registered for real
     sub = next(a for a in full._actions if isinstance(a, argparse._SubParsersAction))
     own = {choice.dest: choice.help for choice in sub._choices_actions}
-    assert own == cli.SUMMARIES
+    assert own == cli.SUMMARIES, "a command's help= changed: copy it into lucidlm/cli.py SUMMARIES"
     assert set(cli.SUMMARIES) == set(cli.COMMANDS)
     done = run_cli("--help")
     for name in cli.COMMANDS:
