@@ -135,3 +135,50 @@ def _bias_logit_diff(model, cache, right, wrong):
     if model.unembed.bias is not None:
         extra = extra + (model.unembed.bias[right] - model.unembed.bias[wrong]).detach()
     return extra
+
+
+OPTIONS = [dict(attn_result=True), dict(split_qkv_input=True), dict(attn_in=True), dict(mlp_in=True),
+           dict(attn_result=True, split_qkv_input=True, mlp_in=True)]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "+".join(o))
+def test_opt_in_hooks_match_transformer_lens(pair, options):
+    """hook_result, hook_q/k/v_input, hook_attn_in and hook_mlp_in: same values as with
+    TransformerLens's set_use_* switches, and a patch into one head's input reaches that
+    head alone in both."""
+    from lucidlm.errors import ConfigError
+    from lucidlm.model.hook_options import set_hook_options
+
+    if options.get("attn_in") and pair["family"] == "llama":
+        # TransformerLens's attn_in cannot feed grouped key/value heads; lucidlm says so.
+        with pytest.raises(ConfigError, match="split_qkv_input"):
+            set_hook_options(pair["lucid"], **options)
+        return
+    lucid, tl = pair["lucid"], tl_oracle.tl_model(pair["family"], pair["hf"])
+    for option, on in options.items():
+        getattr(tl, tl_oracle.TL_SETTERS[option])(on)
+    set_hook_options(lucid, **options)
+    try:
+        with torch.no_grad():
+            tl_logits, tl_cache = tl.run_with_cache(pair["ids"])
+            logits, cache = run_with_cache(lucid, pair["ids"])
+            assert sorted(cache.keys()) == sorted(n for n in tl_cache.keys() if not n.startswith("unembed."))
+            for name in cache.keys():
+                torch.testing.assert_close(cache[name], tl_cache[name], atol=ATOL, rtol=0, msg=name)
+            torch.testing.assert_close(logits, tl_logits, atol=ATOL, rtol=0)
+            hook = ("blocks.1.hook_q_input" if "split_qkv_input" in options else
+                    "blocks.1.attn.hook_result" if "attn_result" in options else
+                    "blocks.1.hook_attn_in" if "attn_in" in options else "blocks.1.hook_mlp_in")
+
+            def zero_one_head(act, hook):
+                act = act.clone()
+                act[..., 1, :] = 0.0  # head 1 (or, for mlp_in (B, T, d), position 1)
+                return act
+            ours = run_with_hooks(lucid, pair["ids"], fwd_hooks=[(hook, zero_one_head)])
+            theirs = tl.run_with_hooks(pair["ids"], fwd_hooks=[(hook, zero_one_head)])
+        assert (ours - logits).abs().max() > 1e-3
+        torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=0)
+    finally:
+        set_hook_options(lucid, **{option: False for option in options})
+    assert sorted(lucid.hook_points()) == sorted(pair["cache"].keys())  # switched off: gone again
+

@@ -77,3 +77,7 @@ def lucid_model(hf, tmp_path):
 
 def ids(seed: int = 0, batch: int = 2, length: int = 9) -> torch.Tensor:
     return torch.randint(1, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+TL_SETTERS = {"attn_result": "set_use_attn_result", "split_qkv_input": "set_use_split_qkv_input",
+              "attn_in": "set_use_attn_in", "mlp_in": "set_use_hook_mlp_in"}

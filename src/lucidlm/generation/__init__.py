@@ -18,6 +18,8 @@ Rules every entry point follows:
 - ``text`` is what the output adds to the prompt: ``tokenizer.decode(prompt + token_ids)``
   minus the prompt's text, for every tokenizer (a word-level one puts a space before each
   word; a character split between the prompt and the output belongs to the output).
+- Sampling options left at ``None`` come from the model (``generation/defaults.py``: its
+  file, a per-model table, else temperature 1), the same in Python and on the command line.
 - ``temperature=0`` is greedy. ``seed`` seeds a private generator: same seed, same
   output, and the global torch RNG is left alone.
 """
@@ -34,10 +36,11 @@ from lucidlm.errors import GenerationError
 from lucidlm.generation.beam_search import beam_search
 from lucidlm.generation.chat_template import encode_chat
 from lucidlm.generation.decode import DecodeSession, sample_rows
+from lucidlm.generation.defaults import apply_sampling_defaults
 from lucidlm.generation.sampling import SamplingSettings, process_logits, sample_next
 from lucidlm.generation.streaming import TextAssembler
 
-__all__ = ["GenerationResult", "generate", "stream", "generate_batch", "check_options", "beam_search",
+__all__ = ["GenerationResult", "TextStream", "generate", "stream", "generate_batch", "check_options", "beam_search",
            "SamplingSettings", "DecodeSession", "process_logits", "sample_next", "TextAssembler"]
 
 
@@ -66,7 +69,8 @@ class _Request:
         self.eos_ids = _eos_ids(tokenizer) if self.stop_on_eos else []
 
 
-def generate(model: Any, prompt: str | Sequence[int], *, max_new_tokens: int = 64, temperature: float = 1.0,
+def generate(model: Any, prompt: str | Sequence[int], *, max_new_tokens: int = 64,
+             temperature: Optional[float] = None,
              top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
              repetition_penalty: Optional[float] = None, seed: Optional[int] = None,
              stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True, num_beams: int = 1,
@@ -79,16 +83,34 @@ def generate(model: Any, prompt: str | Sequence[int], *, max_new_tokens: int = 6
     return runner.result
 
 
-def stream(model: Any, prompt: str | Sequence[int], **kwargs: Any) -> Iterator[str]:
+def stream(model: Any, prompt: str | Sequence[int], **kwargs: Any) -> "TextStream":
     """Like ``generate`` but yields text pieces as they are decoded. The pieces join to
     exactly ``generate(...).text``: never half a UTF-8 character, never a stop string.
-    With ``num_beams > 1`` the whole text comes as one piece at the end."""
-    runner = _Run(model, prompt, kwargs)  # validate now, not at the first next()
-    return runner.pieces()
+    With ``num_beams > 1`` the whole text comes as one piece at the end. Once the pieces
+    run out, ``.result`` holds the ``GenerationResult`` (ids, finish reason)."""
+    return TextStream(_Run(model, prompt, kwargs))  # validate now, not at the first next()
+
+
+class TextStream(Iterator[str]):
+    """The text pieces of one generation; ``result`` is set when they run out."""
+
+    def __init__(self, runner: "_Run") -> None:
+        self._runner = runner
+        self._pieces = runner.pieces()
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def close(self) -> None:
+        self._pieces.close()
+
+    @property
+    def result(self) -> Optional[GenerationResult]:
+        return self._runner.result
 
 
 def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int = 64,
-                   temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
+                   temperature: Optional[float] = None, top_k: Optional[int] = None, top_p: Optional[float] = None,
                    min_p: Optional[float] = None, repetition_penalty: Optional[float] = None,
                    seed: Optional[int] = None, stop: Optional[str | Sequence[str]] = None,
                    stop_on_eos: bool = True, chat: bool = False) -> list[GenerationResult]:
@@ -97,7 +119,7 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
     if isinstance(prompts, str) or len(prompts) == 0:
         raise GenerationError("generate_batch takes a non-empty list of prompts; use generate() for one prompt.")
     kwargs = {k: v for k, v in locals().items() if k not in ("model", "prompts", "chat")}
-    request = _make_request(kwargs)
+    request = _make_request(apply_sampling_defaults(model, kwargs))
     request.use_tokenizer(model.tokenizer)
     rows = [_prompt_ids(model, p, chat) for p in prompts]
     max_new = _fit_to_context(model, rows, request.max_new_tokens)
@@ -136,7 +158,7 @@ class _Run:
         kwargs = {k: v for k, v in kwargs.items() if k not in ("model", "prompt")}
         chat = bool(kwargs.pop("chat", False))
         self.model = model
-        self.request = _make_request(kwargs)
+        self.request = _make_request(apply_sampling_defaults(model, kwargs))
         self.request.use_tokenizer(model.tokenizer)
         self.prompt_ids = _prompt_ids(model, prompt, chat)
         self.max_new = _fit_to_context(model, [self.prompt_ids], self.request.max_new_tokens)
@@ -212,7 +234,8 @@ def _make_request(kwargs: dict[str, Any]) -> _Request:
     unknown = set(kwargs) - known
     if unknown:
         raise GenerationError(f"unknown generation option(s) {sorted(unknown)}; known: {sorted(known | {'chat'})}.")
-    settings = SamplingSettings(temperature=kwargs.get("temperature", 1.0), top_k=kwargs.get("top_k"),
+    temperature = kwargs.get("temperature")
+    settings = SamplingSettings(temperature=1.0 if temperature is None else temperature, top_k=kwargs.get("top_k"),
                                 top_p=kwargs.get("top_p"), min_p=kwargs.get("min_p"),
                                 repetition_penalty=kwargs.get("repetition_penalty"))
     stop = kwargs.get("stop")
