@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+SHARED = Path(os.environ.get("LUCIDLM_SHARED", ROOT.parent / "shared"))  # a copy travels to the GPU machine
 NANOGPT = SHARED / "peers" / "nanoGPT"
 CORPUS = SHARED / "data" / "tinyshakespeare.txt"
 WARMUP = 10
