@@ -38,11 +38,15 @@ class Transformer(nn.Module):
             self.pos_embed = LearnedPositions(cfg.max_seq_len, cfg.d_model)
         elif cfg.positions == "sinusoidal":
             self.pos_embed = SinusoidalPositions(cfg.max_seq_len, cfg.d_model)
-        # One rotation table for every layer, looked up once per forward pass.
+        # One rotation table for every layer, looked up once per forward pass; sliding-window
+        # layers may have their own RoPE base (Gemma 3: 10k local, 1M global), hence a second.
         self.rotary = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_variant)
                        if cfg.positions == "rope" else None)
+        self.rotary_local = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_local_theta, cfg.rope_variant)
+                             if self.rotary is not None and cfg.rope_local_theta not in (None, cfg.rope_theta)
+                             else None)
         self.embed_dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.ln_final = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.final_norm else None
         self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.unembed_bias)
         if cfg.tie_embeddings:
@@ -142,20 +146,28 @@ class Transformer(nn.Module):
         mask = self._attention_mask(attention_mask, slots, B)
 
         x = self.hook_embed(self.embed(ids))  # (B, T, d)
+        if self.config.scale_embeddings:  # Gemma: sqrt(d_model), rounded to the activations' dtype
+            x = x * torch.tensor(self.config.d_model ** 0.5, dtype=x.dtype)
         if self.pos_embed is not None:
             x = x + self.hook_pos_embed(self.pos_embed(position_ids).to(x.dtype))
         x = self.embed_dropout(x)
         rope = self.rotary.cos_sin(position_ids, x.dtype) if self.rotary is not None else None
+        rope_local = self.rotary_local.cos_sin(position_ids, x.dtype) if self.rotary_local is not None else rope
+        local_mask = sliding_window_mask(mask, slots, self.config.sliding_window) \
+            if self.config.sliding_window is not None else mask
         if prefix_kv is None and self.prefix_encoder is not None:
             prefix_kv = self.prefix_encoder()
         caches = self.kv_caches if use_cache else [None] * len(self.blocks)
         for i, (block, cache) in enumerate(zip(self.blocks, caches)):
-            x = block(x, rope, mask, cache, input_pos, prefix_kv[i] if prefix_kv is not None else None)
+            x = block(x, rope_local if block.local else rope, local_mask if block.local else mask, cache,
+                      input_pos, prefix_kv[i] if prefix_kv is not None else None)
         if last_token_only:
             x = x[:, -1:]
         if self.ln_final is not None:
             x = self.ln_final(x)
-        return self.unembed(x)  # (B, T, vocab)
+        logits = self.unembed(x)  # (B, T, vocab)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def _check_ids(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
         if not isinstance(ids, torch.Tensor):
@@ -230,3 +242,16 @@ class Transformer(nn.Module):
     def reset_hooks(self) -> None:
         for hook in self.hook_points().values():
             hook.remove_hooks()
+
+
+def sliding_window_mask(mask: Optional[torch.Tensor], slots: torch.Tensor, window: int) -> Optional[torch.Tensor]:
+    """``mask`` (B, 1, T, S) or None (plain causal), narrowed so that the query in slot i sees
+    only keys in slots i - window + 1 .. i. Slots differ by the same amount as positions, so
+    left padding does not move the window. None when no query reaches past the window."""
+    S = int(slots[-1]) + 1
+    if S <= window:
+        return mask
+    key_slots = torch.arange(S, device=slots.device)
+    distance = slots[:, None] - key_slots[None, :]  # (T, S)
+    in_window = (distance >= 0) & (distance < window)  # causal too
+    return in_window[None, None] if mask is None else mask & in_window
