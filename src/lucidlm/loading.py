@@ -92,8 +92,12 @@ def _load_base(source: str | Path, dtype: torch.dtype, device: str | torch.devic
         if name not in PRESETS:
             raise ConfigError(f"random_init=True needs an architecture preset, not {name!r}"
                               f"{did_you_mean(name, PRESETS)}; presets: {', '.join(sorted(PRESETS))}.")
+        from lucidlm.tokenizers.presets import preset_tokenizer
+
         torch.manual_seed(seed)
-        return LanguageModel(preset(name, **overrides)).to(device=device, dtype=dtype).eval()
+        config = preset(name, **overrides)
+        tokenizer = preset_tokenizer(name, config.vocab_size)  # gpt2: GPT-2's own BPE files
+        return LanguageModel(config, tokenizer).to(device=device, dtype=dtype).eval()
     if name in PRETRAINED:
         return load_pretrained(name, dtype=dtype, device=device, model_cls=LanguageModel)
     path = Path(source).expanduser()
