@@ -113,6 +113,9 @@ def _load_base(source: str | Path, dtype: torch.dtype, device: str | torch.devic
             return load_model(path / "checkpoint", dtype=dtype, device=device, model_cls=LanguageModel)
         if is_hf_dir(path):
             return load_hf(path, dtype=dtype, device=device, model_cls=LanguageModel)
+        from lucidlm.weights.meta import is_meta_dir, load_meta
+        if is_meta_dir(path):  # Meta's own Llama 3 download: params.json + consolidated.00.pth
+            return load_meta(path, dtype=dtype, device=device, model_cls=LanguageModel)
         raise LucidLMError(
             f"{path} is a directory but neither a lucidlm model (lucidlm_config.json) nor a Hugging Face "
             f"model (config.json + *.safetensors)."
