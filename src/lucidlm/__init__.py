@@ -5,6 +5,8 @@ from lucidlm.errors import LucidLMError
 from lucidlm.language_model import LanguageModel
 from lucidlm.loading import load
 from lucidlm.model import Transformer
+from lucidlm.quantization import quantize
 
 __version__ = "0.1.0"
-__all__ = ["ModelConfig", "PRESETS", "preset", "Transformer", "LanguageModel", "load", "LucidLMError", "__version__"]
+__all__ = ["ModelConfig", "PRESETS", "preset", "Transformer", "LanguageModel", "load", "quantize", "LucidLMError",
+           "__version__"]

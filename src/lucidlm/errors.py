@@ -69,6 +69,11 @@ class AdapterError(LucidLMError, ValueError):
     """A LoRA / adapter / prefix-tuning setup or file that does not fit the base model."""
 
 
+class QuantizationError(LucidLMError, ValueError):
+    """An unknown quantization scheme, a group size that does not fit, or a quantized model
+    asked to do what needs float weights (training)."""
+
+
 class HookError(LucidLMError, KeyError):
     """An unknown hook name, or a layer/head out of range, for inspection tools."""
 

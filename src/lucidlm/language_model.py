@@ -20,7 +20,8 @@ from torch import nn
 
 from lucidlm.generation import GenerationResult, generate, stream
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, run_with_hooks
-from lucidlm.config import ModelConfig
+from lucidlm.inspect.tokens import to_str_tokens, to_string, to_tokens
+from lucidlm.model.hook_options import set_hook_options
 from lucidlm.model.hooks import HookFn
 from lucidlm.model.transformer import Transformer
 from lucidlm.peft import merge_adapter, set_adapter, unmerge_adapter
@@ -133,15 +134,51 @@ class LanguageModel(Transformer):
                        ) -> tuple[torch.Tensor, ActivationCache]:
         """One forward pass returning (logits, cache of every hooked activation).
         ``names_filter``: a hook name, a list of names or a predicate (default: all).
-        Other options: device, remove_batch_dim, input_pos, and the forward's arguments."""
+        Other options: device, remove_batch_dim, input_pos, incl_bwd (cache gradients as
+        name + "_grad", of ``metric(logits)`` or the next-token loss), prepend_bos,
+        padding_side, and the forward's arguments."""
         return run_with_cache(self, ids, names_filter, **options)
 
     def run_with_hooks(self, ids: Prompt,
                        fwd_hooks: Sequence[tuple[Union[str, Callable[[str], bool]], HookFn]] = (),
+                       bwd_hooks: Sequence[tuple[Union[str, Callable[[str], bool]], HookFn]] = (),
                        **options: Any) -> torch.Tensor:
         """One forward pass with ``fn(activation, hook) -> new | None`` attached at the named
-        hook points; the hooks are removed afterwards (unless reset_hooks_end=False)."""
-        return run_with_hooks(self, ids, fwd_hooks, **options)
+        hook points; the hooks are removed afterwards (unless reset_hooks_end=False).
+        ``bwd_hooks``: ``fn(grad, hook)``, run when the returned logits are backpropagated."""
+        return run_with_hooks(self, ids, fwd_hooks, bwd_hooks, **options)
+
+    # ------------------------------------------------------------------ analysis (TransformerLens's names)
+    def to_tokens(self, text: Union[str, Sequence[str]], prepend_bos: Optional[bool] = None,
+                  padding_side: str = "right", return_attention_mask: bool = False) -> Any:
+        """Text -> ids (1, T); a list of texts -> (B, T_max), padded. ``prepend_bos``: None
+        keeps the tokenizer's habit, True/False forces a BOS in or out. See inspect/tokens.py."""
+        return to_tokens(self, text, prepend_bos, padding_side, return_attention_mask)
+
+    def to_str_tokens(self, text_or_ids: Any, prepend_bos: Optional[bool] = None) -> Any:
+        """Each token as its text: a list of str (a list of lists for a batch)."""
+        return to_str_tokens(self, text_or_ids, prepend_bos)
+
+    def to_string(self, ids: Any) -> Union[str, list[str]]:
+        """Ids -> text; a (B, T) batch -> a list of texts."""
+        return to_string(self, ids)
+
+    def set_use_attn_result(self, on: bool) -> None:
+        """Hook each head's output before the sum: ``blocks.{i}.attn.hook_result`` (B, T, nh, d)."""
+        set_hook_options(self, attn_result=on)
+
+    def set_use_split_qkv_input(self, on: bool) -> None:
+        """Hook one residual-stream copy per head for queries, keys and values:
+        ``blocks.{i}.hook_q_input`` (B, T, nh, d), ``hook_k_input`` / ``hook_v_input`` (B, T, n_kv, d)."""
+        set_hook_options(self, split_qkv_input=on)
+
+    def set_use_attn_in(self, on: bool) -> None:
+        """Hook one copy per head feeding q, k and v together: ``blocks.{i}.hook_attn_in``."""
+        set_hook_options(self, attn_in=on)
+
+    def set_use_hook_mlp_in(self, on: bool) -> None:
+        """Hook the MLP's input before its norm: ``blocks.{i}.hook_mlp_in`` (B, T, d)."""
+        set_hook_options(self, mlp_in=on)
 
     # ------------------------------------------------------------------ adapters
     def set_adapter(self, name: str) -> None:

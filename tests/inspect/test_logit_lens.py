@@ -44,11 +44,11 @@ def test_every_row_matches_a_model_stopped_after_that_block(family_model):
 def test_accumulated_resid_stacks_embeddings_then_each_block(tiny_model):
     _, cache = run_with_cache(tiny_model, TEXT)
     stack, labels = cache.accumulated_resid(return_labels=True)
-    assert labels == ["embed", "0_post", "1_post"]
+    assert labels == ["0_pre", "1_pre", "final_post"]  # TransformerLens's labels
     assert torch.equal(stack[0], cache["resid_pre", 0])
     assert torch.equal(stack[2], cache["resid_post", 1])
     with_mid, labels = cache.accumulated_resid(layer=1, incl_mid=True, return_labels=True)
-    assert labels == ["embed", "0_mid", "0_post"] and with_mid.shape[0] == 3
+    assert labels == ["0_pre", "0_mid", "1_pre"] and with_mid.shape[0] == 3
     normed = cache.accumulated_resid(apply_ln=True)
     torch.testing.assert_close(normed[1], tiny_model.ln_final(cache["resid_post", 0]))
 

@@ -173,3 +173,29 @@ def test_hook_names_repeat_per_layer():
         assert sorted(n for n in names if n.startswith(f"blocks.{layer}.")) == sorted(
             n.replace("blocks.0.", f"blocks.{layer}.") for n in per_layer)
     assert len(names) == 3 * len(per_layer) + 3  # + hook_embed + ln_final's two
+
+
+# Opt-in hook points (model/hook_options.py), present only while switched on.
+OPT_IN_NAMES = {"blocks.0.attn.hook_result": "B T nh d", "blocks.0.hook_q_input": "B T nh d",
+                "blocks.0.hook_k_input": "B T nkv d", "blocks.0.hook_v_input": "B T nkv d",
+                "blocks.0.hook_mlp_in": "B T d"}
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "seed004-words"])
+def test_opt_in_hook_names_and_shapes(family):
+    from lucidlm.model.hook_options import set_hook_options
+
+    torch.manual_seed(0)
+    cfg = preset(family, **FAMILIES[family])
+    model = Transformer(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (B, T))
+    plain = model(ids)
+    set_hook_options(model, attn_result=True, split_qkv_input=True, mlp_in=True)
+    assert sorted(model.hook_points()) == sorted(EXPECTED_NAMES[family] + list(OPT_IN_NAMES))
+    logits, cache = run_with_cache(model, ids)
+    torch.testing.assert_close(logits, plain, atol=1e-5, rtol=0)  # observing changes nothing
+    sizes = {"B": B, "T": T, "d": cfg.d_model, "nh": cfg.n_heads, "nkv": cfg.n_kv_heads}
+    for name, shape in OPT_IN_NAMES.items():
+        assert tuple(cache[name].shape) == tuple(sizes[s] for s in shape.split()), name
+    set_hook_options(model, attn_result=False, split_qkv_input=False, mlp_in=False)
+    assert sorted(model.hook_points()) == sorted(EXPECTED_NAMES[family])

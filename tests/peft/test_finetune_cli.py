@@ -11,7 +11,7 @@ import torch
 from lucidlm import load
 from lucidlm.commands import finetune, merge
 from lucidlm.config import preset
-from lucidlm.errors import AdapterError
+from lucidlm.errors import AdapterError, CheckpointError
 from lucidlm.model.transformer import Transformer
 from lucidlm.peft import LoRALinear
 from lucidlm.tokenizers import CharTokenizer
@@ -86,7 +86,7 @@ def test_finetune_prefix_and_merge_refuses_it(tiny_setup, tmp_path):
     assert model.prefix_encoder.kv.shape[-2] == 4
     with pytest.raises(AdapterError, match="cannot be merged"):
         run_command(["merge", "--model", str(tiny_setup / "base"), "--adapter", str(out), "--out", str(tmp_path / "m")])
-    with pytest.raises(AdapterError, match="already holds a fine-tuning run"):
+    with pytest.raises(CheckpointError, match="already holds a training checkpoint"):
         run_command(finetune_args(tiny_setup, out))
 
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 import lucidlm
 from lucidlm.errors import CheckpointError, DataError
-from lucidlm.training import TrainConfig, Trainer, train
+from lucidlm.training import TrainConfig, Trainer, build_pretraining, train
 from lucidlm.training import checkpoint as ckpt
 
 SHAKESPEARE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -99,7 +99,7 @@ def test_checkpoint_loads_and_generates(full_runs):
 
 
 def test_weight_decay_only_on_matrices(corpus, tmp_path):
-    trainer = Trainer(tiny(corpus, tmp_path))
+    trainer = build_pretraining(tiny(corpus, tmp_path))
     decay, no_decay = trainer.optimizer.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])

@@ -11,6 +11,7 @@ a hook never leaves the model altered. Hooks the caller attached by hand are lef
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Optional, Sequence, Union
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from lucidlm.errors import HookError, InputError
+from lucidlm.inspect import resid
 from lucidlm.model.hooks import HookFn, HookPoint
 
 NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
@@ -33,7 +35,13 @@ SHORT_NAMES = {
     "pre": "mlp.hook_pre", "post": "mlp.hook_post", "pre_linear": "mlp.hook_pre_linear",
     "mlp_pre": "mlp.hook_pre", "mlp_post": "mlp.hook_post",
     "scale": "{sub}.hook_scale", "normalized": "{sub}.hook_normalized",
+    "result": "attn.hook_result", "q_input": "hook_q_input", "k_input": "hook_k_input",
+    "v_input": "hook_v_input", "attn_in": "hook_attn_in", "mlp_in": "hook_mlp_in",
 }
+# Hook points that exist only once switched on (model/hook_options.py), and the switch.
+OPT_IN_HOOKS = {"hook_result": "set_use_attn_result", "hook_q_input": "set_use_split_qkv_input",
+                "hook_k_input": "set_use_split_qkv_input", "hook_v_input": "set_use_split_qkv_input",
+                "hook_attn_in": "set_use_attn_in", "hook_mlp_in": "set_use_hook_mlp_in"}
 # Short names that live outside the blocks.
 GLOBAL_SHORT_NAMES = {"embed": "hook_embed", "pos_embed": "hook_pos_embed"}
 
@@ -41,6 +49,9 @@ GLOBAL_SHORT_NAMES = {"embed": "hook_embed", "pos_embed": "hook_pos_embed"}
 def unknown_hook_error(name: str, valid: Sequence[str]) -> HookError:
     close = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    opt_in = next((setter for suffix, setter in OPT_IN_HOOKS.items() if name.endswith(suffix)), None)
+    if opt_in is not None:
+        hint += f" {name.rsplit('.', 1)[-1]} is opt-in: turn it on with model.{opt_in}(True)."
     return HookError(
         f"unknown hook name {name!r}.{hint} This model has {len(valid)} hook points; "
         f"list them with model.hook_points() (names look like 'blocks.0.attn.hook_pattern')."
@@ -83,6 +94,9 @@ class ActivationCache(Mapping):
                 )
             raise unknown_hook_error(name, list(self._acts) or list(self.model.hook_points()))
         return self._acts[name]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self._acts
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._acts)
@@ -132,40 +146,47 @@ class ActivationCache(Mapping):
             raise InputError(f"remove_batch_dim needs a batch of 1, but the cached batch size is {sorted(batch)}.")
         return ActivationCache({k: v[0] for k, v in self._acts.items()}, self.model, has_batch_dim=False)
 
-    def accumulated_resid(self, layer: Optional[int] = None, incl_mid: bool = False,
-                          apply_ln: bool = False, return_labels: bool = False) -> Any:
-        """The residual stream after 0, 1, ..., ``layer`` blocks, stacked: (n, [B,] T, d).
-
-        Entry 0 is the input to block 0 (token + position embeddings); entry i is the output
-        of block i-1. With ``incl_mid`` the stream between attention and MLP is included too.
-        ``apply_ln`` passes each through the final norm, ready for the unembedding (the
-        logit lens)."""
-        layer = self.n_layers if layer is None else layer
-        if not 0 <= layer <= self.n_layers:
-            raise HookError(f"layer={layer} is out of range: accumulated_resid takes 0..{self.n_layers}.")
-        labels, parts = ["embed"], [self["blocks.0.hook_resid_pre"]]
-        for i in range(layer):
-            if incl_mid:
-                labels.append(f"{i}_mid")
-                parts.append(self[f"blocks.{i}.hook_resid_mid"])
-            labels.append(f"{i}_post")
-            parts.append(self[f"blocks.{i}.hook_resid_post"])
-        stack = torch.stack(parts)
-        if apply_ln:
-            stack = self.apply_ln_final(stack)
-        return (stack, labels) if return_labels else stack
+    # -- residual-stream analyses (TransformerLens's, same numbers; see inspect/resid.py) --
+    def accumulated_resid(self, layer: Optional[int] = None, incl_mid: bool = False, apply_ln: bool = False,
+                          pos_slice: Any = None, mlp_input: bool = False, return_labels: bool = False) -> Any:
+        """The stream at each block's input, stacked: (n, [B,] T, d); see resid.accumulated_resid."""
+        return resid.accumulated_resid(self, layer, incl_mid, apply_ln, pos_slice, mlp_input, return_labels)
 
     stack_residual = accumulated_resid
 
-    def apply_ln_final(self, resid: torch.Tensor) -> torch.Tensor:
+    def decompose_resid(self, layer: Optional[int] = None, mlp_input: bool = False, mode: str = "all",
+                        apply_ln: bool = False, pos_slice: Any = None, incl_embeds: bool = True,
+                        return_labels: bool = False) -> Any:
+        """The stream at ``layer``'s input split into what wrote it; see resid.decompose_resid."""
+        return resid.decompose_resid(self, layer, mlp_input, mode, apply_ln, pos_slice, incl_embeds, return_labels)
+
+    def stack_head_results(self, layer: int = -1, return_labels: bool = False, incl_remainder: bool = False,
+                           pos_slice: Any = None, apply_ln: bool = False) -> Any:
+        """Each head's output, (L * nh, [B,] T, d) labelled "L0H0"...; see resid.stack_head_results."""
+        return resid.stack_head_results(self, layer, return_labels, incl_remainder, pos_slice, apply_ln)
+
+    def apply_ln_to_stack(self, residual_stack: torch.Tensor, layer: Optional[int] = None, mlp_input: bool = False,
+                          pos_slice: Any = None, batch_slice: Any = None, has_batch_dim: bool = True,
+                          recompute_ln: bool = False) -> torch.Tensor:
+        """Scale a stack by ``layer``'s cached norm scale; see resid.apply_ln_to_stack."""
+        return resid.apply_ln_to_stack(self, residual_stack, layer, mlp_input, pos_slice, batch_slice,
+                                       has_batch_dim, recompute_ln)
+
+    def logit_attrs(self, residual_stack: torch.Tensor, tokens: Any, incorrect_tokens: Any = None,
+                    pos_slice: Any = None, batch_slice: Any = None, has_batch_dim: bool = True) -> torch.Tensor:
+        """Direct logit attribution of each component; see resid.logit_attrs."""
+        return resid.logit_attrs(self, residual_stack, tokens, incorrect_tokens, pos_slice, batch_slice,
+                                 has_batch_dim)
+
+    def apply_ln_final(self, resid_stream: torch.Tensor) -> torch.Tensor:
         """The model's final norm applied to any residual-stream tensor (..., d); identity
         for models without one (post-norm blocks end in their own norm)."""
         ln_final = self.model.ln_final
         if ln_final is None:
-            return resid
+            return resid_stream
         param = next(ln_final.parameters())
         with torch.no_grad():
-            return ln_final(resid.to(param.device, param.dtype))
+            return ln_final(resid_stream.to(param.device, param.dtype))
 
 
 def check_layer(layer: int, n_layers: int) -> int:
@@ -175,40 +196,70 @@ def check_layer(layer: int, n_layers: int) -> int:
     return layer % n_layers
 
 
-def _attach(model: nn.Module, pairs: list[tuple[str, HookFn]]) -> list[tuple[HookPoint, HookFn]]:
+def _attach(model: nn.Module, pairs: list[tuple[str, HookFn]], dir: str = "fwd",
+            ) -> list[tuple[HookPoint, HookFn, str]]:
     points = model.hook_points()
     attached = []
     for name, fn in pairs:
-        points[name].add_hook(fn)
-        attached.append((points[name], fn))
+        points[name].add_hook(fn, dir=dir)
+        attached.append((points[name], fn, dir))
     return attached
 
 
-def _detach(attached: list[tuple[HookPoint, HookFn]]) -> None:
-    for point, fn in attached:
+def _detach(attached: list[tuple[HookPoint, HookFn, str]]) -> None:
+    for point, fn, dir in attached:
+        fns = point.fns if dir == "fwd" else point.bwd_fns
         # Remove by identity: the same function may be attached elsewhere, or twice.
-        for i in range(len(point.fns) - 1, -1, -1):
-            if point.fns[i] is fn:
-                del point.fns[i]
+        for i in range(len(fns) - 1, -1, -1):
+            if fns[i] is fn:
+                del fns[i]
                 break
 
 
-def _as_ids(model: nn.Module, ids: Any) -> Any:
-    if isinstance(ids, str):
-        from lucidlm.inspect.steps import to_tokens
-        return to_tokens(model, ids)
+def _as_ids(model: nn.Module, ids: Any, forward_kwargs: dict[str, Any], prepend_bos: Optional[bool] = None,
+            padding_side: str = "right") -> Any:
+    """Text or a list of texts -> ids (a list is padded; its attention mask joins the forward's
+    arguments, so padding is never attended to)."""
+    if isinstance(ids, str) or (isinstance(ids, (list, tuple)) and ids and isinstance(ids[0], str)):
+        from lucidlm.inspect.tokens import to_tokens
+        tokens, mask = to_tokens(model, ids, prepend_bos, padding_side, return_attention_mask=True)
+        if not bool(mask.all()):
+            forward_kwargs.setdefault("attention_mask", mask)
+        return tokens
     return ids
+
+
+def _hook_pairs(model: nn.Module, hooks: Sequence[tuple[Any, HookFn]]) -> list[tuple[str, HookFn]]:
+    pairs: list[tuple[str, HookFn]] = []
+    for target, fn in hooks:
+        if not callable(fn):
+            raise HookError(f"the hook for {target!r} is {fn!r}, not a function fn(activation, hook).")
+        pairs.extend((name, fn) for name in resolve_hook_names(model, target))
+    return pairs
+
+
+def _as_batch(tokens: Any, logits: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(tokens, device=logits.device).reshape(logits.shape[0], -1)
+
+
+def next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of predicting each next token (TransformerLens's return_type="loss")."""
+    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
 
 
 def run_with_cache(model: nn.Module, ids: Any, names_filter: NamesFilter = None,
                    device: Optional[Union[str, torch.device]] = None, remove_batch_dim: bool = False,
-                   input_pos: Optional[torch.Tensor] = None, **forward_kwargs: Any,
+                   input_pos: Optional[torch.Tensor] = None, incl_bwd: bool = False,
+                   metric: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+                   prepend_bos: Optional[bool] = None, padding_side: str = "right", **forward_kwargs: Any,
                    ) -> tuple[torch.Tensor, ActivationCache]:
     """One forward pass that records the selected activations (detached).
 
-    ids: token ids (T,) or (B, T), or text (encoded with ``model.tokenizer``).
+    ids: token ids (T,) or (B, T), text, or a list of texts (padded; see inspect/tokens.py).
     input_pos: KV-cache slots, passed to the model (set the cache up first with
     ``model.setup_kv_cache``); the cache then holds activations of the new positions only.
+    incl_bwd: also backpropagate ``metric(logits)`` (a scalar; default: the next-token loss)
+    and cache each hook's gradient as ``name + "_grad"``, as TransformerLens does.
     """
     names = resolve_hook_names(model, names_filter)
     activations: dict[str, torch.Tensor] = {}
@@ -219,9 +270,19 @@ def run_with_cache(model: nn.Module, ids: Any, names_filter: NamesFilter = None,
             activations[name] = act.to(device) if device is not None else act
         return save
 
+    tokens = _as_ids(model, ids, forward_kwargs, prepend_bos, padding_side)
     attached = _attach(model, [(name, make_saver(name)) for name in names])
+    if incl_bwd:
+        attached += _attach(model, [(name, make_saver(name + "_grad")) for name in names], dir="bwd")
     try:
-        logits = model(_as_ids(model, ids), input_pos=input_pos, **forward_kwargs)
+        with torch.enable_grad() if incl_bwd else contextlib.nullcontext():
+            logits = model(tokens, input_pos=input_pos, **forward_kwargs)
+            if incl_bwd:
+                value = metric(logits) if metric is not None else next_token_loss(logits, _as_batch(tokens, logits))
+                if value.numel() != 1:
+                    raise InputError(f"incl_bwd needs a scalar to backpropagate, but metric(logits) has shape "
+                                     f"{tuple(value.shape)}; reduce it (e.g. .mean() or .sum()).")
+                value.backward()
     finally:
         _detach(attached)
     cache = ActivationCache(activations, model)
@@ -230,18 +291,18 @@ def run_with_cache(model: nn.Module, ids: Any, names_filter: NamesFilter = None,
 
 def run_with_hooks(model: nn.Module, ids: Any,
                    fwd_hooks: Sequence[tuple[Union[str, Callable[[str], bool]], HookFn]] = (),
-                   reset_hooks_end: bool = True, **forward_kwargs: Any) -> torch.Tensor:
+                   bwd_hooks: Sequence[tuple[Union[str, Callable[[str], bool]], HookFn]] = (),
+                   reset_hooks_end: bool = True, prepend_bos: Optional[bool] = None,
+                   padding_side: str = "right", **forward_kwargs: Any) -> torch.Tensor:
     """One forward pass with ``fn(activation, hook) -> new | None`` attached at each named
-    hook point (or at every hook point whose name satisfies a predicate)."""
-    pairs: list[tuple[str, HookFn]] = []
-    for target, fn in fwd_hooks:
-        if not callable(fn):
-            raise HookError(f"the hook for {target!r} is {fn!r}, not a function fn(activation, hook).")
-        pairs.extend((name, fn) for name in resolve_hook_names(model, target))
-    attached = _attach(model, pairs)
+    hook point (or at every hook point whose name satisfies a predicate). ``bwd_hooks``:
+    ``fn(grad, hook) -> new | None`` run when the returned logits are backpropagated (they
+    are bound to this pass's graph, so they work after the hooks are reset)."""
+    tokens = _as_ids(model, ids, forward_kwargs, prepend_bos, padding_side)
+    attached = _attach(model, _hook_pairs(model, fwd_hooks))
+    attached += _attach(model, _hook_pairs(model, bwd_hooks), dir="bwd")
     try:
-        return model(_as_ids(model, ids), **forward_kwargs)
+        return model(tokens, **forward_kwargs)
     finally:
         if reset_hooks_end:
             _detach(attached)
-

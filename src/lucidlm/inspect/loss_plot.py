@@ -32,19 +32,31 @@ def _smooth(values: Sequence[float], weight: float) -> list[float]:
 
 def plot_loss_curves(metrics: Sequence[dict[str, Any]] | str | Path, path: str | Path,
                      step_losses: Optional[Sequence[float]] = None, title: str = "training loss",
-                     smoothing: float = 0.9) -> Path:
+                     smoothing: float = 0.9, learning_rates: Optional[Sequence[float]] = None) -> Path:
     """Write the loss curve to ``path`` (PNG) and return the path.
 
     metrics: records with ``step``, ``train_loss``, ``val_loss`` (or a metrics.jsonl path).
     step_losses: the training loss of every optimizer step, step 1 first (optional).
+    learning_rates: the learning rate of every optimizer step; drawn in a panel beside the losses.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     records = read_metrics(metrics) if isinstance(metrics, (str, Path)) else list(metrics)
-    fig = Figure(figsize=(8, 4.5), dpi=100)
+    fig = Figure(figsize=(12 if learning_rates else 8, 4.5), dpi=100)
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
+    if learning_rates:
+        grid = fig.add_gridspec(1, 3)
+        ax = fig.add_subplot(grid[0, :2])
+        lr_ax = fig.add_subplot(grid[0, 2])
+        lr_ax.plot(range(1, len(learning_rates) + 1), learning_rates, color="tab:red", linewidth=1.2)
+        lr_ax.set_xlabel("step")
+        lr_ax.set_ylabel("learning rate")
+        lr_ax.set_title("learning rate")
+        lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+        lr_ax.grid(True, alpha=0.3)
+    else:
+        ax = fig.add_subplot(1, 1, 1)
     if step_losses:
         steps = range(1, len(step_losses) + 1)
         ax.plot(steps, step_losses, color="tab:blue", alpha=0.25, linewidth=0.8, label="train (per step)")

@@ -17,41 +17,11 @@ from typing import Any, Iterator, Optional, TextIO
 import torch
 from torch import nn
 
-from lucidlm.errors import GenerationError, InputError, TokenizerError
+from lucidlm.errors import GenerationError, InputError
+from lucidlm.inspect.tokens import model_tokenizer, to_str_tokens, to_tokens
 
 
-def _tokenizer(model: nn.Module) -> Any:
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is None:
-        raise TokenizerError(
-            "this model has no tokenizer (model.tokenizer is None), so it cannot turn text into tokens; "
-            "pass token ids instead, or load a model that comes with one (lucidlm.load(...))."
-        )
-    return tokenizer
-
-
-def to_tokens(model: nn.Module, text: str) -> torch.Tensor:
-    """Text -> ids of shape (1, T) on the model's device."""
-    ids = _tokenizer(model).encode(text)
-    if not ids:
-        raise InputError(f"the text {text!r} tokenizes to no tokens; give at least one character of text.")
-    return torch.tensor([ids], dtype=torch.long, device=model.embed.weight.device)
-
-
-def to_str_tokens(model: nn.Module, text_or_ids: Any) -> Any:
-    """Each token as the text it stands for: a list of str, or a list of lists for a batch."""
-    tokenizer = _tokenizer(model)
-    if isinstance(text_or_ids, str):
-        ids = to_tokens(model, text_or_ids)[0].tolist()
-    elif isinstance(text_or_ids, torch.Tensor):
-        ids = text_or_ids.tolist()
-    else:
-        ids = list(text_or_ids)
-    if ids and isinstance(ids[0], list):
-        if len(ids) > 1:
-            return [[tokenizer.id_to_token(i) for i in row] for row in ids]
-        ids = ids[0]
-    return [tokenizer.id_to_token(int(i)) for i in ids]
+_tokenizer = model_tokenizer  # the name the rest of this file uses
 
 
 @dataclass

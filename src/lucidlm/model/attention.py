@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lucidlm.config import ModelConfig
+from lucidlm.model.hook_options import head_results, per_head_linear
 from lucidlm.model.hooks import HookPoint
 from lucidlm.model.kv_cache import KVCache
 from lucidlm.model.positions import apply_rope
@@ -38,6 +39,7 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
         self.rope_variant = cfg.rope_variant if cfg.positions == "rope" else None
         self.use_explicit = False  # force the explicit path (e.g. to compare the two)
+        self.use_attn_result = False  # hook each head's output (hook_options.py)
 
         self.hook_q = HookPoint()  # (B, T, nh, hd)
         self.hook_k = HookPoint()  # (B, T, n_kv, hd)
@@ -51,15 +53,23 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: Optional[RopeCosSin], mask: Optional[torch.Tensor],
                 kv_cache: Optional[KVCache] = None, input_pos: Optional[torch.Tensor] = None,
-                prefix_kv: Optional[torch.Tensor] = None) -> torch.Tensor:
+                prefix_kv: Optional[torch.Tensor] = None, key_input: Optional[torch.Tensor] = None,
+                value_input: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (B, T, d). rope: the rotation for these positions (RoPE models), else None.
         mask: (B, 1, T, S) bool, True = may attend, or None for plain causal (no cache).
         kv_cache, input_pos: this layer's cache and the (T,) slots to write, or None.
-        prefix_kv: (2, n_kv, P, hd) keys and values every query sees first (prefix tuning)."""
-        B, T, _ = x.shape
-        q = self.hook_q(self.q_proj(x).view(B, T, self.n_heads, self.head_dim))
-        k = self.hook_k(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim))
-        v = self.hook_v(self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim))
+        prefix_kv: (2, n_kv, P, hd) keys and values every query sees first (prefix tuning).
+        key_input, value_input: with split inputs (hook_options.py), x is (B, T, nh, d) and
+        these are (B, T, n_kv, d), one input per head."""
+        B, T = x.shape[:2]
+        if key_input is None:
+            q = self.hook_q(self.q_proj(x).view(B, T, self.n_heads, self.head_dim))
+            k = self.hook_k(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim))
+            v = self.hook_v(self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim))
+        else:
+            q = self.hook_q(per_head_linear(self.q_proj, x, self.n_heads, self.head_dim))
+            k = self.hook_k(per_head_linear(self.k_proj, key_input, self.n_kv_heads, self.head_dim))
+            v = self.hook_v(per_head_linear(self.v_proj, value_input, self.n_kv_heads, self.head_dim))
         if self.rope_variant is not None:
             q = self.hook_rot_q(apply_rope(q, *rope, self.rope_variant))
             k = self.hook_rot_k(apply_rope(k, *rope, self.rope_variant))
@@ -89,6 +99,10 @@ class Attention(nn.Module):
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=grouped)
 
         z = self.hook_z(z.transpose(1, 2))  # (B, T, nh, hd)
+        if self.use_attn_result:  # opt-in: each head's output before they are summed
+            result = self.hook_result(head_results(self.o_proj, z))  # (B, T, nh, d)
+            bias = self.o_proj.bias
+            return result.sum(-2) + bias if bias is not None else result.sum(-2)
         return self.o_proj(z.reshape(B, T, self.n_heads * self.head_dim))
 
     def _explicit_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -13,6 +13,7 @@ from torch import nn
 
 from lucidlm.config import ModelConfig
 from lucidlm.model.attention import Attention, RopeCosSin
+from lucidlm.model.hook_options import per_head
 from lucidlm.model.hooks import HookPoint
 from lucidlm.model.kv_cache import KVCache
 from lucidlm.model.mlp import MLP
@@ -34,21 +35,40 @@ class Block(nn.Module):
         self.hook_resid_mid = HookPoint()  # (B, T, d)
         self.hook_mlp_out = HookPoint()  # (B, T, d)
         self.hook_resid_post = HookPoint()  # (B, T, d)
+        # Opt-in hook points (hook_q_input, hook_attn_in, hook_mlp_in, ...): see hook_options.py.
+        self.use_split_qkv_input = self.use_attn_in = self.use_mlp_in = False
 
     def forward(self, x: torch.Tensor, rope: Optional[RopeCosSin] = None, mask: Optional[torch.Tensor] = None,
                 kv_cache: Optional[KVCache] = None, input_pos: Optional[torch.Tensor] = None,
                 prefix_kv: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (B, T, d) -> (B, T, d). The other arguments go to attention (see Attention.forward)."""
         x = self.hook_resid_pre(x)
+        q_in, k_in, v_in = self._attn_inputs(x)
+        attn_out = self.hook_attn_out(self.dropout(self.attn(q_in, rope, mask, kv_cache, input_pos, prefix_kv,
+                                                             k_in, v_in)))
         if self.pre_norm:
-            attn_out = self.hook_attn_out(self.dropout(self.attn(self.ln1(x), rope, mask, kv_cache, input_pos,
-                                                                 prefix_kv)))
             x = self.hook_resid_mid(x + attn_out)
-            mlp_out = self.hook_mlp_out(self.dropout(self.mlp(self.ln2(x))))
+            mlp_in = self.hook_mlp_in(x.clone()) if self.use_mlp_in else x
+            mlp_out = self.hook_mlp_out(self.dropout(self.mlp(self.ln2(mlp_in))))
             x = x + mlp_out
         else:
-            attn_out = self.hook_attn_out(self.dropout(self.attn(x, rope, mask, kv_cache, input_pos, prefix_kv)))
             x = self.hook_resid_mid(self.ln1(x + attn_out))
-            mlp_out = self.hook_mlp_out(self.dropout(self.mlp(x)))
+            mlp_in = self.hook_mlp_in(x.clone()) if self.use_mlp_in else x
+            mlp_out = self.hook_mlp_out(self.dropout(self.mlp(mlp_in)))
             x = self.ln2(x + mlp_out)
         return self.hook_resid_post(x)
+
+    def _attn_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """Attention's query/key/value inputs: the (normed) stream, or with the opt-in split
+        inputs one copy per head, (B, T, nh, d) and (B, T, n_kv, d), as TransformerLens does."""
+        if not (self.use_split_qkv_input or self.use_attn_in):
+            return (self.ln1(x) if self.pre_norm else x), None, None
+        if self.use_attn_in:
+            q_in = k_in = v_in = self.hook_attn_in(per_head(x, self.attn.n_heads))
+        if self.use_split_qkv_input:
+            q_in = self.hook_q_input(per_head(x, self.attn.n_heads))
+            k_in = self.hook_k_input(per_head(x, self.attn.n_kv_heads))
+            v_in = self.hook_v_input(per_head(x, self.attn.n_kv_heads))
+        if self.pre_norm:
+            q_in, k_in, v_in = self.ln1(q_in), self.ln1(k_in), self.ln1(v_in)
+        return q_in, k_in, v_in

@@ -1,10 +1,12 @@
 """Hook points: named places where an activation can be read or replaced.
 
 Every intermediate tensor of the model passes through a ``HookPoint``; its module path is
-the hook's name (``blocks.0.attn.hook_pattern``), as in TransformerLens. A hook function
-is ``fn(activation, hook) -> new_activation | None``. With no function attached a hook
-point is one attribute check: ``__call__`` is overridden so it skips nn.Module's call
-machinery, which is what makes hook points free when unused.
+the hook's name (``blocks.0.attn.hook_pattern``), as in TransformerLens. A forward hook is
+``fn(activation, hook) -> new_activation | None``; a backward hook is
+``fn(grad, hook) -> new_grad | None`` and sees the gradient of the loss with respect to this
+hook's output. With no function attached a hook point is one attribute check: ``__call__``
+is overridden so it skips nn.Module's call machinery, which is what makes hook points free
+when unused.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from lucidlm.errors import HookError
+
 HookFn = Callable[[torch.Tensor, "HookPoint"], Optional[torch.Tensor]]
 
 
@@ -21,29 +25,58 @@ class HookPoint(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.fns: list[HookFn] = []
+        self.bwd_fns: list[HookFn] = []
         self.name: str = ""  # filled in by Transformer once the module tree is built
 
-    def add_hook(self, fn: HookFn) -> None:
-        self.fns.append(fn)
+    def add_hook(self, fn: HookFn, dir: str = "fwd") -> None:
+        if dir not in ("fwd", "bwd"):
+            raise HookError(f"hook direction {dir!r} at {self.name!r}: expected 'fwd' or 'bwd'.")
+        (self.fns if dir == "fwd" else self.bwd_fns).append(fn)
 
-    def remove_hooks(self) -> None:
-        self.fns.clear()
+    def remove_hooks(self, dir: str = "both") -> None:
+        if dir in ("fwd", "both"):
+            self.fns.clear()
+        if dir in ("bwd", "both"):
+            self.bwd_fns.clear()
 
     @property
     def active(self) -> bool:
-        return bool(self.fns)
+        return bool(self.fns) or bool(self.bwd_fns)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if not self.fns:
+        if not self.fns and not self.bwd_fns:
             return x
         for fn in self.fns:
             out = fn(x, self)
             if out is not None:
+                _check_same_shape(out, x, fn, self.name, "activation")
                 x = out
+        if self.bwd_fns and x.requires_grad:
+            x = x.view_as(x)  # a node of our own: its gradient is this hook's output's alone
+            for fn in list(self.bwd_fns):  # bound now, so removing hooks later keeps this pass's
+                x.register_hook(self._grad_hook(fn))
         return x
+
+    def _grad_hook(self, fn: HookFn) -> Callable[[torch.Tensor], Optional[torch.Tensor]]:
+        def on_grad(grad: torch.Tensor) -> Optional[torch.Tensor]:
+            out = fn(grad, self)
+            if out is not None:
+                _check_same_shape(out, grad, fn, self.name, "gradient")
+            return out
+        return on_grad
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self(x)
 
     def extra_repr(self) -> str:
         return self.name
+
+
+def _check_same_shape(out: object, x: torch.Tensor, fn: HookFn, name: str, what: str) -> None:
+    fn_name = getattr(fn, "__name__", repr(fn))
+    if not isinstance(out, torch.Tensor):
+        raise HookError(f"hook function {fn_name} at {name!r} returned {type(out).__name__}; return a tensor of the "
+                        f"{what}'s shape {tuple(x.shape)}, or None to leave it unchanged.")
+    if out.shape != x.shape:
+        raise HookError(f"hook function {fn_name} at {name!r} returned shape {tuple(out.shape)}, but the {what} "
+                        f"there has shape {tuple(x.shape)}; return a tensor of the same shape (or None).")

@@ -2,6 +2,11 @@
 
 RMSNorm is computed in float32 whatever the activations' dtype (as LLaMA and seed 001/003
 do): the mean of squares of bf16 values loses too much precision.
+
+Hook semantics follow TransformerLens exactly, so ported analysis code reads the same numbers:
+``hook_scale`` holds the divisor itself, rms(x) (LayerNorm: the std of the centred x, eps
+included), shape (..., 1); ``hook_normalized`` holds x / scale *before* the learned weight
+and bias are applied. With no hook attached the fused kernels run instead (same numbers).
 """
 
 from __future__ import annotations
@@ -18,15 +23,16 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
-        self.hook_scale = HookPoint()  # (B, T, 1): 1 / rms(x)
-        self.hook_normalized = HookPoint()  # (B, T, d)
+        self.hook_scale = HookPoint()  # (B, T, 1): rms(x) = sqrt(mean(x^2) + eps)
+        self.hook_normalized = HookPoint()  # (B, T, d): x / rms(x), before the weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype in (torch.float32, torch.float64) and not (self.hook_scale.active or self.hook_normalized.active):
+        looking = self.hook_scale.active or self.hook_normalized.active
+        if x.dtype in (torch.float32, torch.float64) and not looking:
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # fused; same numbers
         x32 = x.to(torch.promote_types(x.dtype, torch.float32))
-        inv_rms = self.hook_scale(torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps))
-        return self.hook_normalized(self.weight * (x32 * inv_rms).to(x.dtype))
+        scale = self.hook_scale((x32.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return self.hook_normalized(x32 / scale).to(x.dtype) * self.weight
 
 
 class LayerNorm(nn.Module):
@@ -35,19 +41,17 @@ class LayerNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
-        self.hook_scale = HookPoint()  # (B, T, 1): 1 / std(x)
-        self.hook_normalized = HookPoint()  # (B, T, d)
+        self.hook_scale = HookPoint()  # (B, T, 1): std(x) = sqrt(var(x) + eps)
+        self.hook_normalized = HookPoint()  # (B, T, d): (x - mean) / std, before weight and bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.hook_scale.active:  # spell it out only when someone is looking
-            x32 = x.to(torch.promote_types(x.dtype, torch.float32))
-            centred = x32 - x32.mean(-1, keepdim=True)
-            inv_std = self.hook_scale(torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + self.eps))
-            y = (centred * inv_std).to(x.dtype) * self.weight
-            y = y + self.bias if self.bias is not None else y
-        else:
-            y = F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
-        return self.hook_normalized(y)
+        if not (self.hook_scale.active or self.hook_normalized.active):
+            return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)  # fused
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))
+        centred = x32 - x32.mean(-1, keepdim=True)
+        scale = self.hook_scale((centred.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        y = self.hook_normalized(centred / scale).to(x.dtype) * self.weight
+        return y + self.bias if self.bias is not None else y
 
 
 def make_norm(kind: str, dim: int, eps: float, bias: bool = True) -> nn.Module:

@@ -104,11 +104,11 @@ class Transformer(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.embed.weight.device
+        return getattr(self.embed, "device", None) or self.embed.weight.device  # quantized: no float weight
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.weight.dtype
+        return getattr(self.embed, "dtype", None) or self.embed.weight.dtype
 
     # ------------------------------------------------------------------ forward
     def forward(self, ids: torch.Tensor | Sequence[int], attention_mask: Optional[torch.Tensor] = None,

@@ -1,18 +1,25 @@
-"""Training from scratch: corpus -> memory-mapped token windows -> masked cross-entropy ->
-AdamW with warmup + cosine decay -> atomic checkpoints that resume exactly; one process
-or many under ``torchrun``.
+"""Training: one loop (``loop.Trainer``) and two recipes that build what it runs.
 
->>> from lucidlm.training import TrainConfig, train
->>> result = train(TrainConfig(data="input.txt", out_dir="out", max_iters=2000))
+- ``pretrain(TrainConfig(...))``: a model from scratch on a text corpus (nanoGPT's train.py)
+- ``finetune(FinetuneConfig(...))``: a pretrained model with LoRA, adapters, prefix tuning or
+  all weights, on a text corpus or a JSONL dataset of examples
+
+>>> from lucidlm.training import TrainConfig, pretrain
+>>> result = pretrain(TrainConfig(data="input.txt", out_dir="out", max_iters=2000))
 >>> model = lucidlm.load("out")   # reads out/checkpoint/
+
+Both run in one process or many under ``torchrun`` (DDP, or FSDP2 with strategy="fsdp").
 """
 
+from lucidlm.training.config import LoopConfig, PretrainConfig, TrainConfig
 from lucidlm.training.data import PaddedBatch, TokenData, count_batches, get_batch, pad_batch, prepare_data
+from lucidlm.training.loop import Callback, Trainer, TrainResult
 from lucidlm.training.loss import IGNORE_INDEX, masked_cross_entropy
+from lucidlm.training.pretrain import build_pretraining, model_config_for, pretrain, train
 from lucidlm.training.schedule import get_lr
-from lucidlm.training.trainer import TrainConfig, Trainer, TrainResult, model_config_for, train
 
 __all__ = [
-    "IGNORE_INDEX", "PaddedBatch", "TokenData", "TrainConfig", "TrainResult", "Trainer", "count_batches",
-    "get_batch", "get_lr", "masked_cross_entropy", "model_config_for", "pad_batch", "prepare_data", "train",
+    "IGNORE_INDEX", "Callback", "LoopConfig", "PaddedBatch", "PretrainConfig", "TokenData", "TrainConfig",
+    "TrainResult", "Trainer", "build_pretraining", "count_batches", "get_batch", "get_lr", "masked_cross_entropy",
+    "model_config_for", "pad_batch", "prepare_data", "pretrain", "train",
 ]

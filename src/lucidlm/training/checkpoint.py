@@ -19,15 +19,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from lucidlm.errors import CheckpointError
-from lucidlm.model.transformer import Transformer
-from lucidlm.weights.checkpoint import CONFIG_NAME, WEIGHTS_NAME, save_model
+from lucidlm.weights.checkpoint import CONFIG_NAME, WEIGHTS_NAME
 
 CHECKPOINT_DIR = "checkpoint"
 OPTIMIZER_NAME = "optimizer.safetensors"
@@ -49,10 +48,9 @@ def decode_rng_state(text: str) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- optimizer
 
-def save_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
-    """AdamW state flattened to ``state.{param_index}.{exp_avg|exp_avg_sq|step}`` tensors;
-    the param groups (lr, betas, weight decay, which indices) go in the file's metadata."""
-    state = optimizer.state_dict()
+def save_optimizer(state: dict[str, Any], path: Path) -> None:
+    """An optimizer ``state_dict()`` flattened to ``state.{param_index}.{exp_avg|exp_avg_sq|step}``
+    tensors; the param groups (lr, betas, weight decay, which indices) go in the metadata."""
     tensors = {}
     for index, slots in state["state"].items():
         for key, value in slots.items():
@@ -61,7 +59,8 @@ def save_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
     save_file(tensors, str(path), metadata={"param_groups": json.dumps(state["param_groups"])})
 
 
-def load_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
+def read_optimizer_file(path: Path) -> dict[str, Any]:
+    """The ``state_dict()`` that ``save_optimizer`` wrote."""
     try:
         tensors = load_file(str(path))
         with open(path, "rb") as f:  # safetensors' header: 8-byte length, then JSON with __metadata__
@@ -76,23 +75,29 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
     for group in groups:
         if "betas" in group:
             group["betas"] = tuple(group["betas"])
+    return {"state": state, "param_groups": groups}
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    loaded = read_optimizer_file(path)
     try:
-        optimizer.load_state_dict({"state": state, "param_groups": groups})
+        optimizer.load_state_dict(loaded)
     except ValueError as exc:
         raise CheckpointError(f"{path} does not fit this model's optimizer ({exc}).") from None
 
 
 # ----------------------------------------------------------------------------- save / load
 
-def save_checkpoint(out_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer,
+def save_checkpoint(out_dir: Path, write_payload: Callable[[Path], None], optimizer_state: dict[str, Any],
                     trainer_state: dict[str, Any]) -> Path:
-    """Write OUT/checkpoint atomically: build it beside, then swap directories."""
+    """Write OUT/checkpoint atomically: build it beside, then swap directories.
+    ``write_payload(directory)`` writes the weights (see ``checkpointer.py``)."""
     out_dir = Path(out_dir)
     final = out_dir / CHECKPOINT_DIR
     tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=TMP_PREFIX))
     try:
-        save_model(model, tmp)
-        save_optimizer(optimizer, tmp / OPTIMIZER_NAME)
+        write_payload(tmp)
+        save_optimizer(optimizer_state, tmp / OPTIMIZER_NAME)
         (tmp / STATE_NAME).write_text(json.dumps(trainer_state, indent=1) + "\n")
         _fsync_dir(tmp)
         # A directory cannot be renamed over a non-empty one: move the old one aside, move
@@ -131,9 +136,10 @@ def remove_stale_temporaries(out_dir: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
+def read_trainer_state(checkpoint: Path, payload: str = WEIGHTS_NAME) -> dict[str, Any]:
     path = checkpoint / STATE_NAME
-    for needed in (CONFIG_NAME, WEIGHTS_NAME, OPTIMIZER_NAME, STATE_NAME):
+    needed_files = (CONFIG_NAME, WEIGHTS_NAME) if payload == WEIGHTS_NAME else (payload,)
+    for needed in (*needed_files, OPTIMIZER_NAME, STATE_NAME):
         if not (checkpoint / needed).is_file():
             raise CheckpointError(
                 f"{checkpoint / needed} is missing: {checkpoint} is not a complete training checkpoint; "

@@ -139,11 +139,13 @@ def split_tokens(tokens: np.ndarray, val_fraction: float, split: str) -> tuple[n
     return tokens[~is_val], tokens[is_val]
 
 
-def prepare_data(source: str | Path, out_dir: str | Path, tokenizer: str = "char",
+def prepare_data(source: str | Path, out_dir: str | Path, tokenizer: str | Tokenizer = "char",
                  vocab_size: Optional[int] = None, val_fraction: float = 0.1,
                  progress: bool = False, split: str = "tail") -> TokenData:
     """Tokenize ``source`` into ``out_dir/data/{train,val}.bin`` (once) and memory-map them.
 
+    ``tokenizer``: a kind to train on the corpus (char | word | bpe), or a tokenizer object
+    to encode with as it is (fine-tuning: the pretrained model's own vocabulary).
     A second call with the same corpus and settings reuses the files (and the saved
     tokenizer) instead of tokenizing again.
     """
@@ -153,15 +155,17 @@ def prepare_data(source: str | Path, out_dir: str | Path, tokenizer: str = "char
         raise DataError(f"unknown split={split!r}; valid options are: {', '.join(SPLITS)}.")
     files = corpus_files(source)
     directory = Path(out_dir) / DATA_DIR_NAME
-    fingerprint = _fingerprint(files, tokenizer, vocab_size, val_fraction, split)
+    given = None if isinstance(tokenizer, str) else tokenizer
+    kind = tokenizer if given is None else _tokenizer_identity(given)
+    fingerprint = _fingerprint(files, kind, vocab_size, val_fraction, split)
     meta_path = directory / META_NAME
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
         if meta.get("fingerprint") == fingerprint:
-            return _open(directory, meta)
+            return _open(directory, meta, given)
 
     texts = read_corpus(files)
-    tok = train_tokenizer(tokenizer, "\n".join(texts), vocab_size, progress)
+    tok = given if given is not None else train_tokenizer(kind, "\n".join(texts), vocab_size, progress)
     tokens = tokenize_documents(tok, texts)
     train, val = split_tokens(tokens, val_fraction, split)
     n_train = len(train)
@@ -173,18 +177,31 @@ def prepare_data(source: str | Path, out_dir: str | Path, tokenizer: str = "char
     directory.mkdir(parents=True, exist_ok=True)
     train.tofile(directory / "train.bin")
     val.tofile(directory / "val.bin")
-    tok.save(directory / "tokenizer.json")
+    if given is None:
+        tok.save(directory / "tokenizer.json")
     meta = dict(fingerprint=fingerprint, dtype=tokens.dtype.name, n_train=n_train, n_val=len(tokens) - n_train,
-                tokenizer=tokenizer, vocab_size=tok.vocab_size, files=[str(f) for f in files])
+                tokenizer=kind, vocab_size=tok.vocab_size, files=[str(f) for f in files])
     (directory / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")  # last: marks the data complete
-    return _open(directory, meta)
+    return _open(directory, meta, given)
 
 
-def _open(directory: Path, meta: dict) -> TokenData:
+def _tokenizer_identity(tokenizer: Tokenizer) -> str:
+    """Tells a given tokenizer from another: its class, size and what its first ids decode to."""
+    pieces = []
+    for i in range(min(tokenizer.vocab_size, 512)):
+        try:
+            pieces.append(tokenizer.decode([i]))
+        except Exception:  # a special or unused id some tokenizers refuse to decode alone
+            pieces.append(None)
+    digest = hashlib.sha256(json.dumps([type(tokenizer).__name__, tokenizer.vocab_size, pieces]).encode())
+    return f"given:{digest.hexdigest()[:16]}"
+
+
+def _open(directory: Path, meta: dict, tokenizer: Optional[Tokenizer] = None) -> TokenData:
     dtype = np.dtype(meta["dtype"])
     train = np.memmap(directory / "train.bin", dtype=dtype, mode="r", shape=(meta["n_train"],))
     val = np.memmap(directory / "val.bin", dtype=dtype, mode="r", shape=(meta["n_val"],))
-    return TokenData(train, val, load_tokenizer(directory / "tokenizer.json"), directory)
+    return TokenData(train, val, tokenizer or load_tokenizer(directory / "tokenizer.json"), directory)
 
 
 # ----------------------------------------------------------------------------- batches

@@ -29,10 +29,16 @@ class DistributedContext:
     local_rank: int = 0
     world_size: int = 1
     device: str = "cpu"
+    strategy: str = "single"  # single | ddp | fsdp
 
     @property
     def enabled(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def sharded(self) -> bool:
+        """FSDP: every rank holds a shard, so collectives (evaluation, saving) need all ranks."""
+        return self.strategy == "fsdp"
 
     @property
     def is_main(self) -> bool:
@@ -44,8 +50,9 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
 
 
-def setup_distributed(device: str) -> DistributedContext:
-    """Join the process group if torchrun launched us; pick this rank's device."""
+def setup_distributed(device: str, strategy: str = "auto") -> DistributedContext:
+    """Join the process group if torchrun launched us; pick this rank's device.
+    ``strategy``: auto | ddp (a full replica per rank) | fsdp (FSDP2 shards)."""
     if not launched_by_torchrun():
         return DistributedContext(device=device)
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
@@ -63,7 +70,27 @@ def setup_distributed(device: str) -> DistributedContext:
         backend = "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend=backend)
-    return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+    return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device,
+                              strategy="fsdp" if strategy == "fsdp" else "ddp")
+
+
+def wrap_model(model: torch.nn.Module, ctx: DistributedContext, compile: bool = False) -> torch.nn.Module:
+    """The module the training step calls: compiled and/or DDP-wrapped. FSDP2 shards
+    ``model`` in place (every block, then the root: each block's weights are gathered just
+    before it runs and freed after), so the returned module is ``model`` itself."""
+    if ctx.sharded:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    train_model: torch.nn.Module = torch.compile(model) if compile else model
+    if ctx.strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [torch.device(ctx.device).index] if ctx.device.startswith("cuda") else None
+        train_model = DistributedDataParallel(train_model, device_ids=device_ids)
+    return train_model
 
 
 def rank_slice(batch: torch.Tensor, ctx: DistributedContext) -> torch.Tensor:

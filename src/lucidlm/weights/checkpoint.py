@@ -27,6 +27,7 @@ from lucidlm.weights.state import load_into, own_state_dict
 CONFIG_NAME = "lucidlm_config.json"
 WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_NAME = "tokenizer.json"
+QUANTIZATION_NAME = "quantization.json"  # only for quantized models: which module has which scheme
 
 
 def is_checkpoint_dir(path: Path) -> bool:
@@ -63,9 +64,18 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def save_model(model: Transformer, directory: str | Path) -> Path:
+    from lucidlm.quantization import is_quantized, quantization_layout
+
     directory = Path(directory)
     atomic_save_safetensors(own_state_dict(model), directory / WEIGHTS_NAME)
     atomic_write_text(directory / CONFIG_NAME, json.dumps(model.config.to_dict(), indent=2) + "\n")
+    if is_quantized(model):
+        compute = next(m.compute_dtype for m in model.modules() if hasattr(m, "compute_dtype"))
+        layout = {"format": 1, "compute_dtype": str(compute).replace("torch.", ""),
+                  "modules": quantization_layout(model)}
+        atomic_write_text(directory / QUANTIZATION_NAME, json.dumps(layout, indent=2) + "\n")
+    elif (directory / QUANTIZATION_NAME).exists():  # a float model over an old quantized one
+        (directory / QUANTIZATION_NAME).unlink()
     if model.tokenizer is not None and hasattr(model.tokenizer, "save"):
         model.tokenizer.save(directory / TOKENIZER_NAME)
     return directory
@@ -90,6 +100,21 @@ def load_model(directory: str | Path, dtype: torch.dtype = torch.float32,
         from lucidlm.tokenizers import load_tokenizer
         tokenizer = load_tokenizer(directory / TOKENIZER_NAME)
     model = model_cls.empty(config, device)
+    if (directory / QUANTIZATION_NAME).is_file():
+        tensors = _install_quantized(model, directory / QUANTIZATION_NAME, tensors, device)
     load_into(model, tensors, weights_path)
     model.tokenizer = tokenizer
     return model.to(dtype).eval()
+
+
+def _install_quantized(model: Transformer, layout_path: Path, tensors: dict[str, torch.Tensor],
+                       device: str | torch.device) -> dict[str, torch.Tensor]:
+    from lucidlm.quantization import install_quantized
+
+    try:
+        layout = json.loads(layout_path.read_text(encoding="utf-8"))
+        modules, compute = layout["modules"], getattr(torch, layout.get("compute_dtype", "bfloat16"))
+    except (ValueError, KeyError, AttributeError) as exc:
+        raise CheckpointError(f"{layout_path} cannot be read ({exc}); re-save the quantized model.") from None
+    tensors = {k: v.to(device) for k, v in tensors.items()}
+    return install_quantized(model, modules, tensors, str(layout_path.parent / WEIGHTS_NAME), compute)

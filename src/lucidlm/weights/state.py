@@ -17,14 +17,37 @@ def own_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     state = dict(model.state_dict())
     if model.config.tie_embeddings:
         state.pop("unembed.weight", None)
+        for name in getattr(model.unembed, "plain_names", ()):  # quantized: stored once, under embed.
+            state.pop(f"unembed.{name}", None)
     return state
+
+
+def float_tensors(model: Transformer) -> dict[str, torch.Tensor]:
+    """Parameters and persistent buffers outside quantized modules, by name: what a loader
+    fills in by copying (quantized modules are rebuilt from their codes instead)."""
+    from lucidlm.quantization import QuantizedEmbedding, QuantizedLinear
+
+    out: dict[str, torch.Tensor] = {}
+    for module_name, module in model.named_modules():
+        if isinstance(module, (QuantizedLinear, QuantizedEmbedding)):
+            continue
+        prefix = f"{module_name}." if module_name else ""
+        for name, param in module.named_parameters(recurse=False):
+            out[prefix + name] = param
+        for name, buf in module.named_buffers(recurse=False):
+            if buf is not None and name not in module._non_persistent_buffers_set:
+                out[prefix + name] = buf
+    if model.config.tie_embeddings:
+        out.pop("unembed.weight", None)
+    return out
 
 
 def load_into(model: Transformer, tensors: Mapping[str, torch.Tensor], source: str | Path,
               strict_unexpected: bool = True) -> None:
     """Copy ``tensors`` (our names) into ``model``; every expected tensor must be there with
-    the right shape. ``source`` names the file in error messages."""
-    expected = own_state_dict(model)
+    the right shape. ``source`` names the file in error messages. Quantized modules are not
+    touched (``quantization.install_quantized`` builds them first and hands over the rest)."""
+    expected = float_tensors(model)
     for name, param in expected.items():
         if name not in tensors:
             raise MissingTensorError(

@@ -1,0 +1,56 @@
+"""Command-line flags generated from a recipe's config dataclass.
+
+Every field becomes ``--field-name`` with the field's default, type and help (from its
+``metadata``), so ``lucidlm train`` / ``lucidlm finetune`` and the Python recipes cannot
+disagree on a default. Booleans become switches: ``--name`` for a False default,
+``--no-name`` for a True one (or the ``flag`` the metadata names, which sets the opposite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Any, Iterable, Optional, Union
+
+
+def _base_type(annotation: Any) -> type:
+    if typing.get_origin(annotation) is Union:  # Optional[X]
+        return next(a for a in typing.get_args(annotation) if a is not type(None))
+    return annotation
+
+
+def add_config_flags(parser: argparse.ArgumentParser | Any, config_class: type, skip: Iterable[str] = (),
+                     required: Iterable[str] = ()) -> None:
+    hints = typing.get_type_hints(config_class)
+    defaults = config_class.__dataclass_fields__
+    skip, required = set(skip), set(required)
+    for f in dataclasses.fields(config_class):
+        if f.name in skip:
+            continue
+        meta = f.metadata
+        kind = _base_type(hints[f.name])
+        help_text = meta.get("help", "")
+        if kind is bool:
+            flag = meta.get("flag") or (f"--no-{f.name.replace('_', '-')}" if f.default else
+                                        f"--{f.name.replace('_', '-')}")
+            parser.add_argument(flag, dest=f.name, action="store_false" if f.default else "store_true",
+                                help=help_text)
+            continue
+        flag = meta.get("flag") or f"--{f.name.replace('_', '-')}"
+        default = defaults[f.name].default
+        suffix = "" if "(default" in help_text or default in (None, "") else f" (default: {default})"
+        parser.add_argument(flag, dest=f.name, type=kind, default=default, choices=meta.get("choices"),
+                            required=f.name in required, metavar=None if meta.get("choices") else kind.__name__.upper(),
+                            help=help_text + suffix)
+
+
+def config_from_args(config_class: type, args: argparse.Namespace, **fixed: Any) -> Any:
+    names = {f.name for f in dataclasses.fields(config_class)}
+    values = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    return config_class(**{**values, **fixed})
+
+
+def flag_of(config_class: type, name: str) -> Optional[str]:
+    field = config_class.__dataclass_fields__[name]
+    return field.metadata.get("flag") or f"--{name.replace('_', '-')}"

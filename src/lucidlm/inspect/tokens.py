@@ -1,0 +1,121 @@
+"""Text <-> tokens the way TransformerLens's ``to_tokens`` / ``to_str_tokens`` / ``to_string`` do it.
+
+    to_tokens(model, "The cat")                          # (1, T)
+    to_tokens(model, ["The cat", "A"], prepend_bos=True) # (2, T_max), right-padded
+    to_str_tokens(model, "The cat")                      # ['The', ' cat']
+    to_string(model, ids)                                # text (or a list of texts for a batch)
+
+``prepend_bos``: None keeps the tokenizer's own habit (SmolLM2's adds nothing, Gemma's adds
+BOS); True makes sure the first token is BOS (GPT-2's BOS is ``<|endoftext|>``); False makes
+sure it is not. A list of texts is padded to its longest member with the pad token
+(falling back to EOS, then BOS, as TransformerLens does), on the right unless
+``padding_side="left"``; ``return_attention_mask=True`` also returns the (B, T) mask of real
+tokens, which the forward pass takes as ``attention_mask``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from lucidlm.errors import InputError, TokenizerError
+
+Text = Union[str, Sequence[str]]
+
+
+def model_tokenizer(model: nn.Module) -> Any:
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise TokenizerError(
+            "this model has no tokenizer (model.tokenizer is None), so it cannot turn text into tokens; "
+            "pass token ids instead, or load a model that comes with one (lucidlm.load(...))."
+        )
+    return tokenizer
+
+
+def bos_id(tokenizer: Any) -> int:
+    """The id put first by prepend_bos: BOS, or EOS for tokenizers like GPT-2's whose BOS is EOS."""
+    for token_id in (tokenizer.bos_id, tokenizer.eos_id):
+        if token_id is not None:
+            return int(token_id)
+    raise TokenizerError("prepend_bos=True, but this tokenizer has neither a BOS nor an EOS token; "
+                         "pass prepend_bos=False (or None), or add the ids yourself.")
+
+
+def pad_id(tokenizer: Any) -> int:
+    for token_id in (tokenizer.pad_id, tokenizer.eos_id, tokenizer.bos_id):
+        if token_id is not None:
+            return int(token_id)
+    return 0  # no special tokens at all (a char tokenizer): the mask says which ids are real
+
+
+def encode(model: nn.Module, text: str, prepend_bos: Optional[bool] = None) -> list[int]:
+    tokenizer = model_tokenizer(model)
+    if not isinstance(text, str):
+        raise InputError(f"expected text (a str or a list of str), got {type(text).__name__}.")
+    ids = list(tokenizer.encode(text))
+    added = bool(getattr(tokenizer, "add_bos", False)) and bool(ids) and ids[0] == tokenizer.bos_id
+    if prepend_bos and not added:
+        ids = [bos_id(tokenizer), *ids]
+    elif prepend_bos is False and added:
+        ids = ids[1:]
+    if not ids:
+        raise InputError(f"the text {text!r} tokenizes to no tokens; give at least one character of text.")
+    return ids
+
+
+def to_tokens(model: nn.Module, text: Text, prepend_bos: Optional[bool] = None, padding_side: str = "right",
+              return_attention_mask: bool = False) -> Any:
+    """Text -> ids (1, T); a list of texts -> (B, T_max) padded. On the model's device."""
+    if padding_side not in ("left", "right"):
+        raise InputError(f"padding_side={padding_side!r}: expected 'right' or 'left'.")
+    texts = [text] if isinstance(text, str) else list(text)
+    if not texts:
+        raise InputError("to_tokens got an empty list of texts; give at least one.")
+    rows = [encode(model, t, prepend_bos) for t in texts]
+    width = max(len(r) for r in rows)
+    pad = pad_id(model_tokenizer(model))
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        span = slice(width - len(row), width) if padding_side == "left" else slice(0, len(row))
+        ids[i, span] = torch.tensor(row, dtype=torch.long)
+        mask[i, span] = 1
+    device = model.embed.weight.device
+    ids, mask = ids.to(device), mask.to(device)
+    return (ids, mask) if return_attention_mask else ids
+
+
+def to_str_tokens(model: nn.Module, text_or_ids: Any, prepend_bos: Optional[bool] = None) -> Any:
+    """Each token as the text it stands for: a list of str, or a list of lists for a batch
+    (a list of texts, or a (B, T) tensor with B > 1)."""
+    tokenizer = model_tokenizer(model)
+    if isinstance(text_or_ids, str):
+        ids: Any = encode(model, text_or_ids, prepend_bos)
+    elif isinstance(text_or_ids, (list, tuple)) and text_or_ids and isinstance(text_or_ids[0], str):
+        return [to_str_tokens(model, t, prepend_bos) for t in text_or_ids]
+    elif isinstance(text_or_ids, torch.Tensor):
+        ids = text_or_ids.tolist()
+    else:
+        ids = list(text_or_ids)
+    if ids and isinstance(ids[0], list):
+        if len(ids) > 1:
+            return [[tokenizer.id_to_token(int(i)) for i in row] for row in ids]
+        ids = ids[0]
+    return [tokenizer.id_to_token(int(i)) for i in ids]
+
+
+def to_string(model: nn.Module, ids: Any) -> Union[str, list[str]]:
+    """Ids -> text: one str for (T,) or a single id list, a list of str for (B, T)."""
+    tokenizer = model_tokenizer(model)
+    if isinstance(ids, torch.Tensor):
+        if ids.ndim > 2:
+            raise InputError(f"to_string takes ids of shape (T,) or (B, T), got {tuple(ids.shape)}.")
+        ids = ids.tolist()
+    if isinstance(ids, int):
+        ids = [ids]
+    if ids and isinstance(ids[0], (list, tuple)):
+        return [tokenizer.decode([int(i) for i in row]) for row in ids]
+    return tokenizer.decode([int(i) for i in ids])

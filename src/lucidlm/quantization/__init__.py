@@ -1,0 +1,21 @@
+"""Weight-only quantization by module swap (gpt-fast's design).
+
+    lucidlm.quantize(model, "int8")                 # per output channel
+    lucidlm.quantize(model, "int8", group_size=32)  # per group (GGUF Q8_0's layout)
+    lucidlm.quantize(model, "int4")                 # groups of 32 (64, 128: group_size=...)
+    lucidlm.load("smollm2-135m", quantize="int4")
+
+One file per scheme (``int8.py``, ``int4.py``): a ``QuantizedLinear`` subclass that defines
+the codes, their file layout and the kernel. ``base.py`` holds the shared contract and the
+quantized embedding; ``swap.py`` swaps modules and rebuilds them from files. A new scheme is
+a new file plus one entry in ``swap.SCHEMES``.
+"""
+
+from lucidlm.quantization.base import DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding, QuantizedLinear
+from lucidlm.quantization.int4 import Int4Linear
+from lucidlm.quantization.int8 import Int8Linear
+from lucidlm.quantization.swap import (SCHEMES, install_quantized, is_quantized, quantization_layout, quantize,
+                                       scheme_class)
+
+__all__ = ["quantize", "QuantizedLinear", "QuantizedEmbedding", "Int8Linear", "Int4Linear", "SCHEMES",
+           "DEFAULT_COMPUTE_DTYPE", "install_quantized", "is_quantized", "quantization_layout", "scheme_class"]

@@ -1,0 +1,247 @@
+"""What every quantized layer shares: the ``QuantizedLinear`` contract and the embedding.
+
+A scheme (``int8.py``, ``int4.py``) is one subclass of ``QuantizedLinear`` that says how a
+float matrix becomes integer codes plus per-group scales, how they are stored, and which
+kernel multiplies by them. Everything else (swapping modules, saving, GGUF) talks to this
+contract only, so a new scheme is one new file registered in ``SCHEMES``.
+
+Two layouts of the same numbers:
+- the *plain* layout is what ``state_dict`` holds and the safetensors file stores
+  (documented per scheme, independent of torch's kernels);
+- the *kernel* layout is whatever the fastest matmul on the device wants (for int4 on CPU,
+  torch's opaque packed tiles). ``_load_from_state_dict`` converts plain -> kernel.
+
+Weights are buffers, not parameters: they cannot train, and asking a quantized module to
+train raises a QuantizationError that names the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Optional
+
+import torch
+from torch import nn
+
+from lucidlm.errors import QuantizationError
+
+# Matmuls with quantized weights run in this dtype on CPU: torch's int8/int4 weight kernels
+# are fast only with bfloat16 activations (their float32 paths are 10-50x slower here).
+DEFAULT_COMPUTE_DTYPE = torch.bfloat16
+
+
+def check_group_size(name: str, in_features: int, group_size: Optional[int], scheme: str) -> None:
+    if group_size is None:
+        return
+    if not isinstance(group_size, int) or group_size <= 0 or in_features % group_size:
+        divisors = [g for g in (16, 32, 64, 128, 256) if in_features % g == 0]
+        raise QuantizationError(
+            f"{name}: group_size={group_size!r} does not divide the input width {in_features}, so {scheme} "
+            f"groups cannot tile the rows. Use a group size that divides {in_features}"
+            f"{' (e.g. ' + ', '.join(map(str, divisors)) + ')' if divisors else ''}."
+        )
+
+
+class QuantizedLinear(nn.Module):
+    """y = x @ dequantize(W).T + b, with W kept as integer codes and scales.
+
+    Subclasses set ``scheme`` and implement ``quantize_weight`` (float -> plain tensors),
+    ``dequantize_plain`` (plain -> float, the scheme's definition), ``_install`` (plain ->
+    the module's kernel buffers) and ``_matmul``.
+    """
+
+    scheme: ClassVar[str] = ""
+    default_group_size: ClassVar[Optional[int]] = None
+    plain_names: ClassVar[tuple[str, ...]] = ()  # plain-layout tensors, in state_dict order
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 group_size: Optional[int] = None, compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.group_size = group_size
+        self.compute_dtype = compute_dtype
+        self.bias: Optional[torch.Tensor]
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+
+    # -- construction ------------------------------------------------------------------
+    @classmethod
+    def from_float(cls, linear: nn.Linear, group_size: Optional[int] = None, name: str = "linear",
+                   compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> "QuantizedLinear":
+        group_size = cls.default_group_size if group_size is None else group_size
+        check_group_size(name, linear.in_features, group_size, cls.scheme)
+        plain = cls.quantize_weight(linear.weight.detach().float(), group_size, compute_dtype)
+        bias = linear.bias.detach() if linear.bias is not None else None
+        return cls.from_plain(plain, linear.in_features, group_size, bias, compute_dtype)
+
+    @classmethod
+    def from_plain(cls, plain: dict[str, torch.Tensor], in_features: int, group_size: Optional[int],
+                   bias: Optional[torch.Tensor] = None,
+                   compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> "QuantizedLinear":
+        """A module from tensors already in the plain layout (a file, a GGUF block map)."""
+        out_features = plain[cls.plain_names[0]].shape[0]
+        module = cls(in_features, out_features, bias is not None, group_size, compute_dtype)
+        module._install({k: v for k, v in plain.items()})
+        if bias is not None:
+            module.bias = bias.to(torch.float32).clone()
+        return module
+
+    @staticmethod
+    def quantize_weight(weight: torch.Tensor, group_size: Optional[int],
+                        scale_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> dict[str, torch.Tensor]:
+        """(out, in) float -> the plain tensors, scales in ``scale_dtype``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def dequantize_plain(plain: dict[str, torch.Tensor], group_size: Optional[int]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _install(self, plain: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def plain_state(self) -> dict[str, torch.Tensor]:
+        """This module's weight in the plain layout (what a file stores)."""
+        raise NotImplementedError
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    # -- use ---------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).to(self.compute_dtype)  # (M, in)
+        y = self._matmul(x2)  # (M, out)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float matrix (out, in) these codes stand for."""
+        return self.dequantize_plain(self.plain_state(), self.group_size).to(dtype)
+
+    def describe(self) -> dict[str, Any]:
+        return {"scheme": self.scheme, "group_size": self.group_size}
+
+    @property
+    def weight(self) -> torch.Tensor:
+        raise QuantizationError(
+            f"this {type(self).__name__} stores {self.scheme} codes, not a float weight; call .dequantize() "
+            f"for the float matrix, or load the model without quantize= to work with float weights."
+        )
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "QuantizedLinear":
+        # .to(dtype) must not turn codes into floats or change the scales the kernel needs;
+        # a device move re-installs the plain tensors, so each device gets its own kernel layout.
+        device = next(self.buffers()).device
+        target = fn(torch.zeros((), device=device)).device
+        if target != device:
+            self._install({k: v.to(target) for k, v in self.plain_state().items()})
+            if self.bias is not None:
+                self.bias = self.bias.to(target)
+        return self
+
+    def train(self, mode: bool = True) -> "QuantizedLinear":
+        if mode:
+            raise_training_error(self)
+        return super().train(False)
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        for name, tensor in self.plain_state().items():
+            destination[prefix + name] = tensor
+        if self.bias is not None:
+            destination[prefix + "bias"] = self.bias
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: dict, strict: bool,
+                              missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
+        plain = {}
+        for name in self.plain_names:
+            if prefix + name in state_dict:
+                plain[name] = state_dict[prefix + name]
+            else:
+                missing_keys.append(prefix + name)
+        if len(plain) == len(self.plain_names):
+            self._install(plain)
+        if self.bias is not None:
+            if prefix + "bias" in state_dict:
+                self.bias = state_dict[prefix + "bias"].to(torch.float32).clone()
+            else:
+                missing_keys.append(prefix + "bias")
+
+    def extra_repr(self) -> str:
+        group = "per channel" if self.group_size is None else f"group {self.group_size}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, {self.scheme} {group}, "
+                f"compute {str(self.compute_dtype).replace('torch.', '')}, bias={self.bias is not None}")
+
+
+class QuantizedEmbedding(nn.Module):
+    """A token embedding kept in a scheme's plain layout: a lookup gathers the T rows it
+    needs and dequantizes only those, so the table never exists in float."""
+
+    def __init__(self, linear_cls: type[QuantizedLinear], plain: dict[str, torch.Tensor], embedding_dim: int,
+                 group_size: Optional[int], dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.linear_cls, self.group_size, self.embedding_dim = linear_cls, group_size, embedding_dim
+        self.dtype = dtype  # what lookups return: the model's residual-stream dtype
+        for name, tensor in plain.items():
+            self.register_buffer(name, tensor)
+
+    @property
+    def scheme(self) -> str:
+        return self.linear_cls.scheme
+
+    @property
+    def device(self) -> torch.device:
+        return getattr(self, self.linear_cls.plain_names[0]).device
+
+    @property
+    def num_embeddings(self) -> int:
+        return getattr(self, self.linear_cls.plain_names[0]).shape[0]
+
+    def plain_state(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name) for name in self.linear_cls.plain_names}
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)  # (B*T,)
+        rows = {name: t.index_select(0, flat) for name, t in self.plain_state().items()}
+        return self.linear_cls.dequantize_plain(rows, self.group_size).to(self.dtype).reshape(
+            *ids.shape, self.embedding_dim)  # (B, T, d)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.linear_cls.dequantize_plain(self.plain_state(), self.group_size).to(dtype)
+
+    def describe(self) -> dict[str, Any]:
+        return {"scheme": self.scheme, "group_size": self.group_size}
+
+    @property
+    def weight(self) -> torch.Tensor:
+        raise QuantizationError(
+            f"this QuantizedEmbedding stores {self.scheme} codes, not a float table; call .dequantize() for "
+            f"the float matrix, or load the model without quantize= to work with float weights."
+        )
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "QuantizedEmbedding":
+        # model.to(dtype) must not turn integer codes into floats; it sets the output dtype.
+        probe = fn(torch.zeros((), dtype=self.dtype))
+        if probe.is_floating_point():
+            self.dtype = probe.dtype
+        for name in self.linear_cls.plain_names:
+            tensor = getattr(self, name)
+            moved = fn(tensor)
+            setattr(self, name, moved if not tensor.is_floating_point() or moved.dtype == tensor.dtype
+                    else tensor.to(moved.device))
+        return self
+
+    def train(self, mode: bool = True) -> "QuantizedEmbedding":
+        if mode:
+            raise_training_error(self)
+        return super().train(False)
+
+    def extra_repr(self) -> str:
+        group = "per channel" if self.group_size is None else f"group {self.group_size}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.scheme} {group}"
+
+
+def raise_training_error(module: nn.Module) -> None:
+    raise QuantizationError(
+        f"{type(module).__name__} holds quantized weights ({getattr(module, 'scheme', '?')}), which cannot be "
+        f"trained: they are integer codes with no gradient. Train the float model (lucidlm.load(...) without "
+        f"quantize=, or with dtype=torch.float32) and quantize afterwards."
+    )

@@ -1,0 +1,111 @@
+"""int4 weight-only quantization: asymmetric groups of 32 (default), 64 or 128 input columns.
+
+Scheme, for row n and input column k in group j = k // group_size:
+
+    W[n, k] = (q[n, k] - 8) * scales[n, j] + zeros[n, j],     q in [0, 15]
+    scales = (max - min) / 15,  zeros = min + 8 * scales       (over the group; both rounded
+                                                                to the compute dtype first)
+
+This is torch's (and gpt-fast's) int4 convention, and GGUF's Q4_0 (zero = 0) and Q4_1
+(W = d * q + m, so scale = d, zero = m + 8 d) are special cases of it.
+
+Plain layout (state_dict / files): ``weight_int4`` uint8 (out, in / 2), column 2i in the low
+nibble and column 2i + 1 in the high nibble; ``scales`` and ``zeros`` (out, groups) in the
+compute dtype.
+
+Kernel layout on CPU: ``torch.ops.aten._convert_weight_to_int4pack_for_cpu`` tiles the codes
+in an opaque order (rows padded to a multiple of 16) for ``_weight_int4pack_mm_for_cpu``,
+which takes ``scales_and_zeros`` (groups, out, 2). Elsewhere the codes stay plain and are
+dequantized for ``F.linear``. The plain codes are recovered from the tiles when saving by
+multiplying with the identity (exact: small integers in bfloat16).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from lucidlm.quantization.base import QuantizedLinear
+
+ROW_TILE = 16  # the CPU packing works on 16 output rows at a time
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """(N, K) codes in 0..15 -> (N, K/2) uint8, even columns in the low nibble."""
+    codes = codes.to(torch.uint8)
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """(N, K/2) uint8 -> (N, K) uint8 codes in 0..15."""
+    low, high = packed & 0x0F, packed >> 4
+    return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)
+
+
+class Int4Linear(QuantizedLinear):
+    scheme = "int4"
+    default_group_size = 32
+    plain_names = ("weight_int4", "scales", "zeros")
+
+    @staticmethod
+    def quantize_weight(weight: torch.Tensor, group_size: Optional[int],
+                        scale_dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+        N, K = weight.shape
+        g = group_size or Int4Linear.default_group_size
+        grouped = weight.float().reshape(N, K // g, g)  # (N, G, g)
+        low, high = grouped.amin(-1), grouped.amax(-1)  # (N, G)
+        scales = ((high - low) / 15).to(scale_dtype)
+        safe = scales.float().masked_fill(scales.float() == 0, 1.0)  # a constant group: all codes 8
+        zeros = (low + 8 * scales.float()).to(scale_dtype)
+        q = torch.round((grouped - zeros.float()[..., None]) / safe[..., None] + 8).clamp_(0, 15)
+        return {"weight_int4": pack_nibbles(q.reshape(N, K)), "scales": scales, "zeros": zeros}
+
+    @staticmethod
+    def dequantize_plain(plain: dict[str, torch.Tensor], group_size: Optional[int]) -> torch.Tensor:
+        codes = unpack_nibbles(plain["weight_int4"]).float()  # (N, K)
+        N, K = codes.shape
+        g = group_size or K
+        scales, zeros = plain["scales"].float()[..., None], plain["zeros"].float()[..., None]  # (N, G, 1)
+        return ((codes.reshape(N, K // g, g) - 8) * scales + zeros).reshape(N, K)
+
+    def _install(self, plain: dict[str, torch.Tensor]) -> None:
+        packed = plain["weight_int4"].to(torch.uint8)
+        scales = plain["scales"].to(self.compute_dtype).reshape(packed.shape[0], -1)
+        zeros = plain["zeros"].to(self.compute_dtype).reshape(packed.shape[0], -1)
+        N = packed.shape[0]
+        self.uses_cpu_kernel = packed.device.type == "cpu"
+        if self.uses_cpu_kernel:
+            pad = -N % ROW_TILE
+            codes = unpack_nibbles(packed).to(torch.int32)  # (N, K)
+            if pad:  # padding rows are never read back: the output is sliced to N
+                codes = F.pad(codes, (0, 0, 0, pad), value=8)
+                scales, zeros = F.pad(scales, (0, 0, 0, pad)), F.pad(zeros, (0, 0, 0, pad))
+            self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
+            self.register_buffer("scales_and_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).contiguous())
+        else:
+            self.register_buffer("weight_int4", packed.contiguous())
+            self.register_buffer("scales_and_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).contiguous())
+
+    def plain_state(self) -> dict[str, torch.Tensor]:
+        N = self.out_features
+        scales = self.scales_and_zeros[..., 0].t()[:N].contiguous()  # (N, G)
+        zeros = self.scales_and_zeros[..., 1].t()[:N].contiguous()
+        if not self.uses_cpu_kernel:
+            return {"weight_int4": self.weight_int4, "scales": scales, "zeros": zeros}
+        # Undo the opaque tiling: with scale 1 and zero 8 the kernel returns the codes themselves.
+        K, Npad = self.in_features, self.weight_int4.shape[0]
+        groups = K // self.group_size
+        unit = torch.stack([torch.ones(groups, Npad), torch.full((groups, Npad), 8.0)], -1).to(torch.bfloat16)
+        eye = torch.eye(K, dtype=torch.bfloat16)
+        codes = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.weight_int4, self.group_size, unit)  # (K, Npad)
+        codes = codes.t()[:N].round().to(torch.uint8)
+        return {"weight_int4": pack_nibbles(codes), "scales": scales, "zeros": zeros}
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.uses_cpu_kernel and x.dtype == self.scales_and_zeros.dtype:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight_int4, self.group_size,
+                                                             self.scales_and_zeros)  # (M, Npad)
+            return y[:, :self.out_features] if y.shape[1] != self.out_features else y
+        return F.linear(x, self.dequantize(x.dtype))

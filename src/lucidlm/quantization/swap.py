@@ -1,0 +1,140 @@
+"""``quantize(model, scheme)``: swap every ``nn.Linear`` (and the token embedding) for its
+quantized counterpart, as gpt-fast does. The model's code does not change: the modules do.
+
+Embedding and tied unembedding: both are quantized. The embedding becomes a
+``QuantizedEmbedding`` (a lookup dequantizes only the rows it gathers), the unembedding a
+``QuantizedLinear``. When the model ties them (SmolLM2 does; the unembedding is 21 % of its
+weights, and every decoded token reads all of it), the matrix is quantized *once* and both
+modules are built from the same codes and scales, so they still stand for one matrix; the
+file stores it once, under ``embed.``. (int8 per channel even shares the storage; int4 keeps
+a second copy of the codes in the CPU kernel's tiled layout.)
+
+A model's quantization is described by its *layout*: module name -> {"scheme", "group_size"}.
+Files store it beside the weights (``quantization.json``), and ``install_quantized`` builds
+the modules back from a layout and plain tensors (a saved file, or GGUF blocks).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import torch
+from torch import nn
+
+from lucidlm.errors import QuantizationError
+from lucidlm.quantization.base import (DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding, QuantizedLinear,
+                                       check_group_size)
+from lucidlm.quantization.int4 import Int4Linear
+from lucidlm.quantization.int8 import Int8Linear
+
+SCHEMES: dict[str, type[QuantizedLinear]] = {"int8": Int8Linear, "int4": Int4Linear}
+
+
+def scheme_class(scheme: str) -> type[QuantizedLinear]:
+    if scheme not in SCHEMES:
+        raise QuantizationError(
+            f"unknown quantization scheme {scheme!r}; lucidlm knows {', '.join(sorted(SCHEMES))} "
+            f"(e.g. quantize='int4', group_size=32)."
+        )
+    return SCHEMES[scheme]
+
+
+def is_quantized(model: nn.Module) -> bool:
+    return any(isinstance(m, (QuantizedLinear, QuantizedEmbedding)) for m in model.modules())
+
+
+def quantization_layout(model: nn.Module) -> dict[str, dict[str, Any]]:
+    """Module name -> {"scheme", "group_size"} for every quantized module."""
+    return {name: m.describe() for name, m in model.named_modules()
+            if isinstance(m, (QuantizedLinear, QuantizedEmbedding))}
+
+
+def _tied(model: nn.Module) -> bool:
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "tie_embeddings", False))
+
+
+def quantize(model: nn.Module, scheme: str, group_size: Optional[int] = None, *,
+             embeddings: bool = True, compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> nn.Module:
+    """Quantize ``model`` in place (and return it): every ``nn.Linear`` becomes a
+    ``QuantizedLinear`` of ``scheme`` ("int8": per output channel unless ``group_size``;
+    "int4": groups of ``group_size``, default 32), and with ``embeddings`` the token
+    embedding too. The matmuls run in ``compute_dtype``; the residual stream keeps the
+    model's dtype."""
+    cls = scheme_class(scheme)
+    group_size = cls.default_group_size if group_size is None else group_size
+    linears = {name: m for name, m in model.named_modules() if type(m) is nn.Linear}
+    embed = getattr(model, "embed", None)
+    tie = _tied(model) and isinstance(embed, nn.Embedding)
+    for name, linear in linears.items():  # validate everything before changing anything
+        check_group_size(name, linear.in_features, group_size, scheme)
+    if embeddings and isinstance(embed, nn.Embedding):
+        check_group_size("embed", embed.embedding_dim, group_size, scheme)
+
+    with torch.no_grad():
+        if embeddings and isinstance(embed, nn.Embedding):
+            plain = cls.quantize_weight(embed.weight.detach().float(), group_size, compute_dtype)
+            _set(model, "embed", QuantizedEmbedding(cls, plain, embed.embedding_dim, group_size, embed.weight.dtype))
+            if tie and "unembed" in linears:
+                bias = linears.pop("unembed").bias
+                _set(model, "unembed", cls.from_plain(plain, embed.embedding_dim, group_size, bias, compute_dtype))
+        for name, linear in linears.items():
+            _set(model, name, cls.from_float(linear, group_size, name, compute_dtype))
+    return model.eval()
+
+
+def install_quantized(model: nn.Module, layout: Mapping[str, Mapping[str, Any]],
+                      tensors: Mapping[str, torch.Tensor], source: str,
+                      compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> dict[str, torch.Tensor]:
+    """Replace the modules ``layout`` names with quantized ones built from ``tensors``
+    (plain layout, ``<module>.<plain name>``). Returns the tensors it did not use (the
+    float ones, for the caller to load). A tied unembedding with no tensors of its own is
+    built from the embedding's."""
+    from lucidlm.errors import MissingTensorError
+
+    used: set[str] = set()
+    modules = dict(model.named_modules())
+    plain_of: dict[str, dict[str, torch.Tensor]] = {}
+    for name, spec in layout.items():
+        cls = scheme_class(str(spec.get("scheme")))
+        group_size = spec.get("group_size")
+        old = modules.get(name)
+        if not isinstance(old, (nn.Linear, nn.Embedding, QuantizedLinear, QuantizedEmbedding)):
+            raise QuantizationError(f"{source}: quantized tensor for {name!r}, which is not a linear layer or "
+                                    f"embedding of this model; the file is for a different architecture.")
+        keys = {p: f"{name}.{p}" for p in cls.plain_names}
+        if name == "unembed" and _tied(model) and not all(k in tensors for k in keys.values()):
+            continue  # built from the embedding below
+        missing = [k for k in keys.values() if k not in tensors]
+        if missing:
+            raise MissingTensorError(f"{source}: tensor {missing[0]!r} is missing; the file is incomplete.")
+        plain = {p: tensors[k] for p, k in keys.items()}
+        used.update(keys.values())
+        plain_of[name] = plain
+        if isinstance(old, (nn.Embedding, QuantizedEmbedding)):
+            width = old.embedding_dim
+            check_group_size(name, width, group_size, cls.scheme)
+            _set(model, name, QuantizedEmbedding(cls, plain, width, group_size, torch.float32))
+        else:
+            bias = tensors.get(f"{name}.bias")
+            if bias is not None:
+                used.add(f"{name}.bias")
+            check_group_size(name, old.in_features, group_size, cls.scheme)
+            _set(model, name, cls.from_plain(plain, old.in_features, group_size, bias, compute_dtype))
+    if "unembed" in layout and "unembed" not in plain_of:
+        spec, plain = layout["unembed"], plain_of.get("embed")
+        if plain is None or layout.get("embed") != spec:
+            raise QuantizationError(f"{source}: the tied unembedding has no tensors and no matching quantized "
+                                    f"embedding to share; the file is incomplete.")
+        old = modules["unembed"]
+        bias = tensors.get("unembed.bias")
+        used.add("unembed.bias")
+        _set(model, "unembed", scheme_class(spec["scheme"]).from_plain(plain, old.in_features, spec["group_size"],
+                                                                      bias, compute_dtype))
+    return {k: v for k, v in tensors.items() if k not in used}
+
+
+def _set(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)

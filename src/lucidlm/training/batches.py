@@ -1,0 +1,146 @@
+"""Where training batches come from: random windows of a token stream (pre-training, as
+nanoGPT), or whole examples in shuffled epochs (fine-tuning on a JSONL dataset).
+
+Both give the loop the same small interface: ``next()`` -> (inputs, targets) on the
+device for this rank, ``prefetch()`` to draw the following batch while the device works,
+``eval_batches(split, iters)``, and ``state_dict()`` for an exact resume. Every rank draws
+the same *global* batch and keeps its own rows, so N processes equal one process with an
+N times larger batch, and one saved state restores all of them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import torch
+
+from lucidlm.training.checkpoint import decode_rng_state, encode_rng_state
+from lucidlm.training.data import get_batch
+from lucidlm.training.distributed import DistributedContext, rank_slice
+from lucidlm.training.loss import IGNORE_INDEX
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type == "cuda":  # pinned memory lets the copy overlap the running kernels
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+class Prefetching:
+    """The prefetch protocol: ``_draw()`` makes one batch; the state saved is the one from
+    before the batch held in advance was drawn, so a resume draws it again."""
+
+    def _draw(self) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def _get_state(self) -> Any:
+        raise NotImplementedError
+
+    def _set_state(self, state: Any) -> None:
+        raise NotImplementedError
+
+    _held: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+    _state_before_held: Any = None
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._held is None:
+            self.prefetch()
+        batch, self._held = self._held, None
+        return batch
+
+    def prefetch(self) -> None:
+        if self._held is None:
+            self._state_before_held = self._get_state()
+            self._held = self._draw()
+
+    def state_dict(self) -> Any:
+        return self._state_before_held if self._held is not None else self._get_state()
+
+    def load_state_dict(self, state: Any) -> None:
+        self._held = None
+        self._set_state(state)
+
+
+class WindowBatches(Prefetching):
+    """``batch_size`` random windows of ``block_size + 1`` tokens per rank (nanoGPT's get_batch)."""
+
+    def __init__(self, train: np.ndarray, val: np.ndarray, batch_size: int, block_size: int, seed: int,
+                 ctx: DistributedContext) -> None:
+        self.splits = {"train": train, "val": val}
+        self.batch_size, self.block_size, self.seed, self.ctx = batch_size, block_size, seed, ctx
+        self.device = torch.device(ctx.device)
+        self.generator = torch.Generator().manual_seed(seed)  # identical on every rank
+        self.tokens_per_batch = batch_size * block_size
+
+    def _draw(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = get_batch(self.splits["train"], self.batch_size * self.ctx.world_size, self.block_size,
+                         self.generator)  # the global batch, (B * world, T)
+        return to_device(rank_slice(x, self.ctx), self.device), to_device(rank_slice(y, self.ctx), self.device)
+
+    def _get_state(self) -> str:
+        return encode_rng_state(self.generator.get_state())
+
+    def _set_state(self, state: str) -> None:
+        self.generator.set_state(decode_rng_state(state))
+
+    def eval_batches(self, split: str, iters: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The same ``iters`` global batches at every evaluation, from their own generator."""
+        generator = torch.Generator().manual_seed(self.seed + 1)
+        for _ in range(iters):
+            x, y = get_batch(self.splits[split], self.batch_size * self.ctx.world_size, self.block_size, generator)
+            yield to_device(x, self.device), to_device(y, self.device)
+
+
+class ExampleBatches(Prefetching):
+    """Whole examples (already padded to one length) in shuffled epochs.
+
+    ``ids`` (N, L) and ``targets`` (N, L) with IGNORE_INDEX where no loss counts (padding,
+    and the prompt when it is masked). Epoch e visits the examples in the order of a
+    permutation seeded by (seed, e); a last partial batch wraps to the epoch's start.
+    """
+
+    def __init__(self, train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor],
+                 batch_size: int, seed: int, ctx: DistributedContext) -> None:
+        self.splits = {"train": train, "val": val}
+        self.batch_size, self.seed, self.ctx = batch_size, seed, ctx
+        self.device = torch.device(ctx.device)
+        self.global_batch = batch_size * ctx.world_size
+        self.steps_per_epoch = max(1, math.ceil(len(train[0]) / self.global_batch))  # micro-batches
+        self.tokens_per_batch = batch_size * train[0].shape[1]
+        self.epoch, self.position = 0, 0  # position: micro-batches done in this epoch
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        return torch.randperm(len(self.splits["train"][0]), generator=generator)
+
+    def _draw(self) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self._order)
+        start = self.position * self.global_batch
+        rows = self._order[torch.arange(start, start + self.global_batch) % n]  # (B * world,)
+        self.position += 1
+        if self.position == self.steps_per_epoch:
+            self.epoch, self.position = self.epoch + 1, 0
+            self._order = self._permutation(self.epoch)
+        ids, targets = self.splits["train"]
+        return (to_device(rank_slice(ids[rows], self.ctx), self.device),
+                to_device(rank_slice(targets[rows], self.ctx), self.device))
+
+    def _get_state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def _set_state(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._order = self._permutation(self.epoch)
+
+    def eval_batches(self, split: str, iters: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The first ``iters`` global batches of the split, in order (all of it if it is smaller)."""
+        ids, targets = self.splits[split]
+        for i in range(min(iters, math.ceil(len(ids) / self.global_batch))):
+            rows = slice(i * self.global_batch, (i + 1) * self.global_batch)
+            yield to_device(ids[rows], self.device), to_device(targets[rows], self.device)
+
+
+__all__ = ["ExampleBatches", "IGNORE_INDEX", "WindowBatches"]

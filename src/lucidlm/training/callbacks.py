@@ -1,0 +1,130 @@
+"""What a run shows and records, as loop callbacks (main process only).
+
+- ``Sampler``      at each evaluation, continues a prompt with the sampling settings given
+                   (temperature, top-p, seed); with a ``base`` context, the base model too
+- ``MetricsLog``   OUT/metrics.jsonl (one record per evaluation) and OUT/loss.png (losses
+                   beside the learning-rate curve)
+- ``Console``      the progress bar and the printed evaluation lines
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from lucidlm.training.loop import Callback, Trainer, TrainResult
+
+METRICS_NAME = "metrics.jsonl"
+PLOT_NAME = "loss.png"
+
+
+class Sampler(Callback):
+    """Adds ``sample`` (and ``base_sample``) to each evaluation record.
+
+    ``base``: a context manager factory under which the model is the untuned base (e.g.
+    ``peft.disable_adapters``); the base sample is taken once and shown beside each tuned one.
+    """
+
+    def __init__(self, prompt_ids: Sequence[int], tokens: int, tokenizer: Any, temperature: float = 0.0,
+                 top_p: Optional[float] = None, seed: int = 0,
+                 base: Optional[Callable[[], contextlib.AbstractContextManager]] = None) -> None:
+        self.prompt_ids, self.tokens, self.tokenizer = list(prompt_ids), tokens, tokenizer
+        self.settings = dict(temperature=temperature, top_p=top_p, seed=seed)
+        self.base, self.base_text = base, None
+
+    def sample(self, model: torch.nn.Module) -> str:
+        from lucidlm.generation import generate
+
+        model.eval()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                result = generate(model, self.prompt_ids, max_new_tokens=self.tokens, **self.settings)
+        finally:
+            clear = getattr(model, "clear_kv_cache", None)
+            if clear is not None:
+                clear()
+            model.train()
+        # Decode prompt and continuation together: word tokens need the spaces between them.
+        return self.tokenizer.decode(self.prompt_ids + list(result.token_ids))
+
+    def on_evaluate(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if self.tokens <= 0 or trainer.ctx.sharded:  # a sharded model cannot decode on one rank
+            return
+        if self.base is not None and self.base_text is None:
+            with self.base():
+                self.base_text = self.sample(trainer.model)
+        record["sample"] = self.sample(trainer.model)
+        if self.base_text is not None:
+            record["base_sample"] = self.base_text
+
+
+class MetricsLog(Callback):
+    def __init__(self, out_dir: Path, title: str) -> None:
+        self.path, self.plot, self.title = Path(out_dir) / METRICS_NAME, Path(out_dir) / PLOT_NAME, title
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        """Keep the records up to the checkpoint's step (a run that died after an evaluation
+        but before saving wrote lines that its resume writes again)."""
+        kept = []
+        if self.path.is_file():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= trainer.step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        trainer.metrics = [json.loads(line) for line in kept]
+
+    def on_evaluate(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        from lucidlm.inspect.loss_plot import plot_loss_curves
+
+        trainer.flush_losses()
+        plot_loss_curves([*trainer.metrics, record], self.plot, trainer.train_losses, title=self.title,
+                         learning_rates=trainer.learning_rates)
+
+
+class Console(Callback):
+    """A tqdm bar (when stderr is a terminal) and one printed line per evaluation."""
+
+    def __init__(self, progress: bool, header: str = "") -> None:
+        self.progress, self.header, self.bar = progress, header, None
+
+    def print(self, message: str) -> None:
+        if self.bar is not None and not self.bar.disable:
+            self.bar.write(message)
+        else:
+            print(message, flush=True)
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        from tqdm.auto import tqdm
+
+        if self.header:
+            self.print(self.header + (f", resuming at step {trainer.step}" if trainer.step else ""))
+        self.bar = tqdm(total=trainer.config.max_iters, initial=trainer.step, desc="train", dynamic_ncols=True,
+                        disable=not (self.progress and sys.stderr.isatty()))
+
+    def on_log(self, trainer: Trainer, losses: list[float]) -> None:
+        self.bar.update(len(losses))
+        rate = trainer.tokens_seen / max(trainer.train_time, 1e-9)
+        self.bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{trainer.lr_at(trainer.step - 1):.2e}",
+                             tok_s=f"{rate:,.0f}", refresh=False)
+
+    def on_evaluate(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        speed = f", {record['tokens_per_s']:,.0f} tok/s" if record.get("tokens_per_s") else ""
+        self.print(f"step {record['step']}: train loss {record['train_loss']:.4f}, val loss "
+                   f"{record['val_loss']:.4f} (ppl {record['val_ppl']:.2f}){speed}")
+        if record.get("sample"):
+            self.print(f"  sample: {record['sample'][:200]!r}")
+        if record.get("base_sample"):
+            self.print(f"  base model (adapter off): {record['base_sample'][:200]!r}")
+
+    def on_fit_end(self, trainer: Trainer, result: TrainResult) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if result.interrupted:
+            self.print(f"interrupted: saved a checkpoint at step {result.step} in {result.checkpoint}; continue "
+                       f"with --resume.")

@@ -1,0 +1,192 @@
+"""The settings of a training run, one dataclass per recipe.
+
+``LoopConfig`` holds what the loop itself reads (steps, batches, schedule, evaluation,
+sampling, runtime); ``TrainConfig`` (pre-training, ``pretrain``) and ``FinetuneConfig``
+(``finetune``) add what their recipe builds. Each field carries its command-line help in
+``metadata``: ``lucidlm train`` and ``lucidlm finetune`` generate their flags from these
+classes, so a default or a help text lives in exactly one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from lucidlm.config import PRESETS
+from lucidlm.errors import ConfigError
+
+DTYPES = ("auto", "float32", "bfloat16")
+STRATEGIES = ("auto", "ddp", "fsdp")
+
+
+def opt(default: Any, help: str, **extra: Any) -> Any:
+    """A dataclass field with its CLI help (``flag=`` renames the flag, ``choices=`` limits it)."""
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class LoopConfig:
+    """What every training run needs; names follow nanoGPT's train.py."""
+
+    out_dir: str = opt("out", "output directory: checkpoint/, metrics.jsonl, loss.png", flag="--out")
+    batch_size: int = opt(12, "sequences per micro-batch and process")
+    gradient_accumulation_steps: int = opt(1, "micro-batches per optimizer step (global batch = batch size x this "
+                                              "x processes)")
+    learning_rate: float = opt(1e-3, "peak learning rate")
+    min_lr: Optional[float] = opt(1e-4, "learning rate at the end of the cosine decay")
+    warmup_iters: int = opt(100, "steps of linear warmup")
+    max_iters: int = opt(2000, "total optimizer steps")
+    lr_decay_iters: Optional[int] = opt(2000, "step at which the cosine decay reaches --min-lr")
+    decay_lr: bool = opt(True, "keep --learning-rate constant (no warmup or decay)", flag="--constant-lr")
+    beta1: float = opt(0.9, "AdamW beta1")
+    beta2: float = opt(0.99, "AdamW beta2")
+    weight_decay: float = opt(0.1, "AdamW weight decay (matrices only, not biases or norms)")
+    grad_clip: float = opt(1.0, "clip the gradient norm to this (0 = no clipping)")
+    eval_interval: int = opt(250, "evaluate, sample and checkpoint every this many steps")
+    eval_iters: int = opt(20, "batches per split in each evaluation")
+    final_eval_iters: Optional[int] = opt(None, "batches per split in the last evaluation (default: --eval-iters)")
+    log_interval: int = opt(10, "read the training loss back from the device every this many steps (progress bar)")
+    sample_prompt: Optional[str] = opt(None, "prompt for the samples printed at each evaluation")
+    sample_tokens: int = opt(100, "tokens sampled at each evaluation (0 = none)")
+    sample_temperature: float = opt(0.0, "sampling temperature of those samples (0 = greedy)")
+    sample_top_p: Optional[float] = opt(None, "nucleus (top-p) cut-off of those samples")
+    sample_seed: Optional[int] = opt(None, "seed of those samples (default: --seed)")
+    progress: bool = opt(True, "progress bar (only when stderr is a terminal)")
+    seed: int = opt(1337, "random seed (weights, batches, dropout)")
+    device: str = opt("auto", "auto (CUDA if available, else CPU), cpu, cuda, cuda:N")
+    dtype: str = opt("auto", "auto: bf16 autocast on CUDA, fp32 on CPU", choices=DTYPES)
+    compile: bool = opt(False, "torch.compile the model (slow start, faster steps)")
+    fused_adamw: bool = opt(True, "use the fused AdamW kernel (CPU and CUDA)")
+    strategy: str = opt("auto", "under torchrun: ddp (replicas) or fsdp (sharded, FSDP2); auto = ddp",
+                        choices=STRATEGIES)
+    resume: bool = opt(False, "continue the run in --out from its checkpoint (same settings; --max-iters, "
+                              "evaluation and device may change)")
+
+    # Settings that may change between a run and its resume (everything else must match).
+    MAY_CHANGE = ("max_iters", "eval_interval", "eval_iters", "final_eval_iters", "log_interval", "sample_prompt",
+                  "sample_tokens", "sample_temperature", "sample_top_p", "sample_seed", "progress", "device",
+                  "compile", "fused_adamw", "resume", "out_dir", "epochs")
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}={value!r} must be a positive integer.")
+        if not isinstance(self.max_iters, int) or self.max_iters < 0:
+            raise ConfigError(f"max_iters={self.max_iters!r} must be a non-negative integer.")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype={self.dtype!r}; choose one of {', '.join(DTYPES)}.")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy={self.strategy!r}; choose one of {', '.join(STRATEGIES)}.")
+        if self.learning_rate is not None and self.learning_rate <= 0:
+            raise ConfigError(f"learning_rate={self.learning_rate} must be > 0.")
+        if self.min_lr is not None and self.min_lr < 0:
+            raise ConfigError(f"min_lr={self.min_lr} must be >= 0.")
+        if self.sample_top_p is not None and not 0.0 < self.sample_top_p <= 1.0:
+            raise ConfigError(f"sample_top_p={self.sample_top_p} must be in (0, 1].")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def differences(self, saved: dict[str, Any], current: Optional[dict[str, Any]] = None) -> list[str]:
+        """'name: saved -> current' for every trajectory-shaping setting that differs."""
+        current = current if current is not None else self.to_dict()
+        return [f"{name}: {saved.get(name)!r} -> {value!r}" for name, value in current.items()
+                if name not in self.MAY_CHANGE and saved.get(name) != value]
+
+
+@dataclass
+class TrainConfig(LoopConfig):
+    """Pre-training from scratch; defaults are nanoGPT's documented CPU run of
+    shakespeare-char (4 layers, 128 wide, 64 tokens of context, val loss ~1.88)."""
+
+    data: str = opt("", "training text: a UTF-8 file, or a folder whose *.txt files are concatenated")
+    tokenizer: str = opt("char", "char: one token per character; word: whitespace-separated words; bpe: byte-level "
+                                 "BPE trained on the corpus", choices=("char", "word", "bpe"))
+    vocab_size: Optional[int] = opt(None, "bpe: vocabulary size to train (default 1024); word: keep only the N-3 "
+                                          "most frequent words")
+    val_fraction: float = opt(0.1, "fraction of the tokens held out for validation (see --split)")
+    split: str = opt("tail", "tail = the last --val-fraction validates (nanoGPT); interleaved = every 10th chunk "
+                             "of 1024 tokens", choices=("tail", "interleaved"))
+    preset: str = opt("shakespeare-char", "model architecture to start from; --n-layer/--n-head/--n-embd/"
+                                          "--block-size/--dropout resize it", choices=sorted(PRESETS))
+    n_layer: Optional[int] = opt(None, "number of transformer blocks (default: the preset's)")
+    n_head: Optional[int] = opt(None, "attention heads per block (default: the preset's)")
+    n_embd: Optional[int] = opt(None, "model width d_model (default: the preset's)")
+    block_size: Optional[int] = opt(None, "context length in tokens (default: the preset's max_seq_len)")
+    dropout: Optional[float] = opt(None, "dropout probability (default: the preset's)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tokenizer not in ("char", "word", "bpe"):
+            raise ConfigError(f"tokenizer={self.tokenizer!r}; choose one of char, word, bpe.")
+        if self.preset not in PRESETS:
+            raise ConfigError(f"unknown preset {self.preset!r}; available: {', '.join(sorted(PRESETS))}.")
+
+
+PretrainConfig = TrainConfig
+
+
+FINETUNE_METHODS = ("lora", "adapter", "prefix", "full")
+DEFAULT_LEARNING_RATES = {"lora": 1e-3, "adapter": 1e-3, "prefix": 3e-3, "full": 1e-4}
+
+
+@dataclass
+class FinetuneConfig(LoopConfig):
+    """Fine-tuning a pretrained model: what to train, on which data, and the loop settings
+    (defaults sized for a short CPU run on the embedded SmolLM2-135M)."""
+
+    model: Optional[str] = opt(None, "the base model: a pretrained name, .gguf file, Hugging Face or lucidlm "
+                                     "directory (default: the embedded SmolLM2-135M-Instruct)")
+    data: str = opt("", "a .jsonl file of examples ({\"text\"}, {\"prompt\", \"completion\"} or {\"messages\"}), or "
+                        "a UTF-8 .txt file / folder to train on random windows of")
+    method: str = opt("lora", "what to train: lora, adapter (bottleneck), prefix, or full (every weight)",
+                      choices=FINETUNE_METHODS)
+    rank: int = opt(8, "LoRA: rank r of each update B @ A")
+    alpha: float = opt(16.0, "LoRA: updates are scaled by alpha/r")
+    lora_dropout: float = opt(0.05, "LoRA: dropout on the LoRA branch's input", flag="--dropout")
+    targets: str = opt("q_proj,v_proj", "LoRA: comma-separated linear layers (q,k,v,o,gate,up,down, all-linear) "
+                                        "or a regular expression over module names")
+    init: str = opt("kaiming", "LoRA: initialisation of A (B starts at zero)", choices=("kaiming", "gaussian"))
+    adapter_name: str = opt("default", "LoRA: name of the adapter")
+    bottleneck: int = opt(32, "adapter: width of each bottleneck adapter")
+    prefix_length: int = opt(16, "prefix: trained key/value positions per layer")
+    prefix_hidden: Optional[int] = opt(None, "prefix: width of the reparameterisation MLP (default: d_model)")
+    example_format: str = opt("auto", "JSONL examples: text, prompt_completion, messages, or auto (from the first "
+                                      "line)", choices=("auto", "text", "prompt_completion", "messages"))
+    max_length: Optional[int] = opt(None, "JSONL examples: pad or truncate each to this many tokens (default: the "
+                                          "longest, at most the model's context)")
+    truncate: bool = opt(True, "JSONL examples: refuse examples longer than --max-length instead of cutting them",
+                         flag="--no-truncate")
+    mask_prompt: bool = opt(False, "JSONL examples: no loss on prompt tokens (instruction tuning)")
+    epochs: Optional[float] = opt(None, "JSONL examples: train this many passes over the data (overrides "
+                                        "--max-iters)")
+    block_size: int = opt(128, "text corpus: tokens per random window (at most the model's context)")
+    val_fraction: float = opt(0.1, "fraction of the examples (or of the corpus' end) held out for validation")
+    batch_size: int = opt(8, "sequences per micro-batch and process")
+    learning_rate: Optional[float] = opt(None, "peak learning rate (default: 1e-3 lora and adapter, 3e-3 prefix, "
+                                               "1e-4 full)")
+    min_lr: Optional[float] = opt(None, "final learning rate (default: learning-rate / 10)")
+    warmup_iters: int = opt(20, "steps of linear warmup")
+    max_iters: int = opt(200, "total optimizer steps")
+    lr_decay_iters: Optional[int] = opt(None, "cosine decay length (default: the number of steps)")
+    weight_decay: float = opt(0.0, "AdamW weight decay (matrices only)")
+    eval_interval: int = opt(50, "evaluate, sample and checkpoint every this many steps")
+    eval_iters: int = opt(10, "batches per split in each evaluation")
+    sample_tokens: int = opt(40, "tokens sampled at each evaluation, base model beside tuned (0 = none)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.method not in FINETUNE_METHODS:
+            raise ConfigError(f"method={self.method!r}; choose one of {', '.join(FINETUNE_METHODS)}.")
+        if self.epochs is not None and self.epochs <= 0:
+            raise ConfigError(f"epochs={self.epochs} must be > 0.")
+
+    def resolved(self, max_iters: Optional[int] = None) -> "FinetuneConfig":
+        """The settings the loop runs with: method defaults and the step count filled in."""
+        steps = self.max_iters if max_iters is None else max_iters
+        lr = self.learning_rate or DEFAULT_LEARNING_RATES[self.method]
+        return dataclasses.replace(self, max_iters=steps, learning_rate=lr,
+                                   min_lr=lr / 10 if self.min_lr is None else self.min_lr,
+                                   lr_decay_iters=self.lr_decay_iters or steps)

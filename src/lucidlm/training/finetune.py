@@ -1,0 +1,174 @@
+"""The fine-tuning recipe: a pretrained model, LoRA / bottleneck adapters / prefix tuning /
+every weight, on JSONL examples or a text corpus, in the same loop as pre-training.
+
+    from lucidlm.training import FinetuneConfig, finetune
+    result = finetune(FinetuneConfig(data="train.jsonl", out_dir="runs/lora", mask_prompt=True, epochs=3))
+    tuned = lucidlm.load(adapter="runs/lora")
+
+OUT gets the adapter (LoRA in Hugging Face PEFT's format; the full model for ``full``),
+metrics.jsonl, loss.png (losses beside the learning rate), for JSONL data
+token_lengths.{json,png}, and checkpoint/ (trainable weights, AdamW moments, loop and RNG
+state): ``resume=True`` continues bit for bit. Each evaluation samples the base model and
+the tuned one with the same settings. Runs under torchrun (DDP, or FSDP2).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from lucidlm.errors import ConfigError
+from lucidlm.training.batches import ExampleBatches, WindowBatches
+from lucidlm.training.callbacks import Console, MetricsLog, Sampler
+from lucidlm.training.checkpointer import TRAINABLE_NAME, Checkpointer
+from lucidlm.training.config import FinetuneConfig
+from lucidlm.training.distributed import barrier, cleanup_distributed, setup_distributed, wrap_model
+from lucidlm.training.loop import Callback, Trainer, TrainResult
+from lucidlm.training.setup import (autocast_dtype, check_same_settings, configure_optimizer, open_run,
+                                   resolve_device, resolved)
+
+
+def attach_method(model: torch.nn.Module, config: FinetuneConfig) -> str:
+    """Add the chosen trainable parts to ``model`` (freezing the rest); a one-line description."""
+    from lucidlm.peft import add_adapters, add_lora, add_prefix
+    from lucidlm.peft.lora import expand_targets
+
+    if config.method == "lora":
+        targets = expand_targets(config.targets)
+        names = add_lora(model, name=config.adapter_name, r=config.rank, alpha=config.alpha,
+                         dropout=config.lora_dropout, targets=targets, init=config.init)
+        return f"LoRA r={config.rank} alpha={config.alpha:g} on {len(names)} layers ({', '.join(targets)})"
+    if config.method == "adapter":
+        names = add_adapters(model, bottleneck=config.bottleneck)
+        return f"bottleneck adapters of width {config.bottleneck} after {len(names)} projections"
+    if config.method == "prefix":
+        add_prefix(model, length=config.prefix_length, hidden=config.prefix_hidden)
+        return f"prefix of {config.prefix_length} key/value positions in {model.config.n_layers} layers"
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return "every weight (full fine-tuning)"
+
+
+def build_finetuning(config: FinetuneConfig, model: Any = None, callbacks: Sequence[Callback] = ()) -> Trainer:
+    """Everything ``finetune`` runs, built (and restored, with ``resume``) but not started.
+    ``model``: an already loaded base model (default: ``lucidlm.load(config.model)``)."""
+    ctx = setup_distributed(resolve_device(config.device), config.strategy)
+    try:
+        return _build(config, model, ctx, callbacks)
+    except BaseException:
+        cleanup_distributed(ctx)
+        raise
+
+
+def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Callback]) -> Trainer:
+    from lucidlm.peft import disable_adapters, save_adapter, trainable_parameters_report
+
+    if not config.data:
+        raise ConfigError("no training data given; pass --data FILE.jsonl (or a .txt corpus).")
+    out_dir = Path(config.out_dir)
+    base_name = str(config.model) if config.model is not None else "smollm2-135m"
+    payload = "model" if config.method == "full" else "trainable"
+    found = open_run(out_dir, config.resume, ctx, "model.safetensors" if payload == "model" else TRAINABLE_NAME)
+    if model is None:
+        from lucidlm.loading import load
+
+        model = load(config.model)
+    if model.tokenizer is None:
+        raise ConfigError("the base model has no tokenizer, so the data cannot be encoded in its vocabulary; "
+                          "fine-tune a model that ships one (a pretrained name, .gguf, or a directory with "
+                          "tokenizer.json).")
+    torch.manual_seed(config.seed)  # the same new weights on every rank
+    description = attach_method(model, config)
+    device = torch.device(ctx.device)
+    model = model.to(device)
+    data, prompt = _data(config, model, ctx, out_dir)
+    steps = config.max_iters
+    if config.epochs is not None and isinstance(data, ExampleBatches):
+        steps = math.ceil(config.epochs * data.steps_per_epoch / config.gradient_accumulation_steps)
+    run_config = config.resolved(steps)
+    # Compared resolved: a resume that changes the step count changes the default decay length.
+    saved_config = {**run_config.to_dict(), "data": resolved(config.data)}
+    if found is not None:
+        check_same_settings(run_config, saved_config, found[1], found[0], ctx)
+    torch.manual_seed(config.seed + ctx.rank)
+    train_model = wrap_model(model, ctx, config.compile)
+    optimizer = configure_optimizer(model, run_config, device, ctx.sharded)
+
+    def export(directory: Path) -> None:
+        save_adapter(model, directory, base_model_name_or_path=base_name)
+
+    checkpointer = Checkpointer(out_dir, model, optimizer, saved_config, ctx, payload,
+                                export if payload == "trainable" and not ctx.sharded else None)
+    header = (f"{base_name}: {description}\n{trainable_parameters_report(model)}\n"
+              f"{run_config.max_iters} steps of {run_config.batch_size * config.gradient_accumulation_steps * ctx.world_size}"
+              f" sequences ({ctx.world_size} process(es), {ctx.strategy}), device {device}")
+    base = (lambda: disable_adapters(model)) if payload == "trainable" else None
+    sampler = Sampler(prompt, config.sample_tokens, model.tokenizer, config.sample_temperature, config.sample_top_p,
+                      config.seed if config.sample_seed is None else config.sample_seed, base)
+    shown = [sampler, MetricsLog(out_dir, f"{config.method} fine-tune of {Path(base_name).name}"),
+             Console(config.progress and ctx.is_main, header)]
+    trainer = Trainer(model, data, optimizer, run_config, train_model=train_model, checkpointer=checkpointer,
+                      callbacks=[*shown, *callbacks], ctx=ctx, autocast_dtype=autocast_dtype(config.dtype, device))
+    trainer.base_name = base_name
+    if found is not None:
+        checkpointer.restore(trainer, *found)
+    return trainer
+
+
+def _data(config: FinetuneConfig, model: Any, ctx: Any, out_dir: Path) -> tuple[Any, list[int]]:
+    """The batches (JSONL examples or corpus windows) and the ids of the sample prompt."""
+    tokenizer, context = model.tokenizer, model.config.max_seq_len
+    if Path(config.data).suffix == ".jsonl":
+        from lucidlm.training.examples import load_examples, split_examples
+        from lucidlm.training.length_report import describe, write_length_report
+
+        examples = load_examples(config.data, tokenizer, config.max_length, context, config.truncate,
+                                 config.mask_prompt, config.example_format)
+        length = examples.ids.shape[1]
+        if ctx.is_main:
+            print(f"token lengths: {describe(write_length_report(examples.lengths, length, out_dir))}", flush=True)
+        train_rows, val_rows = split_examples(examples, config.val_fraction, config.seed)
+        batches = ExampleBatches((examples.ids[train_rows], examples.targets[train_rows]),
+                                 (examples.ids[val_rows], examples.targets[val_rows]), config.batch_size, config.seed,
+                                 ctx)
+        first = int(val_rows[0])
+        n_prompt = min(examples.prompt_lengths[first], length)
+        default = examples.ids[first, : n_prompt or min(16, length - 1)].tolist()
+        chat = examples.format == "messages"
+    else:
+        from lucidlm.training.data import check_enough_data, prepare_data
+
+        block = min(config.block_size, context)
+        if ctx.is_main:  # tokenize once; the other ranks open the files it wrote
+            prepare_data(config.data, out_dir, tokenizer, val_fraction=config.val_fraction)
+        barrier(ctx)
+        corpus = prepare_data(config.data, out_dir, tokenizer, val_fraction=config.val_fraction)
+        check_enough_data(corpus, config.batch_size * ctx.world_size, block)
+        batches = WindowBatches(corpus.train, corpus.val, config.batch_size, block, config.seed, ctx)
+        default, chat = [int(t) for t in corpus.val[:16]], False
+    if not config.sample_prompt:
+        return batches, default
+    if chat:
+        from lucidlm.chat import encode_chat
+
+        return batches, encode_chat(tokenizer, [{"role": "user", "content": config.sample_prompt}])
+    return batches, list(tokenizer.encode(config.sample_prompt))
+
+
+def finetune(config: FinetuneConfig, model: Any = None, callbacks: Sequence[Callback] = ()) -> TrainResult:
+    """Fine-tune as ``config`` says; the adapter (or model, for ``full``) is written to OUT."""
+    from lucidlm.peft import freeze_prefix, save_adapter
+
+    trainer = build_finetuning(config, model, callbacks)
+    try:
+        result = trainer.fit()
+        if trainer.ctx.is_main and not trainer.ctx.sharded and config.method != "full":
+            if config.method == "prefix":
+                freeze_prefix(trainer.model)  # keep the keys/values, drop the training-only MLP
+            save_adapter(trainer.model, config.out_dir, base_model_name_or_path=trainer.base_name)
+        return result
+    finally:
+        cleanup_distributed(trainer.ctx)

@@ -1,0 +1,276 @@
+"""The training loop, and only the loop: steps, gradient accumulation, clipping, the
+learning-rate schedule, evaluation and checkpoint cadence.
+
+Everything else is handed in (recipes in ``pretrain.py`` / ``finetune.py`` build it): the
+model (and the wrapped module that trains: DDP, FSDP, compiled), the batches, the
+optimizer, a checkpointer and callbacks (progress bar, metrics file and plot, samples).
+
+No step reads a value back from the device: losses stay tensors until every
+``log_interval`` steps (or an evaluation), when they are read in one go, so the host
+keeps queueing work ahead of a GPU. The next batch is drawn while the forward pass runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+from lucidlm.training.distributed import DistributedContext, any_rank, cleanup_distributed, gather_rng_states
+from lucidlm.training.loss import masked_cross_entropy
+from lucidlm.training.schedule import get_lr
+
+
+@dataclass
+class TrainResult:
+    step: int
+    train_losses: list[float]  # one per optimizer step, since step 0 of the run (resumes included)
+    train_loss: Optional[float]  # of the last evaluation
+    val_loss: Optional[float]
+    best_val_loss: float
+    checkpoint: Optional[Path]
+    interrupted: bool = False
+    elapsed: float = 0.0
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Callback:
+    """Hooks the loop calls on the main process; override the ones you need."""
+
+    def on_fit_start(self, trainer: "Trainer") -> None: ...
+    def on_log(self, trainer: "Trainer", losses: list[float]) -> None: ...
+    def on_evaluate(self, trainer: "Trainer", record: dict[str, Any]) -> None: ...
+    def on_fit_end(self, trainer: "Trainer", result: TrainResult) -> None: ...
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, data: Any, optimizer: torch.optim.Optimizer, config: Any, *,
+                 train_model: Optional[torch.nn.Module] = None, checkpointer: Any = None,
+                 callbacks: Sequence[Callback] = (), ctx: Optional[DistributedContext] = None,
+                 autocast_dtype: Optional[torch.dtype] = None) -> None:
+        self.model, self.data, self.optimizer, self.config = model, data, optimizer, config
+        self.train_model = train_model if train_model is not None else model
+        self.checkpointer, self.callbacks = checkpointer, list(callbacks)
+        self.ctx = ctx or DistributedContext(device=str(next(model.parameters()).device))
+        self.device = torch.device(self.ctx.device)
+        self.autocast_dtype = autocast_dtype
+        self.step, self.last_eval_step, self.best_val_loss = 0, -1, math.inf
+        self.train_losses: list[float] = []
+        self.metrics: list[dict[str, Any]] = []
+        self._pending: list[torch.Tensor] = []  # losses of steps not yet read back
+        self._stop_requested = False
+        self.train_time, self.tokens_seen = 0.0, 0
+
+    # ------------------------------------------------------------------ schedule
+    def lr_at(self, step: int) -> float:
+        cfg = self.config
+        if not cfg.decay_lr:
+            return cfg.learning_rate
+        return get_lr(step, cfg.learning_rate, cfg.warmup_iters, cfg.lr_decay_iters, cfg.min_lr)
+
+    @property
+    def learning_rates(self) -> list[float]:
+        """The rate of every step taken so far (the schedule is a pure function of the step)."""
+        return [self.lr_at(s) for s in range(len(self.train_losses) + len(self._pending))]
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.data.tokens_per_batch * self.config.gradient_accumulation_steps * self.ctx.world_size
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self) -> torch.Tensor:
+        """One optimizer step; returns its loss as a device tensor (not read back)."""
+        cfg = self.config
+        lr = self.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.train_model.train()
+        total = torch.zeros((), device=self.device)
+        accumulation = cfg.gradient_accumulation_steps
+        for micro_step in range(accumulation):
+            x, y = self.data.next()  # (B, T) each, already on the device
+            last = micro_step == accumulation - 1
+            # Under DDP, all-reduce gradients once per step, on the last micro-batch only.
+            no_sync = getattr(self.train_model, "no_sync", None)
+            sync = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
+            with sync:
+                with self.autocast():
+                    logits = self.train_model(x)  # (B, T, V)
+                self.data.prefetch()  # the next batch is read while the device computes
+                loss = masked_cross_entropy(logits, y) / accumulation
+                loss.backward()
+            total += loss.detach()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], cfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self._pending.append(total)
+        return total
+
+    def flush_losses(self) -> list[float]:
+        """Read the pending step losses back (one transfer; averaged over ranks)."""
+        if not self._pending:
+            return []
+        losses = torch.stack(self._pending)
+        if self.ctx.enabled:
+            torch.distributed.all_reduce(losses)
+            losses /= self.ctx.world_size
+        values = losses.tolist()
+        self._pending.clear()
+        self.train_losses.extend(values)
+        return values
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def estimate_loss(self, iters: int) -> dict[str, float]:
+        """Mean loss over up to ``iters`` batches of each split (the same batches every time)."""
+        self.model.eval()
+        out = {}
+        for split in ("train", "val"):
+            losses = []
+            for x, y in self.data.eval_batches(split, iters):
+                with self.autocast():
+                    logits = self.model(x)
+                losses.append(masked_cross_entropy(logits, y))
+            out[split] = float(torch.stack(losses).mean())
+        self.model.train()
+        return out
+
+    def evaluate(self, iters: int) -> dict[str, Any]:
+        """Losses (every rank when the model is sharded, else the main one), then callbacks."""
+        record: dict[str, Any] = {}
+        if self.ctx.is_main or self.ctx.sharded:
+            with torch.random.fork_rng(devices=[]):  # leave the training RNG exactly as it was
+                losses = self.estimate_loss(iters)
+            record = {
+                "step": self.step, "train_loss": losses["train"], "val_loss": losses["val"],
+                "val_ppl": math.exp(min(losses["val"], 50.0)), "lr": self.lr_at(max(self.step - 1, 0)),
+                "tokens_per_s": self.tokens_seen / self.train_time if self.train_time > 0 else None,
+                "elapsed": time.perf_counter() - self._start, "eval_iters": iters,
+            }
+            self.best_val_loss = min(self.best_val_loss, losses["val"])
+        if self.ctx.is_main:
+            for callback in self.callbacks:
+                callback.on_evaluate(self, record)
+            self.metrics.append(record)
+        self.last_eval_step = self.step
+        self.train_time, self.tokens_seen = 0.0, 0
+        return record
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything besides weights and optimizer that an exact resume needs. Collective
+        under torchrun (every rank's dropout RNG is gathered): every rank must call it."""
+        self.flush_losses()
+        from lucidlm.training.checkpoint import encode_rng_state
+
+        torch_states = gather_rng_states(torch.get_rng_state(), self.ctx)
+        state = {
+            "step": self.step, "last_eval_step": self.last_eval_step, "world_size": self.ctx.world_size,
+            "best_val_loss": self.best_val_loss if math.isfinite(self.best_val_loss) else None,
+            "train_losses": self.train_losses, "data": self.data.state_dict(),
+            "torch_rng": [encode_rng_state(s) for s in torch_states], "torch_version": torch.__version__,
+        }
+        if self.device.type == "cuda":
+            cuda_states = gather_rng_states(torch.cuda.get_rng_state(self.device), self.ctx)
+            state["cuda_rng"] = [encode_rng_state(s) for s in cuda_states]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from lucidlm.training.checkpoint import decode_rng_state
+
+        self.step, self.last_eval_step = int(state["step"]), int(state.get("last_eval_step", -1))
+        best = state.get("best_val_loss")
+        self.best_val_loss = math.inf if best is None else float(best)
+        self.train_losses = [float(x) for x in state.get("train_losses", [])][: self.step]
+        self.data.load_state_dict(state["data"])
+        torch.set_rng_state(decode_rng_state(state["torch_rng"][self.ctx.rank]))
+        if self.device.type == "cuda" and state.get("cuda_rng"):
+            torch.cuda.set_rng_state(decode_rng_state(state["cuda_rng"][self.ctx.rank]), self.device)
+
+    def save_checkpoint(self) -> Optional[Path]:
+        return self.checkpointer.save(self) if self.checkpointer is not None else None
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> TrainResult:
+        cfg, ctx = self.config, self.ctx
+        self._start = time.perf_counter()
+        interrupted, checkpoint_path = False, None
+        previous_handler = self._install_interrupt_handler()
+        if ctx.is_main:
+            for callback in self.callbacks:
+                callback.on_fit_start(self)
+        try:
+            while self.step < cfg.max_iters:
+                if self.step % cfg.eval_interval == 0 and self.step != self.last_eval_step:
+                    self.evaluate(cfg.eval_iters)
+                    checkpoint_path = self.save_checkpoint()
+                if any_rank(self._stop_requested, ctx):
+                    interrupted = True
+                    break
+                t0 = time.perf_counter()
+                self.train_step()
+                if self.step % cfg.log_interval == 0:
+                    self._log()
+                self.train_time += time.perf_counter() - t0
+                self.tokens_seen += self.tokens_per_step
+            if interrupted:
+                checkpoint_path = self.save_checkpoint()
+            elif self.last_eval_step != self.step:
+                self.evaluate(cfg.final_eval_iters or cfg.eval_iters)
+                checkpoint_path = self.save_checkpoint()
+            self._log()
+        finally:
+            if previous_handler is not None:
+                signal.signal(signal.SIGINT, previous_handler)
+        last = self.metrics[-1] if self.metrics else {}
+        result = TrainResult(
+            step=self.step, train_losses=list(self.train_losses), train_loss=last.get("train_loss"),
+            val_loss=last.get("val_loss"), best_val_loss=self.best_val_loss, checkpoint=checkpoint_path,
+            interrupted=interrupted, elapsed=time.perf_counter() - self._start, metrics=list(self.metrics))
+        if ctx.is_main:
+            for callback in self.callbacks:
+                callback.on_fit_end(self, result)
+        return result
+
+    def _log(self) -> None:
+        losses = self.flush_losses()  # collective under torchrun: every rank calls it at the same steps
+        if losses and self.ctx.is_main:
+            for callback in self.callbacks:
+                callback.on_log(self, losses)
+
+    def request_stop(self) -> None:
+        """Finish the current step, save a checkpoint and return (what Ctrl-C does)."""
+        self._stop_requested = True
+
+    def _install_interrupt_handler(self) -> Any:
+        """First Ctrl-C: stop after the current step and save. Second: abort at once.
+        Stopping between steps keeps the checkpoint consistent, so --resume stays exact."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            if self._stop_requested:
+                raise KeyboardInterrupt
+            self._stop_requested = True
+            if self.ctx.is_main:
+                print("\nCtrl-C: stopping after this step and saving a checkpoint (Ctrl-C again to abort).",
+                      flush=True)
+
+        return signal.signal(signal.SIGINT, on_sigint)
+
+
+__all__ = ["Callback", "Trainer", "TrainResult", "cleanup_distributed"]

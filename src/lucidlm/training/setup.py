@@ -1,0 +1,97 @@
+"""What both recipes do before the loop starts (litgpt's shared utilities, in one place):
+pick the device and dtype, check the output directory, find and check a checkpoint to
+resume, and build AdamW."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from lucidlm.errors import CheckpointError, ConfigError
+from lucidlm.training import checkpoint as ckpt
+from lucidlm.training.distributed import DistributedContext, barrier
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={device!r} but no CUDA GPU is available; use --device cpu.")
+    return device
+
+
+def autocast_dtype(dtype: str, device: torch.device) -> Optional[torch.dtype]:
+    """bf16 autocast by default only on CUDA: on CPU it is slower and less exact."""
+    if dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()):
+        return torch.bfloat16
+    return None
+
+
+def check_writable(out_dir: Path) -> None:
+    """Fail before any training if checkpoints could not be written."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as exc:
+        raise CheckpointError(
+            f"cannot write to the output directory {out_dir} ({exc.strerror or exc}); choose a writable --out."
+        ) from None
+
+
+def resolved(path: Optional[str]) -> Optional[str]:
+    return str(Path(path).expanduser().resolve()) if path else path
+
+
+def open_run(out_dir: Path, resume: bool, ctx: DistributedContext,
+             payload: str = "model.safetensors") -> Optional[tuple[Path, dict[str, Any]]]:
+    """Check OUT before training. Returns (checkpoint dir, its trainer state) to resume, or
+    None for a new run. A new run never overwrites a checkpoint; --resume needs one."""
+    if ctx.is_main:
+        check_writable(out_dir)
+        ckpt.remove_stale_temporaries(out_dir)
+        found = ckpt.find_checkpoint(out_dir)
+        if found is not None and not resume:
+            raise CheckpointError(
+                f"{out_dir} already holds a training checkpoint ({found}); pass --resume to continue it, or "
+                f"choose another --out.")
+    barrier(ctx)
+    if not resume:
+        return None
+    found = out_dir / ckpt.CHECKPOINT_DIR
+    if not found.is_dir():
+        raise CheckpointError(
+            f"--resume: there is no checkpoint in {found}; train without --resume first (or point --out at the "
+            f"run to continue).")
+    return found, ckpt.read_trainer_state(found, payload)
+
+
+def check_same_settings(config: Any, current: dict[str, Any], state: dict[str, Any], directory: Path,
+                        ctx: DistributedContext) -> None:
+    """A resumed run must be the run that was saved: same recipe settings, same process count."""
+    differences = config.differences(state.get("train_config", {}), current)
+    if state.get("world_size", 1) != ctx.world_size:
+        differences.append(f"world_size (processes): {state.get('world_size', 1)} -> {ctx.world_size}")
+    if differences:
+        raise CheckpointError(
+            f"cannot resume from {directory}: it was trained with different settings ({'; '.join(differences)}). "
+            f"Resume with the original settings, or start a new run with another --out. The checkpoint is "
+            f"left as it was.")
+
+
+def configure_optimizer(model: torch.nn.Module, config: Any, device: torch.device,
+                        sharded: bool = False) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters; weight decay only on matrices (embeddings,
+    projections), never on biases or norm scales, as in nanoGPT's ``configure_optimizers``.
+    The fused kernel (one pass over all parameters) exists on CPU and CUDA."""
+    params = [p for p in model.parameters() if p.requires_grad]  # .parameters() lists tied weights once
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    fused = config.fused_adamw and device.type in ("cpu", "cuda") and not (sharded and device.type == "cpu")
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.learning_rate,
+                             betas=(config.beta1, config.beta2), fused=fused or None)

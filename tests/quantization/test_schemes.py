@@ -1,0 +1,174 @@
+"""int8 / int4 weight-only quantization against an independent NumPy reference of each scheme.
+
+The reference below is written from the schemes' definitions (the docstrings of
+quantization/int8.py and int4.py), not from the code: NumPy float32 arithmetic, with
+bfloat16 rounding of the scales done on the bits (round to nearest, ties to even).
+"""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import lucidlm
+from lucidlm.config import preset
+from lucidlm.errors import QuantizationError
+from lucidlm.quantization import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear, quantize
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def ref_int8(w: np.ndarray, group: int | None) -> np.ndarray:
+    """Symmetric int8: scale = max|w| / 127 per group (bf16), codes round(w / scale) in [-127, 127]."""
+    N, K = w.shape
+    g = group or K
+    wg = w.reshape(N, K // g, g)
+    scale = bf16_round((np.abs(wg).max(-1) / np.float32(127)).astype(np.float32))
+    safe = np.where(scale == 0, np.float32(1), scale)
+    codes = np.clip(np.round(wg / safe[..., None]), -127, 127)
+    return (codes * scale[..., None]).reshape(N, K).astype(np.float32)
+
+
+def ref_int4(w: np.ndarray, group: int) -> np.ndarray:
+    """Asymmetric int4: scale = (max - min) / 15, zero = min + 8 scale (both bf16),
+    codes round((w - zero) / scale + 8) in [0, 15], w ~ (codes - 8) scale + zero."""
+    N, K = w.shape
+    wg = w.reshape(N, K // group, group)
+    low, high = wg.min(-1), wg.max(-1)
+    scale = bf16_round(((high - low) / np.float32(15)).astype(np.float32))
+    zero = bf16_round((low + np.float32(8) * scale).astype(np.float32))
+    safe = np.where(scale == 0, np.float32(1), scale)
+    codes = np.clip(np.round((wg - zero[..., None]) / safe[..., None] + np.float32(8)), 0, 15)
+    return ((codes - 8) * scale[..., None] + zero[..., None]).reshape(N, K).astype(np.float32)
+
+
+CASES = [(Int8Linear, None), (Int8Linear, 32), (Int8Linear, 64), (Int4Linear, 32), (Int4Linear, 64),
+         (Int4Linear, 128)]
+
+
+@pytest.mark.parametrize("cls,group", CASES)
+def test_packed_weights_dequantize_to_the_numpy_reference(cls, group):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 40)  # 40 rows: not a multiple of the CPU kernel's 16-row tiles
+    with torch.no_grad():
+        linear.weight[3] = 0.0  # an all-zero row: scale 0 must not divide by zero
+        linear.weight[5, :] = 0.25  # a constant row
+    q = cls.from_float(linear, group)
+    w = linear.weight.detach().numpy()
+    expected = ref_int8(w, group) if cls is Int8Linear else ref_int4(w, group)
+    # dequantize() reads the codes back out of the kernel's layout (int4: opaque CPU tiles).
+    np.testing.assert_array_equal(q.dequantize().numpy(), expected)
+    # The kernel multiplies by exactly those weights (bf16 activations, bf16 output rounding).
+    x = torch.randn(5, 256)
+    want = x.bfloat16().double() @ torch.from_numpy(expected).double().T + linear.bias.detach().double()
+    torch.testing.assert_close(q(x).double(), want, atol=2e-2, rtol=1e-2)
+    # The plain layout rebuilds the same module.
+    again = cls.from_plain(q.plain_state(), 256, group, linear.bias.detach())
+    assert torch.equal(again(x), q(x))
+
+
+def test_int4_plain_layout_is_low_nibble_first():
+    linear = torch.nn.Linear(32, 16, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.arange(16 * 32, dtype=torch.float32).reshape(16, 32) % 16)  # codes = w per group
+    plain = Int4Linear.from_float(linear, 32).plain_state()
+    row = plain["weight_int4"][0].numpy()
+    assert row[0] == (0 | 1 << 4) and row[1] == (2 | 3 << 4)  # column 2i low, 2i + 1 high
+    assert plain["scales"][0, 0].item() == 1.0 and plain["zeros"][0, 0].item() == 8.0
+
+
+def tiny_llama(tie=True):
+    torch.manual_seed(0)
+    cfg = preset("llama", vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=128,
+                 max_seq_len=64, tie_embeddings=tie)
+    return lucidlm.Transformer(cfg).eval()
+
+
+@pytest.mark.parametrize("scheme,group", [("int8", None), ("int4", 32)])
+def test_quantize_swaps_every_linear_and_ties_embeddings_once(scheme, group):
+    model = tiny_llama()
+    ids = torch.randint(0, 96, (2, 10))
+    with torch.no_grad():
+        want = model(ids)
+    float_embed = model.embed.weight.detach().clone()
+    q = quantize(copy.deepcopy(model), scheme, group)
+    assert not any(type(m) is torch.nn.Linear for m in q.modules())
+    assert isinstance(q.embed, QuantizedEmbedding) and isinstance(q.unembed, QuantizedLinear)
+    # Tied: both modules stand for one quantized matrix, that of the reference scheme.
+    ref = ref_int8(float_embed.numpy(), group) if scheme == "int8" else ref_int4(float_embed.numpy(), group)
+    np.testing.assert_array_equal(q.embed.dequantize().numpy(), ref)
+    np.testing.assert_array_equal(q.unembed.dequantize().numpy(), ref)
+    np.testing.assert_array_equal(q.embed(ids).numpy(), ref[ids.numpy()])  # the lookup gathers those rows
+    with torch.no_grad():
+        got = q(ids)
+    assert got.dtype == torch.float32 and q.dtype == torch.float32
+    assert (got - want).abs().max() < (0.1 if scheme == "int8" else 0.5) * want.abs().max()
+
+
+def test_hooks_and_run_with_cache_work_on_a_quantized_model():
+    from lucidlm.inspect import run_with_cache
+
+    model = quantize(tiny_llama(), "int4")
+    ids = torch.randint(0, 96, (1, 12))
+    logits, cache = run_with_cache(model, ids)
+    float_logits, float_cache = run_with_cache(tiny_llama(), ids)
+    assert set(cache.keys()) == set(float_cache.keys())
+    with torch.no_grad():
+        assert torch.equal(logits, model(ids))
+    # The cached MLP input of layer 1 is what its (quantized) up_proj saw: recompute its output.
+    up = model.blocks[1].mlp.up_proj
+    with torch.no_grad():
+        assert torch.equal(cache["blocks.1.mlp.hook_pre_linear"], up(cache["blocks.1.ln2.hook_normalized"]))
+
+    def zero_head(z, hook):
+        z[:, :, 0] = 0.0
+        return z
+    model.blocks[0].attn.hook_z.add_hook(zero_head)
+    with torch.no_grad():
+        patched = model(ids)
+    model.reset_hooks()
+    assert not torch.equal(patched, logits)
+
+
+def test_save_and_load_a_quantized_model(tmp_path):
+    from lucidlm.weights.checkpoint import save_model
+
+    model = quantize(tiny_llama(), "int4", 32)
+    save_model(model, tmp_path)
+    again = lucidlm.load(tmp_path)
+    assert isinstance(again.blocks[0].mlp.down_proj, Int4Linear) and isinstance(again.embed, QuantizedEmbedding)
+    ids = torch.randint(0, 96, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(again(ids), model(ids))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(again.state_dict()[name], tensor), name
+
+
+# ------------------------------------------------------------------------------- bad input
+
+
+def test_unknown_scheme_names_the_known_ones():
+    with pytest.raises(QuantizationError, match=r"'int3'.*int4, int8"):
+        quantize(tiny_llama(), "int3")
+
+
+def test_group_size_must_divide_the_input_width():
+    model = tiny_llama()
+    with pytest.raises(QuantizationError, match=r"group_size=48 does not divide the input width 64.*32"):
+        quantize(model, "int4", group_size=48)
+    assert type(model.blocks[0].attn.q_proj) is torch.nn.Linear  # nothing was half-swapped
+
+
+def test_a_quantized_model_refuses_to_train():
+    model = quantize(tiny_llama(), "int8")
+    with pytest.raises(QuantizationError, match="cannot be trained.*without quantize="):
+        model.train()
+    with pytest.raises(QuantizationError, match=r"\.dequantize\(\)"):
+        model.blocks[0].mlp.up_proj.weight
+    # An optimizer over its parameters would only see the norms: the train() gate catches it.
+    assert all(p.ndim == 1 for p in model.parameters())
