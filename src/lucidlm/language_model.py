@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from lucidlm.generation import GenerationResult, generate, stream
+from lucidlm.config import ModelConfig
+from lucidlm.generation import GenerationResult, TextStream, generate, stream
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, run_with_hooks
 from lucidlm.inspect.tokens import to_str_tokens, to_string, to_tokens
 from lucidlm.model.hook_options import set_hook_options
@@ -27,6 +28,11 @@ from lucidlm.model.transformer import Transformer
 from lucidlm.peft import merge_adapter, set_adapter, unmerge_adapter
 
 Prompt = Union[str, Sequence[int], torch.Tensor]
+Prompts = Union[Prompt, Sequence[str], Sequence[Sequence[int]]]
+
+
+def _is_text_batch(ids: Any) -> bool:
+    return isinstance(ids, (list, tuple)) and len(ids) > 0 and all(isinstance(t, str) for t in ids)
 
 
 class LanguageModel(Transformer):
@@ -114,19 +120,66 @@ class LanguageModel(Transformer):
             self._kept_caches = [self.kv_caches]
         super().clear_kv_cache()
 
+    # ------------------------------------------------------------------ forward on text
+    def forward(self, ids: Union[torch.Tensor, Sequence[int], str, Sequence[str]], *args: Any,
+                **kwargs: Any) -> torch.Tensor:
+        """Logits (B, T, vocab). ``ids``: token ids (B, T) or (T,), or text: ``model("Hello")``
+        encodes with the model's tokenizer (like ``to_tokens``); a list of texts is left-padded
+        with an attention mask, so position -1 of every row is that text's last token.
+        The other arguments are ``Transformer.forward``'s."""
+        texts = [ids] if isinstance(ids, str) else list(ids) if _is_text_batch(ids) else None
+        if texts is not None:
+            if len(texts) > 1 and kwargs.get("attention_mask") is None:
+                ids, kwargs["attention_mask"] = to_tokens(self, texts, padding_side="left",
+                                                          return_attention_mask=True)
+            else:
+                ids = to_tokens(self, texts)
+        return super().forward(ids, *args, **kwargs)
+
     # ------------------------------------------------------------------ generation
-    def generate(self, prompt: Prompt, **options: Any) -> GenerationResult:
-        """Continue ``prompt`` (text, or token ids) and return the ids, text and finish reason.
+    def generate(self, prompt: Prompts, *, max_new_tokens: int = 64, temperature: Optional[float] = None,
+                 top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
+                 repetition_penalty: Optional[float] = None, seed: Optional[int] = None,
+                 stop: Optional[Union[str, Sequence[str]]] = None, stop_on_eos: bool = True, num_beams: int = 1,
+                 length_penalty: float = 1.0, chat: bool = False,
+                 **options: Any) -> Union[GenerationResult, list[GenerationResult]]:
+        """Continue ``prompt`` and return the new ids, their text and why it stopped.
 
-        Options: max_new_tokens (64), temperature (1.0; 0 = greedy), top_k, top_p, min_p,
-        repetition_penalty, seed, stop (str or list), stop_on_eos, num_beams, length_penalty,
-        chat (wrap the prompt in the model's chat template). See ``lucidlm.generation``.
+        Args:
+            prompt: text, a list of token ids or a 1-D tensor -> one ``GenerationResult``;
+                a batch (a list of texts, a list of id lists, a (B, T) tensor) -> a list of B
+                results, generated together (left-padded, one KV cache).
+            max_new_tokens: the most tokens to add (fewer at EOS, a stop string or the context end).
+            temperature: 0 is greedy; None takes the model's default (``model.generation_defaults``,
+                e.g. SmolLM2: 0.2 with top_p 0.5), else 1. The same holds for top_k, top_p,
+                min_p and repetition_penalty.
+            top_k, top_p, min_p: keep the k likeliest tokens / the smallest set with mass >= p /
+                tokens at least min_p times as likely as the top one (1, 1 and 0 switch them off).
+            repetition_penalty: > 1 makes tokens already in the text less likely (HF's CTRL penalty).
+            seed: makes sampling reproducible without touching torch's global RNG.
+            stop: text(s) that end generation; the text stops just before them.
+            stop_on_eos: stop at the tokenizer's end-of-sequence token(s).
+            num_beams, length_penalty: beam search (one prompt at a time).
+            chat: wrap a text prompt as a user message in the model's chat template.
+            **options: further options of ``lucidlm.generation.generate``; unknown names are refused.
+
+        >>> model.generate("What is the capital of France?", chat=True).text
+        'The capital of France is Paris.'
+        >>> [r.text for r in model.generate(["Once upon a time", "The sky is"], temperature=0)]
         """
-        return generate(self, prompt, **options)
+        return generate(self, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                        top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=stop,
+                        stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty, chat=chat,
+                        **options)
 
-    def stream(self, prompt: Prompt, **options: Any) -> Iterator[str]:
-        """Like ``generate`` but yields text pieces as they are decoded; they join to
-        exactly ``generate(...).text``."""
+    def stream(self, prompt: Prompt, **options: Any) -> TextStream:
+        """Like ``generate`` (same options, one prompt) but yields text pieces as they are
+        decoded; they join to exactly ``generate(...).text`` (never half a UTF-8 character,
+        never a stop string). After the last piece, ``.result`` is the ``GenerationResult``.
+
+        >>> for piece in model.stream("Tell me a story", max_new_tokens=64):
+        ...     print(piece, end="", flush=True)
+        """
         return stream(self, prompt, **options)
 
     # ------------------------------------------------------------------ inspection

@@ -18,6 +18,8 @@ Rules every entry point follows:
 - ``text`` is what the output adds to the prompt: ``tokenizer.decode(prompt + token_ids)``
   minus the prompt's text, for every tokenizer (a word-level one puts a space before each
   word; a character split between the prompt and the output belongs to the output).
+- Sampling options left at ``None`` come from the model (``generation/defaults.py``: its
+  file, a per-model table, else temperature 1), the same in Python and on the command line.
 - ``temperature=0`` is greedy. ``seed`` seeds a private generator: same seed, same
   output, and the global torch RNG is left alone.
 """
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from contextlib import closing
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
 
@@ -34,10 +36,12 @@ from lucidlm.errors import GenerationError
 from lucidlm.generation.beam_search import beam_search
 from lucidlm.generation.chat_template import encode_chat
 from lucidlm.generation.decode import DecodeSession, sample_rows
+from lucidlm.generation.defaults import apply_sampling_defaults
 from lucidlm.generation.sampling import SamplingSettings, process_logits, sample_next
 from lucidlm.generation.streaming import TextAssembler
+from lucidlm.suggest import did_you_mean
 
-__all__ = ["GenerationResult", "generate", "stream", "generate_batch", "check_options", "beam_search",
+__all__ = ["GenerationResult", "TextStream", "generate", "stream", "generate_batch", "check_options", "beam_search",
            "SamplingSettings", "DecodeSession", "process_logits", "sample_next", "TextAssembler"]
 
 
@@ -66,29 +70,88 @@ class _Request:
         self.eos_ids = _eos_ids(tokenizer) if self.stop_on_eos else []
 
 
-def generate(model: Any, prompt: str | Sequence[int], *, max_new_tokens: int = 64, temperature: float = 1.0,
+Prompt = Union[str, Sequence[int], torch.Tensor]
+Prompts = Union[Prompt, Sequence[str], Sequence[Sequence[int]]]
+
+
+def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
+             temperature: Optional[float] = None,
              top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
              repetition_penalty: Optional[float] = None, seed: Optional[int] = None,
              stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True, num_beams: int = 1,
-             length_penalty: float = 1.0, chat: bool = False) -> GenerationResult:
+             length_penalty: float = 1.0, chat: bool = False,
+             **unknown: Any) -> Union[GenerationResult, list[GenerationResult]]:
     """Continue ``prompt``; see the module docstring for the rules. ``chat=True`` wraps a
-    text prompt as one user message in the model's chat template."""
-    runner = _Run(model, prompt, locals())
+    text prompt as one user message in the model's chat template.
+
+    One prompt (text, a list of ids, a 1-D tensor) gives one ``GenerationResult``; a batch (a
+    list of texts, a list of id lists, a 2-D tensor of shape (B, T)) gives a list of B results,
+    one per row, generated together (see ``generate_batch``)."""
+    options = {k: v for k, v in locals().items() if k not in ("model", "prompt", "unknown")}
+    if unknown:
+        _make_request({k: v for k, v in {**options, **unknown}.items() if k != "chat"})  # refuses them by name, with the closest known option
+    rows = batch_rows(prompt)
+    if rows is not None:
+        if num_beams > 1:
+            raise GenerationError(f"beam search takes one prompt at a time, not a batch of {len(rows)}; "
+                                  f"loop over the prompts or use num_beams=1.")
+        options.pop("num_beams"), options.pop("length_penalty")
+        return generate_batch(model, rows, **options)
+    runner = _Run(model, prompt, options)
     for _ in runner.pieces():
         pass
     return runner.result
 
 
-def stream(model: Any, prompt: str | Sequence[int], **kwargs: Any) -> Iterator[str]:
+def batch_rows(prompt: Any) -> Optional[list[Any]]:
+    """The rows of a batch of prompts, or None for a single prompt."""
+    if isinstance(prompt, torch.Tensor):
+        if prompt.ndim > 2:
+            raise GenerationError(f"a prompt tensor has shape (T,) or (B, T), not {tuple(prompt.shape)}.")
+        return [row.tolist() for row in prompt] if prompt.ndim == 2 else None
+    if isinstance(prompt, str) or not isinstance(prompt, Sequence) or len(prompt) == 0:
+        return None
+    kinds = {"text" if isinstance(p, str) else "ids" if isinstance(p, (Sequence, torch.Tensor)) else "id"
+             for p in prompt}
+    if kinds == {"id"}:
+        return None
+    if len(kinds) > 1:
+        raise GenerationError("a prompt list mixes token ids with texts or lists; give one prompt (text or a list "
+                              "of ids) or a batch (a list of texts, or a list of id lists).")
+    return list(prompt)
+
+
+def stream(model: Any, prompt: Prompt, **kwargs: Any) -> "TextStream":
     """Like ``generate`` but yields text pieces as they are decoded. The pieces join to
     exactly ``generate(...).text``: never half a UTF-8 character, never a stop string.
-    With ``num_beams > 1`` the whole text comes as one piece at the end."""
-    runner = _Run(model, prompt, kwargs)  # validate now, not at the first next()
-    return runner.pieces()
+    With ``num_beams > 1`` the whole text comes as one piece at the end. Once the pieces
+    run out, ``.result`` holds the ``GenerationResult`` (ids, finish reason)."""
+    rows = batch_rows(prompt)
+    if rows is not None:
+        raise GenerationError(f"stream takes one prompt, not a batch of {len(rows)}; use generate() for a batch.")
+    return TextStream(_Run(model, prompt, kwargs))  # validate now, not at the first next()
+
+
+class TextStream(Iterator[str]):
+    """The text pieces of one generation; ``result`` is set when they run out."""
+
+    def __init__(self, runner: "_Run") -> None:
+        self._runner = runner
+        self._pieces = runner.pieces()
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def close(self) -> None:
+        self._pieces.close()
+
+    @property
+    def result(self) -> Optional[GenerationResult]:
+        return self._runner.result
 
 
 def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int = 64,
-                   temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
+                   temperature: Optional[float] = None, top_k: Optional[int] = None, top_p: Optional[float] = None,
                    min_p: Optional[float] = None, repetition_penalty: Optional[float] = None,
                    seed: Optional[int] = None, stop: Optional[str | Sequence[str]] = None,
                    stop_on_eos: bool = True, chat: bool = False) -> list[GenerationResult]:
@@ -97,9 +160,9 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
     if isinstance(prompts, str) or len(prompts) == 0:
         raise GenerationError("generate_batch takes a non-empty list of prompts; use generate() for one prompt.")
     kwargs = {k: v for k, v in locals().items() if k not in ("model", "prompts", "chat")}
-    request = _make_request(kwargs)
+    request = _make_request(apply_sampling_defaults(model, kwargs))
     request.use_tokenizer(model.tokenizer)
-    rows = [_prompt_ids(model, p, chat) for p in prompts]
+    rows = [_prompt_ids(model, p.tolist() if isinstance(p, torch.Tensor) else p, chat) for p in prompts]
     max_new = _fit_to_context(model, rows, request.max_new_tokens)
     tokenizer = model.tokenizer
     assemblers = [TextAssembler(tokenizer, request.stop, request.eos_ids, row) if tokenizer is not None else None
@@ -136,7 +199,7 @@ class _Run:
         kwargs = {k: v for k, v in kwargs.items() if k not in ("model", "prompt")}
         chat = bool(kwargs.pop("chat", False))
         self.model = model
-        self.request = _make_request(kwargs)
+        self.request = _make_request(apply_sampling_defaults(model, kwargs))
         self.request.use_tokenizer(model.tokenizer)
         self.prompt_ids = _prompt_ids(model, prompt, chat)
         self.max_new = _fit_to_context(model, [self.prompt_ids], self.request.max_new_tokens)
@@ -211,8 +274,11 @@ def _make_request(kwargs: dict[str, Any]) -> _Request:
              "stop_on_eos", "num_beams", "length_penalty"}
     unknown = set(kwargs) - known
     if unknown:
-        raise GenerationError(f"unknown generation option(s) {sorted(unknown)}; known: {sorted(known | {'chat'})}.")
-    settings = SamplingSettings(temperature=kwargs.get("temperature", 1.0), top_k=kwargs.get("top_k"),
+        name = sorted(unknown)[0]
+        raise GenerationError(f"unknown generation option {name!r}{did_you_mean(name, known | {'chat'})}; "
+                              f"known: {', '.join(sorted(known | {'chat'}))}.")
+    temperature = kwargs.get("temperature")
+    settings = SamplingSettings(temperature=1.0 if temperature is None else temperature, top_k=kwargs.get("top_k"),
                                 top_p=kwargs.get("top_p"), min_p=kwargs.get("min_p"),
                                 repetition_penalty=kwargs.get("repetition_penalty"))
     stop = kwargs.get("stop")
