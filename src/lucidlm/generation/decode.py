@@ -98,8 +98,9 @@ class DecodeSession:
 
 def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, settings: Any,
                 generator: Optional[torch.Generator], finished: torch.Tensor, pad_id: int = 0,
-                ) -> Iterator[torch.Tensor]:
-    """Yield the next token of every row (B,) for up to ``max_new_tokens`` steps.
+                min_new_tokens: int = 0, eos_ids: Sequence[int] = ()) -> Iterator[torch.Tensor]:
+    """Yield the next token of every row (B,) for up to ``max_new_tokens`` steps; the
+    ``eos_ids`` cannot be chosen in the first ``min_new_tokens`` steps.
 
     ``finished`` (B,) bool is owned by the caller, who sets a row when it ends (EOS, stop
     string); the loop stops early once every row has. Finished rows keep decoding in
@@ -121,9 +122,20 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
         logits = session.prefill()
         for t in range(max_new_tokens):
             with torch.inference_mode():
+                if t < min_new_tokens:
+                    logits = suppress(logits, eos_ids)
                 next_ids = sample_next(logits, settings, seen[:, :L + t], generator)  # (B,)
                 seen[:, L + t] = next_ids
             yield next_ids
             if t + 1 == max_new_tokens or bool(finished.all()):
                 return  # the last token is never fed back: no forward pass for it
             logits = session.step(next_ids)
+
+
+def suppress(logits: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
+    """logits (B, V) with ``token_ids`` made impossible (min_new_tokens keeps EOS away)."""
+    if not token_ids:
+        return logits
+    logits = logits.clone()
+    logits[:, list(token_ids)] = float("-inf")
+    return logits

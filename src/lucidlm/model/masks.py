@@ -46,3 +46,16 @@ def attention_mask_for(query_slots: torch.Tensor, key_len: int, keys_real: Optio
     # is never used, and real tokens never see padding keys.
     own_slot = key_slots[None, :] == query_slots[:, None]  # (T, S)
     return ((causal[None] & keys_real[:, None, :]) | own_slot[None]).unsqueeze(1)
+
+
+def sliding_window_mask(mask: Optional[torch.Tensor], query_slots: torch.Tensor, key_len: int,
+                        window: int) -> Optional[torch.Tensor]:
+    """``mask`` (B, 1, T, S) or None (plain causal), narrowed so that the query in slot i sees
+    only keys in slots i - window + 1 .. i. Slots differ by the same amount as positions, so
+    left padding does not move the window. Unchanged when no key is that far back (S <= window)."""
+    if key_len <= window:  # shapes only: decided without reading the slots
+        return mask
+    key_slots = torch.arange(key_len, device=query_slots.device)
+    distance = query_slots[:, None] - key_slots[None, :]  # (T, S)
+    in_window = (distance >= 0) & (distance < window)  # causal too
+    return in_window[None, None] if mask is None else mask & in_window

@@ -18,7 +18,7 @@ from lucidlm.errors import InputError, SequenceTooLongError, TokenIdError
 from lucidlm.model.block import Block
 from lucidlm.model.hooks import HookPoint
 from lucidlm.model.kv_cache import KVCache
-from lucidlm.model.masks import attention_mask_for, fit_key_mask, positions_of
+from lucidlm.model.masks import attention_mask_for, fit_key_mask, positions_of, sliding_window_mask
 from lucidlm.model.norms import make_norm
 from lucidlm.model.positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions
 
@@ -39,11 +39,15 @@ class Transformer(nn.Module):
             self.pos_embed = LearnedPositions(cfg.max_seq_len, cfg.d_model)
         elif cfg.positions == "sinusoidal":
             self.pos_embed = SinusoidalPositions(cfg.max_seq_len, cfg.d_model)
-        # One rotation table for every layer, looked up once per forward pass.
+        # One rotation table for every layer, looked up once per forward pass; sliding-window
+        # layers may have their own RoPE base (Gemma 3: 10k local, 1M global), hence a second.
         self.rotary = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_variant)
                        if cfg.positions == "rope" else None)
+        self.rotary_local = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_local_theta, cfg.rope_variant)
+                             if self.rotary is not None and cfg.rope_local_theta not in (None, cfg.rope_theta)
+                             else None)
         self.embed_dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.ln_final = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.final_norm else None
         self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.unembed_bias)
         if cfg.tie_embeddings:
@@ -158,21 +162,28 @@ class Transformer(nn.Module):
         mask = attention_mask_for(query_slots, key_len, keys_real) if cached or keys_real is not None else None
 
         x = self.hook_embed(self.embed(ids))  # (B, T, d)
+        if self.config.scale_embeddings:  # Gemma: sqrt(d_model), rounded to the activations' dtype
+            x = x * torch.tensor(self.config.d_model ** 0.5, dtype=x.dtype)
         if self.pos_embed is not None:
             x = x + self.hook_pos_embed(self.pos_embed(position_ids).to(x.dtype))
         x = self.embed_dropout(x)
         rope = self.rotary.cos_sin(position_ids, x.dtype) if self.rotary is not None else None
+        rope_local = self.rotary_local.cos_sin(position_ids, x.dtype) if self.rotary_local is not None else rope
+        local_mask = sliding_window_mask(mask, query_slots, key_len, self.config.sliding_window) \
+            if self.config.sliding_window is not None else mask
         if prefix_kv is None and self.prefix_encoder is not None:
             prefix_kv = self.prefix_encoder()
         caches = self.kv_caches if cached else [None] * len(self.blocks)
         for i, (block, cache) in enumerate(zip(self.blocks, caches)):
-            x = block(x, rope, mask, cache, input_pos if cached else None,
-                      prefix_kv[i] if prefix_kv is not None else None)
+            x = block(x, rope_local if block.local else rope, local_mask if block.local else mask, cache,
+                      input_pos if cached else None, prefix_kv[i] if prefix_kv is not None else None)
         if last_token_only:
             x = x[:, -1:]
         if self.ln_final is not None:
             x = self.ln_final(x)
-        return self.unembed(x)  # (B, T, vocab)
+        logits = self.unembed(x)  # (B, T, vocab)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     # ------------------------------------------------------------------ input checks (API boundary)
     def _check_ids(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
