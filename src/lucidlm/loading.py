@@ -112,8 +112,12 @@ def _load_base(source: str | Path, dtype: Optional[torch.dtype], device: str | t
         if name not in PRESETS:
             raise ConfigError(f"random_init=True needs an architecture preset, not {name!r}"
                               f"{did_you_mean(name, PRESETS)}; presets: {', '.join(sorted(PRESETS))}.")
+        from lucidlm.tokenizers.presets import preset_tokenizer
+
         torch.manual_seed(seed)
-        model = LanguageModel(preset(name, **overrides)).to(device=device, dtype=dtype or torch.float32).eval()
+        config = preset(name, **overrides)
+        tokenizer = preset_tokenizer(name, config.vocab_size)  # gpt2: GPT-2's own BPE files
+        model = LanguageModel(config, tokenizer).to(device=device, dtype=dtype or torch.float32).eval()
         if quantize is not None:
             from lucidlm.quantization import quantize as quantize_model
             quantize_model(model, quantize, group_size)
@@ -149,6 +153,9 @@ def _load_float(source: str | Path, name: str, path: Path, dtype: torch.dtype, d
             return load_model(path / "checkpoint", dtype=dtype, device=device, model_cls=LanguageModel)
         if is_hf_dir(path):
             return load_hf(path, dtype=dtype, device=device, model_cls=LanguageModel)
+        from lucidlm.weights.meta import is_meta_dir, load_meta
+        if is_meta_dir(path):  # Meta's own Llama 3 download: params.json + consolidated.00.pth
+            return load_meta(path, dtype=dtype, device=device, model_cls=LanguageModel)
         raise LucidLMError(
             f"{path} is a directory but neither a lucidlm model (lucidlm_config.json) nor a Hugging Face "
             f"model (config.json + *.safetensors)."

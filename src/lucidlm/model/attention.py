@@ -64,7 +64,7 @@ class Attention(nn.Module):
                 prefix_kv: Optional[torch.Tensor] = None, key_input: Optional[torch.Tensor] = None,
                 value_input: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (B, T, d). rope: the rotation for these positions (RoPE models), else None.
-        mask: (B, 1, T, S) bool, True = may attend, or None for plain causal.
+        mask: (B, 1, T, S) bool, True = may attend, or None for plain causal (no cache).
         kv_cache, input_pos: this layer's cache and the (T,) slots to write, or None.
         prefix_kv: (2, n_kv, P, hd) keys and values every query sees first (prefix tuning).
         key_input, value_input: with split inputs (hook_options.py), x is (B, T, nh, d) and
@@ -103,14 +103,10 @@ class Attention(nn.Module):
                 group = self.n_heads // self.n_kv_heads
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             z = self._explicit_attention(q, k, v, mask, dropout_p)
-        elif mask is None and T == k.shape[2]:
+        elif mask is None:  # no cache, no padding: keys are exactly the queries
             z = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=grouped,
                                                scale=self.scale)
-        elif mask is None and T == 1:  # one new token sees every filled cache slot: no mask
-            z = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, enable_gqa=grouped, scale=self.scale)
         else:
-            if mask is None:  # chunk of queries after cached keys: causal w.r.t. absolute slots
-                mask = causal_mask(T, k.shape[2], x.device)[None, None]
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=grouped,
                                                scale=self.scale)
 
