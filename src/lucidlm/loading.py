@@ -77,8 +77,8 @@ def _check_overrides(random_init: bool, overrides: dict[str, Any]) -> None:
         name = unknown[0]
         allowed = load_options + (fields if random_init else [])
         extra = "" if random_init else " (ModelConfig fields such as n_layers=... only go with random_init=True)"
-        raise ConfigError(f"lucidlm.load() got an unknown keyword argument {name!r}{did_you_mean(name, allowed)}; "
-                          f"its options are {', '.join(load_options)}{extra}.")
+        raise ConfigError(f"lucidlm.load() got an unknown keyword argument {name!r}; its options are "
+                          f"{', '.join(load_options)}{extra}{did_you_mean(name, allowed) or '.'}")
 
 
 def _load_options() -> list[str]:
@@ -95,8 +95,8 @@ def _load_base(source: str | Path, dtype: torch.dtype, device: str | torch.devic
     name = str(source)
     if random_init:
         if name not in PRESETS:
-            raise ConfigError(f"random_init=True needs an architecture preset, not {name!r}"
-                              f"{did_you_mean(name, PRESETS)}; presets: {', '.join(sorted(PRESETS))}.")
+            raise ConfigError(f"random_init=True needs an architecture preset, not {name!r}; presets: "
+                              f"{', '.join(sorted(PRESETS))}{did_you_mean(name, PRESETS) or '.'}")
         from lucidlm.tokenizers.presets import preset_tokenizer
 
         torch.manual_seed(seed)
