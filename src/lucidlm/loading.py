@@ -81,9 +81,6 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
     return model
 
 
-_LOAD_OPTIONS = ("dtype", "device", "adapter", "quantize", "group_size", "random_init", "seed")
-
-
 def _check_overrides(random_init: bool, overrides: dict[str, Any]) -> None:
     """Keywords beyond load's own are ModelConfig fields of a random-init preset, nothing else."""
     if not overrides:
@@ -92,14 +89,22 @@ def _check_overrides(random_init: bool, overrides: dict[str, Any]) -> None:
 
     from lucidlm.config import ModelConfig
 
+    load_options = _load_options()
     fields = [f.name for f in dataclasses.fields(ModelConfig)]
     unknown = [k for k in overrides if not (random_init and k in fields)]
     if unknown:
         name = unknown[0]
-        allowed = list(_LOAD_OPTIONS) + (fields if random_init else [])
+        allowed = load_options + (fields if random_init else [])
         extra = "" if random_init else " (ModelConfig fields such as n_layers=... only go with random_init=True)"
-        raise ConfigError(f"lucidlm.load() got an unknown keyword argument {name!r}{did_you_mean(name, allowed)}; "
-                          f"its options are {', '.join(_LOAD_OPTIONS)}{extra}.")
+        raise ConfigError(f"lucidlm.load() got an unknown keyword argument {name!r}; its options are "
+                          f"{', '.join(load_options)}{extra}{did_you_mean(name, allowed) or '.'}")
+
+
+def _load_options() -> list[str]:
+    """load()'s own keyword names, read from its signature so a new option is never missing."""
+    import inspect
+
+    return [name for name, p in inspect.signature(load).parameters.items() if p.kind is p.KEYWORD_ONLY]
 
 
 def _load_base(source: str | Path, dtype: Optional[torch.dtype], device: str | torch.device, seed: int,
@@ -110,8 +115,8 @@ def _load_base(source: str | Path, dtype: Optional[torch.dtype], device: str | t
     name = str(source)
     if random_init:
         if name not in PRESETS:
-            raise ConfigError(f"random_init=True needs an architecture preset, not {name!r}"
-                              f"{did_you_mean(name, PRESETS)}; presets: {', '.join(sorted(PRESETS))}.")
+            raise ConfigError(f"random_init=True needs an architecture preset, not {name!r}; presets: "
+                              f"{', '.join(sorted(PRESETS))}{did_you_mean(name, PRESETS) or '.'}")
         from lucidlm.tokenizers.presets import preset_tokenizer
 
         torch.manual_seed(seed)
