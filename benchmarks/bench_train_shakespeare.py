@@ -1,18 +1,19 @@
-"""nanoGPT's documented CPU run of shakespeare-char, trained with lucidlm.
+"""lucidlm's training loop against nanoGPT's own, unmodified ``train.py``, side by side.
 
-    python train.py config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=20
-      --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128
-      --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0
+nanoGPT (MIT, ``../shared/peers/nanoGPT``) runs as a subprocess from a temporary copy whose
+``data/shakespeare_char`` holds train.bin / val.bin / meta.pkl written here exactly as its
+``prepare.py`` would (character ids, first 90% trains) from ``../shared/data/tinyshakespeare.txt``
+(no download). lucidlm trains the same model on the same tokens in another subprocess.
+The runs alternate (nanoGPT, lucidlm, nanoGPT, ...) so both see the same machine load.
 
-nanoGPT reports val loss 1.88 for it; on this machine kind (2 CPU cores) nanoGPT took 55 s.
-Those two numbers are quoted, not re-measured (nanoGPT is not a package). What is measured
-side by side in this run: the milliseconds per optimizer step of lucidlm's model and of
-Hugging Face's GPT2LMHeadModel of the same shape, in one identical plain training loop
-(same batches, AdamW, fp32), so the step cost of the model code itself can be compared.
+Compared: milliseconds per training iteration, excluding every iteration that contains
+an evaluation and the first 10 (warm-up, compilation), from each program's own log
+(nanoGPT's ``iter N: ... time T ms`` lines; lucidlm's per-log-window step times).
 
-    python benchmarks/bench_train_shakespeare.py [--threads 2] [--max-iters 2000] [--peer-steps 100]
+    python benchmarks/bench_train_shakespeare.py --config cpu     # nanoGPT README's CPU run
+    python benchmarks/bench_train_shakespeare.py --config gpu     # train_shakespeare_char.py, bf16, compile
 
-Prints a table and writes benchmarks/results/train_shakespeare.json.
+Prints a table and writes benchmarks/results/train_shakespeare_{cpu,gpu}.json.
 """
 
 from __future__ import annotations
@@ -20,124 +21,167 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import platform
+import re
+import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-try:
-    import lucidlm  # noqa: F401
-except ImportError:  # running from a checkout without `pip install -e .`
+SHARED = Path(os.environ.get("LUCIDLM_SHARED", ROOT.parent / "shared"))  # a copy travels to the GPU machine
+NANOGPT = SHARED / "peers" / "nanoGPT"
+CORPUS = SHARED / "data" / "tinyshakespeare.txt"
+WARMUP = 10
+
+# nanoGPT README's CPU command; the GPU config is config/train_shakespeare_char.py as it is.
+CONFIGS = {
+    "cpu": dict(device="cpu", compile=False, eval_iters=20, log_interval=1, block_size=64, batch_size=12, n_layer=4,
+                n_head=4, n_embd=128, max_iters=2000, lr_decay_iters=2000, dropout=0.0, eval_interval=250),
+    "gpu": dict(device="cuda", compile=True, eval_iters=20, log_interval=10, block_size=256, batch_size=64, n_layer=6,
+                n_head=6, n_embd=384, max_iters=5000, lr_decay_iters=5000, dropout=0.2, eval_interval=250),
+}
+
+
+def prepare_nanogpt(workdir: Path) -> Path:
+    """A copy of nanoGPT with its shakespeare_char data written as prepare.py writes it."""
+    import numpy as np
+
+    target = workdir / "nanoGPT"
+    shutil.copytree(NANOGPT, target)
+    data = CORPUS.read_text()
+    chars = sorted(set(data))
+    stoi = {c: i for i, c in enumerate(chars)}
+    n = len(data)
+    folder = target / "data" / "shakespeare_char"
+    np.array([stoi[c] for c in data[: int(n * 0.9)]], dtype=np.uint16).tofile(folder / "train.bin")
+    np.array([stoi[c] for c in data[int(n * 0.9):]], dtype=np.uint16).tofile(folder / "val.bin")
+    with open(folder / "meta.pkl", "wb") as f:  # nanoGPT reads its vocab size from this file
+        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, f)
+    return target
+
+
+def run_nanogpt(copy: Path, cfg: dict, env: dict) -> dict:
+    flags = [f"--{k}={v}" for k, v in cfg.items()] + [f"--out_dir={copy / 'out'}"]
+    done = subprocess.run([sys.executable, "train.py", "config/train_shakespeare_char.py", *flags], cwd=copy,
+                          env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"nanoGPT failed:\n{done.stderr[-3000:]}")
+    # nanoGPT's dt for "iter N" covers iteration N alone; evaluation at N happens inside it.
+    iters = [(int(m[1]), float(m[2])) for m in re.finditer(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms", done.stdout)]
+    per_iter = [ms for step, ms in iters if step >= WARMUP and step % cfg["eval_interval"] != 0]
+    vals = re.findall(r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)", done.stdout)
+    return {"ms_per_iter": statistics.mean(per_iter), "median_ms": statistics.median(per_iter),
+            "iters_timed": len(per_iter), "val_loss": float(vals[-1][2]) if vals else None}
+
+
+def run_lucidlm(cfg: dict, env: dict, workdir: Path, compile: bool) -> dict:
+    out = Path(tempfile.mkdtemp(dir=workdir))
+    args = [sys.executable, __file__, "--worker", json.dumps({**cfg, "compile": compile}), "--out", str(out)]
+    done = subprocess.run(args, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"lucidlm failed:\n{done.stderr[-3000:]}")
+    report = json.loads((out / "bench_times.json").read_text())
+    per_iter = [ms / steps for start, steps, ms in report["windows"] if start >= WARMUP for _ in range(steps)]
+    return {"ms_per_iter": statistics.mean(per_iter), "median_ms": statistics.median(per_iter),
+            "iters_timed": len(per_iter), "val_loss": report["val_loss"]}
+
+
+def worker(cfg: dict, out: Path) -> None:
+    """One lucidlm run with nanoGPT's settings; writes the step time of every log window."""
     sys.path.insert(0, str(ROOT / "src"))
+    import torch
 
-import torch
+    from lucidlm.training import Callback, TrainConfig, pretrain
 
-from lucidlm.training import TrainConfig, Trainer, get_batch, masked_cross_entropy
+    class Windows(Callback):
+        def __init__(self) -> None:
+            self.windows, self.last = [], None  # (first step, steps, ms) of each timed window
 
-CORPUS = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
-RESULTS = ROOT / "benchmarks" / "results" / "train_shakespeare.json"
-NANOGPT_VAL_LOSS = 1.88  # nanoGPT README, this exact command
-NANOGPT_SECONDS = 55.0  # nanoGPT's own wall time for it on this machine kind (2 CPU cores)
+        def on_log(self, trainer, losses) -> None:  # losses are read back here: the device is idle
+            now = time.perf_counter()
+            if self.last is not None:
+                start, then = self.last
+                self.windows.append((start, trainer.step - start, 1000 * (now - then)))
+            self.last = (trainer.step, now)
 
+        def on_evaluate(self, trainer, record) -> None:
+            self.last = None  # the window with the evaluation is not timed
 
-def nanogpt_config(out_dir: str, max_iters: int) -> TrainConfig:
-    return TrainConfig(
-        data=str(CORPUS), out_dir=out_dir, tokenizer="char", preset="shakespeare-char", n_layer=4, n_head=4,
-        n_embd=128, block_size=64, batch_size=12, learning_rate=1e-3, min_lr=1e-4, max_iters=max_iters,
-        lr_decay_iters=2000, warmup_iters=100, beta2=0.99, weight_decay=0.1, grad_clip=1.0, dropout=0.0,
-        eval_interval=250, eval_iters=20, final_eval_iters=200, sample_tokens=0, progress=False,
-    )
-
-
-def step_ms(model: torch.nn.Module, data, steps: int, forward) -> float:
-    """Median ms per optimizer step in a plain loop: batch, forward, loss, backward, clip, AdamW."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
-    generator = torch.Generator().manual_seed(0)
-    times = []
-    for _ in range(steps + 5):
-        start = time.perf_counter()
-        x, y = get_batch(data, 12, 64, generator)
-        loss = masked_cross_entropy(forward(model, x), y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - start)
-    times = sorted(times[5:])  # first steps warm up allocators
-    return 1000 * times[len(times) // 2]
-
-
-def hf_gpt2(vocab_size: int) -> torch.nn.Module:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(vocab_size=vocab_size, n_positions=64, n_embd=128, n_layer=4, n_head=4,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, activation_function="gelu")
-    return GPT2LMHeadModel(config).train()
+    if cfg["device"] == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # as nanoGPT's train.py sets
+        torch.backends.cudnn.allow_tf32 = True
+    windows = Windows()
+    result = pretrain(TrainConfig(
+        data=str(CORPUS), out_dir=str(out), tokenizer="char", preset="shakespeare-char", n_layer=cfg["n_layer"],
+        n_head=cfg["n_head"], n_embd=cfg["n_embd"], block_size=cfg["block_size"], batch_size=cfg["batch_size"],
+        learning_rate=1e-3, min_lr=1e-4, max_iters=cfg["max_iters"], lr_decay_iters=cfg["lr_decay_iters"],
+        warmup_iters=100, beta2=0.99, weight_decay=0.1, grad_clip=1.0, dropout=cfg["dropout"],
+        eval_interval=cfg["eval_interval"], eval_iters=cfg["eval_iters"], log_interval=cfg["log_interval"],
+        sample_tokens=0, progress=False, device=cfg["device"], compile=cfg["compile"]), callbacks=[windows])
+    (out / "bench_times.json").write_text(json.dumps({"windows": windows.windows, "val_loss": result.val_loss}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
-                        help="torch CPU threads (default: %(default)s)")
-    parser.add_argument("--max-iters", type=int, default=2000, help="training steps (default: %(default)s)")
-    parser.add_argument("--peer-steps", type=int, default=100,
-                        help="steps timed per model in the side-by-side loop (0 skips it) (default: %(default)s)")
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="cpu")
+    parser.add_argument("--max-iters", type=int, default=None, help="override both runs' max_iters")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating nanoGPT/lucidlm pairs (default: 1)")
+    parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for both (default: as is)")
+    parser.add_argument("--compile", choices=("no", "yes", "both"), default=None,
+                        help="lucidlm variants (default: no on cpu, yes on gpu)")
+    parser.add_argument("--results", default=None, help="write the JSON here (default: benchmarks/results/)")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-
-    with tempfile.TemporaryDirectory() as out:
-        trainer = Trainer(nanogpt_config(out, args.max_iters))
-        start = time.perf_counter()
-        result = trainer.fit()
-        wall = time.perf_counter() - start
-        tokens = result.step * trainer.tokens_per_step
-        data, vocab = trainer.data.train, trainer.model_config.vocab_size
-
-    rows = [("lucidlm (full run)", f"{wall:.1f}", f"{result.val_loss:.4f}", f"{tokens / wall:,.0f}", "")]
-    rows.append(("nanoGPT (quoted)", f"{NANOGPT_SECONDS:.1f}", f"{NANOGPT_VAL_LOSS:.2f}",
-                 f"{2000 * 12 * 64 / NANOGPT_SECONDS:,.0f}", ""))
-    peer = {}
-    if args.peer_steps > 0:
-        from lucidlm.config import preset
-        from lucidlm.model import Transformer
-
-        torch.manual_seed(0)
-        ours = Transformer(preset("shakespeare-char", vocab_size=vocab)).train()
-        peer["lucidlm_step_ms"] = step_ms(ours, data, args.peer_steps, lambda m, x: m(x))
-        peer["hf_gpt2_step_ms"] = step_ms(hf_gpt2(vocab), data, args.peer_steps, lambda m, x: m(x).logits)
-        rows.append(("step loop: lucidlm", "", "", f"{12 * 64 / peer['lucidlm_step_ms'] * 1000:,.0f}",
-                     f"{peer['lucidlm_step_ms']:.1f}"))
-        rows.append(("step loop: HF GPT2LMHeadModel", "", "", f"{12 * 64 / peer['hf_gpt2_step_ms'] * 1000:,.0f}",
-                     f"{peer['hf_gpt2_step_ms']:.1f}"))
-
-    header = ("run", "wall s", "val loss", "tokens/s", "ms/step")
+    if args.worker:
+        worker(json.loads(args.worker), Path(args.out))
+        return
+    cfg = dict(CONFIGS[args.config])
+    if args.max_iters:
+        cfg["max_iters"] = args.max_iters
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    variants = {"no": [False], "yes": [True], "both": [False, True]}[args.compile or
+                                                                     ("yes" if args.config == "gpu" else "no")]
+    runs: dict[str, list[dict]] = {"nanoGPT": [], **{f"lucidlm{' compile' if c else ''}": [] for c in variants}}
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = prepare_nanogpt(Path(tmp))
+        for _ in range(args.rounds):
+            runs["nanoGPT"].append(run_nanogpt(copy, cfg, env))
+            for c in variants:
+                runs[f"lucidlm{' compile' if c else ''}"].append(run_lucidlm(cfg, env, Path(tmp), c))
+    nano_ms = statistics.mean(r["ms_per_iter"] for r in runs["nanoGPT"])
+    tokens = cfg["batch_size"] * cfg["block_size"]
+    rows, summary = [], {}
+    for name, results in runs.items():
+        ms = statistics.mean(r["ms_per_iter"] for r in results)
+        summary[name] = {"ms_per_iter": ms, "tokens_per_s": tokens / ms * 1000, "speedup_vs_nanogpt": nano_ms / ms,
+                         "val_loss": [r["val_loss"] for r in results], "runs": results}
+        val = results[-1]["val_loss"]
+        rows.append((name, f"{ms:.2f}", f"{tokens / ms * 1000:,.0f}", f"{nano_ms / ms:.2f}x",
+                     f"{val:.4f}" if val is not None else "-"))
+    header = ("run", "ms/iter", "tokens/s", "vs nanoGPT", "final val loss")
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     for row in [header] + rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+    import torch
 
-    report = {
-        "benchmark": "train_shakespeare_char_cpu",
-        "config": "nanoGPT CPU run: 4 layers, 4 heads, 128 wide, block 64, batch 12, lr 1e-3 -> 1e-4, 2000 steps",
-        "max_iters": result.step,
-        "wall_seconds": wall,
-        "final_val_loss": result.val_loss,
-        "final_train_loss": result.train_loss,
-        "final_eval_iters": 200,
-        "tokens_per_s": tokens / wall,
-        "nanogpt_reported_val_loss": NANOGPT_VAL_LOSS,
-        "nanogpt_seconds_this_machine_kind": NANOGPT_SECONDS,
-        **peer,
-        "peer_steps": args.peer_steps,
-        "threads": args.threads,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-                    "load_avg_1m": os.getloadavg()[0]},
-    }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    device = torch.cuda.get_device_name(0) if args.config == "gpu" and torch.cuda.is_available() else \
+        f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()})"
+    report = {"benchmark": f"train_shakespeare_char_{args.config}", "date": time.strftime("%Y-%m-%d"),
+              "device": device, "config": cfg, "rounds": args.rounds, "threads": args.threads,
+              "torch": torch.__version__, "load_avg_1m": os.getloadavg()[0],
+              "timing": f"mean ms per iteration, excluding evaluation iterations and the first {WARMUP}", **summary}
+    path = Path(args.results) if args.results else ROOT / "benchmarks" / "results" / f"train_shakespeare_{args.config}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ class Conversation:
     def __init__(self, system: Optional[str] = None) -> None:
         self.system = system  # None: the template's default (SmolLM2 adds its own system prompt)
         self.history: list[Message] = []
+        self.last_result: Any = None  # the GenerationResult of the latest reply (ids, finish reason)
 
     @property
     def messages(self) -> list[Message]:
@@ -45,12 +46,30 @@ class Conversation:
             raise GenerationError("reply() needs a user message last: call add_user(text) first.")
         ids = encode_chat(model.tokenizer, self.messages)
         pieces: list[str] = []
+        self.last_result = None
         try:
-            for piece in stream(model, ids, **gen_kwargs):
+            text_stream = stream(model, ids, **gen_kwargs)
+            for piece in text_stream:
                 pieces.append(piece)
                 yield piece
+            self.last_result = text_stream.result
         finally:
             self.history.append({"role": "assistant", "content": "".join(pieces)})
+
+    def fit_context(self, model: Any, reserve: int) -> int:
+        """Drop the oldest turns (never the system prompt, never the last user message) until
+        the conversation plus ``reserve`` tokens for the answer fits ``model``'s context.
+        Returns how many messages were dropped; a last message too long on its own is left
+        for generation to refuse with both numbers."""
+        limit = model.config.max_seq_len
+        dropped = 0
+        while len(self.history) > 1 and len(encode_chat(model.tokenizer, self.messages)) + reserve > limit:
+            first_answer = next((i for i, m in enumerate(self.history[:-1]) if m["role"] == "assistant"), 0)
+            cut = max(first_answer + 1, 1)  # the oldest user turn with its answer
+            cut = min(cut, len(self.history) - 1)
+            del self.history[:cut]
+            dropped += cut
+        return dropped
 
     def reset(self, system: Optional[str] = None, keep_system: bool = True) -> None:
         """Forget the turns; keep the system prompt unless a new one is given or keep_system=False."""

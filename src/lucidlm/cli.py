@@ -3,22 +3,58 @@
 Each subcommand lives in ``lucidlm/commands/<name>.py`` with ``register(subparsers)``; its
 handler returns an exit code. Errors of lucidlm's own types print one clear line (no
 traceback) and exit with status 1.
+
+Only the chosen subcommand's module is imported (the others appear in ``--help`` by their
+one-line summary), so ``lucidlm --help`` and ``--version`` start without importing torch.
+A mistyped command, flag or choice is answered with one line and a "did you mean".
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
-from typing import Optional, Sequence
+from typing import Iterable, NoReturn, Optional, Sequence
 
 from lucidlm.errors import LucidLMError
+from lucidlm.suggest import did_you_mean
 
 COMMANDS = ("generate", "chat", "train", "finetune", "merge", "inspect", "convert")
+SUMMARIES = {  # shown by `lucidlm --help`; tests check they match each command's own help
+    "generate": "continue a prompt with a model (KV-cached sampling, beam search, streaming)",
+    "chat": "chat with a model in the terminal (streams its answers)",
+    "train": "train a model from scratch on a text corpus",
+    "finetune": "fine-tune a pretrained model with LoRA, adapters, prefix tuning or all weights",
+    "merge": "merge a LoRA adapter into its base model and save the result",
+    "inspect": "look inside the model: tokens, top-k predictions, attention maps, logit lens (HTML report)",
+    "convert": "convert a model to Hugging Face or lucidlm format",
+}
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)'")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors that suggest the closest valid name."""
+
+    def error(self, message: str) -> NoReturn:
+        match = _INVALID_CHOICE.search(message)
+        if match:
+            choices = [str(c) for action in self._actions if action.choices for c in action.choices]
+            message = message.replace(match.group(0), match.group(0) + did_you_mean(match.group(1), choices), 1)
+        self.exit(2, f"{self.prog}: error: {message}\n(see `{self.prog} --help`)\n")
+
+    def unrecognized(self, extras: Sequence[str]) -> NoReturn:
+        options = [s for action in self._actions for s in action.option_strings]
+        flag = next((e.split("=", 1)[0] for e in extras if e.startswith("-")), None)
+        hint = did_you_mean(flag, options) if flag else ""
+        self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+
+
+def build_parser(commands: Optional[Iterable[str]] = None) -> Parser:
+    """The parser with the full options of ``commands`` (default: all of them); the other
+    commands are listed by their summary only."""
+    full = set(COMMANDS if commands is None else commands)
+    parser = Parser(
         prog="lucidlm",
         description="A glass-box toolkit for decoder-only transformer language models: run, chat with, "
                     "train, fine-tune and look inside LLMs. With no --model, commands use the embedded "
@@ -28,14 +64,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lucidlm {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
-        module = importlib.import_module(f"lucidlm.commands.{name}")
-        module.register(subparsers)
+        if name in full:
+            importlib.import_module(f"lucidlm.commands.{name}").register(subparsers)
+        else:
+            subparsers.add_parser(name, help=SUMMARIES.get(name), add_help=False)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The top-level parser has no option that takes a value, so the first word is the command.
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser([command] if command in COMMANDS else [])
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _subparser(parser, args.command).unrecognized(extras)
     try:
         return int(args.handler(args) or 0)
     except LucidLMError as exc:
@@ -46,6 +89,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
     except BrokenPipeError:  # `lucidlm generate ... | head` closes the pipe early
         return 0
+
+
+def _subparser(parser: Parser, command: str) -> Parser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]
+    return parser
 
 
 if __name__ == "__main__":

@@ -18,6 +18,10 @@ class UnsupportedArchitectureError(ConfigError):
     """A checkpoint is for a model family lucidlm does not implement."""
 
 
+class DeviceError(ConfigError):
+    """A device or dtype that is misspelled or not available on this machine."""
+
+
 class InputError(LucidLMError, ValueError):
     """Token ids or a prompt that the model cannot take."""
 

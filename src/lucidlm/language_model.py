@@ -16,8 +16,10 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
+from torch import nn
 
-from lucidlm.generation import GenerationResult, generate, stream
+from lucidlm.config import ModelConfig
+from lucidlm.generation import GenerationResult, TextStream, generate, stream
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, run_with_hooks
 from lucidlm.inspect.tokens import to_str_tokens, to_string, to_tokens
 from lucidlm.model.hook_options import set_hook_options
@@ -26,6 +28,11 @@ from lucidlm.model.transformer import Transformer
 from lucidlm.peft import merge_adapter, set_adapter, unmerge_adapter
 
 Prompt = Union[str, Sequence[int], torch.Tensor]
+Prompts = Union[Prompt, Sequence[str], Sequence[Sequence[int]]]
+
+
+def _is_text_batch(ids: Any) -> bool:
+    return isinstance(ids, (list, tuple)) and len(ids) > 0 and all(isinstance(t, str) for t in ids)
 
 
 class LanguageModel(Transformer):
@@ -36,19 +43,143 @@ class LanguageModel(Transformer):
     either class loads into the other.
     """
 
-    # ------------------------------------------------------------------ generation
-    def generate(self, prompt: Prompt, **options: Any) -> GenerationResult:
-        """Continue ``prompt`` (text, or token ids) and return the ids, text and finish reason.
+    # Compiled, the cache length is rounded up to a multiple of this, so prompts of similar
+    # length share one compiled decode step (and one CUDA graph) instead of recompiling.
+    CACHE_BUCKET = 256
 
-        Options: max_new_tokens (64), temperature (1.0; 0 = greedy), top_k, top_p, min_p,
-        repetition_penalty, seed, stop (str or list), stop_on_eos, num_beams, length_penalty,
-        chat (wrap the prompt in the model's chat template). See ``lucidlm.generation``.
+    def __init__(self, config: ModelConfig, tokenizer: Any = None) -> None:
+        super().__init__(config, tokenizer)
+        self._compiled_decode: Optional[Callable[..., torch.Tensor]] = None
+        self._compiled_prefill: Optional[Callable[..., torch.Tensor]] = None
+        self._cuda_graphs = False
+        self._kept_caches: list[nn.ModuleList] = []  # compiled: the cache outlives one generate call
+
+    # ------------------------------------------------------------------ compiled decoding
+    def compile(self, mode: Optional[str] = None, *, backend: Any = "inductor", prefill: bool = True,
+                ) -> "LanguageModel":
+        """Compile the steps that ``generate``/``stream``/``chat`` run, with ``torch.compile``.
+
+        The decode step (one token per row against the static KV cache) is compiled once,
+        with fixed shapes; ``mode`` defaults to ``"reduce-overhead"`` on CUDA, which replays
+        it as a CUDA graph, and to torch's default on CPU. The prefill (the prompt) is
+        compiled with dynamic shapes, so a new prompt length does not recompile; pass
+        ``prefill=False`` to leave it eager. ``backend`` goes to torch.compile (tests pass a
+        counting backend). The first call of each pays the compile time (seconds to minutes);
+        greedy tokens are the same as eager ones. Returns the model, so
+        ``model = lucidlm.load().compile()`` reads naturally. ``model(ids)`` stays eager.
         """
-        return generate(self, prompt, **options)
+        self._cuda_graphs = mode == "reduce-overhead" or (mode is None and self.device.type == "cuda")
+        if mode is None and self.device.type == "cuda":
+            mode = "reduce-overhead"
+        self._compiled_decode = torch.compile(self.step, mode=mode, backend=backend, fullgraph=True, dynamic=False)
+        self._compiled_prefill = (torch.compile(self.step, backend=backend, fullgraph=True, dynamic=True)
+                                  if prefill else None)
+        return self
 
-    def stream(self, prompt: Prompt, **options: Any) -> Iterator[str]:
-        """Like ``generate`` but yields text pieces as they are decoded; they join to
-        exactly ``generate(...).text``."""
+    @property
+    def compiled(self) -> bool:
+        return self._compiled_decode is not None
+
+    def prefill_step(self, ids: torch.Tensor, input_pos: torch.Tensor,
+                     attention_mask: Optional[torch.Tensor] = None, last_token_only: bool = True) -> torch.Tensor:
+        """Generation's prompt pass: ``Transformer.step``, compiled if ``compile()`` was called."""
+        run = self._compiled_prefill or self.step
+        return run(ids, input_pos, attention_mask, None, last_token_only)
+
+    def decode_step(self, ids: torch.Tensor, input_pos: torch.Tensor,
+                    attention_mask: Optional[torch.Tensor] = None, last_token_only: bool = True) -> torch.Tensor:
+        """Generation's one-token step: ``Transformer.step``, compiled if ``compile()`` was called."""
+        if self._compiled_decode is None:
+            return self.step(ids, input_pos, attention_mask, None, last_token_only)
+        if self._cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: the last one's outputs may be reused
+            # The graph writes its output into the same memory every replay: hand out a copy.
+            return self._compiled_decode(ids, input_pos, attention_mask, None, last_token_only).clone()
+        return self._compiled_decode(ids, input_pos, attention_mask, None, last_token_only)
+
+    def setup_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None,
+                       dtype: Optional[torch.dtype] = None) -> None:
+        """``Transformer.setup_kv_cache``; compiled, the length is bucketed and the previous
+        cache is reused when it fits, so the compiled step (and its CUDA graph) stays valid."""
+        if not self.compiled:
+            return super().setup_kv_cache(batch_size, max_seq_len, dtype)
+        wanted = max_seq_len or self.config.max_seq_len
+        wanted = min(-(-wanted // self.CACHE_BUCKET) * self.CACHE_BUCKET, self.config.max_seq_len)
+        dtype = dtype or self.dtype
+        for caches in self._kept_caches:
+            cache = caches[0]
+            if (cache.batch_size, cache.max_seq_len, cache.k.dtype, cache.k.device) == \
+                    (batch_size, wanted, dtype, self.device):
+                self.kv_caches = caches
+                return
+        super().setup_kv_cache(batch_size, wanted, dtype)
+
+    def clear_kv_cache(self) -> None:
+        """``Transformer.clear_kv_cache``; compiled, the last cache is kept for the next call."""
+        if self.compiled and self.kv_caches is not None:
+            self._kept_caches = [self.kv_caches]
+        super().clear_kv_cache()
+
+    # ------------------------------------------------------------------ forward on text
+    def forward(self, ids: Union[torch.Tensor, Sequence[int], str, Sequence[str]], *args: Any,
+                **kwargs: Any) -> torch.Tensor:
+        """Logits (B, T, vocab). ``ids``: token ids (B, T) or (T,), or text: ``model("Hello")``
+        encodes with the model's tokenizer (like ``to_tokens``); a list of texts is left-padded
+        with an attention mask, so position -1 of every row is that text's last token.
+        The other arguments are ``Transformer.forward``'s."""
+        texts = [ids] if isinstance(ids, str) else list(ids) if _is_text_batch(ids) else None
+        if texts is not None:
+            if len(texts) > 1 and kwargs.get("attention_mask") is None:
+                ids, kwargs["attention_mask"] = to_tokens(self, texts, padding_side="left",
+                                                          return_attention_mask=True)
+            else:
+                ids = to_tokens(self, texts)
+        return super().forward(ids, *args, **kwargs)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompt: Prompts, *, max_new_tokens: int = 64, temperature: Optional[float] = None,
+                 top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
+                 repetition_penalty: Optional[float] = None, seed: Optional[int] = None,
+                 stop: Optional[Union[str, Sequence[str]]] = None, stop_on_eos: bool = True, num_beams: int = 1,
+                 length_penalty: float = 1.0, chat: bool = False,
+                 **options: Any) -> Union[GenerationResult, list[GenerationResult]]:
+        """Continue ``prompt`` and return the new ids, their text and why it stopped.
+
+        Args:
+            prompt: text, a list of token ids or a 1-D tensor -> one ``GenerationResult``;
+                a batch (a list of texts, a list of id lists, a (B, T) tensor) -> a list of B
+                results, generated together (left-padded, one KV cache).
+            max_new_tokens: the most tokens to add (fewer at EOS, a stop string or the context end).
+            temperature: 0 is greedy; None takes the model's default (``model.generation_defaults``,
+                e.g. SmolLM2: 0.2 with top_p 0.5), else 1. The same holds for top_k, top_p,
+                min_p and repetition_penalty.
+            top_k, top_p, min_p: keep the k likeliest tokens / the smallest set with mass >= p /
+                tokens at least min_p times as likely as the top one (1, 1 and 0 switch them off).
+            repetition_penalty: > 1 makes tokens already in the text less likely (HF's CTRL penalty).
+            seed: makes sampling reproducible without touching torch's global RNG.
+            stop: text(s) that end generation; the text stops just before them.
+            stop_on_eos: stop at the tokenizer's end-of-sequence token(s).
+            num_beams, length_penalty: beam search (one prompt at a time).
+            chat: wrap a text prompt as a user message in the model's chat template.
+            **options: further options of ``lucidlm.generation.generate``; unknown names are refused.
+
+        >>> model.generate("What is the capital of France?", chat=True).text
+        'The capital of France is Paris.'
+        >>> [r.text for r in model.generate(["Once upon a time", "The sky is"], temperature=0)]
+        """
+        return generate(self, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                        top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=stop,
+                        stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty, chat=chat,
+                        **options)
+
+    def stream(self, prompt: Prompt, **options: Any) -> TextStream:
+        """Like ``generate`` (same options, one prompt) but yields text pieces as they are
+        decoded; they join to exactly ``generate(...).text`` (never half a UTF-8 character,
+        never a stop string). After the last piece, ``.result`` is the ``GenerationResult``.
+
+        >>> for piece in model.stream("Tell me a story", max_new_tokens=64):
+        ...     print(piece, end="", flush=True)
+        """
         return stream(self, prompt, **options)
 
     # ------------------------------------------------------------------ inspection

@@ -42,9 +42,15 @@ def test_json_output_shape_and_values(model_dir, model, capsys):
     assert code == 0
     assert out.count("\n") == 1  # exactly one line: one JSON object
     data = json.loads(out)
-    assert set(data) == {"prompt_ids", "token_ids", "text"}
+    assert set(data) == {"prompt_ids", "token_ids", "text", "finish_reason", "prompt_tokens", "new_tokens",
+                         "load_seconds", "seconds", "tokens_per_second"}
     expected = generate(model, "Hello", temperature=0, max_new_tokens=12)
-    assert data == {"prompt_ids": list(b"Hello"), "token_ids": expected.token_ids, "text": expected.text}
+    assert {k: data[k] for k in ("prompt_ids", "token_ids", "text", "finish_reason")} == {
+        "prompt_ids": list(b"Hello"), "token_ids": expected.token_ids, "text": expected.text,
+        "finish_reason": expected.finish_reason}
+    assert (data["prompt_tokens"], data["new_tokens"]) == (5, len(expected.token_ids))
+    assert data["seconds"] > 0 and data["load_seconds"] > 0
+    assert data["tokens_per_second"] == pytest.approx(data["new_tokens"] / data["seconds"], rel=0.02)
 
 
 def test_plain_and_streamed_output_agree(model_dir, capsys):
@@ -70,7 +76,7 @@ def test_beam_search_flags(model_dir, model, capsys):
     (["--model", "/no/such/model"], "/no/such/model"),
 ])
 def test_errors_are_one_line_with_exit_code_1(model_dir, capsys, flags, fragment):
-    argv = ["generate", "Hello", "--model", model_dir] + flags
+    argv = ["generate", "Hello", "--model", model_dir, "-q"] + flags  # -q: no "loading ..." line
     assert cli.main(argv) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -125,15 +131,15 @@ def test_chat_commands(model):
 
 def test_ctrl_c_during_an_answer_stops_only_that_answer(model, monkeypatch):
     calls = {"n": 0}
-    original_forward = model.forward
+    original_step = model.step  # generation's forward pass (prefill and each decode step)
 
-    def interrupted_forward(*args, **kwargs):  # Ctrl-C arrives during the first answer's 3rd step
+    def interrupted_step(*args, **kwargs):  # Ctrl-C arrives during the first answer's 3rd step
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        return original_forward(*args, **kwargs)
+        return original_step(*args, **kwargs)
 
-    monkeypatch.setattr(model, "forward", interrupted_forward)
+    monkeypatch.setattr(model, "step", interrupted_step)
     out = io.StringIO()
     assert chat_loop(model, dict(temperature=0, max_new_tokens=5, stop_on_eos=False),
                      read_line=reader(["Hi", "Hi again"]), out=out) == 0

@@ -145,8 +145,10 @@ def test_bad_options_raise_generation_error(model, kwargs, fragment):
 
 
 def test_stream_rejects_unknown_options(model):
-    with pytest.raises(GenerationError, match=r"unknown generation option\(s\) \['top_q'\]"):
+    with pytest.raises(GenerationError, match=r"unknown generation option 'top_q'; known: .*; did you mean 'top_p'\?$"):
         stream(model, "Hello", top_q=0.5)
+    with pytest.raises(GenerationError, match=r"unknown generation option 'top_q'; known: .*; did you mean 'top_p'\?$"):
+        generate(model, "Hello", top_q=0.5)
 
 
 def test_out_of_vocab_prompt_ids_are_rejected(model):

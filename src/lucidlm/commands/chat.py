@@ -1,16 +1,42 @@
-"""``lucidlm chat``: an interactive conversation with a chat model, answers streamed."""
+"""``lucidlm chat``: an interactive conversation with a chat model, answers streamed.
+
+The prompt follows llama.cpp / ollama habits: line editing and history, ``\"\"\"`` for
+multi-line messages, ``/set temperature 0.3``, ``/stats``, ``/save FILE``. When the
+conversation outgrows the context, the oldest turns are dropped (never the system prompt).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 from contextlib import closing
+from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
+from lucidlm.commands.chat_input import enable_line_editing, read_message
 from lucidlm.commands.generate import add_model_arguments, add_sampling_arguments, load_model_from_args, sampling_kwargs
 from lucidlm.errors import LucidLMError
+from lucidlm.suggest import did_you_mean
 
-HELP_TEXT = "commands: /reset (forget the conversation), /system TEXT (new system prompt and reset), /exit"
+HELP_TEXT = "type /help for the commands; /exit or Ctrl-D leaves"
+COMMANDS_HELP = """\
+  /help                 this list
+  /set NAME VALUE       a generation setting: temperature, top_k, top_p, min_p, repetition_penalty,
+                        max_new_tokens, seed (/set temperature 0.3; /set top_p default to unset)
+  /set verbose|quiet    show or hide tokens and tok/s after every answer
+  /show                 the settings and the system prompt
+  /stats                tokens and speed of the last answer
+  /system [TEXT]        a new system prompt (none: the chat template's default); resets the chat
+  /reset                forget the conversation
+  /save FILE            write the conversation as JSON
+  /exit                 leave (also Ctrl-D, or Ctrl-C at the prompt)
+  \"\"\"                   start and end a message of several lines
+Ctrl-C stops an answer."""
+SETTINGS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "repetition_penalty": float,
+            "max_new_tokens": int, "seed": int}
+ALIASES = {"temp": "temperature", "num_predict": "max_new_tokens", "repeat_penalty": "repetition_penalty"}
 
 
 def register(subparsers: Any) -> None:
@@ -18,39 +44,173 @@ def register(subparsers: Any) -> None:
         "chat",
         help="chat with a model in the terminal (streams its answers)",
         description="An interactive chat using the model's chat template. With no --model, uses the embedded "
-                    "SmolLM2-135M-Instruct. " + HELP_TEXT + ". Ctrl-C stops an answer; Ctrl-C at the prompt "
-                    "or Ctrl-D exits. Reads one message per line when stdin is not a terminal.",
+                    "SmolLM2-135M-Instruct. On a terminal: line editing and history (kept across sessions), "
+                    '""" ... """ for several lines, /help for the commands (/set temperature 0.3, /stats, '
+                    "/save FILE, /system, /reset). Ctrl-C stops an answer; Ctrl-C at the prompt or Ctrl-D "
+                    "exits. Reads one message per line when stdin is not a terminal.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_model_arguments(parser)
     parser.add_argument("--system", metavar="TEXT", default=None,
                         help="system prompt (default: the chat template's own, if it has one)")
+    parser.add_argument("--verbose", action="store_true", help="show tokens and tok/s after every answer")
     add_sampling_arguments(parser, default_max_new_tokens=256)
     parser.set_defaults(handler=run_chat)
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from lucidlm.generation import check_options
-
     kwargs = sampling_kwargs(args)
-    check_options(**kwargs)
-    model = load_model_from_args(args)
-    return chat_loop(model, kwargs, system=args.system)
+    model = load_model_from_args(args, kwargs)
+    interactive = sys.stdin.isatty()
+    save_history = enable_line_editing() if interactive else (lambda: None)
+    try:
+        return chat_loop(model, kwargs, system=args.system, title=_describe(args.model, model),
+                         verbose=args.verbose, interactive=interactive)
+    finally:
+        save_history()
+
+
+class ChatSession:
+    """The REPL's state: the conversation, the settings, the last answer's numbers."""
+
+    def __init__(self, model: Any, gen_kwargs: dict[str, Any], system: Optional[str], out: TextIO,
+                 verbose: bool) -> None:
+        from lucidlm.chat import Conversation
+
+        self.model = model
+        self.settings = dict(gen_kwargs)
+        self.convo = Conversation(system=system)
+        self.out = out
+        self.verbose = verbose
+        self.stats: Optional[str] = None
+
+    def say(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def command(self, line: str) -> bool:
+        """Run a /command; False means leave."""
+        command, _, rest = line.partition(" ")
+        rest = rest.strip()
+        if command in ("/exit", "/quit", "/bye"):
+            return False
+        if command in ("/help", "/?"):
+            self.say(COMMANDS_HELP)
+        elif command == "/reset":
+            self.convo.reset()
+            self.say("(conversation reset)")
+        elif command == "/system":
+            self.convo.reset(system=rest or None, keep_system=False)
+            self.say("(system prompt set; conversation reset)" if rest else
+                     "(system prompt back to the chat template's default; conversation reset)")
+        elif command == "/set":
+            self.set(rest)
+        elif command == "/show":
+            self.say(f"settings: {self.effective_settings()}\nsystem prompt: "
+                     + (repr(self.convo.system) if self.convo.system else "the chat template's default"))
+        elif command == "/stats":
+            self.say(self.stats or "(no answer yet)")
+        elif command == "/save":
+            self.save(rest)
+        else:
+            known = ["/help", "/set", "/show", "/stats", "/system", "/reset", "/save", "/exit"]
+            self.say(f"unknown command {command!r}{did_you_mean(command, known)}; {HELP_TEXT}")
+        return True
+
+    def set(self, rest: str) -> None:
+        from lucidlm.generation import check_options
+
+        words = rest.split()
+        if words[:1] == ["parameter"]:  # ollama's spelling: /set parameter temperature 0.3
+            words = words[1:]
+        if words in (["verbose"], ["quiet"]):
+            self.verbose = words[0] == "verbose"
+            self.say(f"(verbose {'on' if self.verbose else 'off'})")
+            return
+        if len(words) != 2:
+            self.say("usage: /set NAME VALUE, e.g. /set temperature 0.3 (/help lists the names)")
+            return
+        name = words[0].lower().replace("-", "_")
+        name = ALIASES.get(name, name)
+        if name not in SETTINGS:
+            self.say(f"unknown setting {words[0]!r}{did_you_mean(name, SETTINGS)}; "
+                     f"settings: {', '.join(SETTINGS)}")
+            return
+        try:
+            value = None if words[1].lower() in ("default", "none") else SETTINGS[name](words[1])
+            check_options(**{**self.settings, name: value})
+        except ValueError as exc:  # GenerationError is a ValueError too
+            self.say(f"cannot set {name} to {words[1]!r}: {exc}")
+            return
+        self.settings[name] = value
+        self.say(f"({name} = {'the model default' if value is None else value})")
+
+    def effective_settings(self) -> str:
+        from lucidlm.generation.defaults import apply_sampling_defaults
+
+        values = apply_sampling_defaults(self.model, self.settings)
+        return ", ".join(f"{k} {v}" for k, v in values.items() if v is not None and k != "stop")
+
+    def save(self, path: str) -> None:
+        if not path:
+            self.say("usage: /save FILE")
+            return
+        data = {"system": self.convo.system, "messages": self.convo.messages,
+                "settings": {k: v for k, v in self.settings.items() if v is not None}}
+        try:
+            Path(path).expanduser().write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n",
+                                               encoding="utf-8")
+        except OSError as exc:
+            self.say(f"cannot write {path}: {exc.strerror or exc}")
+            return
+        self.say(f"(saved {len(self.convo.history)} messages to {path})")
+
+    def answer(self, text: str) -> None:
+        convo, out = self.convo, self.out
+        convo.add_user(text)
+        limit = self.model.config.max_seq_len
+        reserve = min(int(self.settings.get("max_new_tokens") or 64), limit // 4)
+        dropped = convo.fit_context(self.model, reserve)
+        if dropped:
+            self.say(f"(the conversation outgrew the context of {limit} tokens: dropped the {dropped} oldest "
+                     f"messages{'; the system prompt stays' if convo.system else ''})")
+        start = time.perf_counter()
+        try:
+            with closing(convo.reply(self.model, **self.settings)) as pieces:
+                for piece in pieces:
+                    out.write(piece)
+                    out.flush()
+        except KeyboardInterrupt:  # stop this answer, keep the session
+            out.write(" [stopped]")
+        except LucidLMError as exc:  # e.g. one message longer than the context: say so, carry on
+            convo.history.pop()  # the unanswered user message
+            if convo.history and convo.history[-1]["role"] == "user":
+                convo.history.pop()
+            out.write(f"error: {exc} (type /reset to start over)")
+        out.write("\n")
+        result = convo.last_result
+        if result is not None:
+            seconds = time.perf_counter() - start
+            n = len(result.token_ids)
+            self.stats = (f"({n} tokens in {seconds:.2f} s, {n / seconds:.1f} tok/s; prompt {len(result.prompt_ids)} "
+                          f"tokens; finish: {result.finish_reason})")
+            if self.verbose:
+                out.write(self.stats + "\n")
+        out.flush()
 
 
 def chat_loop(model: Any, gen_kwargs: dict[str, Any], system: Optional[str] = None,
-              read_line: Callable[[str], str] = input, out: Optional[TextIO] = None) -> int:
+              read_line: Callable[[str], str] = input, out: Optional[TextIO] = None, *,
+              title: Optional[str] = None, verbose: bool = False, interactive: Optional[bool] = None) -> int:
     """The REPL. ``read_line`` and ``out`` are parameters so tests can drive it."""
-    from lucidlm.chat import Conversation
-
     out = out if out is not None else sys.stdout
-    convo = Conversation(system=system)
-    interactive = sys.stdin.isatty()
+    interactive = sys.stdin.isatty() if interactive is None else interactive
+    session = ChatSession(model, gen_kwargs, system, out, verbose)
     if interactive:
-        out.write(f"lucidlm chat - {HELP_TEXT}\n")
+        session.say(f"lucidlm chat - {title or 'model'}\n{session.effective_settings()}\n{HELP_TEXT}")
     while True:
         try:
-            line = read_line("> " if interactive else "")
+            line = read_message(read_line, ">>> " if interactive else "", "... " if interactive else "")
         except EOFError:  # Ctrl-D, or the end of piped input
             if interactive:
                 out.write("\n")
@@ -58,36 +218,19 @@ def chat_loop(model: Any, gen_kwargs: dict[str, Any], system: Optional[str] = No
         except KeyboardInterrupt:  # Ctrl-C while waiting for input: leave
             out.write("\n")
             return 0
-        line = line.strip()
-        if not line:
+        text = line.strip()
+        if not text:
             continue
-        if line.startswith("/"):
-            command, _, rest = line.partition(" ")
-            if command in ("/exit", "/quit"):
+        if text.startswith("/") and "\n" not in text:
+            if not session.command(text):
                 return 0
-            if command == "/reset":
-                convo.reset()
-                out.write("(conversation reset)\n")
-            elif command == "/system":
-                convo.reset(system=rest.strip() or None, keep_system=False)
-                out.write("(system prompt set; conversation reset)\n")
-            else:
-                out.write(f"unknown command {command!r}; {HELP_TEXT}\n")
-            out.flush()
             continue
+        session.answer(text)
 
-        convo.add_user(line)
-        try:
-            with closing(convo.reply(model, **gen_kwargs)) as pieces:
-                for piece in pieces:
-                    out.write(piece)
-                    out.flush()
-        except KeyboardInterrupt:  # stop this answer, keep the session
-            out.write(" [stopped]")
-        except LucidLMError as exc:  # e.g. the conversation outgrew the context: say so, carry on
-            convo.history.pop()  # the unanswered user message
-            if convo.history and convo.history[-1]["role"] == "user":
-                convo.history.pop()
-            out.write(f"error: {exc} (type /reset to start over)")
-        out.write("\n")
-        out.flush()
+
+def _describe(source: str, model: Any) -> str:
+    from lucidlm.pretrained import PRETRAINED
+
+    name = PRETRAINED[source].description if source in PRETRAINED else source
+    return (f"{name}; {model.num_parameters() / 1e6:.0f}M parameters, context {model.config.max_seq_len} tokens, "
+            f"on {model.device}")

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+import time
+from typing import Any, Optional
 
-from lucidlm.errors import GenerationError
+from lucidlm.errors import GenerationError, InputError
 
 DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZE_CHOICES = ("int8", "int4", "gguf")
 
 
 def register(subparsers: Any) -> None:
@@ -22,9 +24,11 @@ def register(subparsers: Any) -> None:
         epilog="examples:\n"
                "  lucidlm generate 'Once upon a time' --temperature 0 --max-new-tokens 40\n"
                "  lucidlm generate 'What is the capital of France?' --chat --stream\n"
-               "  lucidlm generate 'The' --model gpt2-dir/ --top-p 0.9 --seed 1 --json",
+               "  lucidlm generate 'The' --model gpt2-dir/ --top-p 0.9 --seed 1 --json\n"
+               "  cat question.txt | lucidlm generate - --chat --system 'Answer in one sentence.'",
     )
-    parser.add_argument("prompt", metavar="PROMPT", help="the text to continue (or the user message with --chat)")
+    parser.add_argument("prompt", metavar="PROMPT",
+                        help="the text to continue (or the user message with --chat); - reads it from stdin")
     add_model_arguments(parser)
     add_sampling_arguments(parser, default_max_new_tokens=64)
     parser.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams (1 = off; "
@@ -33,10 +37,13 @@ def register(subparsers: Any) -> None:
                         help="beam search: score = sum of log-probs / length ** this (> 0 favours longer outputs)")
     parser.add_argument("--chat", action="store_true",
                         help="wrap PROMPT as a user message in the model's chat template")
+    parser.add_argument("--system", metavar="TEXT", default=None,
+                        help="with --chat: the system prompt (default: the chat template's own, if it has one)")
     parser.add_argument("--stream", action="store_true", help="print text as it is generated")
     parser.add_argument("--json", action="store_true",
-                        help='print one JSON object {"prompt_ids": [...], "token_ids": [...], "text": "..."} '
-                             "(token_ids: generated ids only)")
+                        help='print one JSON object: text, token_ids (generated only), prompt_ids, finish_reason '
+                             "(eos|stop|length), prompt_tokens, new_tokens, load_seconds, seconds, "
+                             'tokens_per_second; with --stream, first one {"text": piece} line per piece')
     parser.set_defaults(handler=run_generate)
 
 
@@ -46,19 +53,32 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "pretrained name (smollm2-135m: the embedded model) or a preset")
     parser.add_argument("--adapter", metavar="DIR", default=None,
                         help="LoRA / prefix-tuning adapter directory to apply")
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="weights' dtype")
+    parser.add_argument("--random-init", action="store_true",
+                        help="--model names an architecture preset (gpt2, llama, ...): build it untrained")
+    parser.add_argument("--device", default="auto",
+                        help="auto (CUDA if torch sees a GPU, else CPU), cpu, cuda, cuda:N or mps")
+    parser.add_argument("--dtype", default=None,
+                        help="float weights of this dtype: " + ", ".join(DTYPES) + " (default float32; the "
+                             "embedded model loads its quantized default unless --dtype or --quantize is given)")
+    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
+                        help="keep weights as integer codes: int8 (per channel), int4 (groups of "
+                             "--group-size, 32 by default), or gguf (a GGUF file's own quantization)")
+    parser.add_argument("--group-size", type=int, default=None, help="quantization group size (int4: 32, 64, 128)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no loading line on stderr")
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser, default_max_new_tokens: int) -> None:
     group = parser.add_argument_group("sampling")
     group.add_argument("--max-new-tokens", type=int, default=default_max_new_tokens,
                        help="most tokens to generate (fewer if EOS, a stop string or the context end comes first)")
-    group.add_argument("--temperature", type=float, default=0.7,
-                       help="softmax temperature; 0 = greedy (always the most likely token)")
+    group.add_argument("--temperature", type=float, default=None,
+                       help="softmax temperature; 0 = greedy (always the most likely token). Unset sampling "
+                            "options take the model's defaults (SmolLM2: temperature 0.2, top-p 0.5; see "
+                            "lucidlm/generation/defaults.py), else temperature 1")
     group.add_argument("--top-k", type=int, default=None, help="sample only among the k most likely tokens")
     group.add_argument("--top-p", type=float, default=None,
-                       help="nucleus sampling: the smallest set of tokens with total probability >= p, in (0, 1]")
+                       help="nucleus sampling: the smallest set of tokens with total probability >= p, in (0, 1] "
+                            "(1 = off)")
     group.add_argument("--min-p", type=float, default=None,
                        help="drop tokens less likely than min_p x the most likely one, in [0, 1]")
     group.add_argument("--repetition-penalty", type=float, default=None,
@@ -66,42 +86,86 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, default_max_new_toke
     group.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     group.add_argument("--stop", action="append", default=None, metavar="TEXT",
                        help="stop when TEXT appears (not included in the output); repeatable")
+    group.add_argument("--min-new-tokens", type=int, default=0,
+                       help="EOS cannot end the output before this many new tokens")
+    group.add_argument("--context-overflow", choices=("stop", "crop"), default="stop",
+                       help="at the end of the context window: stop, or crop to its last max_seq_len tokens "
+                            "and go on (seed 003's sliding generation; slower, no KV cache past that point)")
 
 
 def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                 top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                seed=args.seed, stop=args.stop)
+                seed=args.seed, stop=args.stop, min_new_tokens=args.min_new_tokens,
+                context_overflow=args.context_overflow)
 
 
-def load_model_from_args(args: argparse.Namespace) -> Any:
-    import torch
+def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, Any]] = None) -> Any:
+    """The model the flags name. The loading line goes to stderr first, before torch is even
+    imported (a spinner follows on a terminal); ``options`` (generation options) are checked
+    before the model loads, so a bad flag costs no load."""
+    from lucidlm.commands.loading_status import LoadingStatus
 
-    import lucidlm
+    with LoadingStatus(f"loading {args.model}", enabled=not getattr(args, "quiet", False)) as status:
+        if options is not None:
+            from lucidlm.generation import check_options
+            check_options(**options)
+        import lucidlm
 
-    model = lucidlm.load(args.model, dtype=getattr(torch, args.dtype), device=args.device, adapter=args.adapter)
-    model.eval()
+        model = lucidlm.load(args.model, dtype=args.dtype, device=args.device, adapter=args.adapter,
+                             quantize=getattr(args, "quantize", None), group_size=getattr(args, "group_size", None),
+                             random_init=getattr(args, "random_init", False))
+        model.eval()
+    args.load_seconds = status.seconds
     return model
 
 
-def run_generate(args: argparse.Namespace) -> int:
-    from lucidlm.generation import check_options, generate, stream
+def read_prompt(prompt: str) -> str:
+    """PROMPT as given, or all of stdin for ``-`` (one trailing newline dropped)."""
+    if prompt != "-":
+        return prompt
+    text = sys.stdin.read()
+    return text[:-1] if text.endswith("\n") else text
 
-    kwargs = dict(sampling_kwargs(args), num_beams=args.num_beams, length_penalty=args.length_penalty, chat=args.chat)
-    check_options(**kwargs)  # a typo in a flag should not cost a model load
-    model = load_model_from_args(args)
+
+def run_generate(args: argparse.Namespace) -> int:
+    kwargs = dict(sampling_kwargs(args), num_beams=args.num_beams, length_penalty=args.length_penalty)
+    if args.system is not None and not args.chat:
+        raise InputError("--system needs --chat (a system prompt is part of the chat template).")
+    prompt = read_prompt(args.prompt)
+    model = load_model_from_args(args, kwargs)
     if model.tokenizer is None:
         raise GenerationError(f"model {args.model!r} has no tokenizer, so it cannot read a text prompt; "
                               f"use a model directory or GGUF file that includes one.")
-    if args.json:
-        result = generate(model, args.prompt, **kwargs)
-        print(json.dumps({"prompt_ids": result.prompt_ids, "token_ids": result.token_ids, "text": result.text},
-                         ensure_ascii=False))
-    elif args.stream:
-        for piece in stream(model, args.prompt, **kwargs):
+    if args.chat:
+        from lucidlm.generation.chat_template import encode_chat
+
+        system = [{"role": "system", "content": args.system}] if args.system else []
+        prompt = encode_chat(model.tokenizer, system + [{"role": "user", "content": prompt}])
+    from lucidlm.generation import stream
+
+    start = time.perf_counter()
+    pieces = stream(model, prompt, **kwargs)
+    for piece in pieces:
+        if args.json and args.stream:
+            print(json.dumps({"text": piece}, ensure_ascii=False), flush=True)
+        elif args.stream:
             sys.stdout.write(piece)
             sys.stdout.flush()
+    seconds = time.perf_counter() - start
+    result = pieces.result
+    if args.json:
+        print(json.dumps(_json_result(result, getattr(args, "load_seconds", 0.0), seconds), ensure_ascii=False))
+    elif args.stream:
         sys.stdout.write("\n")
     else:
-        print(generate(model, args.prompt, **kwargs).text)
+        print(result.text)
     return 0
+
+
+def _json_result(result: Any, load_seconds: float, seconds: float) -> dict[str, Any]:
+    new_tokens = len(result.token_ids)
+    return {"text": result.text, "token_ids": result.token_ids, "prompt_ids": result.prompt_ids,
+            "finish_reason": result.finish_reason, "prompt_tokens": len(result.prompt_ids),
+            "new_tokens": new_tokens, "load_seconds": round(load_seconds, 4), "seconds": round(seconds, 4),
+            "tokens_per_second": round(new_tokens / seconds, 2) if seconds > 0 else None}

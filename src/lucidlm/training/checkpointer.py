@@ -44,7 +44,10 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
                          ctx: DistributedContext) -> dict[str, Any]:
     """The optimizer's state_dict with full tensors, indexed by parameter position as a
     single process numbers them (FSDP's full state is keyed by parameter name)."""
-    if not ctx.sharded:
+    if not ctx.sharded or not optimizer.state:
+        # Before the first step there are no moments. (Asking FSDP's helper then would make
+        # it initialise them with a zero-lr step, counting one step too many for Adam's
+        # bias correction: the run would no longer equal a single process.)
         return optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
@@ -67,6 +70,8 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
     # Every rank reads the full file, then FSDP keeps each rank's shard of it.
     loaded = ckpt.read_optimizer_file(path)
+    if not loaded["state"]:  # saved before the first step: nothing to load (see full_optimizer_state)
+        return
     params = [p for group in optimizer.param_groups for p in group["params"]]
     name_of = {i: _param_name(model, p) for i, p in enumerate(params)}
     named = {"state": {name_of[i]: s for i, s in loaded["state"].items()},

@@ -1,0 +1,68 @@
+"""How ``lucidlm chat`` reads what the user types: line editing, history, multi-line messages.
+
+On a terminal, GNU readline gives arrow-key editing, Ctrl-R search and a history kept in
+``<lucidlm cache>/chat_history`` across sessions. Readline also reads the line itself (not the
+terminal's canonical mode, which cuts a line at 4095 bytes), so a paste of any length
+arrives whole; with bracketed paste on, a multi-line paste is one message, not one per line.
+A message can also span lines between two ``\"\"\"`` (ollama's convention).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional
+
+HISTORY_LENGTH = 1000
+MULTILINE = '"""'
+
+ReadLine = Callable[[str], str]
+
+
+def history_path() -> Path:
+    from lucidlm.pretrained import cache_root
+
+    return cache_root() / "chat_history"
+
+
+def enable_line_editing(path: Optional[Path] = None) -> Callable[[], None]:
+    """Turn on readline for ``input()`` and load the history; returns the function that saves it."""
+    try:
+        import readline
+    except ImportError:  # e.g. Windows without pyreadline: plain input() still works
+        return lambda: None
+    path = path or history_path()
+    if "libedit" not in (readline.__doc__ or ""):
+        readline.parse_and_bind("set enable-bracketed-paste on")  # a pasted block is one input
+    readline.set_history_length(HISTORY_LENGTH)
+    try:
+        readline.read_history_file(path)
+    except OSError:  # no history yet, or unreadable: start a new one
+        pass
+
+    def save() -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(path)
+        except OSError:
+            pass
+    return save
+
+
+def read_message(read_line: ReadLine, prompt: str, more_prompt: str) -> str:
+    """One message: a line, or every line from an opening to a closing ``\"\"\"``.
+    EOFError / KeyboardInterrupt propagate (the caller decides what they mean)."""
+    line = read_line(prompt)
+    if not line.lstrip().startswith(MULTILINE):
+        return line
+    first = line.lstrip()[len(MULTILINE):]
+    if first.rstrip().endswith(MULTILINE):  # """one line"""
+        return first.rstrip()[:-len(MULTILINE)]
+    lines = [first] if first.strip() else []
+    while True:
+        line = read_line(more_prompt)
+        if line.rstrip().endswith(MULTILINE):
+            last = line.rstrip()[:-len(MULTILINE)]
+            if last:
+                lines.append(last)
+            return "\n".join(lines)
+        lines.append(line)

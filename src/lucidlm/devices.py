@@ -1,0 +1,82 @@
+"""Device and dtype names as users type them, checked once with a one-line error.
+
+``resolve_device("auto")`` picks CUDA when torch sees a GPU, else Apple's MPS, else CPU;
+``resolve_dtype("bf16")`` is ``torch.bfloat16``. Every command and ``lucidlm.load`` go
+through these two, so ``--device cuda`` on a CPU-only torch fails the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lucidlm.errors import DeviceError
+from lucidlm.suggest import did_you_mean
+
+DEVICE_KINDS = ("auto", "cpu", "cuda", "mps")
+_DEVICE_ALIASES = {"gpu": "cuda", "nvidia": "cuda", "metal": "mps"}
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+def resolve_device(device: Any = "auto") -> torch.device:
+    """A ``torch.device`` that exists on this machine, from a name or device."""
+    if isinstance(device, torch.device):
+        name = str(device)
+    elif isinstance(device, str):
+        name = device.strip().lower()
+    else:
+        raise DeviceError(f"device={device!r} is not a device name; use one of {', '.join(DEVICE_KINDS)} "
+                          f"(or cuda:N).")
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if _mps_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    kind = name.split(":", 1)[0]
+    if kind in _DEVICE_ALIASES:
+        raise DeviceError(f"device {device!r} is not a torch device name; did you mean "
+                          f"{_DEVICE_ALIASES[kind]!r}?")
+    try:
+        parsed = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise DeviceError(f"device {device!r} is not a device name{did_you_mean(kind, DEVICE_KINDS)} "
+                          f"(known: {', '.join(DEVICE_KINDS)}, or cuda:N).") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "this torch is a CPU-only build" if torch.version.cuda is None else "torch sees no CUDA GPU"
+            raise DeviceError(f"device {device!r} asked for CUDA, but {build} (torch {torch.__version__}); "
+                              f"use --device cpu (or device='cpu').")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise DeviceError(f"device {device!r}: there are only {torch.cuda.device_count()} CUDA device(s) "
+                              f"(cuda:0..cuda:{torch.cuda.device_count() - 1}).")
+    elif parsed.type == "mps" and not _mps_available():
+        raise DeviceError(f"device {device!r} asked for Apple's MPS, which this machine does not have; "
+                          f"use --device cpu.")
+    return parsed
+
+
+def resolve_dtype(dtype: Any) -> torch.dtype:
+    """A floating ``torch.dtype`` from a dtype or a name (``"bfloat16"``, ``"bf16"``, ``"torch.float16"``)."""
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise DeviceError(f"dtype={dtype} is not a floating-point dtype; weights need float32, "
+                              f"bfloat16 or float16.")
+        return dtype
+    if isinstance(dtype, str):
+        name = dtype.strip().lower().removeprefix("torch.")
+        if name in DTYPES:
+            return DTYPES[name]
+        raise DeviceError(f"dtype {dtype!r} is not a known dtype{did_you_mean(name, DTYPES)} "
+                          f"(known: float32, bfloat16, float16).")
+    raise DeviceError(f"dtype={dtype!r} is neither a torch.dtype nor a name like 'bfloat16'.")
+
+
+def _mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())

@@ -1,0 +1,102 @@
+"""Sampling defaults that come from the model, the same for ``generate()`` and the CLI.
+
+A sampling option left at ``None`` takes the model's own value, found (first match wins) in
+
+1. the model file: GGUF ``general.sampling.*`` keys (llama.cpp's), or a Hugging Face
+   ``generation_config.json`` beside the weights;
+2. the table below, for models whose files carry none;
+3. ``FALLBACK``: plain sampling from the model's distribution (temperature 1), as in
+   transformers and TransformerLens.
+
+An explicit value always wins, key by key (``temperature=0.7`` keeps the model's top_p);
+``top_p=1``, ``top_k=0``, ``min_p=0`` switch a model default off. ``model.generation_defaults``
+(a dict, set by ``lucidlm.load``) shows what applies; assign to it to change it for a session.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+FALLBACK: dict[str, Any] = {"temperature": 1.0}
+
+# Per-model defaults, by lucidlm's pretrained name or the model's own name (GGUF general.name,
+# lower-cased). Why each value:
+# - SmolLM2-135M-Instruct: its model card samples with temperature 0.2 and top-p 0.9. The
+#   4-bit Q4_1 file lucidlm embeds is less sure of itself: for the README's "What is the
+#   capital of France?" it gives 14% to French openings ("L'", "La") that ramble, so top-p 0.9
+#   answers Paris in 15 of 20 seeds. top-p 0.5 keeps only the tokens that make up half of the
+#   sharpened distribution: the same answers where the model is sure, and 20 of 20 seeds name
+#   Paris (tests/generation/test_sampling_defaults.py).
+# - Gemma 3: Google's generation_config.json for the instruction-tuned models
+#   (temperature 1, top-k 64, top-p 0.95).
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "smollm2-135m": {"temperature": 0.2, "top_p": 0.5},
+    "smollm2 135m instruct": {"temperature": 0.2, "top_p": 0.5},
+    "gemma3-270m": {"temperature": 1.0, "top_k": 64, "top_p": 0.95},
+    "gemma 3 270m it": {"temperature": 1.0, "top_k": 64, "top_p": 0.95},
+}
+
+_GGUF_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_k": "top_k",
+              "general.sampling.top_p": "top_p", "general.sampling.min_p": "min_p",
+              "general.sampling.penalty_repeat": "repetition_penalty"}
+
+
+def sampling_defaults_for(source: Any, name: Optional[str] = None) -> dict[str, Any]:
+    """The model's sampling defaults: from its file, else the table, else ``{}``.
+
+    source: what ``lucidlm.load`` was given (a pretrained name, a .gguf file, a directory);
+    name: the model's own name when the loader knows it (GGUF ``general.name``)."""
+    found: dict[str, Any] = {}
+    path = Path(str(source)).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        found, name = _from_gguf(path)
+    elif path.is_dir():
+        found = _from_generation_config(path / "generation_config.json")
+    if found:
+        return found
+    for key in (str(source).lower(), (name or "").lower()):
+        if key in MODEL_DEFAULTS:
+            return dict(MODEL_DEFAULTS[key])
+    return {}
+
+
+def apply_sampling_defaults(model: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with every sampling option left at None filled from the model, then FALLBACK."""
+    model_defaults = getattr(model, "generation_defaults", None) or {}
+    filled = dict(options)
+    for key in SAMPLING_KEYS:
+        if filled.get(key) is None:
+            value = model_defaults.get(key, FALLBACK.get(key))
+            if value is not None:
+                filled[key] = value
+    return filled
+
+
+def _from_gguf(path: Path) -> tuple[dict[str, Any], Optional[str]]:
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(path))
+        fields = {key: reader.fields[key].contents() for key in (*_GGUF_KEYS, "general.name")
+                  if key in reader.fields}
+    except Exception:  # noqa: BLE001 - a file the loader rejects is reported by the loader, not here
+        return {}, None
+    found = {ours: fields[key] for key, ours in _GGUF_KEYS.items() if key in fields}
+    name = fields.get("general.name")
+    return found, name if isinstance(name, str) else None
+
+
+def _from_generation_config(path: Path) -> dict[str, Any]:
+    """Hugging Face's generation_config.json: its sampling values; greedy when it says do_sample=false."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    if config.get("do_sample") is False:  # transformers decodes greedily then, whatever else it says
+        return {"temperature": 0.0}
+    return {key: config[key] for key in SAMPLING_KEYS if isinstance(config.get(key), (int, float))}

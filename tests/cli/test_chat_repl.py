@@ -1,0 +1,126 @@
+"""``lucidlm chat`` driven in a real pseudo-terminal (pexpect): what a person at the keyboard gets.
+
+A tiny byte-level model (context 256 tokens) keeps it fast; answers are gibberish, which
+does not matter: the tests are about the prompt, its commands, editing and history.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+from cli_run import cli_env
+
+pexpect = pytest.importorskip("pexpect")
+
+PROMPT = ">>> "
+EOT = "<|endoftext|>"
+
+
+@pytest.fixture(scope="module")
+def toy_dir(tmp_path_factory):
+    import torch
+
+    from lucidlm import LanguageModel, preset
+    from lucidlm.tokenizers import BPETokenizer
+    from lucidlm.weights.checkpoint import save_model
+
+    tokenizer = BPETokenizer([], {EOT: 256}, eos_token=EOT)
+    torch.manual_seed(0)
+    model = LanguageModel(preset("llama", n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, vocab_size=257,
+                                 max_seq_len=256, multiple_of=32), tokenizer)
+    path = tmp_path_factory.mktemp("toy_chat")
+    save_model(model, path)
+    return path
+
+
+def spawn_chat(toy_dir, cache_dir, *extra):
+    child = pexpect.spawn(sys.executable, ["-m", "lucidlm", "chat", "--model", str(toy_dir), "-q",
+                                           "--temperature", "0", "--max-new-tokens", "5", *extra],
+                          env=cli_env(LUCIDLM_CACHE=str(cache_dir), TERM="xterm", INPUTRC="/dev/null"),
+                          encoding="utf-8", timeout=180, dimensions=(50, 250))
+    child.expect_exact("lucidlm chat - ")
+    child.expect_exact(PROMPT)
+    return child
+
+
+def run(child, line, *expected):
+    child.sendline(line)
+    for text in expected:
+        child.expect(text)
+    child.expect_exact(PROMPT)
+    return child.before
+
+
+def saved(child, path):
+    run(child, f"/save {path}", re.escape(f"to {path}"))
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_chat_prompt_commands_paste_and_history(toy_dir, tmp_path):
+    cache = tmp_path / "cache"
+    child = spawn_chat(toy_dir, cache)
+    run(child, "/help", re.escape("/set NAME VALUE"), re.escape("/save FILE"))
+    run(child, "/set temperature 0.3", re.escape("(temperature = 0.3)"))
+    run(child, "/set temprature 0.5", re.escape("did you mean 'temperature'?"))
+    run(child, "/set top_p 7", re.escape("top_p=7.0 is invalid"))
+    run(child, "/show", re.escape("temperature 0.3"))
+    run(child, "Hello there")
+    run(child, "/stats", r"\(\d+ tokens in [\d.]+ s, [\d.]+ tok/s; prompt \d+ tokens; finish: \w+\)")
+
+    # """ ... """ is one message; so is a bracketed paste of several lines
+    child.sendline('"""')
+    child.sendline("line one")
+    child.sendline('line two"""')
+    child.expect_exact(PROMPT)
+    child.send("\x1b[200~first\nsecond\x1b[201~")
+    child.send("\r")
+    child.expect_exact(PROMPT)
+    users = [m["content"] for m in saved(child, tmp_path / "a.json")["messages"] if m["role"] == "user"]
+    assert users == ["Hello there", "line one\nline two", "first\nsecond"]
+
+    # a 6000-character line arrives whole (a terminal in canonical mode would cut it at 4095)
+    long_text = "".join(f"{i % 10}" for i in range(6000))
+    run(child, "/system " + long_text, re.escape("(system prompt set; conversation reset)"))
+    data = saved(child, tmp_path / "b.json")
+    assert data["system"] == long_text and data["messages"][0] == {"role": "system", "content": long_text}
+    run(child, "/system", re.escape("(system prompt back to the chat template's default; conversation reset)"))
+    assert saved(child, tmp_path / "c.json")["system"] is None
+
+    # the arrow keys edit and recall: up twice re-runs the /set before /reset
+    run(child, "/set top_k 7", re.escape("(top_k = 7)"))
+    run(child, "/reset", re.escape("(conversation reset)"))
+    child.send("\x1b[A\x1b[A\r")
+    child.expect(re.escape("(top_k = 7)"))
+    child.expect_exact(PROMPT)
+    run(child, "/set seed 42", re.escape("(seed = 42)"))
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert "/set seed 42" in (cache / "chat_history").read_text(encoding="utf-8")
+
+    # the history survives the session: up-arrow in a new one brings back its last line
+    child = spawn_chat(toy_dir, cache)
+    child.send("\x1b[A\r")
+    child.expect(re.escape("(seed = 42)"))
+    child.expect_exact(PROMPT)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+
+
+def test_a_conversation_longer_than_the_context_drops_the_oldest_turns(toy_dir, tmp_path):
+    child = spawn_chat(toy_dir, tmp_path / "cache", "--system", "Be brief.", "--verbose")
+    run(child, "a" * 30, r"tok/s")
+    before = run(child, "b" * 30, r"tok/s")
+    assert "dropped" not in before
+    run(child, "c" * 30, re.escape("(the conversation outgrew the context of 256 tokens: dropped the 2 oldest "
+                                   "messages; the system prompt stays)"))
+    data = saved(child, tmp_path / "d.json")
+    assert data["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert [m["content"] for m in data["messages"] if m["role"] == "user"][-1] == "c" * 30
+    assert "a" * 30 not in [m["content"] for m in data["messages"]]
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)

@@ -1,0 +1,62 @@
+"""Mistakes a newcomer makes on the command line get one line that says what to do."""
+
+from __future__ import annotations
+
+import pytest
+from cli_run import run_cli
+
+
+def assert_one_line_error(done, *fragments: str) -> None:
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()
+    text = "\n".join(last[-2:])
+    for fragment in fragments:
+        assert fragment in text, done.stderr
+    assert "usage:" not in done.stderr  # no usage block, just the error (and where help is)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["genrate", "hi"], ["invalid choice: 'genrate'", "did you mean 'generate'?"]),
+    (["generate", "hi", "--max-tokens", "5"], ["--max-tokens", "did you mean '--max-new-tokens'?"]),
+    (["train", "--data", "x.txt", "--out", "o", "--preset", "shakespear-char"],
+     ["invalid choice: 'shakespear-char'", "did you mean 'shakespeare-char'?"]),
+])
+def test_typos_get_did_you_mean(args, fragments):
+    done = run_cli(*args)
+    assert done.returncode == 2
+    assert_one_line_error(done, *fragments)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--model", "smollm2-135"], ["cannot load 'smollm2-135'", "did you mean 'smollm2-135m'?"]),
+    (["--model", "gpt2"], ["'gpt2' is an architecture preset, not a pretrained model", "--random-init"]),
+    (["--device", "gpu"], ["device 'gpu'", "did you mean 'cuda'?"]),
+    (["--dtype", "bfloat61"], ["dtype 'bfloat61'", "did you mean 'bfloat16'?"]),
+])
+def test_bad_model_device_and_dtype_are_one_line(args, fragments, capsys):
+    from lucidlm.cli import main  # in-process (torch is already imported): the same main() as the command
+
+    assert main(["generate", "hi", "-q", *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("lucidlm generate: error: ") and err.count("\n") == 1
+    for fragment in fragments:
+        assert fragment in err
+
+
+def test_cuda_without_cuda_says_so():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA; the message is for machines without it")  # never in CI (CPU-only)
+    done = run_cli("generate", "hi", "-q", "--device", "cuda")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1
+    assert_one_line_error(done, "device 'cuda' asked for CUDA", "use --device cpu")
+
+
+def test_inspect_takes_device_too(capsys):
+    from lucidlm.cli import main
+
+    assert main(["inspect", "hi", "--device", "gpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("lucidlm inspect: error: device 'gpu'") and "did you mean 'cuda'?" in err

@@ -1,0 +1,88 @@
+"""A fast start: ``lucidlm --help`` / ``--version`` and the generate/chat/inspect help never import torch.
+
+Checked on the real command in a fresh process with ``python -X importtime``, which lists every
+module the process imports (the timing itself lives in benchmarks/bench_cli_start.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+from cli_run import run_cli
+
+
+def imported_modules(importtime_stderr: str) -> set[str]:
+    names = set()
+    for line in importtime_stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip())
+    return names
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["generate", "--help"], ["chat", "--help"],
+                                  ["inspect", "--help"]])
+def test_help_and_version_do_not_import_torch(args):
+    done = run_cli(*args, python_flags=("-X", "importtime"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    modules = imported_modules(done.stderr)
+    assert "lucidlm.cli" in modules  # the listing is real: the CLI itself shows up in it
+    assert not {m for m in modules if m == "torch" or m.startswith("torch.")}
+    assert "usage: lucidlm" in done.stdout or done.stdout.startswith("lucidlm ")
+
+
+def test_version_prints_the_package_version():
+    from importlib.metadata import version
+
+    done = run_cli("--version")
+    assert done.stdout.strip() == f"lucidlm {version('lucidlm')}"
+
+
+def test_top_level_help_lists_each_command_with_its_own_summary():
+    """The summaries cli.py shows without importing the commands are the commands' own help."""
+    import argparse
+
+    from lucidlm import cli
+
+    full = cli.build_parser()  # every command registered for real
+    sub = next(a for a in full._actions if isinstance(a, argparse._SubParsersAction))
+    own = {choice.dest: choice.help for choice in sub._choices_actions}
+    assert own == cli.SUMMARIES, "a command's help= changed: copy it into lucidlm/cli.py SUMMARIES"
+    assert set(cli.SUMMARIES) == set(cli.COMMANDS)
+    done = run_cli("--help")
+    for name in cli.COMMANDS:
+        assert name in done.stdout
+
+
+def test_import_lucidlm_is_lazy_but_complete():
+    import subprocess
+    import sys
+
+    from cli_run import cli_env
+
+    code = ("import sys, lucidlm; assert 'torch' not in sys.modules; "
+            "names = [lucidlm.load, lucidlm.LanguageModel, lucidlm.Transformer, lucidlm.ModelConfig, "
+            "lucidlm.PRESETS, lucidlm.preset, lucidlm.LucidLMError]; "
+            "assert issubclass(lucidlm.LanguageModel, lucidlm.Transformer); "
+            "assert set(lucidlm.__all__) <= set(dir(lucidlm)); print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_generate_says_loading_before_it_imports_torch(tmp_path):
+    """A fresh `lucidlm generate` writes its loading line before the seconds torch's import takes."""
+    import torch
+
+    from lucidlm import LanguageModel, preset
+    from lucidlm.tokenizers import BPETokenizer
+    from lucidlm.weights.checkpoint import save_model
+
+    torch.manual_seed(0)
+    tokenizer = BPETokenizer([], {"<|endoftext|>": 256}, eos_token="<|endoftext|>")
+    save_model(LanguageModel(preset("llama", n_layers=1, d_model=32, n_heads=2, vocab_size=257, max_seq_len=32,
+                                    multiple_of=32), tokenizer), tmp_path)
+    done = run_cli("generate", "Hi", "--model", str(tmp_path), "--max-new-tokens", "2",
+                   python_flags=("-X", "importtime"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stderr.splitlines()
+    loading = lines.index(f"loading {tmp_path} ...")
+    first_torch = next(i for i, line in enumerate(lines) if line.rsplit("|", 1)[-1].strip() == "torch")
+    assert loading < first_torch

@@ -1,0 +1,82 @@
+"""Sampling defaults come from the model, and are the same in Python and on the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from generation_toys import one_torch_thread, toy_model  # noqa: F401 (autouse fixture)
+
+from lucidlm import cli
+from lucidlm.generation import generate
+from lucidlm.generation.defaults import FALLBACK, apply_sampling_defaults, sampling_defaults_for
+
+
+def test_unset_options_take_the_model_defaults_and_explicit_ones_win():
+    model = toy_model(seed=0)
+    model.generation_defaults = {"temperature": 0.3, "top_k": 5}
+    filled = apply_sampling_defaults(model, {"temperature": None, "top_k": None, "top_p": 0.9, "seed": 1})
+    assert filled == {"temperature": 0.3, "top_k": 5, "top_p": 0.9, "seed": 1}
+    assert apply_sampling_defaults(model, {"temperature": 0.0})["temperature"] == 0.0  # greedy stays greedy
+    model.generation_defaults = {}
+    assert apply_sampling_defaults(model, {"temperature": None})["temperature"] == FALLBACK["temperature"] == 1.0
+
+
+def test_generate_uses_the_model_defaults():
+    model = toy_model(seed=0)
+    model.generation_defaults = {"temperature": 4.0, "top_k": 50}
+    implicit = generate(model, "Hello", max_new_tokens=20, seed=7)
+    explicit = generate(model, "Hello", max_new_tokens=20, seed=7, temperature=4.0, top_k=50)
+    plain = generate(model, "Hello", max_new_tokens=20, seed=7, temperature=1.0)
+    assert implicit.token_ids == explicit.token_ids
+    assert implicit.token_ids != plain.token_ids  # the defaults really changed the sampling
+
+
+def test_cli_and_python_agree_through_generation_config(tmp_path, capsys):
+    """A model directory's generation_config.json (transformers' format) sets the defaults
+    of both ``lucidlm generate`` and ``model.generate``."""
+    import lucidlm
+    from lucidlm.weights.checkpoint import save_model
+
+    save_model(toy_model(seed=1), tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.4,
+                                                                 "top_p": 0.8, "eos_token_id": 2}))
+    assert sampling_defaults_for(tmp_path) == {"temperature": 0.4, "top_p": 0.8}
+    model = lucidlm.load(tmp_path)
+    assert model.generation_defaults == {"temperature": 0.4, "top_p": 0.8}
+    assert cli.main(["generate", "Hello", "--model", str(tmp_path), "--seed", "11", "--max-new-tokens", "15",
+                     "--json", "-q"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    python = model.generate("Hello", seed=11, max_new_tokens=15)
+    assert data["token_ids"] == python.token_ids
+    assert python.token_ids == generate(model, "Hello", seed=11, max_new_tokens=15, temperature=0.4,
+                                        top_p=0.8).token_ids
+    (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": False, "temperature": 0.4}))
+    assert sampling_defaults_for(tmp_path) == {"temperature": 0.0}  # transformers would decode greedily
+
+
+def test_table_names_the_embedded_model():
+    assert sampling_defaults_for("smollm2-135m") == {"temperature": 0.2, "top_p": 0.5}
+    assert sampling_defaults_for("no-such-model") == {}
+
+
+QUESTION = "What is the capital of France?"
+
+
+@pytest.mark.slow
+def test_readme_main_command_names_paris(smollm2, monkeypatch, capsys):
+    """The README's `lucidlm generate --chat --stream "What is the capital of France?"`, over
+    20 seeds, through cli.main with the session's model (loading it 20 times adds nothing)."""
+    import lucidlm
+
+    def load(source, **kwargs):
+        assert source == "smollm2-135m"
+        return smollm2
+
+    monkeypatch.setattr(lucidlm, "load", load)
+    answers = []
+    for seed in range(20):
+        assert cli.main(["generate", "--chat", "--stream", QUESTION, "--seed", str(seed), "-q"]) == 0
+        answers.append(capsys.readouterr().out)
+    named = sum("paris" in answer.lower() for answer in answers)
+    assert named >= 18, answers

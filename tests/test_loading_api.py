@@ -1,0 +1,71 @@
+"""``lucidlm.load`` refuses what it cannot honour, by name, and takes dtype/device as strings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lucidlm
+from lucidlm.devices import resolve_device, resolve_dtype
+from lucidlm.errors import ConfigError, DeviceError, LucidLMError
+
+TINY = dict(n_layers=1, d_model=32, n_heads=2, vocab_size=50, max_seq_len=16)
+
+
+@pytest.mark.parametrize("call, fragments", [
+    (lambda: lucidlm.load("gpt2"), ["'gpt2' is an architecture preset, not a pretrained model", "random_init=True"]),
+    (lambda: lucidlm.load("smollm2-135"), ["cannot load 'smollm2-135'", "did you mean 'smollm2-135m'?",
+                                           "Pretrained models: gemma3-270m, smollm2-135m.", "Architectures (untrained"]),
+    (lambda: lucidlm.load("smollm2-135m", quantise="int4"), ["unknown keyword argument 'quantise'"]),
+    (lambda: lucidlm.load("smollm2-135m", n_layers=2), ["unknown keyword argument 'n_layers'", "random_init=True"]),
+    (lambda: lucidlm.load("llama", random_init=True, n_layer=2), ["'n_layer'", "did you mean 'n_layers'?"]),
+    (lambda: lucidlm.load("llamma", random_init=True), ["needs an architecture preset", "did you mean 'llama'?"]),
+    (lambda: lucidlm.load(dtype="bfloat61"), ["dtype 'bfloat61'", "did you mean 'bfloat16'?"]),
+    (lambda: lucidlm.load(device="gpu"), ["device 'gpu'", "did you mean 'cuda'?"]),
+    (lambda: lucidlm.load(device="cdua"), ["device 'cdua'", "did you mean 'cuda'?"]),
+])
+def test_load_refuses_by_name(call, fragments):
+    with pytest.raises(LucidLMError) as info:
+        call()
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_random_init_builds_the_preset_with_overrides():
+    model = lucidlm.load("llama", random_init=True, seed=3, **TINY)
+    assert isinstance(model, lucidlm.LanguageModel)
+    assert (model.config.n_layers, model.config.d_model, model.config.vocab_size) == (1, 32, 50)
+    again = lucidlm.load("llama", random_init=True, seed=3, **TINY)
+    assert torch.equal(model.embed.weight, again.embed.weight)  # the seed makes it reproducible
+
+
+@pytest.mark.parametrize("name, dtype", [("bfloat16", torch.bfloat16), ("bf16", torch.bfloat16),
+                                         ("torch.float16", torch.float16), ("float32", torch.float32),
+                                         (torch.bfloat16, torch.bfloat16)])
+def test_dtype_names(name, dtype):
+    assert resolve_dtype(name) is dtype
+    assert lucidlm.load("llama", random_init=True, dtype=name, **TINY).embed.weight.dtype is dtype
+
+
+def test_dtype_must_be_floating():
+    with pytest.raises(DeviceError, match="not a floating-point dtype"):
+        resolve_dtype(torch.int8)
+
+
+def test_device_names():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type in (expected, "mps")
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceError, match="asked for CUDA"):
+            resolve_device("cuda:0")
+    with pytest.raises(ConfigError):  # DeviceError is a ConfigError, so existing handlers catch it
+        resolve_device("tpu")
+
+
+def test_preset_names_and_fields_get_did_you_mean():
+    with pytest.raises(ConfigError, match=r"unknown preset 'shakespear-char'; .*did you mean 'shakespeare-char'\?$"):
+        lucidlm.preset("shakespear-char")
+    with pytest.raises(ConfigError, match=r"\['n_layer'\]; .*did you mean 'n_layers'\?$"):
+        lucidlm.preset("llama", n_layer=2)
