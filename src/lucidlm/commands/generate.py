@@ -11,6 +11,7 @@ from typing import Any, Optional
 from lucidlm.errors import GenerationError, InputError
 
 DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZE_CHOICES = ("int8", "int4", "gguf")
 
 
 def register(subparsers: Any) -> None:
@@ -56,7 +57,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--model names an architecture preset (gpt2, llama, ...): build it untrained")
     parser.add_argument("--device", default="auto",
                         help="auto (CUDA if torch sees a GPU, else CPU), cpu, cuda, cuda:N or mps")
-    parser.add_argument("--dtype", default="float32", help="weights' dtype: " + ", ".join(DTYPES))
+    parser.add_argument("--dtype", default=None,
+                        help="float weights of this dtype: " + ", ".join(DTYPES) + " (default float32; the "
+                             "embedded model loads its quantized default unless --dtype or --quantize is given)")
+    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
+                        help="keep weights as integer codes: int8 (per channel), int4 (groups of "
+                             "--group-size, 32 by default), or gguf (a GGUF file's own quantization)")
+    parser.add_argument("--group-size", type=int, default=None, help="quantization group size (int4: 32, 64, 128)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no loading line on stderr")
 
 
@@ -106,6 +113,7 @@ def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, A
         import lucidlm
 
         model = lucidlm.load(args.model, dtype=args.dtype, device=args.device, adapter=args.adapter,
+                             quantize=getattr(args, "quantize", None), group_size=getattr(args, "group_size", None),
                              random_init=getattr(args, "random_init", False))
         model.eval()
     args.load_seconds = status.seconds
