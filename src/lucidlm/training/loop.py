@@ -2,7 +2,8 @@
 learning-rate schedule, evaluation and checkpoint cadence.
 
 Everything else is handed in (recipes in ``pretrain.py`` / ``finetune.py`` build it): the
-model (and the wrapped module that trains: DDP, FSDP, compiled), the batches, the
+model (and ``train_model``, the module a micro-step calls with (ids, targets) to get the
+loss: ``step.TrainStep``, compiled and/or under DDP/FSDP), the batches, the
 optimizer, a checkpointer and callbacks (progress bar, metrics file and plot, samples).
 
 No step reads a value back from the device: losses stay tensors until every
@@ -26,6 +27,7 @@ import torch
 from lucidlm.training.distributed import DistributedContext, any_rank, cleanup_distributed, gather_rng_states
 from lucidlm.training.loss import masked_cross_entropy
 from lucidlm.training.schedule import get_lr
+from lucidlm.training.step import TrainStep
 
 
 @dataclass
@@ -56,7 +58,7 @@ class Trainer:
                  callbacks: Sequence[Callback] = (), ctx: Optional[DistributedContext] = None,
                  autocast_dtype: Optional[torch.dtype] = None) -> None:
         self.model, self.data, self.optimizer, self.config = model, data, optimizer, config
-        self.train_model = train_model if train_model is not None else model
+        self.train_model = train_model if train_model is not None else TrainStep(model)
         self.checkpointer, self.callbacks = checkpointer, list(callbacks)
         self.ctx = ctx or DistributedContext(device=str(next(model.parameters()).device))
         self.device = torch.device(self.ctx.device)
@@ -107,9 +109,8 @@ class Trainer:
             sync = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
             with sync:
                 with self.autocast():
-                    logits = self.train_model(x)  # (B, T, V)
+                    loss = self.train_model(x, y) / accumulation  # model + masked cross-entropy
                 self.data.prefetch()  # the next batch is read while the device computes
-                loss = masked_cross_entropy(logits, y) / accumulation
                 loss.backward()
             total += loss.detach()
         if cfg.grad_clip > 0:
