@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from lucidlm.training.distributed import DistributedContext, any_rank, cleanup_distributed, gather_rng_states
+from lucidlm.training.distributed import DistributedContext, any_rank, gather_rng_states
+from lucidlm.training.interrupt import install_interrupt_handler
 from lucidlm.training.loss import masked_cross_entropy
 from lucidlm.training.schedule import get_lr
 from lucidlm.training.step import TrainStep
@@ -210,7 +210,7 @@ class Trainer:
         cfg, ctx = self.config, self.ctx
         self._start = time.perf_counter()
         interrupted, checkpoint_path = False, None
-        previous_handler = self._install_interrupt_handler()
+        previous_handler = install_interrupt_handler(self)
         if ctx.is_main:
             for callback in self.callbacks:
                 callback.on_fit_start(self)
@@ -257,21 +257,5 @@ class Trainer:
         """Finish the current step, save a checkpoint and return (what Ctrl-C does)."""
         self._stop_requested = True
 
-    def _install_interrupt_handler(self) -> Any:
-        """First Ctrl-C: stop after the current step and save. Second: abort at once.
-        Stopping between steps keeps the checkpoint consistent, so --resume stays exact."""
-        if threading.current_thread() is not threading.main_thread():
-            return None
 
-        def on_sigint(signum: int, frame: Any) -> None:
-            if self._stop_requested:
-                raise KeyboardInterrupt
-            self._stop_requested = True
-            if self.ctx.is_main:
-                print("\nCtrl-C: stopping after this step and saving a checkpoint (Ctrl-C again to abort).",
-                      flush=True)
-
-        return signal.signal(signal.SIGINT, on_sigint)
-
-
-__all__ = ["Callback", "Trainer", "TrainResult", "cleanup_distributed"]
+__all__ = ["Callback", "Trainer", "TrainResult"]
