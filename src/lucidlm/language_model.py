@@ -16,7 +16,9 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
+from torch import nn
 
+from lucidlm.config import ModelConfig
 from lucidlm.generation import GenerationResult, TextStream, generate, stream
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, run_with_hooks
 from lucidlm.inspect.tokens import to_str_tokens, to_string, to_tokens
@@ -40,6 +42,83 @@ class LanguageModel(Transformer):
     returns one. It adds no parameters and no state dict entries: a checkpoint saved from
     either class loads into the other.
     """
+
+    # Compiled, the cache length is rounded up to a multiple of this, so prompts of similar
+    # length share one compiled decode step (and one CUDA graph) instead of recompiling.
+    CACHE_BUCKET = 256
+
+    def __init__(self, config: ModelConfig, tokenizer: Any = None) -> None:
+        super().__init__(config, tokenizer)
+        self._compiled_decode: Optional[Callable[..., torch.Tensor]] = None
+        self._compiled_prefill: Optional[Callable[..., torch.Tensor]] = None
+        self._cuda_graphs = False
+        self._kept_caches: list[nn.ModuleList] = []  # compiled: the cache outlives one generate call
+
+    # ------------------------------------------------------------------ compiled decoding
+    def compile(self, mode: Optional[str] = None, *, backend: Any = "inductor", prefill: bool = True,
+                ) -> "LanguageModel":
+        """Compile the steps that ``generate``/``stream``/``chat`` run, with ``torch.compile``.
+
+        The decode step (one token per row against the static KV cache) is compiled once,
+        with fixed shapes; ``mode`` defaults to ``"reduce-overhead"`` on CUDA, which replays
+        it as a CUDA graph, and to torch's default on CPU. The prefill (the prompt) is
+        compiled with dynamic shapes, so a new prompt length does not recompile; pass
+        ``prefill=False`` to leave it eager. ``backend`` goes to torch.compile (tests pass a
+        counting backend). The first call of each pays the compile time (seconds to minutes);
+        greedy tokens are the same as eager ones. Returns the model, so
+        ``model = lucidlm.load().compile()`` reads naturally. ``model(ids)`` stays eager.
+        """
+        self._cuda_graphs = mode == "reduce-overhead" or (mode is None and self.device.type == "cuda")
+        if mode is None and self.device.type == "cuda":
+            mode = "reduce-overhead"
+        self._compiled_decode = torch.compile(self.step, mode=mode, backend=backend, fullgraph=True, dynamic=False)
+        self._compiled_prefill = (torch.compile(self.step, backend=backend, fullgraph=True, dynamic=True)
+                                  if prefill else None)
+        return self
+
+    @property
+    def compiled(self) -> bool:
+        return self._compiled_decode is not None
+
+    def prefill_step(self, ids: torch.Tensor, input_pos: torch.Tensor,
+                     attention_mask: Optional[torch.Tensor] = None, last_token_only: bool = True) -> torch.Tensor:
+        """Generation's prompt pass: ``Transformer.step``, compiled if ``compile()`` was called."""
+        run = self._compiled_prefill or self.step
+        return run(ids, input_pos, attention_mask, None, last_token_only)
+
+    def decode_step(self, ids: torch.Tensor, input_pos: torch.Tensor,
+                    attention_mask: Optional[torch.Tensor] = None, last_token_only: bool = True) -> torch.Tensor:
+        """Generation's one-token step: ``Transformer.step``, compiled if ``compile()`` was called."""
+        if self._compiled_decode is None:
+            return self.step(ids, input_pos, attention_mask, None, last_token_only)
+        if self._cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: the last one's outputs may be reused
+            # The graph writes its output into the same memory every replay: hand out a copy.
+            return self._compiled_decode(ids, input_pos, attention_mask, None, last_token_only).clone()
+        return self._compiled_decode(ids, input_pos, attention_mask, None, last_token_only)
+
+    def setup_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None,
+                       dtype: Optional[torch.dtype] = None) -> None:
+        """``Transformer.setup_kv_cache``; compiled, the length is bucketed and the previous
+        cache is reused when it fits, so the compiled step (and its CUDA graph) stays valid."""
+        if not self.compiled:
+            return super().setup_kv_cache(batch_size, max_seq_len, dtype)
+        wanted = max_seq_len or self.config.max_seq_len
+        wanted = min(-(-wanted // self.CACHE_BUCKET) * self.CACHE_BUCKET, self.config.max_seq_len)
+        dtype = dtype or self.dtype
+        for caches in self._kept_caches:
+            cache = caches[0]
+            if (cache.batch_size, cache.max_seq_len, cache.k.dtype, cache.k.device) == \
+                    (batch_size, wanted, dtype, self.device):
+                self.kv_caches = caches
+                return
+        super().setup_kv_cache(batch_size, wanted, dtype)
+
+    def clear_kv_cache(self) -> None:
+        """``Transformer.clear_kv_cache``; compiled, the last cache is kept for the next call."""
+        if self.compiled and self.kv_caches is not None:
+            self._kept_caches = [self.kv_caches]
+        super().clear_kv_cache()
 
     # ------------------------------------------------------------------ forward on text
     def forward(self, ids: Union[torch.Tensor, Sequence[int], str, Sequence[str]], *args: Any,

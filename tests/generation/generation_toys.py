@@ -23,13 +23,13 @@ def byte_tokenizer(with_eos: bool = True, with_bos: bool = False) -> BPETokenize
     return BPETokenizer([], specials, eos_token=EOT if with_eos else None, bos_token="<s>" if with_bos else None)
 
 
-def toy_model(seed: int = 0, tokenizer=None, max_seq_len: int = 256, **overrides) -> Transformer:
+def toy_model(seed: int = 0, tokenizer=None, max_seq_len: int = 256, model_cls=Transformer, **overrides) -> Transformer:
     tokenizer = tokenizer if tokenizer is not None else byte_tokenizer()
     torch.manual_seed(seed)
     cfg = dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, vocab_size=tokenizer.vocab_size,
                max_seq_len=max_seq_len, multiple_of=32)
     cfg.update(overrides)
-    model = Transformer(preset("llama", **cfg), tokenizer).eval()
+    model = model_cls(preset("llama", **cfg), tokenizer).eval()
     # Random init at std 0.02 makes near-uniform logits; sharpen them so greedy choices are
     # far from ties and runs say something about the model, not about rounding.
     with torch.no_grad():
@@ -74,6 +74,10 @@ class ScriptedModel(torch.nn.Module):
         logits = torch.full((ids.shape[0], 1, self.config.vocab_size), -10.0)
         logits[..., token] = 10.0
         return logits
+
+    def step(self, ids, input_pos=None, attention_mask=None, last_token_only=False):
+        """What generation calls: the forward pass without input checks."""
+        return self(ids, attention_mask=attention_mask, input_pos=input_pos, last_token_only=last_token_only)
 
 
 @pytest.fixture(scope="module", autouse=True)

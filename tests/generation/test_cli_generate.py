@@ -131,15 +131,15 @@ def test_chat_commands(model):
 
 def test_ctrl_c_during_an_answer_stops_only_that_answer(model, monkeypatch):
     calls = {"n": 0}
-    original_forward = model.forward
+    original_step = model.step  # generation's forward pass (prefill and each decode step)
 
-    def interrupted_forward(*args, **kwargs):  # Ctrl-C arrives during the first answer's 3rd step
+    def interrupted_step(*args, **kwargs):  # Ctrl-C arrives during the first answer's 3rd step
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        return original_forward(*args, **kwargs)
+        return original_step(*args, **kwargs)
 
-    monkeypatch.setattr(model, "forward", interrupted_forward)
+    monkeypatch.setattr(model, "step", interrupted_step)
     out = io.StringIO()
     assert chat_loop(model, dict(temperature=0, max_new_tokens=5, stop_on_eos=False),
                      read_line=reader(["Hi", "Hi again"]), out=out) == 0

@@ -79,12 +79,18 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, default_max_new_toke
     group.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     group.add_argument("--stop", action="append", default=None, metavar="TEXT",
                        help="stop when TEXT appears (not included in the output); repeatable")
+    group.add_argument("--min-new-tokens", type=int, default=0,
+                       help="EOS cannot end the output before this many new tokens")
+    group.add_argument("--context-overflow", choices=("stop", "crop"), default="stop",
+                       help="at the end of the context window: stop, or crop to its last max_seq_len tokens "
+                            "and go on (seed 003's sliding generation; slower, no KV cache past that point)")
 
 
 def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                 top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                seed=args.seed, stop=args.stop)
+                seed=args.seed, stop=args.stop, min_new_tokens=args.min_new_tokens,
+                context_overflow=args.context_overflow)
 
 
 def load_model_from_args(args: argparse.Namespace) -> Any:

@@ -8,9 +8,12 @@ Rules every entry point follows:
 
 - ``prompt`` is text (encoded with ``model.tokenizer``) or a list of token ids. An empty
   prompt starts from the tokenizer's BOS token; with no BOS token it is an error.
-- The prompt must fit the context window (``config.max_seq_len``). Generation stops
-  with ``finish_reason="length"`` after ``max_new_tokens`` or when prompt + output fill
-  the context, whichever comes first.
+- With ``context_overflow="stop"`` (the default) the prompt must fit the context window
+  (``config.max_seq_len``) and generation stops with ``finish_reason="length"`` after
+  ``max_new_tokens`` or when prompt + output fill the context, whichever comes first. With
+  ``"crop"`` it goes on, each token predicted from the last ``max_seq_len`` tokens (seed
+  003; what that means for the KV cache is in ``sliding.py``).
+- ``min_new_tokens``: EOS cannot be chosen before that many new tokens (HF's rule).
 - ``finish_reason`` is ``"eos"`` (the model ended; the EOS id is the last of ``token_ids``
   but not part of ``text``), ``"stop"`` (a stop string appeared: ``text`` ends just before
   it; ``token_ids`` still hold every generated token, the last one completing the stop
@@ -38,8 +41,11 @@ from lucidlm.generation.chat_template import encode_chat
 from lucidlm.generation.decode import DecodeSession, sample_rows
 from lucidlm.generation.defaults import apply_sampling_defaults
 from lucidlm.generation.sampling import SamplingSettings, process_logits, sample_next
+from lucidlm.generation.sliding import sample_with_crop
 from lucidlm.generation.streaming import TextAssembler
 from lucidlm.suggest import did_you_mean
+
+CONTEXT_OVERFLOW = ("stop", "crop")  # what happens when prompt + output fill max_seq_len
 
 __all__ = ["GenerationResult", "TextStream", "generate", "stream", "generate_batch", "check_options", "beam_search",
            "SamplingSettings", "DecodeSession", "process_logits", "sample_next", "TextAssembler"]
@@ -65,6 +71,8 @@ class _Request:
     num_beams: int
     length_penalty: float
     stop_on_eos: bool
+    min_new_tokens: int = 0
+    context_overflow: str = "stop"
 
     def use_tokenizer(self, tokenizer: Any) -> None:
         self.eos_ids = _eos_ids(tokenizer) if self.stop_on_eos else []
@@ -79,8 +87,8 @@ def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
              top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
              repetition_penalty: Optional[float] = None, seed: Optional[int] = None,
              stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True, num_beams: int = 1,
-             length_penalty: float = 1.0, chat: bool = False,
-             **unknown: Any) -> Union[GenerationResult, list[GenerationResult]]:
+             length_penalty: float = 1.0, min_new_tokens: int = 0, context_overflow: str = "stop",
+             chat: bool = False, **unknown: Any) -> Union[GenerationResult, list[GenerationResult]]:
     """Continue ``prompt``; see the module docstring for the rules. ``chat=True`` wraps a
     text prompt as one user message in the model's chat template.
 
@@ -95,7 +103,10 @@ def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
         if num_beams > 1:
             raise GenerationError(f"beam search takes one prompt at a time, not a batch of {len(rows)}; "
                                   f"loop over the prompts or use num_beams=1.")
-        options.pop("num_beams"), options.pop("length_penalty")
+        if context_overflow != "stop":
+            raise GenerationError(f"context_overflow={context_overflow!r} works one prompt at a time, not with a batch "
+                                  f"of {len(rows)}; loop over the prompts.")
+        options.pop("num_beams"), options.pop("length_penalty"), options.pop("context_overflow")
         return generate_batch(model, rows, **options)
     runner = _Run(model, prompt, options)
     for _ in runner.pieces():
@@ -154,7 +165,7 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
                    temperature: Optional[float] = None, top_k: Optional[int] = None, top_p: Optional[float] = None,
                    min_p: Optional[float] = None, repetition_penalty: Optional[float] = None,
                    seed: Optional[int] = None, stop: Optional[str | Sequence[str]] = None,
-                   stop_on_eos: bool = True, chat: bool = False) -> list[GenerationResult]:
+                   stop_on_eos: bool = True, min_new_tokens: int = 0, chat: bool = False) -> list[GenerationResult]:
     """Generate for several prompts in one batch (left-padded, one KV cache). Each row
     stops on its own; greedy results equal one-prompt-at-a-time ``generate``."""
     if isinstance(prompts, str) or len(prompts) == 0:
@@ -172,7 +183,7 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
     finished = torch.zeros(len(rows), dtype=torch.bool)
     pad_id = _pad_id(tokenizer)
     with closing(sample_rows(model, rows, max_new, request.settings, _generator(model, request.seed),
-                             finished, pad_id)) as steps:
+                             finished, pad_id, request.min_new_tokens, request.eos_ids)) as steps:
         for next_ids in steps:
             for i, token in enumerate(next_ids.tolist()):
                 if finished[i]:
@@ -202,7 +213,12 @@ class _Run:
         self.request = _make_request(apply_sampling_defaults(model, kwargs))
         self.request.use_tokenizer(model.tokenizer)
         self.prompt_ids = _prompt_ids(model, prompt, chat)
-        self.max_new = _fit_to_context(model, [self.prompt_ids], self.request.max_new_tokens)
+        self.crop = self.request.context_overflow == "crop"
+        if self.crop and self.request.num_beams > 1:
+            raise GenerationError("context_overflow='crop' works with sampling and greedy decoding, not beam search; "
+                                  "use num_beams=1 or context_overflow='stop'.")
+        self.max_new = self.request.max_new_tokens if self.crop else \
+            _fit_to_context(model, [self.prompt_ids], self.request.max_new_tokens)
         tokenizer = model.tokenizer
         if tokenizer is None and self.request.stop:
             raise GenerationError("stop strings need a tokenizer to decode text, but model.tokenizer is None.")
@@ -231,14 +247,17 @@ class _Run:
             return
 
         finished = torch.zeros(1, dtype=torch.bool)
-        steps = sample_rows(self.model, [self.prompt_ids], self.max_new, self.request.settings,
-                            _generator(self.model, self.request.seed), finished, _pad_id(self.model.tokenizer))
+        sampler = sample_with_crop if self.crop else lambda model, prompt, *rest: sample_rows(model, [prompt], *rest)
+        steps = sampler(self.model, self.prompt_ids, self.max_new, self.request.settings,
+                        _generator(self.model, self.request.seed), finished, _pad_id(self.model.tokenizer),
+                        self.request.min_new_tokens, self.request.eos_ids)
         with closing(steps):
             for next_ids in steps:
                 token = int(next_ids[0])
                 token_ids.append(token)
                 if token in self.request.eos_ids:
                     reason = "eos"
+                    finished[0] = True
                     break
                 if assembler is not None:
                     piece = assembler.add(token)
@@ -271,7 +290,7 @@ def _make_request(kwargs: dict[str, Any]) -> _Request:
     if not isinstance(num_beams, int) or num_beams < 1:
         raise GenerationError(f"num_beams={num_beams!r} is invalid: use 1 (no beam search) or more.")
     known = {"max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "stop",
-             "stop_on_eos", "num_beams", "length_penalty"}
+             "stop_on_eos", "num_beams", "length_penalty", "min_new_tokens", "context_overflow"}
     unknown = set(kwargs) - known
     if unknown:
         name = sorted(unknown)[0]
@@ -283,8 +302,18 @@ def _make_request(kwargs: dict[str, Any]) -> _Request:
                                 repetition_penalty=kwargs.get("repetition_penalty"))
     stop = kwargs.get("stop")
     stop = [stop] if isinstance(stop, str) else list(stop or [])
+    min_new = kwargs.get("min_new_tokens", 0)
+    if not isinstance(min_new, int) or isinstance(min_new, bool) or min_new < 0:
+        raise GenerationError(f"min_new_tokens={min_new!r} is invalid: use a whole number >= 0 (EOS cannot end "
+                              f"generation before that many new tokens).")
+    if min_new > 0 and num_beams > 1:
+        raise GenerationError("min_new_tokens works with sampling and greedy decoding, not beam search (num_beams > 1).")
+    overflow = kwargs.get("context_overflow", "stop")
+    if overflow not in CONTEXT_OVERFLOW:
+        raise GenerationError(f"context_overflow={overflow!r} is unknown; use one of {', '.join(CONTEXT_OVERFLOW)} "
+                              f"(stop: end at the context window; crop: keep going from its last max_seq_len tokens).")
     return _Request(settings, max_new, stop, [], kwargs.get("seed"), num_beams,
-                    float(kwargs.get("length_penalty", 1.0)), bool(kwargs.get("stop_on_eos", True)))
+                    float(kwargs.get("length_penalty", 1.0)), bool(kwargs.get("stop_on_eos", True)), min_new, overflow)
 
 
 def _prompt_ids(model: Any, prompt: Any, chat: bool) -> list[int]:

@@ -16,16 +16,22 @@ from __future__ import annotations
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 
 
 class DecodeSession:
     """Use as a context manager: the KV cache lives exactly as long as the ``with`` block.
 
-    rows: token ids per sequence (B rows, each non-empty). Rows of different lengths are
-    left-padded to the same length L, so every row's next token lands in the same slot,
-    and an attention mask hides the padding (positions count from each row's first real
-    token, so padding does not shift RoPE).
+    rows: token ids per sequence (B rows, each non-empty, already checked against the
+    vocabulary). Rows of different lengths are left-padded to the same length L, so every
+    row's next token lands in the same slot, and an attention mask hides the padding
+    (positions count from each row's first real token, so padding does not shift RoPE).
     capacity: total slots to allocate, L + the most tokens that will be fed back.
+
+    The model is called through ``prefill_step`` / ``decode_step`` when it has them (a
+    ``LanguageModel``, compiled or not), else through ``Transformer.step``: the unchecked
+    forward pass. A decode step passes tensors of the same shapes every time (the slot is a
+    device tensor bumped in place, the mask covers the whole cache) and reads nothing back.
     """
 
     def __init__(self, model: Any, rows: Sequence[Sequence[int]], capacity: int,
@@ -35,16 +41,18 @@ class DecodeSession:
         self.prompt_len = max(len(r) for r in rows)
         self.capacity = capacity
         device = model.device
-        self.slots = torch.arange(capacity, device=device)  # slices of it are input_pos, no new tensor per step
         padded = torch.full((self.batch_size, self.prompt_len), pad_id, dtype=torch.long)
-        mask = torch.zeros((self.batch_size, capacity), dtype=torch.long)
+        mask = torch.ones((self.batch_size, capacity), dtype=torch.bool)  # decoded slots are real for every row
         for i, row in enumerate(rows):
             padded[i, self.prompt_len - len(row):] = torch.tensor(list(row), dtype=torch.long)
-            mask[i, self.prompt_len - len(row):] = 1  # decoded slots are real for every row
+            mask[i, :self.prompt_len - len(row)] = False
         self.prompt_ids = padded.to(device)  # (B, L)
-        # With no padding, plain causal attention is exact and faster: skip the mask.
-        has_padding = bool((mask[:, :self.prompt_len] == 0).any())
-        self.attention_mask: Optional[torch.Tensor] = mask.to(device) if has_padding else None
+        # With no padding, the cache's causal mask alone is exact: skip the padding mask.
+        has_padding = any(len(row) < self.prompt_len for row in rows)
+        self.attention_mask: Optional[torch.Tensor] = mask.to(device) if has_padding else None  # (B, capacity)
+        self._prefill = getattr(model, "prefill_step", None) or model.step
+        self._decode = getattr(model, "decode_step", None) or model.step
+        self.input_pos = torch.tensor([self.prompt_len], device=device)  # (1,) the slot of the next token
         self.next_slot = 0
 
     # Each call enters inference mode itself: a ``with`` around a generator's yields would
@@ -52,39 +60,47 @@ class DecodeSession:
     @torch.inference_mode()
     def __enter__(self) -> "DecodeSession":
         self.model.setup_kv_cache(self.batch_size, max_seq_len=self.capacity)
+        caches = getattr(self.model, "kv_caches", None)
+        if self.attention_mask is not None and caches is not None:
+            # The model may round its cache up (a compiled one does): the mask covers all of
+            # it, so the step's shapes depend on the cache alone, not on this prompt.
+            extra = caches[0].max_seq_len - self.attention_mask.shape[1]
+            self.attention_mask = F.pad(self.attention_mask, (0, max(extra, 0)), value=True)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.model.clear_kv_cache()
 
+    @torch.inference_mode()
     def prefill(self) -> torch.Tensor:
         """Run the prompt; logits (B, V) for the first new token."""
-        return self._forward(self.prompt_ids)
+        slots = torch.arange(self.prompt_len, device=self.prompt_ids.device)  # (L,)
+        logits = self._prefill(self.prompt_ids, input_pos=slots, attention_mask=self.attention_mask,
+                               last_token_only=True)
+        self.next_slot = self.prompt_len
+        return logits[:, -1].float()  # (B, V)
 
+    @torch.inference_mode()
     def step(self, next_ids: torch.Tensor) -> torch.Tensor:
         """Feed one new token per row (B,); logits (B, V) for the token after it."""
-        return self._forward(next_ids.view(self.batch_size, 1))
+        if self.next_slot > self.prompt_len:
+            self.input_pos += 1  # on the device: no new tensor, no host round trip
+        logits = self._decode(next_ids.view(self.batch_size, 1), input_pos=self.input_pos,
+                              attention_mask=self.attention_mask, last_token_only=True)
+        self.next_slot += 1
+        return logits[:, -1].float()  # (B, V)
 
     @torch.inference_mode()
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Keep cache rows ``beam_idx`` (B,), in that order (beam search)."""
         self.model.reorder_kv_cache(beam_idx)
 
-    @torch.inference_mode()
-    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
-        T = ids.shape[1]
-        end = self.next_slot + T
-        input_pos = self.slots[self.next_slot:end]  # (T,)
-        mask = self.attention_mask[:, :end] if self.attention_mask is not None else None
-        logits = self.model(ids, attention_mask=mask, input_pos=input_pos, last_token_only=True)
-        self.next_slot = end
-        return logits[:, -1].float()  # (B, V)
-
 
 def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, settings: Any,
                 generator: Optional[torch.Generator], finished: torch.Tensor, pad_id: int = 0,
-                ) -> Iterator[torch.Tensor]:
-    """Yield the next token of every row (B,) for up to ``max_new_tokens`` steps.
+                min_new_tokens: int = 0, eos_ids: Sequence[int] = ()) -> Iterator[torch.Tensor]:
+    """Yield the next token of every row (B,) for up to ``max_new_tokens`` steps; the
+    ``eos_ids`` cannot be chosen in the first ``min_new_tokens`` steps.
 
     ``finished`` (B,) bool is owned by the caller, who sets a row when it ends (EOS, stop
     string); the loop stops early once every row has. Finished rows keep decoding in
@@ -106,9 +122,20 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
         logits = session.prefill()
         for t in range(max_new_tokens):
             with torch.inference_mode():
+                if t < min_new_tokens:
+                    logits = suppress(logits, eos_ids)
                 next_ids = sample_next(logits, settings, seen[:, :L + t], generator)  # (B,)
                 seen[:, L + t] = next_ids
             yield next_ids
             if t + 1 == max_new_tokens or bool(finished.all()):
                 return  # the last token is never fed back: no forward pass for it
             logits = session.step(next_ids)
+
+
+def suppress(logits: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
+    """logits (B, V) with ``token_ids`` made impossible (min_new_tokens keeps EOS away)."""
+    if not token_ids:
+        return logits
+    logits = logits.clone()
+    logits[:, list(token_ids)] = float("-inf")
+    return logits

@@ -20,6 +20,7 @@ from lucidlm.config import ModelConfig
 from lucidlm.model.hook_options import head_results, per_head_linear
 from lucidlm.model.hooks import HookPoint
 from lucidlm.model.kv_cache import KVCache
+from lucidlm.model.norms import RMSNorm
 from lucidlm.model.positions import apply_rope
 
 RopeCosSin = tuple[torch.Tensor, torch.Tensor]  # each (B, T, 1, hd/2), from RotaryEmbedding.cos_sin
@@ -40,6 +41,13 @@ class Attention(nn.Module):
         self.rope_variant = cfg.rope_variant if cfg.positions == "rope" else None
         self.use_explicit = False  # force the explicit path (e.g. to compare the two)
         self.use_attn_result = False  # hook each head's output (hook_options.py)
+        # Gemma 3 / Qwen 3: RMSNorm over each head's query and key (one weight shared by the
+        # heads), before RoPE, so the scores stay bounded whatever the projections learn.
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        # Scores are scaled by 1/sqrt(head_dim), or 1/sqrt(query_pre_attn_scalar) (Gemma).
+        self.score_divisor = math.sqrt(cfg.query_pre_attn_scalar or cfg.head_dim)
+        self.scale = 1.0 / self.score_divisor
 
         self.hook_q = HookPoint()  # (B, T, nh, hd)
         self.hook_k = HookPoint()  # (B, T, n_kv, hd)
@@ -56,7 +64,7 @@ class Attention(nn.Module):
                 prefix_kv: Optional[torch.Tensor] = None, key_input: Optional[torch.Tensor] = None,
                 value_input: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (B, T, d). rope: the rotation for these positions (RoPE models), else None.
-        mask: (B, 1, T, S) bool, True = may attend, or None for plain causal.
+        mask: (B, 1, T, S) bool, True = may attend, or None for plain causal (no cache).
         kv_cache, input_pos: this layer's cache and the (T,) slots to write, or None.
         prefix_kv: (2, n_kv, P, hd) keys and values every query sees first (prefix tuning).
         key_input, value_input: with split inputs (hook_options.py), x is (B, T, nh, d) and
@@ -70,6 +78,8 @@ class Attention(nn.Module):
             q = self.hook_q(per_head_linear(self.q_proj, x, self.n_heads, self.head_dim))
             k = self.hook_k(per_head_linear(self.k_proj, key_input, self.n_kv_heads, self.head_dim))
             v = self.hook_v(per_head_linear(self.v_proj, value_input, self.n_kv_heads, self.head_dim))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rope_variant is not None:
             q = self.hook_rot_q(apply_rope(q, *rope, self.rope_variant))
             k = self.hook_rot_k(apply_rope(k, *rope, self.rope_variant))
@@ -93,14 +103,12 @@ class Attention(nn.Module):
                 group = self.n_heads // self.n_kv_heads
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             z = self._explicit_attention(q, k, v, mask, dropout_p)
-        elif mask is None and T == k.shape[2]:
-            z = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=grouped)
-        elif mask is None and T == 1:  # one new token sees every filled cache slot: no mask
-            z = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, enable_gqa=grouped)
+        elif mask is None:  # no cache, no padding: keys are exactly the queries
+            z = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=grouped,
+                                               scale=self.scale)
         else:
-            if mask is None:  # chunk of queries after cached keys: causal w.r.t. absolute slots
-                mask = causal_mask(T, k.shape[2], x.device)[None, None]
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=grouped)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=grouped,
+                                               scale=self.scale)
 
         z = self.hook_z(z.transpose(1, 2))  # (B, T, nh, hd)
         if self.use_attn_result:  # opt-in: each head's output before they are summed
@@ -114,7 +122,7 @@ class Attention(nn.Module):
         T, S = q.shape[2], k.shape[2]
         if mask is None:
             mask = causal_mask(T, S, q.device)[None, None]
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, S)
+        scores = (q @ k.transpose(-2, -1)) / self.score_divisor  # (B, nh, T, S)
         scores = self.hook_attn_scores(scores.masked_fill(~mask, float("-inf")))
         pattern = self.hook_pattern(torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype))
         pattern = F.dropout(pattern, dropout_p) if dropout_p > 0 else pattern

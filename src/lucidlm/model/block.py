@@ -2,6 +2,10 @@
 
 pre-norm  (GPT-2, LLaMA):        x = x + attn(ln1(x));   x = x + mlp(ln2(x))
 post-norm (seed 000, seed 004):  x = ln1(x + attn(x));   x = ln2(x + mlp(x))   ("add & norm")
+sandwich  (Gemma 2/3):           x = x + ln1_post(attn(ln1(x)));   x = x + ln2_post(mlp(ln2(x)))
+
+A block is local (sliding-window attention, its own RoPE base) or global; the Transformer
+hands each block the mask and rotation of its kind.
 """
 
 from __future__ import annotations
@@ -21,13 +25,17 @@ from lucidlm.model.norms import make_norm
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, index: int = 0) -> None:
         super().__init__()
         self.pre_norm = cfg.norm_position == "pre"
+        self.local = cfg.layer_is_local(index)
         self.ln1 = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
         self.attn = Attention(cfg)
         self.ln2 = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
         self.mlp = MLP(cfg)
+        sandwich = cfg.post_sublayer_norm
+        self.ln1_post = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if sandwich else nn.Identity()
+        self.ln2_post = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if sandwich else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
 
         self.hook_resid_pre = HookPoint()  # (B, T, d)
@@ -44,12 +52,12 @@ class Block(nn.Module):
         """x: (B, T, d) -> (B, T, d). The other arguments go to attention (see Attention.forward)."""
         x = self.hook_resid_pre(x)
         q_in, k_in, v_in = self._attn_inputs(x)
-        attn_out = self.hook_attn_out(self.dropout(self.attn(q_in, rope, mask, kv_cache, input_pos, prefix_kv,
-                                                             k_in, v_in)))
+        attn_out = self.attn(q_in, rope, mask, kv_cache, input_pos, prefix_kv, k_in, v_in)
+        attn_out = self.hook_attn_out(self.dropout(self.ln1_post(attn_out)))  # ln1_post: Gemma's, else identity
         if self.pre_norm:
             x = self.hook_resid_mid(x + attn_out)
             mlp_in = self.hook_mlp_in(x.clone()) if self.use_mlp_in else x
-            mlp_out = self.hook_mlp_out(self.dropout(self.mlp(self.ln2(mlp_in))))
+            mlp_out = self.hook_mlp_out(self.dropout(self.ln2_post(self.mlp(self.ln2(mlp_in)))))
             x = x + mlp_out
         else:
             x = self.hook_resid_mid(self.ln1(x + attn_out))

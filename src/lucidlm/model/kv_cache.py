@@ -1,8 +1,8 @@
 """A static, preallocated key/value cache (gpt-fast style).
 
 Generation fills it once with the prompt (prefill), then writes one position per decoded
-token. ``update(input_pos, k, v)`` writes at explicit slots, so shapes never change and
-nothing is reallocated while decoding.
+token. ``update(input_pos, k, v)`` writes at explicit slots and returns the whole cache, so
+shapes never change, nothing is reallocated and nothing is read back while decoding.
 """
 
 from __future__ import annotations
@@ -29,18 +29,12 @@ class KVCache(nn.Module):
 
     def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v (B, n_kv, T, hd) at slots ``input_pos`` (T,); return the filled prefix
-        of the cache, (B, n_kv, end, hd) with end = last written slot + 1."""
-        start, end = int(input_pos[0]), int(input_pos[-1]) + 1
-        if end - start == input_pos.numel():  # contiguous slots (always, in generation): a plain copy
-            self.k[:, :, start:end].copy_(k)
-            self.v[:, :, start:end].copy_(v)
-        else:
-            self.k[:, :, input_pos] = k.to(self.k.dtype)
-            self.v[:, :, input_pos] = v.to(self.v.dtype)
-        # Attending only to the filled prefix (not all max_seq_len slots) keeps CPU decoding
-        # fast; the slice is a view, so nothing is copied.
-        return self.k[:, :, :end], self.v[:, :, :end]
+        """Write k, v (B, n_kv, T, hd) at slots ``input_pos`` (T,); return the whole cache,
+        (B, n_kv, max_seq_len, hd). Slots not written yet hold stale values: the caller's
+        mask hides them (``masks.attention_mask_for``). Same shapes every step, no read-back."""
+        self.k.index_copy_(2, input_pos, k.to(self.k.dtype))
+        self.v.index_copy_(2, input_pos, v.to(self.v.dtype))
+        return self.k, self.v
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Keep the rows ``beam_idx`` (beam search reshuffles hypotheses every step)."""

@@ -55,4 +55,6 @@ class LayerNorm(nn.Module):
 
 
 def make_norm(kind: str, dim: int, eps: float, bias: bool = True) -> nn.Module:
+    if kind == "none":  # seed 002's toy model: the residual stream is never normalised
+        return nn.Identity()
     return RMSNorm(dim, eps) if kind == "rms" else LayerNorm(dim, eps, bias)

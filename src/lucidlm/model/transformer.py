@@ -18,6 +18,7 @@ from lucidlm.errors import InputError, SequenceTooLongError, TokenIdError
 from lucidlm.model.block import Block
 from lucidlm.model.hooks import HookPoint
 from lucidlm.model.kv_cache import KVCache
+from lucidlm.model.masks import attention_mask_for, fit_key_mask, positions_of, sliding_window_mask
 from lucidlm.model.norms import make_norm
 from lucidlm.model.positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions
 
@@ -38,11 +39,15 @@ class Transformer(nn.Module):
             self.pos_embed = LearnedPositions(cfg.max_seq_len, cfg.d_model)
         elif cfg.positions == "sinusoidal":
             self.pos_embed = SinusoidalPositions(cfg.max_seq_len, cfg.d_model)
-        # One rotation table for every layer, looked up once per forward pass.
+        # One rotation table for every layer, looked up once per forward pass; sliding-window
+        # layers may have their own RoPE base (Gemma 3: 10k local, 1M global), hence a second.
         self.rotary = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_variant)
                        if cfg.positions == "rope" else None)
+        self.rotary_local = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_local_theta, cfg.rope_variant)
+                             if self.rotary is not None and cfg.rope_local_theta not in (None, cfg.rope_theta)
+                             else None)
         self.embed_dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.ln_final = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.final_norm else None
         self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.unembed_bias)
         if cfg.tie_embeddings:
@@ -113,50 +118,74 @@ class Transformer(nn.Module):
     def forward(self, ids: torch.Tensor | Sequence[int], attention_mask: Optional[torch.Tensor] = None,
                 position_ids: Optional[torch.Tensor] = None, input_pos: Optional[torch.Tensor] = None,
                 last_token_only: bool = False, prefix_kv: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Logits (B, T, vocab) for token ids (B, T).
+        """Logits (B, T, vocab) for token ids (B, T) (or (T,), or a list), checked first.
 
-        attention_mask: (B, S) 1 for real tokens, 0 for padding, over all key positions
-            (with a KV cache: every slot up to the last one written). Left padding works.
+        attention_mask: (B, S) 1 for real tokens, 0 for padding, over key positions from
+            slot 0 (without a cache S = T; with one, slots past its end count as real).
+            Left padding works.
         position_ids: (B, T) positions for RoPE / position embeddings; by default counted
             from the first real token of each row, so padding does not shift positions.
-        input_pos: (T,) KV-cache slots to write; uses the cache set up by ``setup_kv_cache``.
-            None runs without touching any cache.
+        input_pos: (T,) KV-cache slots to write; uses the cache set up by ``setup_kv_cache``
+            and attends over all of it. None runs without touching any cache.
         last_token_only: unembed only the last position (all generation needs).
         prefix_kv: (n_layers, 2, n_kv, P, hd) keys and values every query sees before the
             text; by default those of the installed prefix module, if any.
+
+        The checks read the ids (and slots) back once; ``step`` is the same pass without them.
         """
         ids = self._check_ids(ids)
         B, T = ids.shape
-        use_cache = input_pos is not None and self.kv_caches is not None
-        if not use_cache:
+        if input_pos is not None and self.kv_caches is not None:
+            input_pos = self._check_slots(input_pos, T)
+        else:
             input_pos = None
-        slots = input_pos if input_pos is not None else torch.arange(T, device=ids.device)  # (T,)
-        self._check_length(int(slots[-1]) + 1)
+            self._check_length(T)
+        if attention_mask is not None and (attention_mask.ndim != 2 or attention_mask.shape[0] != B):
+            raise InputError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected ({B}, key positions).")
+        return self.step(ids, input_pos, attention_mask, position_ids, last_token_only, prefix_kv)
 
+    def step(self, ids: torch.Tensor, input_pos: Optional[torch.Tensor] = None,
+             attention_mask: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None,
+             last_token_only: bool = False, prefix_kv: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``forward`` without the input checks: ids (B, T) long and in range, input_pos (T,)
+        inside the cache. Shapes depend only on the arguments' shapes and nothing is read back
+        to the host, so a decode step is the same graph every time: generation runs this,
+        and this is what ``torch.compile`` compiles."""
+        B, T = ids.shape
+        cached = input_pos is not None and self.kv_caches is not None
+        key_len = self.kv_caches[0].max_seq_len if cached else T
+        query_slots = input_pos if cached else torch.arange(T, device=ids.device)  # (T,)
+        keys_real = fit_key_mask(attention_mask, key_len)  # (B, S) bool, or None
         if position_ids is None:
-            if attention_mask is not None:
-                positions_from_mask = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, S)
-                position_ids = positions_from_mask[:, slots]
-            else:
-                position_ids = slots[None, :].expand(B, T)
-        mask = self._attention_mask(attention_mask, slots, B)
+            position_ids = positions_of(query_slots, keys_real, B)  # (B, T)
+        # Without a cache or padding, SDPA's built-in causal mask is exact and fastest.
+        mask = attention_mask_for(query_slots, key_len, keys_real) if cached or keys_real is not None else None
 
         x = self.hook_embed(self.embed(ids))  # (B, T, d)
+        if self.config.scale_embeddings:  # Gemma: sqrt(d_model), rounded to the activations' dtype
+            x = x * torch.tensor(self.config.d_model ** 0.5, dtype=x.dtype)
         if self.pos_embed is not None:
             x = x + self.hook_pos_embed(self.pos_embed(position_ids).to(x.dtype))
         x = self.embed_dropout(x)
         rope = self.rotary.cos_sin(position_ids, x.dtype) if self.rotary is not None else None
+        rope_local = self.rotary_local.cos_sin(position_ids, x.dtype) if self.rotary_local is not None else rope
+        local_mask = sliding_window_mask(mask, query_slots, key_len, self.config.sliding_window) \
+            if self.config.sliding_window is not None else mask
         if prefix_kv is None and self.prefix_encoder is not None:
             prefix_kv = self.prefix_encoder()
-        caches = self.kv_caches if use_cache else [None] * len(self.blocks)
+        caches = self.kv_caches if cached else [None] * len(self.blocks)
         for i, (block, cache) in enumerate(zip(self.blocks, caches)):
-            x = block(x, rope, mask, cache, input_pos, prefix_kv[i] if prefix_kv is not None else None)
+            x = block(x, rope_local if block.local else rope, local_mask if block.local else mask, cache,
+                      input_pos if cached else None, prefix_kv[i] if prefix_kv is not None else None)
         if last_token_only:
             x = x[:, -1:]
         if self.ln_final is not None:
             x = self.ln_final(x)
-        return self.unembed(x)  # (B, T, vocab)
+        logits = self.unembed(x)  # (B, T, vocab)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
+    # ------------------------------------------------------------------ input checks (API boundary)
     def _check_ids(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
         if not isinstance(ids, torch.Tensor):
             ids = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -166,7 +195,8 @@ class Transformer(nn.Module):
             raise InputError(f"expected token ids of shape (batch, seq_len) with seq_len >= 1, got {tuple(ids.shape)}.")
         if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
             raise InputError(f"token ids must be an integer tensor, got dtype {ids.dtype}.")
-        low, high = int(ids.min()), int(ids.max())
+        low, high = ids.aminmax()
+        low, high = int(low), int(high)  # one read-back, here at the boundary, not in ``step``
         if low < 0 or high >= self.config.vocab_size:
             bad = low if low < 0 else high
             raise TokenIdError(
@@ -174,6 +204,17 @@ class Transformer(nn.Module):
                 f"(vocab_size={self.config.vocab_size}). Encode text with the model's own tokenizer."
             )
         return ids.long()
+
+    def _check_slots(self, input_pos: torch.Tensor, length: int) -> torch.Tensor:
+        input_pos = torch.as_tensor(input_pos, device=self.device)
+        if input_pos.shape != (length,) or input_pos.is_floating_point():
+            raise InputError(f"input_pos must be {length} integer cache slots (one per token), got "
+                             f"{tuple(input_pos.shape)} {input_pos.dtype}.")
+        low, high = input_pos.aminmax()
+        if int(low) < 0:
+            raise InputError(f"input_pos has slot {int(low)}; cache slots count from 0.")
+        self._check_length(int(high) + 1)
+        return input_pos.long()
 
     def _check_length(self, length: int) -> None:
         limit = self.config.max_seq_len
@@ -184,25 +225,6 @@ class Transformer(nn.Module):
                 f"sequence of {length} tokens is longer than the context window of {limit} tokens "
                 f"(max_seq_len={self.config.max_seq_len}); shorten the prompt or max_new_tokens."
             )
-
-    @staticmethod
-    def _attention_mask(attention_mask: Optional[torch.Tensor], slots: torch.Tensor, batch: int,
-                        ) -> Optional[torch.Tensor]:
-        """(B, 1, T, S) bool mask, or None when plain causal attention is enough."""
-        if attention_mask is None:
-            return None
-        S = int(slots[-1]) + 1
-        keys_real = attention_mask[:, :S].bool()  # (B, S)
-        if keys_real.shape != (batch, S):
-            raise InputError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected ({batch}, >= {S}).")
-        if bool(keys_real.all()):
-            return None
-        key_slots = torch.arange(S, device=slots.device)
-        causal = key_slots[None, :] <= slots[:, None]  # (T, S)
-        # A padding query would see no key at all (NaN softmax); let it see itself. Its
-        # output is never used, and real tokens never see padding keys.
-        own_slot = key_slots[None, :] == slots[:, None]
-        return ((causal[None] & keys_real[:, None, :]) | own_slot[None]).unsqueeze(1)
 
     # ------------------------------------------------------------------ KV cache
     def setup_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None,

@@ -91,46 +91,40 @@ class HFTokenizer(Tokenizer):
     def from_gguf_fields(cls, fields: dict[str, Any], source: str = "GGUF file") -> "HFTokenizer":
         """Build from GGUF metadata (``tokenizer.ggml.*`` keys, decoded to Python values)."""
         from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
-        from tokenizers import Tokenizer as Backend
-        from tokenizers.models import BPE
 
         kind = fields.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise TokenizerError(
-                f"{source}: tokenizer.ggml.model={kind!r} is not supported; lucidlm builds byte-level BPE "
-                f"('gpt2') tokenizers from GGUF metadata. Load the model's tokenizer.json with "
-                f"HFTokenizer.from_file instead."
-            )
+        arch = str(fields.get("general.architecture", ""))
         tokens: list[str] = fields.get("tokenizer.ggml.tokens") or []
-        merges: list[str] = fields.get("tokenizer.ggml.merges") or []
         if not tokens:
             raise TokenizerError(f"{source}: tokenizer.ggml.tokens is missing or empty; the file has no tokenizer.")
-        spelling = bytes_to_unicode()
-        alphabet = set(spelling.values())
-        vocab: dict[str, int] = {}
-        for index, token in enumerate(tokens):
-            # Control tokens may be stored in plain UTF-8; BPE looks tokens up in byte spelling.
-            spelled = token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8"))
-            vocab.setdefault(spelled, index)
-        try:
-            pairs = [tuple(m.split(" ")) for m in merges]
-            backend = Backend(BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="",
-                                  end_of_word_suffix="", fuse_unk=False))
-        except Exception as exc:  # the Rust side rejects merges naming unknown tokens
-            raise TokenizerError(f"{source}: the vocabulary and merges do not form a BPE tokenizer ({exc}).") from None
-        split = PRE_TOKENIZER_SPLITS.get(fields.get("tokenizer.ggml.pre", ""))
-        if split is None:
-            backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        if kind == "gpt2":
+            backend, vocab = _byte_level_backend(tokens, fields.get("tokenizer.ggml.merges") or [], source)
+            split = PRE_TOKENIZER_SPLITS.get(fields.get("tokenizer.ggml.pre", ""))
+            if split is None:
+                backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            else:
+                backend.pre_tokenizer = pre_tokenizers.Sequence([
+                    pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+                ])
+            backend.decoder = decoders.ByteLevel()
+            alphabet = set(bytes_to_unicode().values())
+        elif kind == "llama" and arch.startswith("gemma"):
+            from lucidlm.tokenizers.sentencepiece import gemma_backend
+
+            backend, vocab = gemma_backend(tokens)
+            alphabet = None  # every token is a real one: no byte-alphabet check for control tokens
         else:
-            backend.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ])
-        backend.decoder = decoders.ByteLevel()
+            raise TokenizerError(
+                f"{source}: tokenizer.ggml.model={kind!r} (architecture {arch!r}) is not supported; lucidlm "
+                f"builds byte-level BPE ('gpt2') tokenizers and Gemma's sentencepiece ('llama' in a gemma "
+                f"file) from GGUF metadata. Load the model's tokenizer.json with HFTokenizer.from_file instead."
+            )
 
         types = fields.get("tokenizer.ggml.token_type") or [1] * len(tokens)
         # A "control" token outside the byte alphabet is a llama.cpp mislabel (transformers skips it too).
-        control = [t for t, kind_ in zip(tokens, types) if kind_ == TOKEN_TYPE_CONTROL and set(t) <= alphabet]
+        control = [t for t, kind_ in zip(tokens, types)
+                   if kind_ == TOKEN_TYPE_CONTROL and (alphabet is None or set(t) <= alphabet)]
         user = [t for t, kind_ in zip(tokens, types) if kind_ == TOKEN_TYPE_USER_DEFINED and t in vocab]
         backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
         backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
@@ -299,6 +293,27 @@ class HFTokenizer(Tokenizer):
     def __repr__(self) -> str:
         return f"HFTokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, eos={self.eos_token!r})"
 
+
+
+def _byte_level_backend(tokens: list[str], merges: list[str], source: str) -> tuple[Any, dict[str, int]]:
+    """A BPE backend over GPT-2's byte alphabet (no pre-tokenizer or decoder yet)."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers.models import BPE
+
+    spelling = bytes_to_unicode()
+    alphabet = set(spelling.values())
+    vocab: dict[str, int] = {}
+    for index, token in enumerate(tokens):
+        # Control tokens may be stored in plain UTF-8; BPE looks tokens up in byte spelling.
+        spelled = token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8"))
+        vocab.setdefault(spelled, index)
+    try:
+        pairs = [tuple(m.split(" ")) for m in merges]
+        backend = Backend(BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="",
+                              end_of_word_suffix="", fuse_unk=False))
+    except Exception as exc:  # the Rust side rejects merges naming unknown tokens
+        raise TokenizerError(f"{source}: the vocabulary and merges do not form a BPE tokenizer ({exc}).") from None
+    return backend, vocab
 
 
 def _decoder_steps(backend: Any) -> list[dict[str, Any]]:

@@ -32,7 +32,9 @@ from lucidlm.model.transformer import Transformer
 from lucidlm.weights.state import load_into
 
 GGUF_MAGIC = b"GGUF"
-SUPPORTED_ARCHITECTURES = ("llama",)
+from lucidlm.weights.gguf_families import FAMILIES  # noqa: E402 - per-architecture data
+
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 
 # Our name for each per-layer GGUF tensor (blk.N.<gguf> -> blocks.N.<ours>).
 LAYER_TENSORS = {
@@ -168,7 +170,8 @@ def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
     vocab = meta.get(f"{arch}.vocab_size", len(tokens) if tokens else None)
     if vocab is None:
         raise GGUFError(f"{source}: neither {arch}.vocab_size nor tokenizer.ggml.tokens says the vocabulary size.")
-    return ModelConfig(
+    family_fields = FAMILIES[arch].config_fields(lambda key, default: meta.get(f"{arch}.{key}", default), head_dim)
+    fields = dict(
         name=arch,
         vocab_size=int(vocab),
         d_model=d_model,
@@ -179,13 +182,14 @@ def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
         d_mlp=int(need("feed_forward_length")),
         max_seq_len=int(meta.get(f"{arch}.context_length", 2048)),
         positions="rope",
-        rope_variant="half",  # Q/K rows are un-permuted on load, see the module docstring
+        rope_variant="half",  # Q/K rows are un-permuted on load (llama) or never were (gemma)
         rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
         norm="rms",
         norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         mlp="swiglu",
         tie_embeddings=False,  # decided from the tensors by the caller
     )
+    return ModelConfig(**{**fields, **family_fields})
 
 
 def dequantize_tensor(tensor: Any, source: str) -> torch.Tensor:
@@ -209,9 +213,10 @@ def gguf_tensors(reader: Any, config: ModelConfig, source: str,
     """All tensors of the file under our names, dequantized to float32 and with Q/K rows in
     the ``half`` RoPE layout. ``progress`` wraps the tensor list (e.g. ``tqdm``)."""
     items = reader.tensors if progress is None else progress(reader.tensors)
+    family = FAMILIES.get(config.name, FAMILIES["llama"])
     out: dict[str, torch.Tensor] = {}
     for tensor in items:
-        ours = _our_name(tensor.name)
+        ours = _our_name(tensor.name, family.extra_layer_tensors)
         if ours is None:
             if tensor.name == "rope_freqs.weight":
                 raise UnsupportedArchitectureError(
@@ -221,7 +226,9 @@ def gguf_tensors(reader: Any, config: ModelConfig, source: str,
             raise GGUFError(f"{source}: tensor {tensor.name!r} has no place in a {config.name} model; the file "
                             f"is for a different architecture.")
         weight = dequantize_tensor(tensor, source)
-        if ours.endswith("q_proj.weight"):
+        if not family.permuted_qk:
+            pass  # Q/K rows are already in the half layout
+        elif ours.endswith("q_proj.weight"):
             weight = permute_qk_to_half(weight, config.n_heads)
         elif ours.endswith("k_proj.weight"):
             weight = permute_qk_to_half(weight, config.n_kv_heads)
@@ -229,12 +236,13 @@ def gguf_tensors(reader: Any, config: ModelConfig, source: str,
     return out
 
 
-def _our_name(gguf_name: str) -> Optional[str]:
+def _our_name(gguf_name: str, extra_layer_tensors: Optional[dict[str, str]] = None) -> Optional[str]:
     if gguf_name in GLOBAL_TENSORS:
         return GLOBAL_TENSORS[gguf_name]
+    layer_tensors = {**LAYER_TENSORS, **(extra_layer_tensors or {})}
     parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LAYER_TENSORS:
-        return f"blocks.{parts[1]}.{LAYER_TENSORS[parts[2]]}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_tensors:
+        return f"blocks.{parts[1]}.{layer_tensors[parts[2]]}"
     return None
 
 

@@ -1,0 +1,53 @@
+"""What each GGUF architecture adds to the LLaMA-shaped reading in ``gguf.py``.
+
+A GGUF names its family in ``general.architecture`` and stores hyperparameters under that
+prefix (``gemma3.embedding_length``). Everything a family needs beyond LLaMA's layout is
+data here: extra tensors, config fields the file does not carry (llama.cpp hard-codes them
+per architecture, and so does transformers' GGUF loader, which is our reference), and
+whether llama.cpp's converter permuted the Q/K rows.
+
+Gemma facts (llama.cpp ``convert_hf_to_gguf.py`` / ``src/llama-model.cpp``, transformers
+``Gemma3TextConfig`` defaults):
+- Gemma's RMSNorm multiplies by (1 + weight); the converter stores weight + 1, so the GGUF
+  value is the plain scale our RMSNorm uses (transformers subtracts the 1 again on load);
+- Q/K rows are *not* permuted (only the ``llama`` converter does that);
+- Gemma 3: 5 sliding-window layers then 1 global, local RoPE base 10000, scores scaled by
+  1/sqrt(head_dim) (query_pre_attn_scalar = head_dim), GeGLU, embeddings times sqrt(d_model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# GGUF per-layer tensor -> our name below ``blocks.N.``, for tensors beyond LLaMA's set.
+GEMMA_LAYER_TENSORS = {
+    "attn_q_norm.weight": "attn.q_norm.weight",
+    "attn_k_norm.weight": "attn.k_norm.weight",
+    "post_attention_norm.weight": "ln1_post.weight",
+    "post_ffw_norm.weight": "ln2_post.weight",
+}
+
+
+@dataclass(frozen=True)
+class GGUFFamily:
+    permuted_qk: bool  # llama.cpp permuted Q/K rows to the interleaved RoPE layout
+    extra_layer_tensors: dict[str, str] = field(default_factory=dict)
+    # (metadata getter, head_dim) -> ModelConfig fields beyond the LLaMA-shaped ones
+    config_fields: Callable[[Callable[[str, Any], Any], int], dict[str, Any]] = lambda get, head_dim: {}
+
+
+def _gemma3_fields(get: Callable[[str, Any], Any], head_dim: int) -> dict[str, Any]:
+    softcap = get("final_logit_softcapping", None)
+    return dict(
+        mlp="geglu", norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)), qk_norm=True,
+        post_sublayer_norm=True, scale_embeddings=True, query_pre_attn_scalar=float(head_dim),
+        sliding_window=int(get("attention.sliding_window", 512)), global_layer_every=6,
+        rope_local_theta=10000.0, final_logit_softcap=float(softcap) if softcap else None,
+    )
+
+
+FAMILIES: dict[str, GGUFFamily] = {
+    "llama": GGUFFamily(permuted_qk=True),
+    "gemma3": GGUFFamily(permuted_qk=False, extra_layer_tensors=GEMMA_LAYER_TENSORS, config_fields=_gemma3_fields),
+}

@@ -1,0 +1,105 @@
+"""The decode step is device-only and shape-stable: nothing in it reads a tensor back to
+Python (a host sync on a GPU, a graph break under torch.compile), and a compiled step is
+compiled once, not once per token."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import pytest
+import torch
+from generation_toys import byte_tokenizer, one_torch_thread, toy_model  # noqa: F401 (autouse fixture)
+from torch._dynamo.testing import CompileCounter
+
+from lucidlm import LanguageModel
+from lucidlm.generation import generate
+from lucidlm.generation.decode import DecodeSession
+from lucidlm.peft import add_prefix
+
+STEPS = 64
+# Every way Python code turns a tensor into a Python value.
+READ_BACKS = ("__int__", "__bool__", "__index__", "__float__", "item", "tolist")
+
+
+@contextmanager
+def reading_back_forbidden() -> Iterator[None]:
+    saved = {name: getattr(torch.Tensor, name) for name in READ_BACKS}
+
+    def refuse(name: str):
+        def method(self, *args, **kwargs):
+            raise AssertionError(f"Tensor.{name}() was called inside a decode step")
+        return method
+
+    try:
+        for name in READ_BACKS:
+            setattr(torch.Tensor, name, refuse(name))
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(torch.Tensor, name, original)
+
+
+def test_the_guard_catches_a_read_back():
+    """The patch is live: a tensor turned into a Python value inside it raises."""
+    t = torch.tensor([3])
+    for read in (int, bool, lambda x: x.item(), lambda x: x.tolist(), lambda x: [0, 1, 2, 3][x]):
+        with reading_back_forbidden(), pytest.raises(AssertionError, match="inside a decode step"):
+            read(t)
+    assert int(t) == 3  # restored afterwards
+
+
+def _prefixed(model):
+    add_prefix(model, length=3, hidden=8)
+    torch.nn.init.normal_(model.prefix_encoder.to_kv.weight)
+    return model
+
+
+@pytest.mark.parametrize("case", ["one row", "left-padded batch", "prefix", "hooks"])
+def test_decode_steps_read_nothing_back(case):
+    model = toy_model(seed=1, max_seq_len=128)
+    rows = [[72, 105, 33]]
+    if case == "left-padded batch":
+        rows = [[72, 105, 33, 10, 65], [66, 67]]
+    if case == "prefix":
+        model = _prefixed(model)
+    seen = []
+    if case == "hooks":  # an inspection hook does not bring a read-back with it
+        model.blocks[1].attn.hook_pattern.add_hook(lambda x, hook: seen.append(x.shape))
+    L = max(len(r) for r in rows)
+    tokens = []
+    with DecodeSession(model, rows, capacity=L + STEPS) as session:
+        next_ids = session.prefill().argmax(-1)
+        with reading_back_forbidden():
+            for _ in range(STEPS):
+                tokens.append(next_ids)
+                next_ids = session.step(next_ids).argmax(-1)  # argmax stays on the device
+    assert session.next_slot == L + STEPS
+    if case == "hooks":
+        assert seen[-1] == (1, 4, 1, L + STEPS)  # the pattern spans the whole static cache
+    # The tokens are the ones greedy generation (checked against full recomputation in
+    # test_generate_toy.py) produces, row by row.
+    got = torch.stack(tokens, dim=1)  # (B, STEPS)
+    for i, row in enumerate(rows):
+        expected = generate(model, row, max_new_tokens=STEPS, temperature=0, stop_on_eos=False).token_ids
+        assert got[i].tolist() == expected, (case, i)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_compiled_decode_step_compiles_once(padded):
+    """64 steps, then a second generation of the same size: one graph, no recompile."""
+    model = toy_model(seed=2, max_seq_len=512, model_cls=LanguageModel)
+    eager = generate(model, [5, 6, 7], max_new_tokens=STEPS, temperature=0, stop_on_eos=False).token_ids
+    counter = CompileCounter()  # a torch.compile backend that counts graphs and runs them eagerly
+    model.compile(backend=counter, prefill=False)
+    rows = [[5, 6, 7], [9, 8]] if padded else [[5, 6, 7]]
+    for prompt_len_change in (0, 1):  # a second call with another prompt length, same cache bucket
+        batch = [row + [11] * prompt_len_change for row in rows]
+        with DecodeSession(model, batch, capacity=3 + prompt_len_change + STEPS) as session:
+            next_ids = session.prefill().argmax(-1)
+            for _ in range(STEPS):
+                next_ids = session.step(next_ids).argmax(-1)
+        assert counter.frame_count == 1, f"the decode step was compiled {counter.frame_count} times"
+    assert counter.op_count > 0  # the graph holds the whole step
+    compiled = generate(model, [5, 6, 7], max_new_tokens=STEPS, temperature=0, stop_on_eos=False).token_ids
+    assert compiled == eager
