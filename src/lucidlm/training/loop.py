@@ -101,7 +101,10 @@ class Trainer:
         self.train_model.train()
         total = torch.zeros((), device=self.device)
         accumulation = cfg.gradient_accumulation_steps
+        cuda_graphs = getattr(cfg, "compile", False) and getattr(cfg, "compile_mode", "") == "reduce-overhead"
         for micro_step in range(accumulation):
+            if cuda_graphs:  # a new replay may reuse the last one's output memory
+                torch.compiler.cudagraph_mark_step_begin()
             x, y = self.data.next()  # (B, T) each, already on the device
             last = micro_step == accumulation - 1
             # Under DDP, all-reduce gradients once per step, on the last micro-batch only.
