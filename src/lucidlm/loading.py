@@ -27,7 +27,8 @@ DEFAULT_MODEL = "smollm2-135m"
 
 def load(source: Optional[str | Path] = None, *, dtype: str | torch.dtype = torch.float32,
          device: str | torch.device = "cpu", adapter: Optional[str | Path] = None,
-         random_init: bool = False, seed: int = 0, **config_overrides: Any) -> LanguageModel:
+         random_init: bool = False, seed: int = 0, compile: bool = False,
+         **config_overrides: Any) -> LanguageModel:
     """A ``LanguageModel`` (the network with generate / stream / run_with_cache) and its tokenizer.
 
     Args:
@@ -39,6 +40,8 @@ def load(source: Optional[str | Path] = None, *, dtype: str | torch.dtype = torc
         adapter: a LoRA / adapter / prefix-tuning directory to apply on top.
         random_init: build an untrained model from the preset ``source`` (``"gpt2"``, ``"llama"``, ...).
         seed: the random seed of that initialisation.
+        compile: ``torch.compile`` the generation steps (``LanguageModel.compile``): the first
+            generation pays the compile time, later ones decode faster (CUDA graphs on a GPU).
         **config_overrides: ModelConfig fields that change the preset (``n_layers=2``); only
             with ``random_init=True``. Any other keyword is refused by name.
 
@@ -59,10 +62,12 @@ def load(source: Optional[str | Path] = None, *, dtype: str | torch.dtype = torc
     if adapter is not None:
         from lucidlm.peft import load_adapter
         load_adapter(model, adapter)
+    if compile:
+        model.compile()
     return model
 
 
-_LOAD_OPTIONS = ("dtype", "device", "adapter", "random_init", "seed")
+_LOAD_OPTIONS = ("dtype", "device", "adapter", "random_init", "seed", "compile")
 
 
 def _check_overrides(random_init: bool, overrides: dict[str, Any]) -> None:

@@ -57,6 +57,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto",
                         help="auto (CUDA if torch sees a GPU, else CPU), cpu, cuda, cuda:N or mps")
     parser.add_argument("--dtype", default="float32", help="weights' dtype: " + ", ".join(DTYPES))
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the decode step (CUDA graphs on a GPU): slower first answer "
+                             "(compiling), faster tokens after it")
     parser.add_argument("-q", "--quiet", action="store_true", help="no loading line on stderr")
 
 
@@ -101,7 +104,8 @@ def load_model_from_args(args: argparse.Namespace) -> Any:
         import lucidlm
 
         model = lucidlm.load(args.model, dtype=args.dtype, device=args.device, adapter=args.adapter,
-                             random_init=getattr(args, "random_init", False))
+                             random_init=getattr(args, "random_init", False),
+                             compile=getattr(args, "compile", False))
         model.eval()
     args.load_seconds = status.seconds
     return model
