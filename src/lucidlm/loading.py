@@ -97,8 +97,12 @@ def _load_base(source: str | Path, dtype: torch.dtype, device: str | torch.devic
         if name not in PRESETS:
             raise ConfigError(f"random_init=True needs an architecture preset, not {name!r}"
                               f"{did_you_mean(name, PRESETS)}; presets: {', '.join(sorted(PRESETS))}.")
+        from lucidlm.tokenizers.presets import preset_tokenizer
+
         torch.manual_seed(seed)
-        return LanguageModel(preset(name, **overrides)).to(device=device, dtype=dtype).eval()
+        config = preset(name, **overrides)
+        tokenizer = preset_tokenizer(name, config.vocab_size)  # gpt2: GPT-2's own BPE files
+        return LanguageModel(config, tokenizer).to(device=device, dtype=dtype).eval()
     if name in PRETRAINED:
         return load_pretrained(name, dtype=dtype, device=device, model_cls=LanguageModel)
     path = Path(source).expanduser()
@@ -114,6 +118,9 @@ def _load_base(source: str | Path, dtype: torch.dtype, device: str | torch.devic
             return load_model(path / "checkpoint", dtype=dtype, device=device, model_cls=LanguageModel)
         if is_hf_dir(path):
             return load_hf(path, dtype=dtype, device=device, model_cls=LanguageModel)
+        from lucidlm.weights.meta import is_meta_dir, load_meta
+        if is_meta_dir(path):  # Meta's own Llama 3 download: params.json + consolidated.00.pth
+            return load_meta(path, dtype=dtype, device=device, model_cls=LanguageModel)
         raise LucidLMError(
             f"{path} is a directory but neither a lucidlm model (lucidlm_config.json) nor a Hugging Face "
             f"model (config.json + *.safetensors)."

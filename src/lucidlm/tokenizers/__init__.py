@@ -11,6 +11,7 @@ from lucidlm.tokenizers.base import Tokenizer, load_tokenizer
 from lucidlm.tokenizers.bpe import GPT2_SPLIT_PATTERN, BPETokenizer
 from lucidlm.tokenizers.char import CharTokenizer
 from lucidlm.tokenizers.pretrained import HFTokenizer  # imported so load_tokenizer knows "hf"
+from lucidlm.tokenizers.tiktoken_bpe import TiktokenTokenizer  # Meta's Llama 3 tokenizer.model
 from lucidlm.tokenizers.word import WordTokenizer
 
 train_bpe = BPETokenizer.train  # convenience: train_bpe(text, vocab_size, ...)
@@ -20,6 +21,7 @@ __all__ = [
     "BPETokenizer",
     "CharTokenizer",
     "HFTokenizer",
+    "TiktokenTokenizer",
     "Tokenizer",
     "WordTokenizer",
     "load_tokenizer",

@@ -1,0 +1,138 @@
+"""Meta's original Llama 3 checkpoints: ``params.json`` + ``consolidated.00.pth`` + ``tokenizer.model``.
+
+What Meta's download script leaves in a directory (seed 001 builds this model):
+
+- ``params.json``: ``dim``, ``n_layers``, ``n_heads``, ``n_kv_heads``, ``vocab_size``,
+  ``multiple_of``, ``ffn_dim_multiplier``, ``norm_eps``, ``rope_theta``;
+- ``consolidated.00.pth``: a ``torch.save``d dict of bf16 tensors under Meta's names
+  (``layers.0.attention.wq.weight``, ``feed_forward.w1`` = gate, ``w3`` = up, ``w2`` = down);
+- ``tokenizer.model``: tiktoken's format (``tokenizers/tiktoken_bpe.py``).
+
+A ``.pth`` is a pickle, and unpickling can run code. It is read with
+``torch.load(weights_only=True)``, which only rebuilds tensors and plain containers, and the
+result must be a flat dict of tensors: anything else is refused. Meta's Q/K rows are in the
+``interleaved`` RoPE layout (complex pairs); they are permuted to ``half`` on load, as
+transformers' ``convert_llama_weights_to_hf`` does, so exports need no further thought.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lucidlm.config import ModelConfig, llama_hidden_dim
+from lucidlm.errors import CheckpointError, ConfigError, UnsupportedArchitectureError
+from lucidlm.model.positions import permute_qk_to_half
+from lucidlm.model.transformer import Transformer
+from lucidlm.weights.state import load_into
+
+PARAMS = "params.json"
+LAYER_NAMES = {
+    "attention.wq.weight": "attn.q_proj.weight",
+    "attention.wk.weight": "attn.k_proj.weight",
+    "attention.wv.weight": "attn.v_proj.weight",
+    "attention.wo.weight": "attn.o_proj.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+    "attention_norm.weight": "ln1.weight",
+    "ffn_norm.weight": "ln2.weight",
+}
+GLOBAL_NAMES = {"tok_embeddings.weight": "embed.weight", "norm.weight": "ln_final.weight",
+                "output.weight": "unembed.weight"}
+
+
+def is_meta_dir(path: str | Path) -> bool:
+    path = Path(path)
+    return (path / PARAMS).is_file() and any(path.glob("consolidated.*.pth"))
+
+
+def config_from_params(params: Any, source: str, max_seq_len: int = 8192) -> ModelConfig:
+    """The ModelConfig a Llama ``params.json`` describes."""
+    if not isinstance(params, dict):
+        raise ConfigError(f"{source}: expected a JSON object, got {type(params).__name__}.")
+    params = params.get("model", params)  # some releases nest the sizes under "model"
+    for key in ("dim", "n_layers", "n_heads", "vocab_size"):
+        if not isinstance(params.get(key), int) or isinstance(params.get(key), bool) or params[key] <= 0:
+            raise ConfigError(f"{source}: {key!r} must be a positive integer, got {params.get(key)!r}; "
+                              f"is this a Llama params.json?")
+    if params.get("use_scaled_rope"):
+        raise UnsupportedArchitectureError(f"{source}: use_scaled_rope (Llama 3.1's RoPE frequency scaling) is not "
+                                           f"implemented in lucidlm; Llama 3 checkpoints load.")
+    dim, n_heads = params["dim"], params["n_heads"]
+    multiple_of = int(params.get("multiple_of", 256))
+    multiplier = params.get("ffn_dim_multiplier")
+    return ModelConfig(
+        name="llama", vocab_size=params["vocab_size"], d_model=dim, n_layers=params["n_layers"], n_heads=n_heads,
+        n_kv_heads=params.get("n_kv_heads") or n_heads, d_mlp=llama_hidden_dim(dim, multiple_of, multiplier),
+        max_seq_len=int(params.get("max_seq_len", max_seq_len)), positions="rope", rope_variant="half",
+        rope_theta=float(params.get("rope_theta", 10000.0)), norm="rms", norm_eps=float(params.get("norm_eps", 1e-5)),
+        mlp="swiglu", multiple_of=multiple_of, ffn_dim_multiplier=multiplier, tie_embeddings=False,
+    )
+
+
+def read_pth(path: Path) -> dict[str, torch.Tensor]:
+    """A ``.pth`` state dict, refusing anything but a flat dict of tensors."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(f"{path} holds objects other than tensors ({str(exc).splitlines()[0]}); lucidlm "
+                              f"never unpickles code. Use a checkpoint of plain tensors (Meta's own) or safetensors.")
+    except (RuntimeError, OSError, EOFError, ValueError) as exc:
+        raise CheckpointError(f"{path} cannot be read as a PyTorch checkpoint ({exc}); download it again.") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                             for k, v in data.items()):
+        kind = type(data).__name__ if not isinstance(data, dict) else "a dict with non-tensor values"
+        raise CheckpointError(f"{path} holds {kind}, not a state dict of named tensors; refusing it.")
+    return data
+
+
+def meta_tensors(checkpoint: dict[str, torch.Tensor], config: ModelConfig, source: str) -> dict[str, torch.Tensor]:
+    """Meta's tensors under our names, float32, Q/K rows permuted to the half layout."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in checkpoint.items():
+        if name in GLOBAL_NAMES:
+            ours = GLOBAL_NAMES[name]
+        else:
+            parts = name.split(".", 2)
+            if not (len(parts) == 3 and parts[0] == "layers" and parts[1].isdigit() and parts[2] in LAYER_NAMES):
+                if name.endswith("inner_attention.rope.freqs") or name == "rope.freqs":
+                    continue  # some releases store the RoPE table; it is derived from rope_theta
+                raise CheckpointError(f"{source}: tensor {name!r} has no place in a Llama model.")
+            ours = f"blocks.{parts[1]}.{LAYER_NAMES[parts[2]]}"
+        tensor = tensor.float()
+        if ours.endswith("q_proj.weight") and tensor.shape[0] == config.q_dim:
+            tensor = permute_qk_to_half(tensor, config.n_heads)
+        elif ours.endswith("k_proj.weight") and tensor.shape[0] == config.kv_dim:
+            tensor = permute_qk_to_half(tensor, config.n_kv_heads)
+        out[ours] = tensor
+    return out
+
+
+def load_meta(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+              model_cls: type[Transformer] = Transformer) -> Transformer:
+    """A model (and its tokenizer, if ``tokenizer.model`` is there) from a Meta Llama 3 directory."""
+    path = Path(path)
+    params_path = path / PARAMS
+    try:
+        params = json.loads(params_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{params_path} cannot be read as JSON ({exc}).") from None
+    config = config_from_params(params, str(params_path))
+    shards = sorted(path.glob("consolidated.*.pth"))
+    if len(shards) != 1:
+        raise CheckpointError(f"{path} holds {len(shards)} model-parallel shards; lucidlm reads single-shard "
+                              f"checkpoints (Llama 3 8B). Convert the others with transformers first.")
+    tensors = meta_tensors(read_pth(shards[0]), config, str(shards[0]))
+    model = model_cls.empty(config, device)
+    load_into(model, tensors, f"{shards[0]} (sizes from {params_path.name})")
+    tokenizer_path = path / "tokenizer.model"
+    if tokenizer_path.is_file():
+        from lucidlm.tokenizers.tiktoken_bpe import TiktokenTokenizer
+
+        model.tokenizer = TiktokenTokenizer.from_llama3_file(tokenizer_path)
+    return model.to(dtype).eval()
