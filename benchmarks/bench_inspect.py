@@ -131,7 +131,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     start = time.perf_counter()
-    model = lucidlm.load("smollm2-135m")
+    model = lucidlm.load("smollm2-135m", dtype=torch.float32)  # inspection compares float activations
     load_s = time.perf_counter() - start
     ids = torch.randint(0, model.config.vocab_size, (1, args.seq_len), generator=torch.Generator().manual_seed(0))
 

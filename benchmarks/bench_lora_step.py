@@ -57,7 +57,7 @@ def make_batch(tokenizer, batch_size: int, block_size: int) -> torch.Tensor:
 # ------------------------------------------------------------------------------- the two sides
 
 def build_ours():
-    model = lucidlm.load("smollm2-135m")
+    model = lucidlm.load("smollm2-135m", dtype=torch.float32)  # float: the quantized default cannot train
     add_lora(model, r=R, alpha=ALPHA, targets=TARGETS, dropout=0.0)
     model.train()
     return model

@@ -60,12 +60,14 @@ def shared_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2():
+    import torch
+
     import lucidlm
     from lucidlm.pretrained import find_gguf
 
     # No skip here: a broken lookup of the embedded model is a failure the suite must show.
     find_gguf("smollm2-135m")
-    return lucidlm.load("smollm2-135m")
+    return lucidlm.load("smollm2-135m", dtype=torch.float32)  # the exact float path
 
 
 @pytest.fixture(scope="session")

@@ -62,3 +62,10 @@ def test_device_names():
             resolve_device("cuda:0")
     with pytest.raises(ConfigError):  # DeviceError is a ConfigError, so existing handlers catch it
         resolve_device("tpu")
+
+
+def test_preset_names_and_fields_get_did_you_mean():
+    with pytest.raises(ConfigError, match=r"unknown preset 'shakespear-char'; .*did you mean 'shakespeare-char'\?$"):
+        lucidlm.preset("shakespear-char")
+    with pytest.raises(ConfigError, match=r"\['n_layer'\]; .*did you mean 'n_layers'\?$"):
+        lucidlm.preset("llama", n_layer=2)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lucidlm.errors import ConfigError
+from lucidlm.suggest import did_you_mean
 
 POSITION_KINDS = ("rope", "sinusoidal", "learned", "none")
 ROPE_VARIANTS = ("half", "interleaved")
@@ -187,7 +188,8 @@ class ModelConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(
-                f"{source}: unknown config field(s) {unknown}; valid fields are: {', '.join(sorted(known))}."
+                f"{source}: unknown config field(s) {unknown}; valid fields are: {', '.join(sorted(known))}"
+                f"{did_you_mean(unknown[0], known) or '.'}"
             )
         try:
             return cls(**data)
@@ -296,5 +298,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 def preset(name: str, **overrides: Any) -> ModelConfig:
     """The named preset as a ModelConfig, with optional field overrides."""
     if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; available presets: {', '.join(sorted(PRESETS))}.")
+        raise ConfigError(f"unknown preset {name!r}; available presets: {', '.join(sorted(PRESETS))}"
+                          f"{did_you_mean(name, PRESETS) or '.'}")
     return ModelConfig.from_dict({**PRESETS[name], **overrides}, source=f"preset {name!r}")

@@ -7,6 +7,11 @@ source is one of
 - a ``.gguf`` file;
 - a Hugging Face model directory (``config.json`` + ``*.safetensors``);
 - a lucidlm model or training-checkpoint directory.
+
+dtype: float weights of that dtype (default float32; for the embedded model, giving a dtype
+    asks for the float path instead of its quantized default).
+quantize: "int8" | "int4" (weight-only, see lucidlm.quantization; group_size picks the
+    groups) or, for GGUF files, "gguf" (keep the file's own quantization).
 """
 
 from __future__ import annotations
@@ -18,15 +23,16 @@ import torch
 
 from lucidlm.config import PRESETS, preset
 from lucidlm.devices import resolve_device, resolve_dtype
-from lucidlm.errors import ConfigError, LucidLMError
+from lucidlm.errors import ConfigError, LucidLMError, QuantizationError
 from lucidlm.language_model import LanguageModel
 from lucidlm.suggest import did_you_mean
 
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def load(source: Optional[str | Path] = None, *, dtype: str | torch.dtype = torch.float32,
+def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dtype] = None,
          device: str | torch.device = "cpu", adapter: Optional[str | Path] = None,
+         quantize: Optional[str] = None, group_size: Optional[int] = None,
          random_init: bool = False, seed: int = 0, compile: bool = False,
          **config_overrides: Any) -> LanguageModel:
     """A ``LanguageModel`` (the network with generate / stream / run_with_cache) and its tokenizer.
@@ -36,8 +42,14 @@ def load(source: Optional[str | Path] = None, *, dtype: str | torch.dtype = torc
             file, a Hugging Face directory (``config.json`` + ``*.safetensors``), a lucidlm model
             or training directory, or, with ``random_init=True``, an architecture preset name.
         dtype: weights' dtype, a ``torch.dtype`` or a name (``"float32"``, ``"bfloat16"``, ``"bf16"``).
+            Default float32, except that the embedded model with neither ``dtype`` nor
+            ``quantize`` loads its quantized default (``pretrained.DEFAULT_QUANTIZE``);
+            ``dtype=torch.float32`` is its exact float path.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` or ``"auto"`` (the best available).
-        adapter: a LoRA / adapter / prefix-tuning directory to apply on top.
+        adapter: a LoRA / adapter / prefix-tuning directory to apply on top (on float weights).
+        quantize: ``"int8"`` (per output channel) or ``"int4"`` (groups of ``group_size``, 32 by
+            default) weight-only quantization (``lucidlm.quantization``); for GGUF files also
+            ``"gguf"``: keep the file's own quantization (Q8_0, Q4_0, Q4_1 exactly).
         random_init: build an untrained model from the preset ``source`` (``"gpt2"``, ``"llama"``, ...).
         seed: the random seed of that initialisation.
         compile: ``torch.compile`` the generation steps (``LanguageModel.compile``): the first
@@ -51,11 +63,18 @@ def load(source: Optional[str | Path] = None, *, dtype: str | torch.dtype = torc
     >>> model = lucidlm.load()                                   # offline, ~1 s once cached
     >>> tiny = lucidlm.load("llama", random_init=True, n_layers=2, d_model=64, n_heads=4)
     """
-    dtype = resolve_dtype(dtype)
+    if quantize is not None and adapter is not None:
+        raise QuantizationError(
+            f"quantize={quantize!r} with an adapter: merge the adapter into the float model first "
+            f"(lucidlm merge ...), then load the merged model with quantize={quantize!r}."
+        )
+    if adapter is not None and dtype is None:
+        dtype = torch.float32  # adapters wrap float Linear layers: never the embedded model's quantized default
+    dtype = resolve_dtype(dtype) if dtype is not None else None
     device = resolve_device(device)
     source = DEFAULT_MODEL if source is None else source
     _check_overrides(random_init, config_overrides)
-    model = _load_base(source, dtype, device, seed, config_overrides, random_init)
+    model = _load_base(source, dtype, device, seed, config_overrides, random_init, quantize, group_size)
     if not random_init:
         from lucidlm.generation.defaults import sampling_defaults_for
         model.generation_defaults = sampling_defaults_for(source)
@@ -67,9 +86,6 @@ def load(source: Optional[str | Path] = None, *, dtype: str | torch.dtype = torc
     return model
 
 
-_LOAD_OPTIONS = ("dtype", "device", "adapter", "random_init", "seed", "compile")
-
-
 def _check_overrides(random_init: bool, overrides: dict[str, Any]) -> None:
     """Keywords beyond load's own are ModelConfig fields of a random-init preset, nothing else."""
     if not overrides:
@@ -78,37 +94,66 @@ def _check_overrides(random_init: bool, overrides: dict[str, Any]) -> None:
 
     from lucidlm.config import ModelConfig
 
+    load_options = _load_options()
     fields = [f.name for f in dataclasses.fields(ModelConfig)]
     unknown = [k for k in overrides if not (random_init and k in fields)]
     if unknown:
         name = unknown[0]
-        allowed = list(_LOAD_OPTIONS) + (fields if random_init else [])
+        allowed = load_options + (fields if random_init else [])
         extra = "" if random_init else " (ModelConfig fields such as n_layers=... only go with random_init=True)"
-        raise ConfigError(f"lucidlm.load() got an unknown keyword argument {name!r}{did_you_mean(name, allowed)}; "
-                          f"its options are {', '.join(_LOAD_OPTIONS)}{extra}.")
+        raise ConfigError(f"lucidlm.load() got an unknown keyword argument {name!r}; its options are "
+                          f"{', '.join(load_options)}{extra}{did_you_mean(name, allowed) or '.'}")
 
 
-def _load_base(source: str | Path, dtype: torch.dtype, device: str | torch.device, seed: int,
-               overrides: dict[str, Any], random_init: bool = False) -> LanguageModel:
+def _load_options() -> list[str]:
+    """load()'s own keyword names, read from its signature so a new option is never missing."""
+    import inspect
+
+    return [name for name, p in inspect.signature(load).parameters.items() if p.kind is p.KEYWORD_ONLY]
+
+
+def _load_base(source: str | Path, dtype: Optional[torch.dtype], device: str | torch.device, seed: int,
+               overrides: dict[str, Any], random_init: bool = False, quantize: Optional[str] = None,
+               group_size: Optional[int] = None) -> LanguageModel:
     from lucidlm.pretrained import PRETRAINED, load_pretrained
 
     name = str(source)
     if random_init:
         if name not in PRESETS:
-            raise ConfigError(f"random_init=True needs an architecture preset, not {name!r}"
-                              f"{did_you_mean(name, PRESETS)}; presets: {', '.join(sorted(PRESETS))}.")
+            raise ConfigError(f"random_init=True needs an architecture preset, not {name!r}; presets: "
+                              f"{', '.join(sorted(PRESETS))}{did_you_mean(name, PRESETS) or '.'}")
         from lucidlm.tokenizers.presets import preset_tokenizer
 
         torch.manual_seed(seed)
         config = preset(name, **overrides)
         tokenizer = preset_tokenizer(name, config.vocab_size)  # gpt2: GPT-2's own BPE files
-        return LanguageModel(config, tokenizer).to(device=device, dtype=dtype).eval()
+        model = LanguageModel(config, tokenizer).to(device=device, dtype=dtype or torch.float32).eval()
+        if quantize is not None:
+            from lucidlm.quantization import quantize as quantize_model
+            quantize_model(model, quantize, group_size)
+        return model
     if name in PRETRAINED:
-        return load_pretrained(name, dtype=dtype, device=device, model_cls=LanguageModel)
+        return load_pretrained(name, dtype=dtype, device=device, quantize=quantize, group_size=group_size,
+                               model_cls=LanguageModel)
     path = Path(source).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         from lucidlm.weights.gguf import load_gguf
-        return load_gguf(path, dtype=dtype, device=device, model_cls=LanguageModel)
+        return load_gguf(path, dtype=dtype or torch.float32, device=device, quantize=quantize,
+                         group_size=group_size, model_cls=LanguageModel)
+    if quantize == "gguf":
+        raise QuantizationError(f"quantize='gguf' keeps a GGUF file's own quantization, but {name!r} is not a "
+                                f".gguf file; use quantize='int8' or 'int4'.")
+    model = _load_float(source, name, path, dtype or torch.float32, device, seed, overrides)
+    if quantize is not None:
+        from lucidlm.quantization import is_quantized, quantize as quantize_model
+        if is_quantized(model):
+            raise QuantizationError(f"{name} is already quantized; load it without quantize=.")
+        quantize_model(model, quantize, group_size)
+    return model
+
+
+def _load_float(source: str | Path, name: str, path: Path, dtype: torch.dtype, device: str | torch.device,
+                seed: int, overrides: dict[str, Any]) -> LanguageModel:
     if path.is_dir():
         from lucidlm.weights.checkpoint import is_checkpoint_dir, load_model
         from lucidlm.weights.hf import is_hf_dir, load_hf
@@ -125,6 +170,8 @@ def _load_base(source: str | Path, dtype: torch.dtype, device: str | torch.devic
             f"{path} is a directory but neither a lucidlm model (lucidlm_config.json) nor a Hugging Face "
             f"model (config.json + *.safetensors)."
         )
+    from lucidlm.pretrained import PRETRAINED
+
     if name in PRESETS:
         raise ConfigError(
             f"{name!r} is an architecture preset, not a pretrained model: it has no trained weights. For an "

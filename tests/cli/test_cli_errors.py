@@ -52,3 +52,11 @@ def test_cuda_without_cuda_says_so():
     done = run_cli("generate", "hi", "-q", "--device", "cuda")
     assert done.returncode == 1 and done.stderr.count("\n") == 1
     assert_one_line_error(done, "device 'cuda' asked for CUDA", "use --device cpu")
+
+
+def test_inspect_takes_device_too(capsys):
+    from lucidlm.cli import main
+
+    assert main(["inspect", "hi", "--device", "gpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("lucidlm inspect: error: device 'gpu'") and "did you mean 'cuda'?" in err

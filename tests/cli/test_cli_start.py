@@ -65,3 +65,24 @@ def test_import_lucidlm_is_lazy_but_complete():
             "assert set(lucidlm.__all__) <= set(dir(lucidlm)); print('ok')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=300)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_generate_says_loading_before_it_imports_torch(tmp_path):
+    """A fresh `lucidlm generate` writes its loading line before the seconds torch's import takes."""
+    import torch
+
+    from lucidlm import LanguageModel, preset
+    from lucidlm.tokenizers import BPETokenizer
+    from lucidlm.weights.checkpoint import save_model
+
+    torch.manual_seed(0)
+    tokenizer = BPETokenizer([], {"<|endoftext|>": 256}, eos_token="<|endoftext|>")
+    save_model(LanguageModel(preset("llama", n_layers=1, d_model=32, n_heads=2, vocab_size=257, max_seq_len=32,
+                                    multiple_of=32), tokenizer), tmp_path)
+    done = run_cli("generate", "Hi", "--model", str(tmp_path), "--max-new-tokens", "2",
+                   python_flags=("-X", "importtime"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stderr.splitlines()
+    loading = lines.index(f"loading {tmp_path} ...")
+    first_torch = next(i for i, line in enumerate(lines) if line.rsplit("|", 1)[-1].strip() == "torch")
+    assert loading < first_torch

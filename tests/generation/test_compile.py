@@ -63,7 +63,7 @@ def test_compiled_smollm2_greedy_equals_eager_fp32(smollm2):
     tokens as eager. (The prompt pass is left eager here: compiling it too doubles the
     minutes this takes on 2 cores; the tiny-model test above covers it.)"""
     eager = [greedy(smollm2, p) for p in SMOLLM2_PROMPTS]
-    compiled_model = lucidlm.load().compile(prefill=False)
+    compiled_model = lucidlm.load(dtype=torch.float32).compile(prefill=False)
     start = time.perf_counter()
     first = greedy(compiled_model, SMOLLM2_PROMPTS[0])
     print(f"compile warm-up (first generate): {time.perf_counter() - start:.1f} s")

@@ -47,7 +47,7 @@ def test_a_two_row_tensor_is_two_prompts_not_one(model):
     (lambda m: generate(m, ["a", "b"], num_beams=2), "beam search takes one prompt"),
     (lambda m: generate(m, ["a", [1, 2]]), "mixes"),
     (lambda m: generate(m, torch.zeros(1, 2, 3, dtype=torch.long)), "(T,) or (B, T)"),
-    (lambda m: m.generate("a", temprature=0.5), "unknown generation option 'temprature'; did you mean 'temperature'?"),
+    (lambda m: m.generate("a", temprature=0.5), "did you mean 'temperature'?"),
 ])
 def test_batch_misuse_is_refused(model, call, fragment):
     with pytest.raises(LucidLMError, match=None) as info:

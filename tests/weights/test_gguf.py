@@ -4,7 +4,7 @@
   same logits in lucidlm as in transformers reading the same file, on a 48-token prompt.
 - Every quantization type: our dequantized weights are exactly ``gguf.quants.dequantize``
   of the stored bytes, and close to the original weights where gguf can quantize.
-- The conversion cache: written atomically, read back identically, rebuilt when damaged.
+- Loading reads the file directly: old float32 conversion caches are removed.
 """
 
 from __future__ import annotations
@@ -242,46 +242,23 @@ def test_quantized_weights_and_logits(tmp_path, kind):
     assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-# ----------------------------------------------------------------------------- conversion cache
+# ----------------------------------------------------------------------------- old conversion cache
 
 
-def test_cache_round_trip_is_atomic_and_self_healing(tmp_path, monkeypatch, f32_file):
+def test_loading_removes_the_old_float32_cache(tmp_path, monkeypatch, f32_file):
+    """lucidlm <= 0.1 wrote a 538 MB float32 copy (and .partial- leftovers when interrupted)
+    under $LUCIDLM_CACHE; nothing reads them now, so a load deletes them and nothing else."""
     import lucidlm.pretrained as pretrained
-    import lucidlm.weights.checkpoint as checkpoint
 
     path, _ = f32_file
-    monkeypatch.setenv("LUCIDLM_CACHE", str(tmp_path / "cache"))
+    cache = tmp_path / "cache"
+    old = [cache / "smollm2-135m-0123456789abcdef", cache / ".smollm2-135m-0123456789abcdef.partial-x1y2"]
+    keep = [cache / "smollm2-135m-notes", cache / "other-0123456789abcdef"]
+    for directory in old + keep:
+        directory.mkdir(parents=True)
+        (directory / "model.safetensors").write_bytes(b"x")
+    monkeypatch.setenv("LUCIDLM_CACHE", str(cache))
     monkeypatch.setattr(pretrained, "find_gguf", lambda name: path)
-    target = pretrained.cache_dir("smollm2-135m", path)
-    assert target.parent == tmp_path / "cache"
-
-    # A crash while writing leaves nothing that looks like a cache.
-    def crash(model, directory):
-        (Path(directory) / "model.safetensors").write_bytes(b"half")
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(checkpoint, "save_model", crash)
-    with pytest.raises(KeyboardInterrupt):
-        pretrained.load_pretrained("smollm2-135m", progress=False)
-    assert not target.exists() and list(target.parent.iterdir()) == []
-    monkeypatch.undo()
-    monkeypatch.setenv("LUCIDLM_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(pretrained, "find_gguf", lambda name: path)
-
-    first = pretrained.load_pretrained("smollm2-135m", progress=False)
-    assert (target / "model.safetensors").is_file()
-    warm = pretrained.load_pretrained("smollm2-135m", progress=False)
-    ids = prompt_ids(32)
-    with torch.no_grad():
-        assert torch.equal(warm(ids), first(ids))
-    assert warm.unembed.weight is warm.embed.weight
-    text = "ab cd ef <|endoftext|> x"
-    assert warm.tokenizer.encode(text) == first.tokenizer.encode(text)
-    assert warm.tokenizer.chat_template == first.tokenizer.chat_template
-
-    # A damaged cache is rebuilt, with a warning, instead of failing every later load.
-    (target / "model.safetensors").write_bytes(b"not safetensors")
-    with pytest.warns(UserWarning, match="unreadable"):
-        healed = pretrained.load_pretrained("smollm2-135m", progress=False)
-    with torch.no_grad():
-        assert torch.equal(healed(ids), first(ids))
+    model = pretrained.load_pretrained("smollm2-135m", dtype=torch.float32)
+    assert model.config.d_model == D_MODEL
+    assert not any(d.exists() for d in old) and all(d.exists() for d in keep)

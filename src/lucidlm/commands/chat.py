@@ -59,11 +59,8 @@ def register(subparsers: Any) -> None:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from lucidlm.generation import check_options
-
     kwargs = sampling_kwargs(args)
-    check_options(**kwargs)
-    model = load_model_from_args(args)
+    model = load_model_from_args(args, kwargs)
     interactive = sys.stdin.isatty()
     save_history = enable_line_editing() if interactive else (lambda: None)
     try:

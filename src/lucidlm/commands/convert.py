@@ -40,6 +40,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="output format: " + "; ".join(f"{k} = {v}" for k, v in FORMATS.items()))
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                         help="dtype of the written weights (default: float32)")
+    parser.add_argument("--quantize", choices=("int8", "int4", "gguf"), default=None,
+                        help="--to lucidlm only: store the weights quantized (int8 per channel, int4 in groups "
+                             "of --group-size, or a GGUF file's own quantization); loads back quantized")
+    parser.add_argument("--group-size", type=int, default=None, help="quantization group size (int4: 32, 64, 128)")
     parser.add_argument("--force", action="store_true",
                         help="write into OUT_DIR even if it already holds files (they may be overwritten)")
     parser.set_defaults(handler=run)
@@ -58,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
         raise LucidLMError(f"OUT_DIR {out_dir} is the SOURCE itself; write the conversion somewhere else.")
 
     start = time.perf_counter()
-    model = load(args.source, dtype=DTYPES[args.dtype])
+    if args.quantize and args.to_format != "lucidlm":
+        raise LucidLMError(f"--quantize {args.quantize} writes lucidlm's own format only: Hugging Face directories "
+                           f"hold float weights. Use --to lucidlm, or drop --quantize.")
+    model = load(args.source, dtype=DTYPES[args.dtype], quantize=args.quantize, group_size=args.group_size)
     if args.to_format == "hf":
         from lucidlm.weights.hf import export_family, save_hf, SUPPORTED
         family = export_family(model.config)
@@ -71,6 +78,6 @@ def run(args: argparse.Namespace) -> int:
     cfg = model.config
     files = ", ".join(sorted(p.name for p in out_dir.iterdir() if p.is_file()))
     print(f"converted {args.source} ({cfg.name}: {cfg.n_layers} layers, d_model {cfg.d_model}, "
-          f"{model.num_parameters() / 1e6:.2f}M parameters, {args.dtype}) -> {out_dir} as {target} "
+          f"{model.num_parameters() / 1e6:.2f}M parameters, {args.quantize or args.dtype}) -> {out_dir} as {target} "
           f"[{files}] in {time.perf_counter() - start:.1f}s")
     return 0

@@ -6,11 +6,12 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, Optional
 
 from lucidlm.errors import GenerationError, InputError
 
 DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZE_CHOICES = ("int8", "int4", "gguf")
 
 
 def register(subparsers: Any) -> None:
@@ -56,10 +57,20 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--model names an architecture preset (gpt2, llama, ...): build it untrained")
     parser.add_argument("--device", default="auto",
                         help="auto (CUDA if torch sees a GPU, else CPU), cpu, cuda, cuda:N or mps")
+<<<<<<< HEAD
     parser.add_argument("--dtype", default="float32", help="weights' dtype: " + ", ".join(DTYPES))
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the decode step (CUDA graphs on a GPU): slower first answer "
                              "(compiling), faster tokens after it")
+=======
+    parser.add_argument("--dtype", default=None,
+                        help="float weights of this dtype: " + ", ".join(DTYPES) + " (default float32; the "
+                             "embedded model loads its quantized default unless --dtype or --quantize is given)")
+    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
+                        help="keep weights as integer codes: int8 (per channel), int4 (groups of "
+                             "--group-size, 32 by default), or gguf (a GGUF file's own quantization)")
+    parser.add_argument("--group-size", type=int, default=None, help="quantization group size (int4: 32, 64, 128)")
+>>>>>>> main
     parser.add_argument("-q", "--quiet", action="store_true", help="no loading line on stderr")
 
 
@@ -96,16 +107,26 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                 context_overflow=args.context_overflow)
 
 
-def load_model_from_args(args: argparse.Namespace) -> Any:
-    """The model the flags name, with a loading line on stderr (and a spinner on a terminal)."""
+def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, Any]] = None) -> Any:
+    """The model the flags name. The loading line goes to stderr first, before torch is even
+    imported (a spinner follows on a terminal); ``options`` (generation options) are checked
+    before the model loads, so a bad flag costs no load."""
     from lucidlm.commands.loading_status import LoadingStatus
 
     with LoadingStatus(f"loading {args.model}", enabled=not getattr(args, "quiet", False)) as status:
+        if options is not None:
+            from lucidlm.generation import check_options
+            check_options(**options)
         import lucidlm
 
         model = lucidlm.load(args.model, dtype=args.dtype, device=args.device, adapter=args.adapter,
+<<<<<<< HEAD
                              random_init=getattr(args, "random_init", False),
                              compile=getattr(args, "compile", False))
+=======
+                             quantize=getattr(args, "quantize", None), group_size=getattr(args, "group_size", None),
+                             random_init=getattr(args, "random_init", False))
+>>>>>>> main
         model.eval()
     args.load_seconds = status.seconds
     return model
@@ -120,14 +141,11 @@ def read_prompt(prompt: str) -> str:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from lucidlm.generation import check_options, stream
-
     kwargs = dict(sampling_kwargs(args), num_beams=args.num_beams, length_penalty=args.length_penalty)
-    check_options(**kwargs)  # a typo in a flag should not cost a model load
     if args.system is not None and not args.chat:
         raise InputError("--system needs --chat (a system prompt is part of the chat template).")
     prompt = read_prompt(args.prompt)
-    model = load_model_from_args(args)
+    model = load_model_from_args(args, kwargs)
     if model.tokenizer is None:
         raise GenerationError(f"model {args.model!r} has no tokenizer, so it cannot read a text prompt; "
                               f"use a model directory or GGUF file that includes one.")
@@ -136,6 +154,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
         system = [{"role": "system", "content": args.system}] if args.system else []
         prompt = encode_chat(model.tokenizer, system + [{"role": "user", "content": prompt}])
+    from lucidlm.generation import stream
+
     start = time.perf_counter()
     pieces = stream(model, prompt, **kwargs)
     for piece in pieces:

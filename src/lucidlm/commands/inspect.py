@@ -30,6 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "file, a Hugging Face directory, or a lucidlm model/checkpoint directory; it must come "
                              "with a tokenizer")
     parser.add_argument("--adapter", metavar="PATH", default=None, help="a LoRA/adapter directory to apply first")
+    parser.add_argument("--device", default="auto",
+                        help="auto (CUDA if torch sees a GPU, else CPU), cpu, cuda, cuda:N or mps (default: auto)")
     parser.add_argument("--out", metavar="FILE", default="report.html",
                         help="HTML file to write (default: report.html)")
     parser.add_argument("--top-k", type=int, default=5, metavar="K",
@@ -40,6 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from lucidlm.inspect.report import write_report
     from lucidlm.loading import load
 
@@ -47,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("TEXT is empty; give the text to inspect, e.g. lucidlm inspect \"Hello world\".")
     if args.top_k < 1:
         raise InputError(f"--top-k {args.top_k}: give a number of candidates >= 1.")
-    model = load(args.model, adapter=args.adapter)
+    model = load(args.model, adapter=args.adapter, device=args.device, dtype=torch.float32)  # the exact float model
     start = time.perf_counter()
     out = write_report(model, args.text, args.out, top_k=args.top_k)
     print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB) in {time.perf_counter() - start:.1f} s")

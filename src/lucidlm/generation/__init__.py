@@ -294,8 +294,8 @@ def _make_request(kwargs: dict[str, Any]) -> _Request:
     unknown = set(kwargs) - known
     if unknown:
         name = sorted(unknown)[0]
-        raise GenerationError(f"unknown generation option {name!r}{did_you_mean(name, known | {'chat'})}; "
-                              f"known: {', '.join(sorted(known | {'chat'}))}.")
+        raise GenerationError(f"unknown generation option {name!r}; known: {', '.join(sorted(known | {'chat'}))}"
+                              f"{did_you_mean(name, known | {'chat'}) or '.'}")
     temperature = kwargs.get("temperature")
     settings = SamplingSettings(temperature=1.0 if temperature is None else temperature, top_k=kwargs.get("top_k"),
                                 top_p=kwargs.get("top_p"), min_p=kwargs.get("min_p"),

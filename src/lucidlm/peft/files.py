@@ -29,8 +29,11 @@ from lucidlm.errors import AdapterError
 from lucidlm.peft import adapters, prefix
 from lucidlm.peft.lora import (_as_lora, adapter_names, freeze_base, linear_module_names, lora_layers,
                                set_adapter)
+from lucidlm.peft.gpt2_names import from_gpt2_peft, gpt2_module_name, is_gpt2, tie_fused_qkv, to_gpt2_peft
 from lucidlm.peft.peft_format import (PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, from_peft_tensors, hf_module_name,
                                       module_scaling, peft_config, read_peft_config, to_peft_tensors)
+
+_llama_module_name = hf_module_name
 from lucidlm.weights.checkpoint import atomic_save_safetensors, atomic_write_text
 
 META_NAME = "lucidlm_adapter.json"
@@ -104,19 +107,25 @@ def _lora_files(model: nn.Module, name: str, base: Optional[str]) -> tuple[dict[
     r = Counter(ranks.values()).most_common(1)[0][0]
     alpha = Counter(alphas.values()).most_common(1)[0][0]
     # Modules that differ from the common rank/alpha go into PEFT's per-module patterns.
-    rank_pattern = {hf_module_name(n): v for n, v in ranks.items() if v != r}
-    alpha_pattern = {hf_module_name(n): v for n, v in alphas.items() if v != alpha}
-    adapted = [n for n, _ in layers]
+    gpt2 = is_gpt2(model)
+    hf_name = gpt2_module_name if gpt2 else hf_module_name
+    rank_pattern = {hf_name(n): v for n, v in ranks.items() if v != r}
+    alpha_pattern = {hf_name(n): v for n, v in alphas.items() if v != alpha}
+    adapted = sorted({hf_name(n) for n, _ in layers})
     suffixes = sorted({n.rsplit(".", 1)[-1] for n in adapted})
-    every_layer = [n for n in linear_module_names(model) if n.rsplit(".", 1)[-1] in suffixes]
+    every_layer = {hf_name(n) for n in linear_module_names(model)}
+    every_layer = sorted(n for n in every_layer if n.rsplit(".", 1)[-1] in suffixes)
     # PEFT matches a bare suffix in every layer; if only some layers are adapted, name them all.
-    targets = suffixes if sorted(every_layer) == sorted(adapted) else [hf_module_name(n) for n in adapted]
+    targets = suffixes if every_layer == adapted else adapted
     dropout = layers[0][1].lora_dropout[name]
     tensors = {}
     for n, layer in layers:
         tensors[f"{n}.lora_A"] = layer.lora_A[name].detach()
         tensors[f"{n}.lora_B"] = layer.lora_B[name].detach()
     config = peft_config(r, alpha, dropout, targets, base, rank_pattern, alpha_pattern)
+    if gpt2:  # transformers' GPT-2 uses Conv1D, whose weight is (in, out): PEFT records that
+        config["fan_in_fan_out"] = True
+        return to_gpt2_peft(model, name, tensors), config
     return to_peft_tensors(tensors), config
 
 
@@ -186,6 +195,10 @@ def _load_lora(model: nn.Module, directory: Path, config: dict[str, Any], tensor
                name: str) -> None:
     source = str(directory / PEFT_WEIGHTS_NAME)
     modules = from_peft_tensors(tensors, source)
+    gpt2 = is_gpt2(model)
+    hf_module_name = gpt2_module_name if gpt2 else _llama_module_name
+    if gpt2:
+        modules = from_gpt2_peft(model, modules, source)
     known = set(linear_module_names(model))
     for module, parts in modules.items():  # check everything before changing the model
         peft_key = f"base_model.model.{hf_module_name(module)}.lora_A.weight"
@@ -213,6 +226,8 @@ def _load_lora(model: nn.Module, directory: Path, config: dict[str, Any], tensor
         with torch.no_grad():
             layer.lora_A[name].copy_(A)
             layer.lora_B[name].copy_(B)
+    if gpt2:
+        tie_fused_qkv(model, name)  # c_attn's q, k and v parts share one A
     freeze_base(model)
     set_adapter(model, name)
 

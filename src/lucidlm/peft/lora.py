@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lucidlm.errors import AdapterError
+from lucidlm.peft.gpt2_names import GPT2_TARGETS, is_gpt2, tie_fused_qkv
 
 # What a user may type instead of the full module name (``--targets q,v``).
 SHORT_TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
@@ -152,6 +153,8 @@ def match_targets(model: nn.Module, targets: str | Iterable[str]) -> list[str]:
     patterns = expand_targets(targets)
     if patterns == ["all-linear"]:
         return candidates
+    if any(p in GPT2_TARGETS for p in patterns) and is_gpt2(model):  # GPT-2's names: c_attn, c_proj, c_fc
+        patterns = [q for p in patterns for q in GPT2_TARGETS.get(p, [p])]
     chosen: list[str] = []
     for pattern in patterns:
         if re.fullmatch(r"[\w.]+", pattern):
@@ -199,6 +202,8 @@ def add_lora(model: nn.Module, name: str = "default", r: int = 8, alpha: float =
     for module_name in chosen:
         layer = _as_lora(model, module_name)
         layer.add_adapter(name, r, alpha, dropout, init)
+    if "c_attn" in expand_targets(targets) and is_gpt2(model):
+        tie_fused_qkv(model, name)  # one LoRA on the fused q/k/v: the three share A (gpt2_names.py)
     set_adapter(model, name)
     return chosen
 

@@ -75,7 +75,7 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
     if model is None:
         from lucidlm.loading import load
 
-        model = load(config.model)
+        model = load(config.model, dtype=torch.float32)  # training needs float weights, not the quantized default
     if model.tokenizer is None:
         raise ConfigError("the base model has no tokenizer, so the data cannot be encoded in its vocabulary; "
                           "fine-tune a model that ships one (a pretrained name, .gguf, or a directory with "

@@ -2,9 +2,10 @@
 
 A GGUF file is a header of key/value metadata (hyperparameters, the tokenizer) followed by
 tensors, each possibly quantized in blocks (Q8_0: 32 weights share one scale; Q4_K: 256
-weights in super-blocks). We read it with the ``gguf`` package's reader (memory-mapped,
-nothing is copied until asked), dequantize every tensor to float32 with ``gguf.quants``,
-and rename it to our parameter names.
+weights in super-blocks). We read it with our own small reader (``gguf_reader.py``:
+memory-mapped, nothing is copied until asked; ``gguf.GGUFReader`` takes seconds on a large
+vocabulary), and either keep the matrices quantized (``gguf_quants.py``) or dequantize them
+to float32 exactly as ``gguf.quants`` does, and rename them to our parameter names.
 
 Two layout facts matter:
 - GGUF lists dimensions fastest-first (``ne`` order), so a (out, in) matrix is shown as
@@ -29,6 +30,7 @@ from lucidlm.config import ModelConfig
 from lucidlm.errors import GGUFError, UnsupportedArchitectureError
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
+from lucidlm.weights.gguf_quants import EXACT, exact_float, exact_plain, native_scheme, plain_from_float
 from lucidlm.weights.state import load_into
 
 GGUF_MAGIC = b"GGUF"
@@ -77,9 +79,9 @@ def supported_types() -> tuple[str, ...]:
 
 
 def open_gguf(path: str | Path) -> Any:
-    """A ``gguf.GGUFReader`` over ``path``, with every way a file can be broken turned into
-    a GGUFError that names the file."""
-    import gguf
+    """A ``GGUFFile`` (our fast memory-mapped reader) over ``path``, with every way a file can
+    be broken turned into a GGUFError that names the file."""
+    from lucidlm.weights.gguf_reader import GGUFFile, TensorOutOfBounds, UnknownTensorType
 
     path = Path(path)
     if not path.is_file():
@@ -92,34 +94,17 @@ def open_gguf(path: str | Path) -> Any:
             f"{path} is not a GGUF file: it starts with {magic!r}, not the magic bytes {GGUF_MAGIC!r}. "
             f"Pass a .gguf file produced by llama.cpp's converter (or a model directory)."
         )
-
-    class CheckedReader(gguf.GGUFReader):
-        # Check every tensor's byte range before the reader slices it: a short file would
-        # otherwise fail later with a bare numpy reshape error.
-        def _build_tensors(self, start_offs: int, fields: list) -> None:  # type: ignore[override]
-            for field in fields:
-                _, name, _, dims, raw_type, offset = field.parts
-                name = bytes(name).decode("utf-8", errors="replace")
-                try:
-                    kind = gguf.GGMLQuantizationType(int(raw_type[0]))
-                except ValueError:
-                    raise GGUFError(f"{path}: tensor {name!r} has unknown type id {int(raw_type[0])}; "
-                                    f"the file is corrupted or from a newer llama.cpp.") from None
-                block, type_size = gguf.GGML_QUANT_SIZES[kind]
-                n_bytes = int(np.prod(dims)) * type_size // block
-                start = int(start_offs + offset[0])
-                if start + n_bytes > size:
-                    raise GGUFError(
-                        f"{path}: data of tensor {name!r} spans bytes {start}..{start + n_bytes}, beyond the end "
-                        f"of the file ({size} bytes). The file is truncated or corrupted; download or convert it again."
-                    )
-            super()._build_tensors(start_offs, fields)
-
     try:
-        return CheckedReader(str(path))
-    except GGUFError:
-        raise
-    except Exception as exc:  # the reader raises ValueError/IndexError/KeyError/... on bad bytes
+        return GGUFFile(path)
+    except UnknownTensorType as exc:
+        raise GGUFError(f"{path}: tensor {exc.name!r} has unknown type id {exc.kind}; the file is corrupted or "
+                        f"from a newer llama.cpp.") from None
+    except TensorOutOfBounds as exc:
+        raise GGUFError(
+            f"{path}: data of tensor {exc.name!r} spans bytes {exc.start}..{exc.start + exc.n_bytes}, beyond the end "
+            f"of the file ({size} bytes). The file is truncated or corrupted; download or convert it again."
+        ) from None
+    except Exception as exc:  # struct.error, ValueError, ... on bad bytes
         raise GGUFError(
             f"{path} cannot be read as GGUF ({type(exc).__name__}: {exc}); the file is truncated or "
             f"corrupted ({size} bytes). Download or convert it again."
@@ -128,12 +113,7 @@ def open_gguf(path: str | Path) -> Any:
 
 def read_metadata(reader: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """Every metadata key -> its Python value (strings decoded, arrays as lists)."""
-    metadata = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in skip:
-            continue
-        metadata[key] = field.contents()
-    return metadata
+    return {key: value for key, value in reader.metadata.items() if key not in skip}
 
 
 def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
@@ -197,6 +177,8 @@ def dequantize_tensor(tensor: Any, source: str) -> torch.Tensor:
     from gguf import quants
 
     name, kind = tensor.name, tensor.tensor_type
+    if kind.name in EXACT:  # the common types: same numbers as gguf.quants, computed in torch
+        return exact_float(tensor, kind.name)
     try:
         array = quants.dequantize(tensor.data, kind)
     except NotImplementedError:
@@ -218,13 +200,7 @@ def gguf_tensors(reader: Any, config: ModelConfig, source: str,
     for tensor in items:
         ours = _our_name(tensor.name, family.extra_layer_tensors)
         if ours is None:
-            if tensor.name == "rope_freqs.weight":
-                raise UnsupportedArchitectureError(
-                    f"{source}: the file carries rope_freqs.weight (Llama 3.1-style RoPE frequency scaling), "
-                    f"which lucidlm does not implement."
-                )
-            raise GGUFError(f"{source}: tensor {tensor.name!r} has no place in a {config.name} model; the file "
-                            f"is for a different architecture.")
+            gguf_tensors_check_name(tensor, config, source)
         weight = dequantize_tensor(tensor, source)
         if not family.permuted_qk:
             pass  # Q/K rows are already in the half layout
@@ -234,6 +210,63 @@ def gguf_tensors(reader: Any, config: ModelConfig, source: str,
             weight = permute_qk_to_half(weight, config.n_kv_heads)
         out[ours] = weight
     return out
+
+
+def gguf_quantized_tensors(reader: Any, config: ModelConfig, source: str, quantize: str,
+                           group_size: Optional[int], scale_dtype: torch.dtype,
+                           ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
+    """(tensors, layout) with the matrices kept quantized: ``quantize="gguf"`` keeps each
+    tensor in the nearest lucidlm scheme to its own type (Q8_0 -> int8/32, Q4_0/Q4_1 ->
+    int4/32 exactly); "int8"/"int4" use that scheme everywhere, converting bit for bit where
+    the file's blocks already are that scheme and group size, and through float otherwise.
+    Float tensors (norms) come back as float32 under their names."""
+    from lucidlm.quantization import scheme_class
+    from lucidlm.quantization.base import check_group_size
+
+    family = FAMILIES.get(config.name, FAMILIES["llama"])
+    out: dict[str, torch.Tensor] = {}
+    layout: dict[str, dict[str, Any]] = {}
+    for tensor in reader.tensors:
+        ours = _our_name(tensor.name, family.extra_layer_tensors)
+        if ours is None:
+            gguf_tensors_check_name(tensor, config, source)
+        kind = tensor.tensor_type.name
+        module = ours[: -len(".weight")]
+        is_matrix = len(tensor.shape) == 2  # norms (and Gemma's QK-norms) are vectors and stay float
+        if not is_matrix:
+            out[ours] = dequantize_tensor(tensor, source)
+            continue
+        if quantize == "gguf":
+            target = native_scheme(kind)
+        else:
+            target = (quantize, scheme_class(quantize).default_group_size if group_size is None else group_size)
+        if target is None:
+            out[ours] = dequantize_tensor(tensor, source)
+            continue
+        check_group_size(module, int(tensor.shape[0]), target[1], target[0])  # GGUF shape: [in, out]
+        if EXACT.get(kind) == target:
+            plain = exact_plain(tensor, kind, scale_dtype)
+        else:
+            plain = plain_from_float(dequantize_tensor(tensor, source), *target, scale_dtype)
+        n_heads = config.n_heads if module.endswith("q_proj") else config.n_kv_heads
+        for name, value in plain.items():
+            # Q/K rows back to the "half" layout: permuting output rows (codes with their row's
+            # scales) is exact for per-row and per-group quantization.
+            if family.permuted_qk and module.endswith(("q_proj", "k_proj")):
+                value = permute_qk_to_half(value, n_heads)
+            out[f"{module}.{name}"] = value
+        layout[module] = {"scheme": target[0], "group_size": target[1]}
+    return out, layout
+
+
+def gguf_tensors_check_name(tensor: Any, config: ModelConfig, source: str) -> None:
+    if tensor.name == "rope_freqs.weight":
+        raise UnsupportedArchitectureError(
+            f"{source}: the file carries rope_freqs.weight (Llama 3.1-style RoPE frequency scaling), "
+            f"which lucidlm does not implement."
+        )
+    raise GGUFError(f"{source}: tensor {tensor.name!r} has no place in a {config.name} model; the file "
+                    f"is for a different architecture.")
 
 
 def _our_name(gguf_name: str, extra_layer_tensors: Optional[dict[str, str]] = None) -> Optional[str]:
@@ -266,22 +299,49 @@ def read_gguf(path: str | Path, progress: Optional[Callable[[Any], Any]] = None
     meta = read_metadata(reader)
     config = config_from_metadata(meta, source)
     tensors = gguf_tensors(reader, config, source, progress)
-    config = config.replace(tie_embeddings="unembed.weight" not in tensors)
-    embed = tensors.get("embed.weight")
-    if embed is not None and embed.shape[0] != config.vocab_size:
-        config = config.replace(vocab_size=int(embed.shape[0]))  # the tensor is what the model uses
-    tokenizer = tokenizer_from_metadata(meta, source)
-    return config, tensors, tokenizer
+    return _finish_config(config, tensors), tensors, tokenizer_from_metadata(meta, source)
+
+
+def _finish_config(config: ModelConfig, tensors: dict[str, torch.Tensor]) -> ModelConfig:
+    names = {k.rsplit(".", 1)[0] for k in tensors}
+    config = config.replace(tie_embeddings="unembed" not in names)
+    rows = [t.shape[0] for k, t in tensors.items() if k.startswith("embed.")]
+    if rows and rows[0] != config.vocab_size:
+        config = config.replace(vocab_size=int(rows[0]))  # the tensor is what the model uses
+    return config
 
 
 def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-              progress: Optional[Callable[[Any], Any]] = None,
-              model_cls: type[Transformer] = Transformer) -> Transformer:
-    """A Transformer (or ``model_cls``, a subclass) with the GGUF file's weights (dequantized)
-    and tokenizer. The chat template, if the file has one, is ``model.tokenizer.chat_template``.
+              progress: Optional[Callable[[Any], Any]] = None, quantize: Optional[str] = None,
+              group_size: Optional[int] = None, model_cls: type[Transformer] = Transformer) -> Transformer:
+    """A Transformer (or ``model_cls``, a subclass) with the GGUF file's weights and tokenizer.
+
+    quantize=None: every tensor dequantized to float (``dtype``), exactly as ``gguf.quants``
+    does. quantize="gguf" | "int8" | "int4": matrices stay quantized (see
+    ``gguf_quantized_tensors``); ``dtype`` is then the residual stream's dtype.
+    The chat template, if the file has one, is ``model.tokenizer.chat_template``.
     """
-    config, tensors, tokenizer = read_gguf(path, progress)
+    if quantize is None:
+        config, tensors, tokenizer = read_gguf(path, progress)
+        model = model_cls.empty(config, device)
+        load_into(model, tensors, path)
+        model.tokenizer = tokenizer
+        return model.to(dtype).eval()
+
+    from lucidlm.quantization import DEFAULT_COMPUTE_DTYPE, install_quantized, scheme_class
+
+    if quantize != "gguf":
+        scheme_class(quantize)  # an unknown name fails before any work
+    source = str(path)
+    reader = open_gguf(path)
+    meta = read_metadata(reader)
+    config = config_from_metadata(meta, source)
+    tensors, layout = gguf_quantized_tensors(reader, config, source, quantize, group_size, DEFAULT_COMPUTE_DTYPE)
+    config = _finish_config(config, tensors)
+    if config.tie_embeddings and "embed" in layout:
+        layout["unembed"] = layout["embed"]  # one matrix: the unembedding is built from the same codes
     model = model_cls.empty(config, device)
-    load_into(model, tensors, path)
-    model.tokenizer = tokenizer
+    rest = install_quantized(model, layout, {k: v.to(device) for k, v in tensors.items()}, source)
+    load_into(model, rest, path)
+    model.tokenizer = tokenizer_from_metadata(meta, source)
     return model.to(dtype).eval()

@@ -1,0 +1,99 @@
+"""GGUF quantized blocks -> lucidlm's quantized layouts, without a float32 detour.
+
+Block formats (ggml's, 32 weights per block, little-endian):
+
+    Q8_0  34 bytes: f16 d, 32 x int8 q            W = d * q
+    Q4_0  18 bytes: f16 d, 16 bytes of nibbles    W = d * (q - 8)
+    Q4_1  20 bytes: f16 d, f16 m, 16 bytes        W = d * q + m
+    (nibbles: byte i holds weight i in its low half and weight i + 16 in its high half)
+
+These map exactly onto our schemes: Q8_0 -> int8 in groups of 32 (scale d); Q4_0 / Q4_1 ->
+int4 in groups of 32 with scale d and zero 0 / m + 8 d. The only change is the scales'
+rounding to the compute dtype (bfloat16 by default), which the tests bound.
+
+Every other type (K-quants, Q5_x, ...) has no exact counterpart: it is dequantized one
+tensor at a time with ``gguf.quants`` and quantized again to its nearest representation,
+``NEAREST`` (int4 for 4-bit types and below, int8 in groups of 32 above), and the error that
+adds is measured in the tests. Float tensors (norms; F16/F32 matrices) stay float.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from lucidlm.quantization import scheme_class
+from lucidlm.quantization.int4 import pack_nibbles
+
+BLOCK = 32
+EXACT = {"Q8_0": ("int8", BLOCK), "Q4_0": ("int4", BLOCK), "Q4_1": ("int4", BLOCK)}
+NEAREST = {"Q2_K": ("int4", BLOCK), "Q3_K": ("int4", BLOCK), "Q4_K": ("int4", BLOCK),
+           "Q5_0": ("int8", BLOCK), "Q5_1": ("int8", BLOCK), "Q5_K": ("int8", BLOCK), "Q6_K": ("int8", BLOCK)}
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def native_scheme(type_name: str) -> Optional[tuple[str, int]]:
+    """The (scheme, group size) a GGUF tensor type is kept in under ``quantize="gguf"``;
+    None for float types, which stay float."""
+    if type_name in FLOAT_TYPES:
+        return None
+    return EXACT.get(type_name) or NEAREST.get(type_name) or ("int8", BLOCK)
+
+
+def _blocks(tensor: Any, n_rows: int, block_bytes: int) -> torch.Tensor:
+    """(N, K/32, block_bytes) uint8 view of the tensor's bytes (no copy of the mapped file)."""
+    data = np.asarray(tensor.data).reshape(n_rows, -1, block_bytes)
+    with warnings.catch_warnings():  # a read-only map: we only ever read it (every use copies)
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(data)
+
+
+def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
+    """The f16 stored at byte ``offset`` of each block, as float32 (N, G)."""
+    return blocks[..., offset:offset + 2].contiguous().view(torch.float16)[..., 0].float()
+
+
+def _parse(tensor: Any, type_name: str) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """(codes (N, K), d (N, G) float32, m (N, G) float32 or None) of a Q8_0 / Q4_0 / Q4_1
+    tensor; int4 codes are 0..15 in column order, int8 codes are signed."""
+    n_rows = int(tensor.data.shape[0])
+    if type_name == "Q8_0":
+        blocks = _blocks(tensor, n_rows, 34)  # (N, G, 34)
+        return blocks[..., 2:].contiguous().view(torch.int8).reshape(n_rows, -1), _f16(blocks, 0), None
+    header = 2 if type_name == "Q4_0" else 4
+    blocks = _blocks(tensor, n_rows, header + 16)  # (N, G, 18 | 20)
+    nibbles = blocks[..., header:]  # (N, G, 16)
+    codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).reshape(n_rows, -1)  # (N, K), block order
+    return codes, _f16(blocks, 0), (_f16(blocks, 2) if type_name == "Q4_1" else None)
+
+
+def exact_plain(tensor: Any, type_name: str, scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Plain-layout tensors of our scheme for a Q8_0 / Q4_0 / Q4_1 tensor, bit for bit
+    (scales rounded to ``scale_dtype``)."""
+    codes, d, m = _parse(tensor, type_name)
+    if type_name == "Q8_0":
+        return {"weight_int8": codes, "scales": d.to(scale_dtype)}
+    zeros = torch.zeros_like(d) if m is None else m + 8 * d  # (q - 8) d + zero = d q + m
+    return {"weight_int4": pack_nibbles(codes), "scales": d.to(scale_dtype), "zeros": zeros.to(scale_dtype)}
+
+
+def exact_float(tensor: Any, type_name: str) -> torch.Tensor:
+    """float32 (N, K) of a Q8_0 / Q4_0 / Q4_1 tensor with exactly ``gguf.quants.dequantize``'s
+    arithmetic (float32, multiply then add), computed with torch: ~20x faster."""
+    codes, d, m = _parse(tensor, type_name)
+    N, K = codes.shape
+    q = codes.reshape(N, -1, BLOCK).float()  # (N, G, 32)
+    if type_name == "Q4_0":
+        q = q - 8
+    w = q * d[..., None]
+    if m is not None:
+        w = w + m[..., None]
+    return w.reshape(N, K)
+
+
+def plain_from_float(weight: torch.Tensor, scheme: str, group_size: Optional[int],
+                     scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return scheme_class(scheme).quantize_weight(weight, group_size, scale_dtype)

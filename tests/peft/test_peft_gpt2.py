@@ -1,0 +1,99 @@
+"""LoRA on GPT-2 with GPT-2's own target names (c_attn = q, k and v at once; c_proj; c_fc) and
+PEFT files for transformers' GPT2LMHeadModel, both ways, on a tiny random GPT-2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lucidlm import load
+from lucidlm.errors import AdapterError
+from lucidlm.peft import add_lora, save_adapter
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+VOCAB = 97
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=VOCAB, n_embd=48, n_layer=2, n_head=4,
+                                                              n_positions=32))
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0.0, 0.1) if p.ndim == 2 else None
+    path = tmp_path_factory.mktemp("gpt2")
+    hf.save_pretrained(path)
+    return path
+
+
+def hf_model(base_dir):
+    return transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+
+
+def ids() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(3))
+
+
+def test_our_c_attn_adapter_runs_in_peft(base_dir, tmp_path):
+    model = load(base_dir)
+    adapted = add_lora(model, r=4, alpha=8, targets="c_attn,c_proj,c_fc")
+    assert len(adapted) == 2 * 6  # q, k, v, o, up, down in each block
+    attn = model.blocks[0].attn
+    assert attn.q_proj.lora_A["default"] is attn.k_proj.lora_A["default"] is attn.v_proj.lora_A["default"]
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-2)
+    model.train()
+    for _ in range(4):
+        batch = ids()
+        loss = torch.nn.functional.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    save_adapter(model, tmp_path, base_model_name_or_path=str(base_dir))
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert config["target_modules"] == ["c_attn", "c_fc", "c_proj"] and config["fan_in_fan_out"] is True
+
+    theirs = peft.PeftModel.from_pretrained(hf_model(base_dir), tmp_path).eval()
+    with torch.no_grad():
+        ours_logits, their_logits, base_logits = model(ids()), theirs(ids()).logits, hf_model(base_dir)(ids()).logits
+    assert (ours_logits - base_logits).abs().max() > 1e-3
+    assert (ours_logits - their_logits).abs().max() <= 1e-4
+
+
+def test_peft_gpt2_adapter_runs_in_lucidlm(base_dir, tmp_path):
+    torch.manual_seed(1)
+    theirs = peft.get_peft_model(hf_model(base_dir), peft.LoraConfig(
+        r=3, lora_alpha=6, target_modules=["c_attn", "c_proj", "c_fc"], fan_in_fan_out=True, task_type="CAUSAL_LM",
+        rank_pattern={"c_fc": 5}))
+    with torch.no_grad():
+        for name, param in theirs.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    theirs.save_pretrained(tmp_path)
+    theirs.eval()
+
+    model = load(base_dir, adapter=tmp_path)
+    attn = model.blocks[1].attn
+    assert attn.q_proj.lora_A["default"] is attn.v_proj.lora_A["default"]
+    assert model.blocks[0].mlp.up_proj.rank("default") == 5
+    with torch.no_grad():
+        ours_logits, their_logits, base_logits = model(ids()), theirs(ids()).logits, hf_model(base_dir)(ids()).logits
+    assert (their_logits - base_logits).abs().max() > 1e-3
+    assert (ours_logits - their_logits).abs().max() <= 1e-4
+
+    save_adapter(model, tmp_path / "again")  # and back out: still peft's adapter
+    again = peft.PeftModel.from_pretrained(hf_model(base_dir), tmp_path / "again").eval()
+    with torch.no_grad():
+        assert (again(ids()).logits - their_logits).abs().max() <= 1e-5
+
+
+def test_q_alone_cannot_be_a_gpt2_peft_file(base_dir, tmp_path):
+    model = load(base_dir)
+    add_lora(model, r=2, targets="q")
+    with pytest.raises(AdapterError, match="target c_attn"):
+        save_adapter(model, tmp_path)

@@ -1,0 +1,116 @@
+"""GGUF quants stay quantized: Q8_0 / Q4_0 / Q4_1 blocks become our int8 / int4 codes exactly,
+K-quants their nearest representation, with the error against ``gguf.quants.dequantize``
+bounded (exact types: by the bfloat16 rounding of the stored scales; K-quants: measured).
+Files are the tiny LLaMA GGUFs of test_gguf.py (Q/K rows permuted as llama.cpp stores them)."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from test_gguf import N_HEADS, N_KV, prompt_ids, quantized_file
+
+from lucidlm.errors import QuantizationError
+from lucidlm.model.positions import permute_qk_to_half
+from lucidlm.quantization import Int4Linear, Int8Linear, QuantizedEmbedding
+from lucidlm.weights.gguf import load_gguf
+
+BF16_UNIT = 2.0 ** -8  # bfloat16 keeps 8 significant bits: relative rounding error <= 2^-8
+NAMES = {"token_embd.weight": "embed", "blk.0.attn_q.weight": "blocks.0.attn.q_proj",
+         "blk.0.attn_k.weight": "blocks.0.attn.k_proj", "blk.0.attn_v.weight": "blocks.0.attn.v_proj",
+         "blk.0.attn_output.weight": "blocks.0.attn.o_proj", "blk.0.ffn_gate.weight": "blocks.0.mlp.gate_proj",
+         "blk.0.ffn_up.weight": "blocks.0.mlp.up_proj", "blk.0.ffn_down.weight": "blocks.0.mlp.down_proj"}
+
+
+def reference(stored: dict, gguf_name: str) -> np.ndarray:
+    raw, kind = stored[gguf_name]
+    w = torch.from_numpy(np.array(gguf.quants.dequantize(raw, kind), dtype=np.float32))
+    if gguf_name.endswith("attn_q.weight"):
+        w = permute_qk_to_half(w, N_HEADS)
+    elif gguf_name.endswith("attn_k.weight"):
+        w = permute_qk_to_half(w, N_KV)
+    return w.numpy()
+
+
+def scale_bound(stored: dict, gguf_name: str) -> np.ndarray:
+    """Per weight, the most that rounding the block's scale (and zero) to bfloat16 can move it,
+    from the block fields read straight from the bytes: Q8_0 |q d|, Q4_0 |(q-8) d|, and for
+    Q4_1 W = (q - 8) d + (m + 8 d), so |q - 8| |d| + |m + 8 d|."""
+    raw, kind = stored[gguf_name]
+    rows = raw.shape[0]
+    size = {Q.Q8_0: 34, Q.Q4_0: 18, Q.Q4_1: 20}[kind]
+    blocks = raw.reshape(rows, -1, size)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (N, G)
+    if kind == Q.Q8_0:
+        q = blocks[..., 2:].copy().view(np.int8).astype(np.float32)
+        bound = np.abs(q * d[..., None])
+    else:
+        start = 2 if kind == Q.Q4_0 else 4
+        nib = blocks[..., start:]
+        q = np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.float32)  # (N, G, 32)
+        bound = np.abs((q - 8) * d[..., None])
+        if kind == Q.Q4_1:
+            m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+            bound = bound + np.abs(m + 8 * d)[..., None]
+    bound = BF16_UNIT * bound.reshape(rows, -1)
+    if gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+        bound = permute_qk_to_half(torch.from_numpy(bound), N_HEADS if "attn_q" in gguf_name else N_KV).numpy()
+    return bound
+
+
+@pytest.mark.parametrize("kind,cls", [(Q.Q8_0, Int8Linear), (Q.Q4_0, Int4Linear), (Q.Q4_1, Int4Linear)],
+                         ids=lambda v: getattr(v, "name", getattr(v, "__name__", "")))
+def test_exact_types_keep_their_codes(tmp_path, kind, cls):
+    path, stored, _ = quantized_file(tmp_path, kind)
+    model = load_gguf(path, quantize="gguf")
+    floats = load_gguf(path)  # the exact float path, for the logits below
+    modules = dict(model.named_modules())
+    for gguf_name, ours in NAMES.items():
+        module = modules[ours]
+        assert isinstance(module, QuantizedEmbedding if ours == "embed" else cls) and module.group_size == 32
+        expected, bound = reference(stored, gguf_name), scale_bound(stored, gguf_name)
+        error = np.abs(module.dequantize().numpy() - expected)
+        assert (error <= bound + 1e-12).all(), (gguf_name, float((error - bound).max()))
+        assert error.max() > 0 or kind == Q.Q8_0  # bf16 scales do round: the bound is what is tested
+    # The tied unembedding is the same codes as the embedding.
+    assert torch.equal(model.unembed.dequantize(), model.embed.dequantize())
+    ids = prompt_ids(24)
+    with torch.no_grad():
+        got, want = model(ids), floats(ids)
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+    # Asking for the same scheme by name converts the same blocks the same way.
+    same = load_gguf(path, quantize=cls.scheme, group_size=32)
+    assert torch.equal(same.blocks[0].mlp.up_proj.dequantize(), model.blocks[0].mlp.up_proj.dequantize())
+
+
+# Relative RMS error of the nearest representation against gguf's own dequantization, on
+# random K-quant blocks (measured: Q4_K 0.016 (int4/32), Q5_K 0.0039 and Q6_K 0.0045 (int8/32);
+# the bounds are 1.3x those).
+K_QUANT_BOUNDS = {Q.Q4_K: (Int4Linear, 0.021), Q.Q5_K: (Int8Linear, 0.005), Q.Q6_K: (Int8Linear, 0.006)}
+
+
+@pytest.mark.parametrize("kind", list(K_QUANT_BOUNDS), ids=lambda k: k.name)
+def test_k_quants_land_on_their_nearest_representation(tmp_path, kind):
+    path, stored, _ = quantized_file(tmp_path, kind)
+    model = load_gguf(path, quantize="gguf")
+    cls, bound = K_QUANT_BOUNDS[kind]
+    modules = dict(model.named_modules())
+    for gguf_name, ours in NAMES.items():
+        if ours == "embed":
+            continue
+        module = modules[ours]
+        assert isinstance(module, cls)
+        expected = reference(stored, gguf_name)
+        error = module.dequantize().numpy() - expected
+        rel = np.sqrt((error ** 2).mean() / (expected ** 2).mean())
+        assert 0 < rel < bound, (gguf_name, rel)
+
+
+def test_group_size_that_does_not_fit_the_file(tmp_path):
+    path, _, _ = quantized_file(tmp_path, Q.Q4_1)
+    with pytest.raises(QuantizationError, match="group_size=96 does not divide the input width 256"):
+        load_gguf(path, quantize="int4", group_size=96)
+    with pytest.raises(QuantizationError, match="unknown quantization scheme 'q4'"):
+        load_gguf(path, quantize="q4")
