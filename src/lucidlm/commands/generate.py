@@ -120,13 +120,8 @@ def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, A
         import lucidlm
 
         model = lucidlm.load(args.model, dtype=args.dtype, device=args.device, adapter=args.adapter,
-<<<<<<< HEAD
-                             random_init=getattr(args, "random_init", False),
-                             compile=getattr(args, "compile", False))
-=======
                              quantize=getattr(args, "quantize", None), group_size=getattr(args, "group_size", None),
-                             random_init=getattr(args, "random_init", False))
->>>>>>> main
+                             random_init=getattr(args, "random_init", False), compile=getattr(args, "compile", False))
         model.eval()
     args.load_seconds = status.seconds
     return model
