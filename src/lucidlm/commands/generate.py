@@ -57,12 +57,6 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--model names an architecture preset (gpt2, llama, ...): build it untrained")
     parser.add_argument("--device", default="auto",
                         help="auto (CUDA if torch sees a GPU, else CPU), cpu, cuda, cuda:N or mps")
-<<<<<<< HEAD
-    parser.add_argument("--dtype", default="float32", help="weights' dtype: " + ", ".join(DTYPES))
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the decode step (CUDA graphs on a GPU): slower first answer "
-                             "(compiling), faster tokens after it")
-=======
     parser.add_argument("--dtype", default=None,
                         help="float weights of this dtype: " + ", ".join(DTYPES) + " (default float32; the "
                              "embedded model loads its quantized default unless --dtype or --quantize is given)")
@@ -70,7 +64,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep weights as integer codes: int8 (per channel), int4 (groups of "
                              "--group-size, 32 by default), or gguf (a GGUF file's own quantization)")
     parser.add_argument("--group-size", type=int, default=None, help="quantization group size (int4: 32, 64, 128)")
->>>>>>> main
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the decode step (CUDA graphs on a GPU): slower first answer "
+                             "(compiling), faster tokens after it")
     parser.add_argument("-q", "--quiet", action="store_true", help="no loading line on stderr")
 
 
