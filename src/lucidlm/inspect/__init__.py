@@ -11,9 +11,11 @@ from lucidlm.inspect.plots import (plot_attention, plot_attention_heads, plot_lo
                                    plot_position_encodings, plot_rope_angles)
 from lucidlm.inspect.report import build_report, write_report
 from lucidlm.inspect.steps import generation_steps, print_steps, to_str_tokens, to_tokens
+from lucidlm.inspect.tokens import to_string
+from lucidlm.inspect.views import AttentionView, attention_view
 
 __all__ = [
-    "ActivationCache", "LogitLens", "build_report", "generation_steps", "logit_lens", "plot_attention",
+    "ActivationCache", "AttentionView", "LogitLens", "attention_view", "to_string", "build_report", "generation_steps", "logit_lens", "plot_attention",
     "plot_attention_heads", "plot_logit_lens", "plot_position_encodings", "plot_rope_angles", "print_steps",
     "run_with_cache", "run_with_hooks", "to_str_tokens", "to_tokens", "write_report",
 ]

@@ -74,3 +74,22 @@ def logit_lens(model: nn.Module, ids: Any, top_k: int = 1, cache: Optional[Activ
 def _first_row(ids: Any) -> list[int]:
     ids = torch.as_tensor(ids)
     return (ids[0] if ids.ndim == 2 else ids).tolist()
+
+
+def _lens_html(lens: LogitLens) -> str:
+    """A self-contained table: one row per layer, one column per position, shaded by probability."""
+    import html
+    import uuid
+    view_id = f"lucidlm-lens-{uuid.uuid4().hex[:12]}"
+    head = "".join(f"<th>{html.escape(t)}</th>" for t in lens.input_tokens)
+    rows = []
+    for label, row in zip(lens.layer_labels, lens.table()):
+        cells = "".join(f'<td style="background: rgba(33,102,172,{p:.3f})" title="p={p:.3f}">{html.escape(tok)}</td>'
+                        for tok, p in row)
+        rows.append(f"<tr><th>{html.escape(label)}</th>{cells}</tr>")
+    style = (f"<style>#{view_id} td, #{view_id} th {{font-family: monospace; white-space: pre; padding: 2px 4px;"
+             f" border: 1px solid #eee}}</style>")
+    return f'<div id="{view_id}">{style}<table><tr><th></th>{head}</tr>{"".join(rows)}</table></div>'
+
+
+LogitLens._repr_html_ = _lens_html  # Jupyter displays a LogitLens as this table

@@ -1,0 +1,102 @@
+"""Views that display inline in Jupyter (``_repr_html_``): self-contained HTML, no network.
+
+    view = attention_view(model, "The capital of France is")   # last cell of a notebook: shows it
+    view                                                        # pick layer and head, hover a token
+
+Each view gets its own element id, its CSS is scoped to that id and its script finds its
+elements through it, so any number of views live on one page (as circuitsvis's do).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from lucidlm.inspect.cache import ActivationCache, run_with_cache
+
+_TEMPLATE = """<div id="__ID__" class="lucidlm-attention">
+<style>
+#__ID__ {font-family: sans-serif; font-size: 13px}
+#__ID__ .tokens span {display: inline-block; padding: 2px 3px; margin: 1px; border: 1px solid #ddd;
+  white-space: pre; font-family: monospace; cursor: pointer}
+#__ID__ .grid {display: grid; gap: 1px; margin-top: 6px}
+#__ID__ .grid div {width: 14px; height: 14px}
+</style>
+<label>layer <select class="layer"></select></label>
+<label>head <select class="head"></select></label>
+<div class="tokens"></div>
+<div class="grid"></div>
+<script type="application/json" class="data">__DATA__</script>
+<script>
+(function () {
+  const root = document.getElementById("__ID__");
+  const data = JSON.parse(root.querySelector("script.data").textContent);
+  const layerSel = root.querySelector("select.layer"), headSel = root.querySelector("select.head");
+  const tokensBox = root.querySelector(".tokens"), grid = root.querySelector(".grid");
+  const T = data.tokens.length;
+  data.patterns.forEach((_, l) => layerSel.add(new Option(String(l), String(l))));
+  data.patterns[0].forEach((_, h) => headSel.add(new Option(String(h), String(h))));
+  const shade = w => "rgba(33, 102, 172, " + w.toFixed(3) + ")";
+  const spans = data.tokens.map((t, i) => {
+    const s = document.createElement("span");
+    s.textContent = t.replace(/\\n/g, "\\\\n") || "\\u2205";
+    s.dataset.pos = String(i);
+    tokensBox.appendChild(s);
+    return s;
+  });
+  function pattern() { return data.patterns[+layerSel.value][+headSel.value]; }
+  function drawGrid() {
+    const p = pattern();
+    grid.style.gridTemplateColumns = "repeat(" + T + ", 14px)";
+    grid.replaceChildren();
+    p.forEach((row, q) => row.forEach((w, k) => {
+      const c = document.createElement("div");
+      c.className = "cell"; c.style.background = shade(w);
+      c.title = data.tokens[q] + " -> " + data.tokens[k] + ": " + w.toFixed(3);
+      grid.appendChild(c);
+    }));
+  }
+  function hover(q) {  // colour every token by how much the hovered query attends to it
+    const row = pattern()[q];
+    spans.forEach((s, k) => { s.style.background = k <= q ? shade(row[k]) : "";
+                              s.style.outline = k === q ? "2px solid #b2182b" : ""; });
+  }
+  spans.forEach((s, q) => s.addEventListener("mouseenter", () => hover(q)));
+  layerSel.addEventListener("change", drawGrid); headSel.addEventListener("change", drawGrid);
+  drawGrid(); hover(T - 1);
+})();
+</script>
+</div>"""
+
+
+class AttentionView:
+    """Every head's attention pattern for one sequence, shown as an interactive view."""
+
+    def __init__(self, tokens: list[str], patterns: torch.Tensor) -> None:
+        self.tokens = tokens
+        self.patterns = patterns  # (layers, heads, T, T)
+        self.element_id = f"lucidlm-attn-{uuid.uuid4().hex[:12]}"
+
+    def _repr_html_(self) -> str:
+        data = {"tokens": self.tokens, "patterns": [[[[round(float(w), 4) for w in row] for row in head]
+                                                     for head in layer] for layer in self.patterns.tolist()]}
+        # ensure_ascii and escaped '<' keep the JSON inert inside <script>, whatever the text holds.
+        payload = json.dumps(data, ensure_ascii=True).replace("<", "\\u003c")
+        return _TEMPLATE.replace("__ID__", self.element_id).replace("__DATA__", payload)
+
+
+def attention_view(model: nn.Module, text_or_ids: Any, cache: Optional[ActivationCache] = None) -> AttentionView:
+    """The attention view of one sequence (text, or ids of shape (T,) / (1, T))."""
+    from lucidlm.inspect.tokens import to_str_tokens, to_tokens
+    ids = to_tokens(model, text_or_ids) if isinstance(text_or_ids, str) else torch.as_tensor(text_or_ids).reshape(1, -1)
+    if cache is None:
+        with torch.no_grad():
+            _, cache = run_with_cache(model, ids, names_filter=lambda n: n.endswith("hook_pattern"))
+    patterns = torch.stack([cache["pattern", layer][0] for layer in range(model.config.n_layers)]).float().cpu()
+    tokens = to_str_tokens(model, ids[0]) if getattr(model, "tokenizer", None) is not None else \
+        [str(i) for i in ids[0].tolist()]
+    return AttentionView(tokens, patterns)
