@@ -34,3 +34,10 @@ def test_notebook_002_gpt2_run_with_cache():
     assert "blocks.0.attn.hook_pattern       (1, 4, 6, 6)" in text
     assert "predicted:" in text and "embed" in text and "1_mlp_out" in text
     assert 'class="lucidlm-attention"' in html  # the attention view displayed inline
+
+
+def test_notebook_000_numpy_forward():
+    text, _ = _run("000_numpy_forward.ipynb")
+    assert "logits (32, 1000)" in text
+    assert _value(text, "max relative difference") < 1e-9
+    assert _value(text, "max |hook_embed - numpy embeddings|") < 1e-9
