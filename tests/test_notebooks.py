@@ -1,0 +1,43 @@
+"""The notebooks in notebooks/ run top to bottom on CPU, and what they print is checked here."""
+
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def _run(name: str):
+    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    text = "".join(out.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
+                   for out in cell.get("outputs", []))
+    html = "".join(out.get("data", {}).get("text/html", "") for cell in notebook.cells if cell.cell_type == "code"
+                   for out in cell.get("outputs", []))
+    return text, html
+
+
+def _value(text: str, label: str) -> float:
+    line = next(line for line in text.splitlines() if line.startswith(label))
+    return float(line.split("=")[1])
+
+
+def test_notebook_002_gpt2_run_with_cache():
+    text, html = _run("002_gpt2_run_with_cache.ipynb")
+    assert "<|endoftext|>" in text
+    assert _value(text, "max |logits - recomputed|") < 1e-4
+    assert _value(text, "max |pattern - recomputed|") < 1e-5
+    assert "blocks.0.attn.hook_pattern       (1, 4, 6, 6)" in text
+    assert "predicted:" in text and "embed" in text and "1_mlp_out" in text
+    assert 'class="lucidlm-attention"' in html  # the attention view displayed inline
+
+
+def test_notebook_000_numpy_forward():
+    text, _ = _run("000_numpy_forward.ipynb")
+    assert "logits (32, 1000)" in text
+    assert _value(text, "max relative difference") < 1e-9
+    assert _value(text, "max |hook_embed - numpy embeddings|") < 1e-9
