@@ -1,16 +1,20 @@
-"""Generation speed and memory: lucidlm vs transformers on the embedded SmolLM2-135M GGUF (CPU).
+"""Generation on CPU, side by side: lucidlm (fp32, bf16, int8, int4, the GGUF's own quants)
+vs transformers (fp32) and llama.cpp (llama-cpp-python built from its sdist by
+``benchmarks/setup_peers.sh``), all on the embedded SmolLM2-135M-Instruct Q4_1 GGUF file, with
+the same token ids and the same number of threads.
 
-Both in float32, plus lucidlm with bfloat16 weights: decoding one token reads every weight
-once, so on a CPU it is memory-bound and halving the bytes per weight is what moves it.
+Each side runs in its own subprocess: once to warm the page cache, then ``--rounds`` times,
+alternating the sides so that load from other processes on a shared machine hits all of them
+alike; each metric keeps its best round. Peak RSS is measured in a separate, light subprocess
+per side (load + 16 greedy tokens), so the bigger buffers of prefill 512 and batch 8 do not
+count. "fresh first token" is the wall time of a new process that loads the model and prints
+one generated token (``python -m lucidlm generate`` for lucidlm's default).
 
-Each side runs in its own subprocess (so peak RSS is its own): once to warm the disk cache
-(and lucidlm's converted-model cache), then ``--rounds`` times alternating with the other
-side; each metric's best over the rounds is reported.
+    python benchmarks/bench_generation.py [--threads 2] [--rounds 2] [--sides ...]
 
-    python benchmarks/bench_generation.py [--threads N] [--repeats 3] [--rounds 2]
-
-Measures: warm load time, prefill tok/s (128- and 512-token prompts, one forward pass that
-fills the KV cache), decode tok/s (128 greedy tokens after a 16-token prompt), peak RSS.
+Metrics: load (in-process, warm page cache), prefill 512 tokens (one forward pass filling the
+KV cache), decode at batch 1 (16-token prompt, 64 greedy tokens, prefill included) and the
+aggregate at batch 8 (8 prompts of 16 tokens, 32 greedy tokens each), peak RSS.
 Prints a table and writes benchmarks/results/generation.json.
 """
 
@@ -27,14 +31,21 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results" / "generation.json"
-SIDES = ("ours", "ours-bf16", "hf")
-PREFILL_LENGTHS = (128, 512)
-DECODE_PROMPT, DECODE_NEW = 16, 128
+SIDES = {
+    "lucidlm fp32": {"kind": "ours", "dtype": "float32"},
+    "lucidlm bf16": {"kind": "ours", "dtype": "bfloat16"},
+    "lucidlm int8": {"kind": "ours", "quantize": "int8"},
+    "lucidlm int4": {"kind": "ours", "quantize": "int4"},
+    "lucidlm gguf": {"kind": "ours", "quantize": "gguf"},  # the file's own quants (Q4_1 + Q8_0 embedding)
+    "transformers fp32": {"kind": "hf"},
+    "llama.cpp Q4_1": {"kind": "llama"},
+}
+PREFILL, PROMPT, NEW1, BATCH, NEW8 = 512, 16, 64, 8, 32
 
 
-def prompt_ids(n: int, vocab: int = 49152) -> list[int]:
+def prompt_ids(n: int, seed: int = 0, vocab: int = 49152) -> list[int]:
     import random
-    rng = random.Random(n)
+    rng = random.Random(n * 1000 + seed)
     return [rng.randrange(100, vocab) for _ in range(n)]
 
 
@@ -47,37 +58,55 @@ def best_time(fn, repeats: int) -> float:
     return min(times)
 
 
-def run_ours(repeats: int, dtype_name: str = "float32") -> dict:
+# ------------------------------------------------------------------------------------ sides
+
+
+def load_ours(spec: dict):
     import torch
 
     import lucidlm
-    from lucidlm.generation import generate
+    dtype = getattr(torch, spec["dtype"]) if "dtype" in spec else None
+    return lucidlm.load("smollm2-135m", dtype=dtype, quantize=spec.get("quantize"))
+
+
+def run_ours(spec: dict, repeats: int, light: bool) -> dict:
+    import torch
+
+    from lucidlm.generation import generate, generate_batch
 
     start = time.perf_counter()
-    model = lucidlm.load("smollm2-135m", dtype=getattr(torch, dtype_name))
-    load_s = time.perf_counter() - start
-    out = {"load_s": load_s}
+    model = load_ours(spec)
+    out = {"load_s": time.perf_counter() - start}
+    ids16 = prompt_ids(PROMPT)
+    if light:
+        generate(model, ids16, max_new_tokens=16, temperature=0, stop_on_eos=False)
+        return out
     with torch.inference_mode():
-        for n in PREFILL_LENGTHS:
-            ids = torch.tensor([prompt_ids(n)])
+        ids = torch.tensor([prompt_ids(PREFILL)])
 
-            def prefill() -> None:
-                model.setup_kv_cache(1, max_seq_len=n + 1)
-                model(ids, input_pos=torch.arange(n), last_token_only=True)
-                model.clear_kv_cache()
-            prefill()  # warm-up
-            out[f"prefill{n}_tok_s"] = n / best_time(prefill, repeats)
-    ids16 = prompt_ids(DECODE_PROMPT)
+        def prefill() -> None:
+            model.setup_kv_cache(1, max_seq_len=PREFILL + 1)
+            model(ids, input_pos=torch.arange(PREFILL), last_token_only=True)
+            model.clear_kv_cache()
+        prefill()
+        out["prefill512_tok_s"] = PREFILL / best_time(prefill, repeats)
 
     def decode() -> None:
-        result = generate(model, ids16, max_new_tokens=DECODE_NEW, temperature=0, stop_on_eos=False)
-        assert len(result.token_ids) == DECODE_NEW
-    generate(model, ids16, max_new_tokens=8, temperature=0)  # warm-up
-    out["decode_tok_s"] = DECODE_NEW / best_time(decode, repeats)
+        result = generate(model, ids16, max_new_tokens=NEW1, temperature=0, stop_on_eos=False)
+        assert len(result.token_ids) == NEW1
+    generate(model, ids16, max_new_tokens=8, temperature=0)
+    out["decode1_tok_s"] = NEW1 / best_time(decode, repeats)
+    prompts = [prompt_ids(PROMPT, seed=i) for i in range(BATCH)]
+
+    def batch() -> None:
+        results = generate_batch(model, prompts, max_new_tokens=NEW8, temperature=0, stop_on_eos=False)
+        assert all(len(r.token_ids) == NEW8 for r in results)
+    generate_batch(model, prompts, max_new_tokens=4, temperature=0, stop_on_eos=False)
+    out["decode8_tok_s"] = BATCH * NEW8 / best_time(batch, repeats)
     return out
 
 
-def run_hf(repeats: int) -> dict:
+def run_hf(spec: dict, repeats: int, light: bool) -> dict:
     import torch
     import transformers
 
@@ -88,103 +117,145 @@ def run_hf(repeats: int) -> dict:
     start = time.perf_counter()
     model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
                                                               dtype=torch.float32).eval()
-    load_s = time.perf_counter() - start
-    out = {"load_s": load_s}
+    out = {"load_s": time.perf_counter() - start}
+
+    def gen(ids: torch.Tensor, new: int) -> None:
+        seq = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                             do_sample=False, pad_token_id=2)
+        assert seq.shape[1] - ids.shape[1] == new
     with torch.inference_mode():
-        for n in PREFILL_LENGTHS:
-            ids = torch.tensor([prompt_ids(n)])
-
-            def prefill() -> None:
-                model(ids, use_cache=True, logits_to_keep=1)
-            prefill()
-            out[f"prefill{n}_tok_s"] = n / best_time(prefill, repeats)
-        ids16 = torch.tensor([prompt_ids(DECODE_PROMPT)])
-
-        def decode() -> None:
-            seq = model.generate(ids16, max_new_tokens=DECODE_NEW, min_new_tokens=DECODE_NEW, do_sample=False,
-                                 pad_token_id=2)
-            assert seq.shape[1] - DECODE_PROMPT == DECODE_NEW
-        model.generate(ids16, max_new_tokens=8, do_sample=False, pad_token_id=2)
-        out["decode_tok_s"] = DECODE_NEW / best_time(decode, repeats)
+        ids16 = torch.tensor([prompt_ids(PROMPT)])
+        if light:
+            gen(ids16, 16)
+            return out
+        ids = torch.tensor([prompt_ids(PREFILL)])
+        model(ids, use_cache=True, logits_to_keep=1)
+        out["prefill512_tok_s"] = PREFILL / best_time(lambda: model(ids, use_cache=True, logits_to_keep=1), repeats)
+        gen(ids16, 8)
+        out["decode1_tok_s"] = NEW1 / best_time(lambda: gen(ids16, NEW1), repeats)
+        batch = torch.tensor([prompt_ids(PROMPT, seed=i) for i in range(BATCH)])
+        gen(batch, 4)
+        out["decode8_tok_s"] = BATCH * NEW8 / best_time(lambda: gen(batch, NEW8), repeats)
     return out
 
 
-def child(side: str, threads: int, repeats: int) -> None:
-    import torch
-    if threads:
+def child(side: str, threads: int, repeats: int, light: bool) -> None:
+    spec = SIDES[side]
+    if spec["kind"] == "llama":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from llama_peer import run_llama_cpp
+        out = run_llama_cpp(threads, repeats, light, PREFILL, PROMPT, NEW1, BATCH, NEW8, prompt_ids)
+    else:
+        import torch
         torch.set_num_threads(threads)
-    out = run_hf(repeats) if side == "hf" else run_ours(repeats, "bfloat16" if side == "ours-bf16" else "float32")
+        out = run_hf(spec, repeats, light) if spec["kind"] == "hf" else run_ours(spec, repeats, light)
+        out["threads"] = torch.get_num_threads()
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-    out["threads"] = torch.get_num_threads()
     print("RESULT " + json.dumps(out))
 
 
-def spawn(side: str, threads: int, repeats: int) -> dict:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+def spawn(side: str, threads: int, repeats: int, light: bool = False) -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               OMP_NUM_THREADS=str(threads))
     cmd = [sys.executable, __file__, "--child", side, "--threads", str(threads), "--repeats", str(repeats)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    proc = subprocess.run(cmd + (["--light"] if light else []), capture_output=True, text=True, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"{side} benchmark failed:\n{proc.stderr[-3000:]}")
     return json.loads(lines[-1][len("RESULT "):])
 
 
+def fresh_first_token(side: str, threads: int) -> float:
+    """Wall time of a new process that loads the model and generates one token."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(threads))
+    spec = SIDES[side]
+    if spec["kind"] == "llama":
+        cmd = [sys.executable, str(Path(__file__).with_name("llama_peer.py")), "--first-token", str(threads)]
+    else:
+        cmd = [sys.executable, "-m", "lucidlm", "generate", "The capital of France is", "--max-new-tokens", "1",
+               "--temperature", "0"]
+        if "dtype" in spec:
+            cmd += ["--dtype", spec["dtype"]]
+        if "quantize" in spec:
+            cmd += ["--quantize", spec["quantize"]]
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, env=env)
+    return time.perf_counter() - start
+
+
 def best_of(runs: list[dict]) -> dict:
-    """Per metric, the best value over runs (lowest time / memory, highest speed)."""
     best = dict(runs[0])
     for key in best:
-        values = [r[key] for r in runs]
-        best[key] = min(values) if key in ("load_s", "peak_rss_mb") else max(values)
-    best["rounds"] = len(runs)
+        values = [r[key] for r in runs if key in r]
+        best[key] = min(values) if key.endswith(("_s", "_mb")) else max(values)
     return best
+
+
+ROWS = [("load, warm (s)", "load_s"), ("fresh first token (s)", "first_token_s"),
+        ("prefill 512 (tok/s)", "prefill512_tok_s"), ("decode b=1 (tok/s)", "decode1_tok_s"),
+        ("decode b=8 aggr. (tok/s)", "decode8_tok_s"), ("peak RSS, b=1 (MB)", "rss_mb")]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads in each side (0 = torch's default)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per measurement (best is kept)")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating runs of each side (best is kept)")
-    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=2, help="threads for every side")
+    parser.add_argument("--repeats", type=int, default=2, help="timed repeats per measurement (best is kept)")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating runs of all sides (best is kept)")
+    parser.add_argument("--sides", nargs="+", choices=list(SIDES), default=list(SIDES))
+    parser.add_argument("--child", choices=list(SIDES), help=argparse.SUPPRESS)
+    parser.add_argument("--light", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.threads, args.repeats)
+        child(args.child, args.threads, args.repeats, args.light)
         return
 
-    for side in SIDES:
-        spawn(side, args.threads, 1)  # warm the page cache (and lucidlm's converted cache)
-    # Alternate the sides for several rounds and keep each side's best figure: on a shared
-    # machine, load from other processes comes and goes, and this gives both sides the
-    # same chances.
-    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+    sides = args.sides
+    for side in sides:
+        spawn(side, args.threads, 1, light=True)  # warm the page cache
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    loads = []
     for _ in range(args.rounds):
-        for side in SIDES:
-            runs[side].append(spawn(side, args.threads, args.repeats))
+        for side in sides:
+            loads.append(os.getloadavg()[0])
+            run = spawn(side, args.threads, args.repeats)
+            run["rss_mb"] = spawn(side, args.threads, 1, light=True)["peak_rss_mb"]
+            if SIDES[side]["kind"] != "hf":
+                run["first_token_s"] = fresh_first_token(side, args.threads)
+            runs[side].append(run)
     results = {side: best_of(side_runs) for side, side_runs in runs.items()}
-    rows = [("warm load (s)", "load_s", False), ("prefill 128 (tok/s)", "prefill128_tok_s", True),
-            ("prefill 512 (tok/s)", "prefill512_tok_s", True), ("decode 128 (tok/s)", "decode_tok_s", True),
-            ("peak RSS (MB)", "peak_rss_mb", False)]
-    print(f"\nSmolLM2-135M-Instruct, CPU, {results['ours']['threads']} thread(s), "
-          f"load average {os.getloadavg()[0]:.1f}; ratios against transformers fp32 (> 1 = lucidlm better)")
-    print(f"{'metric':<22}{'lucidlm fp32':>14}{'lucidlm bf16':>14}{'transformers fp32':>19}{'fp32 ratio':>12}"
-          f"{'bf16 ratio':>12}")
-    ratios: dict[str, dict[str, float]] = {"fp32": {}, "bf16": {}}
-    for label, key, higher_is_better in rows:
-        ours, ours_bf16, theirs = results["ours"][key], results["ours-bf16"][key], results["hf"][key]
-        for name, value in (("fp32", ours), ("bf16", ours_bf16)):
-            ratios[name][key] = value / theirs if higher_is_better else theirs / value
-        print(f"{label:<22}{ours:>14.2f}{ours_bf16:>14.2f}{theirs:>19.2f}{ratios['fp32'][key]:>11.2f}x"
-              f"{ratios['bf16'][key]:>11.2f}x")
+    peer = "llama.cpp Q4_1" if "llama.cpp Q4_1" in results else sides[-1]
+    print(f"\nSmolLM2-135M-Instruct (Q4_1 GGUF), CPU, {args.threads} threads, {args.rounds} alternating rounds; "
+          f"load average during the run {min(loads):.1f}..{max(loads):.1f}")
+    width = 13
+    print(f"{'metric':<26}" + "".join(f"{s[:width]:>{width + 1}}" for s in sides))
+    for label, key in ROWS:
+        print(f"{label:<26}" + "".join(f"{results[s].get(key, float('nan')):>{width + 1}.2f}" for s in sides))
+    print(f"\nratio to {peer} (> 1 = better than {peer})")
+    ratios: dict[str, dict[str, float]] = {}
+    for side in sides:
+        ratios[side] = {}
+        for _, key in ROWS:
+            ours, theirs = results[side].get(key), results[peer].get(key)
+            if ours and theirs:
+                ratios[side][key] = theirs / ours if key.endswith(("_s", "_mb")) else ours / theirs
+    for label, key in ROWS:
+        print(f"{label:<26}" + "".join(f"{ratios[s].get(key, float('nan')):>{width}.2f}x" for s in sides))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     import torch
-    import transformers
+    versions = {"torch": torch.__version__}
+    for package in ("transformers", "llama_cpp"):
+        try:
+            versions[package] = __import__(package).__version__
+        except ImportError:
+            pass
     RESULTS.write_text(json.dumps({
-        "model": "SmolLM2-135M-Instruct (Q4_1 GGUF dequantized to fp32; lucidlm also cast to bf16)",
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average": os.getloadavg()},
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "settings": {"prefill_lengths": PREFILL_LENGTHS, "decode_prompt": DECODE_PROMPT, "decode_new": DECODE_NEW,
-                     "repeats": args.repeats, "threads": results["ours"]["threads"]},
-        "lucidlm": results["ours"], "lucidlm_bf16": results["ours-bf16"], "transformers": results["hf"],
-        "ratios_vs_transformers_fp32_lucidlm_better_if_above_1": ratios,
+        "model": "SmolLM2-135M-Instruct, the embedded Q4_1 GGUF (token embedding Q8_0)",
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average_min_max": [min(loads),
+                                                                                                   max(loads)]},
+        "versions": versions,
+        "settings": {"threads": args.threads, "rounds": args.rounds, "repeats": args.repeats, "prefill": PREFILL,
+                     "decode_prompt": PROMPT, "decode_new_b1": NEW1, "batch": BATCH, "decode_new_b8": NEW8},
+        "results": results, f"ratios_to_{peer}": ratios,
     }, indent=2) + "\n")
     print(f"\nwrote {RESULTS}")
 

@@ -6,12 +6,14 @@ nanoGPT (MIT, ``../shared/peers/nanoGPT``) runs as a subprocess from a temporary
 (no download). lucidlm trains the same model on the same tokens in another subprocess.
 The runs alternate (nanoGPT, lucidlm, nanoGPT, ...) so both see the same machine load.
 
-Compared: milliseconds per training iteration, excluding every iteration that contains
-an evaluation and the first 10 (warm-up, compilation), from each program's own log
-(nanoGPT's ``iter N: ... time T ms`` lines; lucidlm's per-log-window step times).
+Compared: milliseconds per training iteration, excluding every log window that contains
+an evaluation and the first 10 iterations (warm-up, compilation). Both are timed the same
+way: wall-clock time between two loss read-backs (nanoGPT's ``iter N: loss`` lines, as
+they arrive; lucidlm's ``on_log`` callback), divided by the iterations in between.
 
     python benchmarks/bench_train_shakespeare.py --config cpu     # nanoGPT README's CPU run
     python benchmarks/bench_train_shakespeare.py --config gpu     # train_shakespeare_char.py, bf16, compile
+    python benchmarks/bench_train_shakespeare.py --config gpu --variants eager,compile,reduce-overhead
 
 Prints a table and writes benchmarks/results/train_shakespeare_{cpu,gpu}.json.
 """
@@ -66,22 +68,38 @@ def prepare_nanogpt(workdir: Path) -> Path:
 
 
 def run_nanogpt(copy: Path, cfg: dict, env: dict) -> dict:
-    flags = [f"--{k}={v}" for k, v in cfg.items()] + [f"--out_dir={copy / 'out'}"]
-    done = subprocess.run([sys.executable, "train.py", "config/train_shakespeare_char.py", *flags], cwd=copy,
-                          env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"nanoGPT failed:\n{done.stderr[-3000:]}")
-    # nanoGPT's dt for "iter N" covers iteration N alone; evaluation at N happens inside it.
-    iters = [(int(m[1]), float(m[2])) for m in re.finditer(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms", done.stdout)]
-    per_iter = [ms for step, ms in iters if step >= WARMUP and step % cfg["eval_interval"] != 0]
-    vals = re.findall(r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)", done.stdout)
+    """nanoGPT's train.py as it is. Its printed ``time`` is one iteration's host time, taken
+    before that iteration's ``loss.item()`` waits for the GPU; so iteration time is taken
+    instead from when each log line arrives (printed right after that wait), the same
+    clock as lucidlm's windows."""
+    flags = [f"--{k}={v}" for k, v in cfg.items() if k != "compile_mode"] + [f"--out_dir={copy / 'out'}"]
+    proc = subprocess.Popen([sys.executable, "train.py", "config/train_shakespeare_char.py", *flags], cwd=copy,
+                            env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    lines = [(time.perf_counter(), line) for line in proc.stdout]
+    stderr = proc.stderr.read()
+    if proc.wait() != 0:
+        raise SystemExit(f"nanoGPT failed:\n{stderr[-3000:]}")
+    stamps = [(int(m[1]), t) for t, line in lines if (m := re.match(r"iter (\d+): loss", line))]
+    per_iter = []
+    for (start, t0), (end, t1) in zip(stamps, stamps[1:]):
+        # The evaluation at iteration e runs before e's step, inside the window ending at e.
+        if start >= WARMUP and end % cfg["eval_interval"] != 0:
+            per_iter += [1000 * (t1 - t0) / (end - start)] * (end - start)
+    vals = re.findall(r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)", "".join(line for _, line in lines))
     return {"ms_per_iter": statistics.mean(per_iter), "median_ms": statistics.median(per_iter),
             "iters_timed": len(per_iter), "val_loss": float(vals[-1][2]) if vals else None}
 
 
-def run_lucidlm(cfg: dict, env: dict, workdir: Path, compile: bool) -> dict:
+VARIANTS = {"eager": (False, "default"), "compile": (True, "default"), "reduce-overhead": (True, "reduce-overhead"),
+            "max-autotune": (True, "max-autotune")}
+
+
+def run_lucidlm(cfg: dict, env: dict, workdir: Path, variant: str) -> dict:
     out = Path(tempfile.mkdtemp(dir=workdir))
-    args = [sys.executable, __file__, "--worker", json.dumps({**cfg, "compile": compile}), "--out", str(out)]
+    compile, mode = VARIANTS[variant]
+    args = [sys.executable, __file__, "--worker", json.dumps({**cfg, "compile": compile, "compile_mode": mode}),
+            "--out", str(out)]
     done = subprocess.run(args, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"lucidlm failed:\n{done.stderr[-3000:]}")
@@ -122,7 +140,8 @@ def worker(cfg: dict, out: Path) -> None:
         learning_rate=1e-3, min_lr=1e-4, max_iters=cfg["max_iters"], lr_decay_iters=cfg["lr_decay_iters"],
         warmup_iters=100, beta2=0.99, weight_decay=0.1, grad_clip=1.0, dropout=cfg["dropout"],
         eval_interval=cfg["eval_interval"], eval_iters=cfg["eval_iters"], log_interval=cfg["log_interval"],
-        sample_tokens=0, progress=False, device=cfg["device"], compile=cfg["compile"]), callbacks=[windows])
+        sample_tokens=0, progress=False, device=cfg["device"], compile=cfg["compile"],
+        compile_mode=cfg["compile_mode"]), callbacks=[windows])
     (out / "bench_times.json").write_text(json.dumps({"windows": windows.windows, "val_loss": result.val_loss}))
 
 
@@ -132,8 +151,9 @@ def main() -> None:
     parser.add_argument("--max-iters", type=int, default=None, help="override both runs' max_iters")
     parser.add_argument("--rounds", type=int, default=1, help="alternating nanoGPT/lucidlm pairs (default: 1)")
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for both (default: as is)")
-    parser.add_argument("--compile", choices=("no", "yes", "both"), default=None,
-                        help="lucidlm variants (default: no on cpu, yes on gpu)")
+    parser.add_argument("--variants", default=None,
+                        help=f"comma-separated lucidlm variants from {', '.join(VARIANTS)} (default: eager,compile "
+                             f"on cpu, compile,reduce-overhead on gpu)")
     parser.add_argument("--results", default=None, help="write the JSON here (default: benchmarks/results/)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -147,15 +167,14 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
-    variants = {"no": [False], "yes": [True], "both": [False, True]}[args.compile or
-                                                                     ("yes" if args.config == "gpu" else "no")]
-    runs: dict[str, list[dict]] = {"nanoGPT": [], **{f"lucidlm{' compile' if c else ''}": [] for c in variants}}
+    variants = (args.variants or ("compile,reduce-overhead" if args.config == "gpu" else "eager,compile")).split(",")
+    runs: dict[str, list[dict]] = {"nanoGPT": [], **{f"lucidlm {v}": [] for v in variants}}
     with tempfile.TemporaryDirectory() as tmp:
         copy = prepare_nanogpt(Path(tmp))
         for _ in range(args.rounds):
             runs["nanoGPT"].append(run_nanogpt(copy, cfg, env))
-            for c in variants:
-                runs[f"lucidlm{' compile' if c else ''}"].append(run_lucidlm(cfg, env, Path(tmp), c))
+            for v in variants:
+                runs[f"lucidlm {v}"].append(run_lucidlm(cfg, env, Path(tmp), v))
     nano_ms = statistics.mean(r["ms_per_iter"] for r in runs["nanoGPT"])
     tokens = cfg["batch_size"] * cfg["block_size"]
     rows, summary = [], {}

@@ -33,7 +33,8 @@ DEFAULT_MODEL = "smollm2-135m"
 def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dtype] = None,
          device: str | torch.device = "cpu", adapter: Optional[str | Path] = None,
          quantize: Optional[str] = None, group_size: Optional[int] = None,
-         random_init: bool = False, seed: int = 0, **config_overrides: Any) -> LanguageModel:
+         random_init: bool = False, seed: int = 0, compile: bool = False,
+         **config_overrides: Any) -> LanguageModel:
     """A ``LanguageModel`` (the network with generate / stream / run_with_cache) and its tokenizer.
 
     Args:
@@ -51,6 +52,8 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
             ``"gguf"``: keep the file's own quantization (Q8_0, Q4_0, Q4_1 exactly).
         random_init: build an untrained model from the preset ``source`` (``"gpt2"``, ``"llama"``, ...).
         seed: the random seed of that initialisation.
+        compile: ``torch.compile`` the generation steps (``LanguageModel.compile``): the first
+            generation pays the compile time, later ones decode faster (CUDA graphs on a GPU).
         **config_overrides: ModelConfig fields that change the preset (``n_layers=2``); only
             with ``random_init=True``. Any other keyword is refused by name.
 
@@ -78,6 +81,8 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
     if adapter is not None:
         from lucidlm.peft import load_adapter
         load_adapter(model, adapter)
+    if compile:
+        model.compile()
     return model
 
 

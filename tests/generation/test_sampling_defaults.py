@@ -80,3 +80,38 @@ def test_readme_main_command_names_paris(smollm2, monkeypatch, capsys):
         answers.append(capsys.readouterr().out)
     named = sum("paris" in answer.lower() for answer in answers)
     assert named >= 18, answers
+
+
+def test_gguf_sampling_keys_are_read(tmp_path):
+    """llama.cpp's general.sampling.* keys, written by the gguf library itself."""
+    import gguf
+
+    path = tmp_path / "sampled.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_string(gguf.Keys.General.NAME, "SmolLM2 135M Instruct")
+    writer.add_float32(gguf.Keys.General.SAMPLING_TEMP, 0.6)
+    writer.add_int32(gguf.Keys.General.SAMPLING_TOP_K, 20)
+    writer.add_float32(gguf.Keys.General.SAMPLING_TOP_P, 0.95)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    found = sampling_defaults_for(path)
+    assert found == {"temperature": pytest.approx(0.6), "top_k": 20, "top_p": pytest.approx(0.95)}
+
+    bare = tmp_path / "named.gguf"  # no sampling keys: the table, by the model's own name
+    writer = gguf.GGUFWriter(str(bare), "llama")
+    writer.add_string(gguf.Keys.General.NAME, "SmolLM2 135M Instruct")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert sampling_defaults_for(bare) == {"temperature": 0.2, "top_p": 0.5}
+    renamed = tmp_path / "SmolLM2-135M-Instruct.Q8_0.gguf"  # an unhelpful general.name: the file's name
+    writer = gguf.GGUFWriter(str(renamed), "llama")
+    writer.add_string(gguf.Keys.General.NAME, "Smollm2 135M 8k Lc100K Mix1 Ep2")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert sampling_defaults_for(renamed) == {"temperature": 0.2, "top_p": 0.5}

@@ -8,7 +8,8 @@ import torch
 
 from lucidlm.errors import DataError
 from lucidlm.tokenizers import CharTokenizer
-from lucidlm.training.data import check_enough_data, count_batches, get_batch, pad_batch, prepare_data
+from lucidlm.training.batches import get_batch, pad_batch
+from lucidlm.training.data import check_enough_data, count_batches, prepare_data
 
 SHAKESPEARE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tinyshakespeare.txt"
 

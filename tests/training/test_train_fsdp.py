@@ -26,13 +26,15 @@ torch.set_num_threads(1)
 from lucidlm.training import TrainConfig, pretrain
 from lucidlm.training.config import FinetuneConfig
 from lucidlm.training.finetune import finetune
-root, batch, strategy = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+root, batch, strategy, recipe = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 common = dict(batch_size=batch, gradient_accumulation_steps=2, max_iters={steps}, lr_decay_iters={steps},
               warmup_iters=2, learning_rate=1e-2, min_lr=1e-3, eval_interval=4, eval_iters=2, sample_tokens=0,
               progress=False, strategy=strategy, log_interval=1)
-pretrain(TrainConfig(data=root + "/head.txt", out_dir=root + "/pre-" + strategy, n_layer=2, n_head=2, n_embd=32,
+if recipe == "pre":
+  pretrain(TrainConfig(data=root + "/head.txt", out_dir=root + "/pre-" + strategy, n_layer=2, n_head=2, n_embd=32,
                      block_size=16, dropout=0.0, **common))
-finetune(FinetuneConfig(model=root + "/base", data=root + "/qa.jsonl", out_dir=root + "/lora-" + strategy,
+else:
+  finetune(FinetuneConfig(model=root + "/base", data=root + "/qa.jsonl", out_dir=root + "/lora-" + strategy,
                         rank=4, alpha=8.0, lora_dropout=0.0, targets="q,v,down", **common))
 """.format(steps=STEPS)
 
@@ -55,13 +57,15 @@ def test_fsdp_matches_one_process_and_its_checkpoint_loads_alone(tmp_path):
     (tmp_path / "qa.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)
-    # Each of the 2 ranks takes 4 of the same 8 sequences the single process draws.
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), str(tmp_path), "4", "fsdp"], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "2 process(es), fsdp" in done.stdout
-    subprocess.run([sys.executable, str(script), str(tmp_path), "8", "auto"], check=True, timeout=600,
-                   capture_output=True)
+    for recipe in ("pre", "lora"):  # one process group per program: each recipe in its own torchrun
+        # Each of the 2 ranks takes 4 of the same 8 sequences the single process draws.
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                               "2", str(script), str(tmp_path), "4", "fsdp", recipe], capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "2 process(es), fsdp" in done.stdout
+        subprocess.run([sys.executable, str(script), str(tmp_path), "8", "auto", recipe], check=True, timeout=600,
+                       capture_output=True)
 
     for run in ("pre", "lora"):
         sharded, single = losses(tmp_path / f"{run}-fsdp"), losses(tmp_path / f"{run}-auto")

@@ -22,8 +22,8 @@ from typing import Any, Optional
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 FALLBACK: dict[str, Any] = {"temperature": 1.0}
 
-# Per-model defaults, by lucidlm's pretrained name or the model's own name (GGUF general.name,
-# lower-cased). Why each value:
+# Per-model defaults, by lucidlm's pretrained name, the model's own name (GGUF general.name) or
+# a GGUF file's name without its quantization suffix, lower-cased. Why each value:
 # - SmolLM2-135M-Instruct: its model card samples with temperature 0.2 and top-p 0.9. The
 #   4-bit Q4_1 file lucidlm embeds is less sure of itself: for the README's "What is the
 #   capital of France?" it gives 14% to French openings ("L'", "La") that ramble, so top-p 0.9
@@ -35,6 +35,7 @@ FALLBACK: dict[str, Any] = {"temperature": 1.0}
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "smollm2-135m": {"temperature": 0.2, "top_p": 0.5},
     "smollm2 135m instruct": {"temperature": 0.2, "top_p": 0.5},
+    "smollm2-135m-instruct": {"temperature": 0.2, "top_p": 0.5},  # the embedded file, loaded by its path
     "gemma3-270m": {"temperature": 1.0, "top_k": 64, "top_p": 0.95},
     "gemma 3 270m it": {"temperature": 1.0, "top_k": 64, "top_p": 0.95},
 }
@@ -50,14 +51,16 @@ def sampling_defaults_for(source: Any, name: Optional[str] = None) -> dict[str, 
     source: what ``lucidlm.load`` was given (a pretrained name, a .gguf file, a directory);
     name: the model's own name when the loader knows it (GGUF ``general.name``)."""
     found: dict[str, Any] = {}
+    keys = [str(source).lower(), (name or "").lower()]
     path = Path(str(source)).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         found, name = _from_gguf(path)
+        keys += [(name or "").lower(), path.name.split(".")[0].lower()]  # SmolLM2-135M-Instruct.Q4_1.gguf
     elif path.is_dir():
         found = _from_generation_config(path / "generation_config.json")
     if found:
         return found
-    for key in (str(source).lower(), (name or "").lower()):
+    for key in keys:
         if key in MODEL_DEFAULTS:
             return dict(MODEL_DEFAULTS[key])
     return {}

@@ -12,7 +12,8 @@ Both run in one process or many under ``torchrun`` (DDP, or FSDP2 with strategy=
 """
 
 from lucidlm.training.config import LoopConfig, PretrainConfig, TrainConfig
-from lucidlm.training.data import PaddedBatch, TokenData, count_batches, get_batch, pad_batch, prepare_data
+from lucidlm.training.batches import PaddedBatch, get_batch, pad_batch
+from lucidlm.training.data import TokenData, count_batches, prepare_data
 from lucidlm.training.loop import Callback, Trainer, TrainResult
 from lucidlm.training.loss import IGNORE_INDEX, masked_cross_entropy
 from lucidlm.training.pretrain import build_pretraining, model_config_for, pretrain, train

@@ -56,7 +56,10 @@ class LoopConfig:
     seed: int = opt(1337, "random seed (weights, batches, dropout)")
     device: str = opt("auto", "auto (CUDA if available, else CPU), cpu, cuda, cuda:N")
     dtype: str = opt("auto", "auto: bf16 autocast on CUDA, fp32 on CPU", choices=DTYPES)
-    compile: bool = opt(False, "torch.compile the model (slow start, faster steps)")
+    compile: bool = opt(False, "torch.compile the training step: model, loss and backward (slow start, faster "
+                               "steps)")
+    compile_mode: str = opt("default", "torch.compile mode; reduce-overhead replays CUDA graphs (GPU)",
+                            choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
     fused_adamw: bool = opt(True, "use the fused AdamW kernel (CPU and CUDA)")
     strategy: str = opt("auto", "under torchrun: ddp (replicas) or fsdp (sharded, FSDP2); auto = ddp",
                         choices=STRATEGIES)
@@ -66,7 +69,7 @@ class LoopConfig:
     # Settings that may change between a run and its resume (everything else must match).
     MAY_CHANGE = ("max_iters", "eval_interval", "eval_iters", "final_eval_iters", "log_interval", "sample_prompt",
                   "sample_tokens", "sample_temperature", "sample_top_p", "sample_seed", "progress", "device",
-                  "compile", "fused_adamw", "resume", "out_dir", "epochs")
+                  "compile", "compile_mode", "fused_adamw", "resume", "out_dir", "epochs")
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):

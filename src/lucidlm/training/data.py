@@ -10,10 +10,7 @@ tokens, so validation text comes from all over the corpus: a word-level model on
 play collection otherwise validates on the last plays' names and words, which the first
 90% never shows it.
 
-A batch is ``batch_size`` random windows of ``block_size + 1`` tokens: inputs are the
-first ``block_size``, targets the same window shifted by one. The window starts come from
-a seeded ``torch.Generator``, so a run is reproducible and its position in the data
-stream can be saved and restored.
+Batches of windows are drawn from these arrays by ``batches.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
-import torch
 
 from lucidlm.errors import DataError
 from lucidlm.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, WordTokenizer, load_tokenizer
@@ -229,41 +225,3 @@ def check_enough_data(data: TokenData, batch_size: int, block_size: int,
             f"the validation split ({len(data.val)} tokens) does not hold one batch of {batch_size} x "
             f"{block_size + 1} tokens: {hint} (or a larger validation fraction)."
         )
-
-
-def get_batch(tokens: np.ndarray, batch_size: int, block_size: int, generator: torch.Generator,
-              device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """``batch_size`` random windows: inputs (B, T) and next-token targets (B, T), int64."""
-    starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=generator)  # (B,)
-    index = starts.numpy()[:, None] + np.arange(block_size + 1)  # (B, T+1)
-    windows = torch.from_numpy(tokens[index].astype(np.int64))  # (B, T+1)
-    x, y = windows[:, :-1], windows[:, 1:]
-    if torch.device(device).type == "cuda":
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
-
-
-@dataclass
-class PaddedBatch:
-    ids: torch.Tensor  # (B, L) right-padded with pad_id
-    attention_mask: torch.Tensor  # (B, L) 1 real, 0 padding
-    targets: torch.Tensor  # (B, L) ids shifted left; ignore_index at padding and the last slot
-
-
-def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int, ignore_index: int = -100) -> PaddedBatch:
-    """Variable-length examples as one right-padded batch with next-token targets.
-
-    Position t predicts token t + 1, so targets[t] = ids[t + 1]; where that token is padding
-    (or does not exist) the target is ``ignore_index`` and contributes no loss.
-    """
-    if not sequences or any(len(s) == 0 for s in sequences):
-        raise DataError("pad_batch needs at least one sequence and no empty sequence.")
-    length = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), length), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
-        mask[row, : len(seq)] = 1
-    targets = torch.full_like(ids, ignore_index)
-    targets[:, :-1] = torch.where(mask[:, 1:].bool(), ids[:, 1:], ignore_index)
-    return PaddedBatch(ids, mask, targets)

@@ -74,24 +74,6 @@ def setup_distributed(device: str, strategy: str = "auto") -> DistributedContext
                               strategy="fsdp" if strategy == "fsdp" else "ddp")
 
 
-def wrap_model(model: torch.nn.Module, ctx: DistributedContext, compile: bool = False) -> torch.nn.Module:
-    """The module the training step calls: compiled and/or DDP-wrapped. FSDP2 shards
-    ``model`` in place (every block, then the root: each block's weights are gathered just
-    before it runs and freed after), so the returned module is ``model`` itself."""
-    if ctx.sharded:
-        from torch.distributed.fsdp import fully_shard
-
-        for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
-    train_model: torch.nn.Module = torch.compile(model) if compile else model
-    if ctx.strategy == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        device_ids = [torch.device(ctx.device).index] if ctx.device.startswith("cuda") else None
-        train_model = DistributedDataParallel(train_model, device_ids=device_ids)
-    return train_model
-
 
 def rank_slice(batch: torch.Tensor, ctx: DistributedContext) -> torch.Tensor:
     """This rank's rows of a global batch (B * world_size, ...) -> (B, ...)."""

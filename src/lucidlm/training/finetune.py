@@ -25,7 +25,8 @@ from lucidlm.training.batches import ExampleBatches, WindowBatches
 from lucidlm.training.callbacks import Console, MetricsLog, Sampler
 from lucidlm.training.checkpointer import TRAINABLE_NAME, Checkpointer
 from lucidlm.training.config import FinetuneConfig
-from lucidlm.training.distributed import barrier, cleanup_distributed, setup_distributed, wrap_model
+from lucidlm.training.distributed import barrier, cleanup_distributed, setup_distributed
+from lucidlm.training.step import wrap_model
 from lucidlm.training.loop import Callback, Trainer, TrainResult
 from lucidlm.training.setup import (autocast_dtype, check_same_settings, configure_optimizer, open_run,
                                    resolve_device, resolved)
@@ -94,7 +95,7 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
     if found is not None:
         check_same_settings(run_config, saved_config, found[1], found[0], ctx)
     torch.manual_seed(config.seed + ctx.rank)
-    train_model = wrap_model(model, ctx, config.compile)
+    train_model = wrap_model(model, ctx, config.compile, config.compile_mode)
     optimizer = configure_optimizer(model, run_config, device, ctx.sharded)
 
     def export(directory: Path) -> None:

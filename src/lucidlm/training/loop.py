@@ -2,7 +2,8 @@
 learning-rate schedule, evaluation and checkpoint cadence.
 
 Everything else is handed in (recipes in ``pretrain.py`` / ``finetune.py`` build it): the
-model (and the wrapped module that trains: DDP, FSDP, compiled), the batches, the
+model (and ``train_model``, the module a micro-step calls with (ids, targets) to get the
+loss: ``step.TrainStep``, compiled and/or under DDP/FSDP), the batches, the
 optimizer, a checkpointer and callbacks (progress bar, metrics file and plot, samples).
 
 No step reads a value back from the device: losses stay tensors until every
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +23,11 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from lucidlm.training.distributed import DistributedContext, any_rank, cleanup_distributed, gather_rng_states
+from lucidlm.training.distributed import DistributedContext, any_rank, gather_rng_states
+from lucidlm.training.interrupt import install_interrupt_handler
 from lucidlm.training.loss import masked_cross_entropy
 from lucidlm.training.schedule import get_lr
+from lucidlm.training.step import TrainStep
 
 
 @dataclass
@@ -56,7 +58,7 @@ class Trainer:
                  callbacks: Sequence[Callback] = (), ctx: Optional[DistributedContext] = None,
                  autocast_dtype: Optional[torch.dtype] = None) -> None:
         self.model, self.data, self.optimizer, self.config = model, data, optimizer, config
-        self.train_model = train_model if train_model is not None else model
+        self.train_model = train_model if train_model is not None else TrainStep(model)
         self.checkpointer, self.callbacks = checkpointer, list(callbacks)
         self.ctx = ctx or DistributedContext(device=str(next(model.parameters()).device))
         self.device = torch.device(self.ctx.device)
@@ -99,7 +101,10 @@ class Trainer:
         self.train_model.train()
         total = torch.zeros((), device=self.device)
         accumulation = cfg.gradient_accumulation_steps
+        cuda_graphs = getattr(cfg, "compile", False) and getattr(cfg, "compile_mode", "") == "reduce-overhead"
         for micro_step in range(accumulation):
+            if cuda_graphs:  # a new replay may reuse the last one's output memory
+                torch.compiler.cudagraph_mark_step_begin()
             x, y = self.data.next()  # (B, T) each, already on the device
             last = micro_step == accumulation - 1
             # Under DDP, all-reduce gradients once per step, on the last micro-batch only.
@@ -107,9 +112,8 @@ class Trainer:
             sync = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
             with sync:
                 with self.autocast():
-                    logits = self.train_model(x)  # (B, T, V)
+                    loss = self.train_model(x, y) / accumulation  # model + masked cross-entropy
                 self.data.prefetch()  # the next batch is read while the device computes
-                loss = masked_cross_entropy(logits, y) / accumulation
                 loss.backward()
             total += loss.detach()
         if cfg.grad_clip > 0:
@@ -209,7 +213,7 @@ class Trainer:
         cfg, ctx = self.config, self.ctx
         self._start = time.perf_counter()
         interrupted, checkpoint_path = False, None
-        previous_handler = self._install_interrupt_handler()
+        previous_handler = install_interrupt_handler(self)
         if ctx.is_main:
             for callback in self.callbacks:
                 callback.on_fit_start(self)
@@ -256,21 +260,5 @@ class Trainer:
         """Finish the current step, save a checkpoint and return (what Ctrl-C does)."""
         self._stop_requested = True
 
-    def _install_interrupt_handler(self) -> Any:
-        """First Ctrl-C: stop after the current step and save. Second: abort at once.
-        Stopping between steps keeps the checkpoint consistent, so --resume stays exact."""
-        if threading.current_thread() is not threading.main_thread():
-            return None
 
-        def on_sigint(signum: int, frame: Any) -> None:
-            if self._stop_requested:
-                raise KeyboardInterrupt
-            self._stop_requested = True
-            if self.ctx.is_main:
-                print("\nCtrl-C: stopping after this step and saving a checkpoint (Ctrl-C again to abort).",
-                      flush=True)
-
-        return signal.signal(signal.SIGINT, on_sigint)
-
-
-__all__ = ["Callback", "Trainer", "TrainResult", "cleanup_distributed"]
+__all__ = ["Callback", "Trainer", "TrainResult"]

@@ -26,7 +26,8 @@ from lucidlm.training.callbacks import Console, MetricsLog, Sampler
 from lucidlm.training.checkpointer import Checkpointer
 from lucidlm.training.config import TrainConfig
 from lucidlm.training.data import check_enough_data, prepare_data
-from lucidlm.training.distributed import barrier, cleanup_distributed, setup_distributed, wrap_model
+from lucidlm.training.distributed import barrier, cleanup_distributed, setup_distributed
+from lucidlm.training.step import wrap_model
 from lucidlm.training.loop import Callback, Trainer, TrainResult
 from lucidlm.training.setup import (autocast_dtype, check_same_settings, configure_optimizer, open_run,
                                    resolve_device, resolved)
@@ -93,7 +94,7 @@ def _build(config: TrainConfig, ctx: Any, callbacks: Sequence[Callback]) -> Trai
     torch.manual_seed(config.seed + ctx.rank)  # dropout masks differ between ranks
     if device.type == "cuda":
         torch.cuda.manual_seed(config.seed + ctx.rank)
-    train_model = wrap_model(model, ctx, config.compile)  # FSDP shards `model` in place
+    train_model = wrap_model(model, ctx, config.compile, config.compile_mode)  # FSDP shards `model` in place
     optimizer = configure_optimizer(model, config, device, ctx.sharded)
     batches = WindowBatches(data.train, data.val, config.batch_size, block_size, config.seed, ctx)
     checkpointer = Checkpointer(out_dir, model, optimizer, saved_config, ctx)

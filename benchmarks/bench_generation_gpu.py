@@ -1,0 +1,282 @@
+"""GPU decoding, side by side: lucidlm (eager, compiled, int8) vs transformers (dynamic cache,
+static cache + torch.compile), on one random Llama-3.2-1B-shaped model in bf16, same weights.
+
+Model: d_model 2048, 16 layers, 32 heads, 8 KV heads, head_dim 64, ffn 8192, vocab 128256,
+tied embeddings, rope theta 500000. 16 random prompt tokens, 256 greedy new tokens (EOS off),
+batch 1 and 8. Each engine is warmed up (compiled, CUDA graphs recorded) before it is timed;
+the figure is the best of the timed runs, prompt pass included. The limit is a measured
+device-to-device copy: a decode step reads every weight once, so weight bytes / bandwidth is
+the shortest a step can take; "% of copy" = tok/s x weight bytes / bandwidth (batch 1).
+
+Also checks, on a tiny bf16 model on the GPU, that compiled greedy tokens equal eager ones.
+
+    python benchmarks/bench_generation_gpu.py [--out benchmarks/results] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+import traceback
+from datetime import date
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from lucidlm import LanguageModel, preset  # noqa: E402
+
+SHAPE = dict(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64, d_mlp=8192,
+             tie_embeddings=True, rope_theta=500000.0, norm_eps=1e-5, max_seq_len=2048)
+PROMPT_LEN, NEW_TOKENS, BATCHES = 16, 256, (1, 8)
+DEVICE = "cuda"  # --smoke runs a shrunken model on the CPU, to try the script without a GPU
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(gib: int = 2, repeats: int = 20) -> float:
+    """Bytes moved per second (read + write) by a device-to-device copy of ``gib`` GiB."""
+    if DEVICE != "cuda":
+        return 42e9  # the 2-core CPU's measured copy rate (DESIGN.md); smoke runs only
+    src = torch.empty(gib << 30, dtype=torch.uint8, device=DEVICE)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1e3
+    del src, dst
+    return 2 * (gib << 30) * repeats / seconds
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.data_ptr() in seen or t.dtype == torch.float64:
+            continue  # the float64 rotary table is looked up per position, not read whole
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def timed(run: Callable[[], Any], runs: int) -> tuple[float, float, Any]:
+    """(seconds of the first call, i.e. warm-up and compile; best of ``runs`` after a second
+    warm call; the last output)."""
+    sync()
+    t = time.perf_counter()
+    out = run()
+    sync()
+    first = time.perf_counter() - t
+    run()  # CUDA graphs are recorded on the first calls after compiling
+    best = float("inf")
+    for _ in range(runs):
+        sync()
+        t = time.perf_counter()
+        out = run()
+        sync()
+        best = min(best, time.perf_counter() - t)
+    return first, best, out
+
+
+def lucidlm_model(seed: int = 0) -> LanguageModel:
+    torch.manual_seed(seed)
+    with torch.device(DEVICE):
+        model = LanguageModel(preset("llama", **SHAPE))
+    return model.to(torch.bfloat16).eval()
+
+
+def lucidlm_run(model: LanguageModel, prompts: list[list[int]]) -> Callable[[], list[list[int]]]:
+    def run() -> list[list[int]]:
+        out = model.generate(prompts, max_new_tokens=NEW_TOKENS, temperature=0, stop_on_eos=False)
+        return [r.token_ids for r in out]
+    return run
+
+
+def hf_model(ours: LanguageModel) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lucidlm.weights.hf import hf_config, hf_state_dict
+
+    config = LlamaConfig(**hf_config(ours))
+    with torch.device(DEVICE):
+        hf = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    missing, unexpected = hf.load_state_dict(hf_state_dict(ours), strict=False)
+    assert not unexpected and all("lm_head" in m for m in missing), (missing, unexpected)
+    hf.tie_weights()
+    return hf
+
+
+def hf_run(hf: Any, prompts: list[list[int]], static: bool) -> Callable[[], list[list[int]]]:
+    ids = torch.tensor(prompts, device=DEVICE)
+    options: dict[str, Any] = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                                   pad_token_id=0, attention_mask=torch.ones_like(ids))
+    if static:  # transformers compiles the forward itself for a static cache (CUDA graphs)
+        options["cache_implementation"] = "static"
+
+    def run() -> list[list[int]]:
+        with torch.inference_mode():
+            return hf.generate(ids, **options)[:, PROMPT_LEN:].tolist()
+    return run
+
+
+def same_prefix(a: list[list[int]], b: list[list[int]]) -> int:
+    """Tokens two engines agree on, row 0 (random bf16 weights: near-ties may split later)."""
+    n = 0
+    for x, y in zip(a[0], b[0]):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def cuda_compile_check() -> dict[str, Any]:
+    """Compiled greedy == eager greedy, bf16, on CUDA, one row and a left-padded batch."""
+    torch.manual_seed(1)
+    with torch.device(DEVICE):
+        model = LanguageModel(preset("llama", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, vocab_size=300,
+                                     max_seq_len=512, multiple_of=32))
+    model = model.to(torch.bfloat16).eval()
+    with torch.no_grad():
+        model.unembed.weight.mul_(40.0)  # sharp logits: greedy choices far from bf16 ties
+    cases = {"one row": [[5, 6, 7, 8]], "padded batch": [[5, 6, 7, 8, 9], [10, 11]]}
+    eager = {k: [r.token_ids for r in model.generate(v, max_new_tokens=48, temperature=0, stop_on_eos=False)]
+             for k, v in cases.items()}
+    model.compile()
+    compiled = {k: [r.token_ids for r in model.generate(v, max_new_tokens=48, temperature=0, stop_on_eos=False)]
+                for k, v in cases.items()}
+    return {k: eager[k] == compiled[k] for k in cases}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--skip", action="append", default=[], help="engine names to leave out")
+    parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU: checks the script runs")
+    args = parser.parse_args()
+    global DEVICE, NEW_TOKENS
+    if args.smoke:
+        DEVICE, NEW_TOKENS = "cpu", 8
+        SHAPE.update(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_mlp=128)
+    elif not torch.cuda.is_available():
+        sys.exit("bench_generation_gpu.py needs a CUDA GPU (or --smoke).")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {
+        "date": date.today().isoformat(), "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke run)",
+        "python": platform.python_version(), "model": SHAPE, "prompt_tokens": PROMPT_LEN,
+        "new_tokens": NEW_TOKENS, "rows": [], "errors": {},
+    }
+
+    def save() -> None:
+        (out_dir / "generation_gpu.json").write_text(json.dumps(results, indent=2) + "\n")
+
+    try:
+        if DEVICE == "cuda":
+            results["cuda_compiled_equals_eager"] = cuda_compile_check()
+    except Exception:  # noqa: BLE001 - recorded, the benchmark goes on
+        results["errors"]["cuda_compile_check"] = traceback.format_exc()[-2000:]
+    print("compiled == eager on CUDA (bf16, tiny):", results.get("cuda_compiled_equals_eager"), flush=True)
+
+    bandwidth = copy_bandwidth()
+    results["copy_bandwidth_bytes_per_s"] = bandwidth
+    ours = lucidlm_model()
+    wbytes = weight_bytes(ours)
+    results["weight_bytes"] = wbytes
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; weights {wbytes / 1e9:.2f} GB; "
+          f"limit {bandwidth / wbytes:.0f} tok/s at batch 1", flush=True)
+    generator = torch.Generator().manual_seed(0)
+    prompts = {b: torch.randint(0, SHAPE["vocab_size"], (b, PROMPT_LEN), generator=generator).tolist()
+               for b in BATCHES}
+    outputs: dict[str, Any] = {}
+
+    def measure(engine: str, make_run: Callable[[list[list[int]]], Callable[[], Any]]) -> None:
+        if engine in args.skip:
+            return
+        for b in BATCHES:
+            try:
+                first, best, out = timed(make_run(prompts[b]), args.runs)
+            except Exception:  # noqa: BLE001
+                results["errors"][f"{engine} b{b}"] = traceback.format_exc()[-2000:]
+                print(f"{engine} batch {b}: FAILED\n{results['errors'][f'{engine} b{b}']}", flush=True)
+                continue
+            tok_s = b * NEW_TOKENS / best
+            row = {"engine": engine, "batch": b, "tok_s": tok_s, "seconds": best, "first_call_s": first,
+                   "pct_of_copy": 100 * tok_s / b * wbytes / bandwidth}
+            outputs[(engine, b)] = out
+            results["rows"].append(row)
+            print(f"{engine:34s} batch {b}: {tok_s:8.1f} tok/s  (first call {first:6.1f} s)", flush=True)
+            save()
+
+    measure("lucidlm eager", lambda p: lucidlm_run(ours, p))
+    hf = hf_model(ours)
+    measure("transformers dynamic cache", lambda p: hf_run(hf, p, static=False))
+    measure("transformers static cache + compile", lambda p: hf_run(hf, p, static=True))
+    del hf
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    ours.compile()
+    measure("lucidlm compiled", lambda p: lucidlm_run(ours, p))
+    if "lucidlm int8 compiled" not in args.skip:
+        try:
+            from lucidlm.quantization import quantize
+
+            del ours
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+            int8 = quantize(lucidlm_model(), "int8").compile()
+            results["weight_bytes_int8"] = weight_bytes(int8)
+            measure("lucidlm int8 compiled", lambda p: lucidlm_run(int8, p))
+        except Exception:  # noqa: BLE001
+            results["errors"]["lucidlm int8"] = traceback.format_exc()[-2000:]
+
+    for (engine, b), out in outputs.items():
+        reference = outputs.get(("transformers dynamic cache", b))
+        if reference is not None:
+            for row in results["rows"]:
+                if row["engine"] == engine and row["batch"] == b:
+                    row["tokens_equal_to_transformers_row0"] = same_prefix(out, reference)
+    save()
+    print(table(results))
+    (out_dir / "generation_gpu.md").write_text(table(results) + "\n")
+
+
+def table(results: dict[str, Any]) -> str:
+    rows = results["rows"]
+    by = {(r["engine"], r["batch"]): r for r in rows}
+    engines = list(dict.fromkeys(r["engine"] for r in rows))
+    static = by.get(("transformers static cache + compile", 1))
+    lines = [
+        f"GPU decoding, {results['date']}, {results['device']} (torch {results['torch']}): random "
+        f"Llama-3.2-1B-shaped model, bf16, {results['prompt_tokens']} prompt tokens, {results['new_tokens']} "
+        f"greedy new tokens. Copy bandwidth {results['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, weights "
+        f"{results['weight_bytes'] / 1e9:.2f} GB: at most "
+        f"{results['copy_bandwidth_bytes_per_s'] / results['weight_bytes']:.0f} tok/s at batch 1.",
+        "",
+        "| engine | batch 1 tok/s | % of copy bandwidth | vs transformers static+compile | batch 8 tok/s | first call s (b1) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for engine in engines:
+        b1, b8 = by.get((engine, 1)), by.get((engine, 8))
+        ratio = f"{b1['tok_s'] / static['tok_s']:.2f}x" if b1 and static else "-"
+        lines.append(f"| {engine} | {b1['tok_s']:.0f} | {b1['pct_of_copy']:.1f} % | {ratio} | "
+                     f"{b8['tok_s']:.0f} | {b1['first_call_s']:.1f} |" if b1 and b8 else f"| {engine} | - | - | - | - | - |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The module one training micro-step calls: ids and targets in, the loss out.
+
+Wrapping the loss together with the model lets ``torch.compile`` take forward, loss and
+backward as one graph, and DDP see one module. It calls the model's unchecked ``step``
+when the model has one: the token ids of a prepared dataset are in range by
+construction (the tokenizer made them), so the per-call range check of ``forward``
+(a read-back of the ids, which stalls the GPU queue and breaks the compiled graph) is
+not repeated on every batch. Under FSDP the model's own ``__call__`` runs (its hooks
+gather the sharded weights), so the checked ``forward`` runs there.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from lucidlm.training.distributed import DistributedContext
+from lucidlm.training.loss import masked_cross_entropy
+
+
+class TrainStep(nn.Module):
+    def __init__(self, model: nn.Module, unchecked: bool = True) -> None:
+        super().__init__()
+        self.model = model
+        self.unchecked = unchecked and callable(getattr(model, "step", None))
+
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.model.step(ids) if self.unchecked else self.model(ids)  # (B, T, V)
+        return masked_cross_entropy(logits, targets)
+
+
+def wrap_model(model: nn.Module, ctx: DistributedContext, compile: bool = False,
+               compile_mode: Optional[str] = None) -> nn.Module:
+    """The module the training step calls: ``TrainStep`` compiled and/or DDP-wrapped. FSDP2
+    shards ``model`` in place (every block, then the root: each block's weights are
+    gathered just before it runs and freed after)."""
+    if ctx.sharded:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    step: nn.Module = TrainStep(model, unchecked=not ctx.sharded)
+    if compile:
+        step = torch.compile(step, mode=None if compile_mode in (None, "default") else compile_mode)
+    if ctx.strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [torch.device(ctx.device).index] if ctx.device.startswith("cuda") else None
+        step = DistributedDataParallel(step, device_ids=device_ids)
+    return step
