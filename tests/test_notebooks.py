@@ -41,3 +41,13 @@ def test_notebook_000_numpy_forward():
     assert "logits (32, 1000)" in text
     assert _value(text, "max relative difference") < 1e-9
     assert _value(text, "max |hook_embed - numpy embeddings|") < 1e-9
+
+
+def test_notebook_001_llama_pieces(smollm2):  # the fixture: the embedded SmolLM2 must be installed
+    text, _ = _run("001_llama_from_scratch.ipynb")
+    assert "30 layers; 9 query heads, 3 key/value heads" in text
+    assert "next token: ' Paris'" in text
+    assert _value(text, "max |rms - hook_scale|") < 1e-5
+    assert _value(text, "max |pattern - recomputed|") < 1e-5
+    assert _value(text, "max |swiglu - hook_post|") < 1e-5
+    assert "generated: ' Paris" in text

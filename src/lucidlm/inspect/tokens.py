@@ -83,7 +83,7 @@ def to_tokens(model: nn.Module, text: Text, prepend_bos: Optional[bool] = None, 
         span = slice(width - len(row), width) if padding_side == "left" else slice(0, len(row))
         ids[i, span] = torch.tensor(row, dtype=torch.long)
         mask[i, span] = 1
-    device = model.embed.weight.device
+    device = model.device  # a quantized embedding has no float weight
     ids, mask = ids.to(device), mask.to(device)
     return (ids, mask) if return_attention_mask else ids
 
