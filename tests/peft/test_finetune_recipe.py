@@ -156,3 +156,38 @@ def test_epochs_set_the_number_of_steps(base, tmp_path):
     # 40 examples, 10% validate -> 36 train; batch 4 -> 9 steps per epoch; 2 epochs -> 18 steps.
     result = finetune(config(base, tmp_path, epochs=2, lr_decay_iters=None, eval_interval=100, sample_tokens=0))
     assert result.step == 18 and len(result.train_losses) == 18
+
+
+def test_ctrl_c_names_the_command_that_continues_the_run(base, tmp_path, monkeypatch, capsys):
+    """The interrupt message's command, run as printed, resumes the run and finishes it."""
+    import argparse
+    import os
+    import shlex
+    import signal
+
+    from lucidlm.commands import finetune as finetune_command
+    from lucidlm.training import Trainer
+
+    original = Trainer.train_step
+
+    def step_then_ctrl_c(self):
+        loss = original(self)
+        if self.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # delivered to the trainer's handler
+        return loss
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_ctrl_c)
+    stopped = finetune(config(base, tmp_path / "run dir"))
+    assert stopped.interrupted and stopped.step == 3
+    lines = capsys.readouterr().out.splitlines()
+    told = lines.index(next(line for line in lines if line.startswith("interrupted: saved a checkpoint at step 3")))
+    command = shlex.split(lines[told + 1])
+    assert command[:2] == ["lucidlm", "finetune"] and command.count("--resume") == 1
+    monkeypatch.undo()
+
+    parser = argparse.ArgumentParser()
+    finetune_command.register(parser.add_subparsers())
+    args = parser.parse_args(command[1:])
+    assert args.handler(args) == 0
+    printed = capsys.readouterr().out
+    assert ", resuming at step 3" in printed and "done in" in printed and "step 8," in printed

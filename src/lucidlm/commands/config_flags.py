@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Union
+
+from lucidlm.training.config import flag_of
 
 
 def _base_type(annotation: Any) -> type:
@@ -32,12 +34,10 @@ def add_config_flags(parser: argparse.ArgumentParser | Any, config_class: type, 
         kind = _base_type(hints[f.name])
         help_text = meta.get("help", "")
         if kind is bool:
-            flag = meta.get("flag") or (f"--no-{f.name.replace('_', '-')}" if f.default else
-                                        f"--{f.name.replace('_', '-')}")
-            parser.add_argument(flag, dest=f.name, action="store_false" if f.default else "store_true",
+            parser.add_argument(flag_of(config_class, f.name), dest=f.name, action="store_false" if f.default else "store_true",
                                 help=help_text)
             continue
-        flag = meta.get("flag") or f"--{f.name.replace('_', '-')}"
+        flag = flag_of(config_class, f.name)
         default = defaults[f.name].default
         suffix = "" if "(default" in help_text or default in (None, "") else f" (default: {default})"
         parser.add_argument(flag, dest=f.name, type=kind, default=default, choices=meta.get("choices"),
@@ -49,8 +49,3 @@ def config_from_args(config_class: type, args: argparse.Namespace, **fixed: Any)
     names = {f.name for f in dataclasses.fields(config_class)}
     values = {name: getattr(args, name) for name in names if hasattr(args, name)}
     return config_class(**{**values, **fixed})
-
-
-def flag_of(config_class: type, name: str) -> Optional[str]:
-    field = config_class.__dataclass_fields__[name]
-    return field.metadata.get("flag") or f"--{name.replace('_', '-')}"

@@ -4,7 +4,9 @@
                    (temperature, top-p, seed); with a ``base`` context, the base model too
 - ``MetricsLog``   OUT/metrics.jsonl (one record per evaluation) and OUT/loss.png (losses
                    beside the learning-rate curve)
-- ``Console``      the progress bar and the printed evaluation lines
+- ``Console``      the progress bar (its ETA from training-step time only), evaluation
+                   progress, the printed evaluation lines, a schedule that ends early, and
+                   on Ctrl-C the command that continues the run
 """
 
 from __future__ import annotations
@@ -88,10 +90,16 @@ class MetricsLog(Callback):
 
 
 class Console(Callback):
-    """A tqdm bar (when stderr is a terminal) and one printed line per evaluation."""
+    """A tqdm bar (when stderr is a terminal) and one printed line per evaluation.
 
-    def __init__(self, progress: bool, header: str = "") -> None:
-        self.progress, self.header, self.bar = progress, header, None
+    ``resume_command``: the command that continues this run, shown after Ctrl-C.
+    """
+
+    BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"  # no tqdm ETA
+
+    def __init__(self, progress: bool, header: str = "", resume_command: Optional[str] = None) -> None:
+        self.progress, self.header, self.resume_command = progress, header, resume_command
+        self.bar, self.eval_bar = None, None
 
     def print(self, message: str) -> None:
         if self.bar is not None and not self.bar.disable:
@@ -102,21 +110,46 @@ class Console(Callback):
     def on_fit_start(self, trainer: Trainer) -> None:
         from tqdm.auto import tqdm
 
+        from lucidlm.training.schedule import schedule_warning
+
         if self.header:
             self.print(self.header + (f", resuming at step {trainer.step}" if trainer.step else ""))
+        # tqdm's own ETA divides by wall time, evaluations included; ours counts training steps only.
         self.bar = tqdm(total=trainer.config.max_iters, initial=trainer.step, desc="train", dynamic_ncols=True,
-                        disable=not (self.progress and sys.stderr.isatty()))
+                        bar_format=self.BAR_FORMAT, disable=not (self.progress and sys.stderr.isatty()))
+        warning = schedule_warning(trainer.config)
+        if warning and trainer.step < trainer.config.max_iters:
+            self.print(warning)
+
+    def on_eval_start(self, trainer: Trainer, batches: int) -> None:
+        if self.bar is not None and not self.bar.disable:
+            from tqdm.auto import tqdm
+
+            self.eval_bar = tqdm(total=batches, desc=f"evaluating at step {trainer.step}", leave=False,
+                                 dynamic_ncols=True)
+        else:  # no live bar: say what the wait is, once
+            self.print(f"evaluating at step {trainer.step} (up to {batches} batches)...")
+
+    def on_eval_batch(self, trainer: Trainer) -> None:
+        if self.eval_bar is not None:
+            self.eval_bar.update(1)
 
     def on_log(self, trainer: Trainer, losses: list[float]) -> None:
         self.bar.update(len(losses))
         rate = trainer.tokens_seen / max(trainer.train_time, 1e-9)
+        left = trainer.seconds_left()
         self.bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{trainer.lr_at(trainer.step - 1):.2e}",
-                             tok_s=f"{rate:,.0f}", refresh=False)
+                             tok_s=f"{rate:,.0f}", eta="?" if left is None else format_seconds(left), refresh=False)
 
     def on_evaluate(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if self.eval_bar is not None:
+            self.eval_bar.close()
+            self.eval_bar = None
         speed = f", {record['tokens_per_s']:,.0f} tok/s" if record.get("tokens_per_s") else ""
+        left = trainer.seconds_left()
+        eta = f", eta {format_seconds(left)}" if left is not None and trainer.step < trainer.config.max_iters else ""
         self.print(f"step {record['step']}: train loss {record['train_loss']:.4f}, val loss "
-                   f"{record['val_loss']:.4f} (ppl {record['val_ppl']:.2f}){speed}")
+                   f"{record['val_loss']:.4f} (ppl {record['val_ppl']:.2f}){speed}{eta}")
         if record.get("sample"):
             self.print(f"  sample: {record['sample'][:200]!r}")
         if record.get("base_sample"):
@@ -125,6 +158,16 @@ class Console(Callback):
     def on_fit_end(self, trainer: Trainer, result: TrainResult) -> None:
         if self.bar is not None:
             self.bar.close()
+        if self.eval_bar is not None:
+            self.eval_bar.close()
         if result.interrupted:
+            again = self.resume_command or "the same command with --resume"
             self.print(f"interrupted: saved a checkpoint at step {result.step} in {result.checkpoint}; continue "
-                       f"with --resume.")
+                       f"with:\n  {again}")
+
+
+def format_seconds(seconds: float) -> str:
+    """1:02:03 / 4:05 (h:mm:ss or m:ss), as a countdown reads."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"

@@ -131,6 +131,36 @@ class TrainConfig(LoopConfig):
 PretrainConfig = TrainConfig
 
 
+def flag_of(config_class: type, name: str) -> str:
+    """The command-line flag of a config field (``--field-name`` unless its metadata names one)."""
+    f = config_class.__dataclass_fields__[name]
+    if f.metadata.get("flag"):
+        return f.metadata["flag"]
+    if isinstance(f.default, bool):  # a switch: --name turns on a False default, --no-name off a True one
+        return f"--{'no-' if f.default else ''}{name.replace('_', '-')}"
+    return f"--{name.replace('_', '-')}"
+
+
+def command_line(config: LoopConfig, command: str, world_size: int = 1, **changes: Any) -> str:
+    """``lucidlm COMMAND`` with the flags that give ``config`` (plus ``changes``): the data and
+    output (required flags) and every field that differs from its default, under torchrun for
+    several processes. Tells the user the exact command that resumes a run."""
+    import shlex
+
+    values = {**config.to_dict(), **changes}
+    launcher = ["lucidlm"] if world_size == 1 else ["torchrun", f"--nproc_per_node {world_size}", "-m", "lucidlm"]
+    words = [*launcher, command]
+    required = ("data", "out_dir")
+    for f in sorted(dataclasses.fields(config), key=lambda f: f.name not in required):  # required first
+        value, default = values[f.name], f.default
+        if value is None or (value == default and f.name not in required):
+            continue
+        words.append(flag_of(type(config), f.name))
+        if not isinstance(value, bool):
+            words.append(shlex.quote(str(value)))
+    return " ".join(words)
+
+
 FINETUNE_METHODS = ("lora", "adapter", "prefix", "full")
 DEFAULT_LEARNING_RATES = {"lora": 1e-3, "adapter": 1e-3, "prefix": 3e-3, "full": 1e-4}
 

@@ -24,7 +24,7 @@ from lucidlm.errors import ConfigError
 from lucidlm.training.batches import ExampleBatches, WindowBatches
 from lucidlm.training.callbacks import Console, MetricsLog, Sampler
 from lucidlm.training.checkpointer import TRAINABLE_NAME, Checkpointer
-from lucidlm.training.config import FinetuneConfig
+from lucidlm.training.config import FinetuneConfig, command_line
 from lucidlm.training.distributed import barrier, cleanup_distributed, setup_distributed
 from lucidlm.training.step import wrap_model
 from lucidlm.training.loop import Callback, Trainer, TrainResult
@@ -110,7 +110,8 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
     sampler = Sampler(prompt, config.sample_tokens, model.tokenizer, config.sample_temperature, config.sample_top_p,
                       config.seed if config.sample_seed is None else config.sample_seed, base)
     shown = [sampler, MetricsLog(out_dir, f"{config.method} fine-tune of {Path(base_name).name}"),
-             Console(config.progress and ctx.is_main, header)]
+             Console(config.progress and ctx.is_main, header,
+                     command_line(config, "finetune", ctx.world_size, resume=True))]
     trainer = Trainer(model, data, optimizer, run_config, train_model=train_model, checkpointer=checkpointer,
                       callbacks=[*shown, *callbacks], ctx=ctx, autocast_dtype=autocast_dtype(config.dtype, device))
     trainer.base_name = base_name

@@ -48,6 +48,8 @@ class Callback:
 
     def on_fit_start(self, trainer: "Trainer") -> None: ...
     def on_log(self, trainer: "Trainer", losses: list[float]) -> None: ...
+    def on_eval_start(self, trainer: "Trainer", batches: int) -> None: ...  # up to this many batches
+    def on_eval_batch(self, trainer: "Trainer") -> None: ...
     def on_evaluate(self, trainer: "Trainer", record: dict[str, Any]) -> None: ...
     def on_fit_end(self, trainer: "Trainer", result: TrainResult) -> None: ...
 
@@ -68,7 +70,16 @@ class Trainer:
         self.metrics: list[dict[str, Any]] = []
         self._pending: list[torch.Tensor] = []  # losses of steps not yet read back
         self._stop_requested = False
-        self.train_time, self.tokens_seen = 0.0, 0
+        self.train_time, self.tokens_seen = 0.0, 0  # since the last evaluation (tokens/s)
+        # Seconds spent in training steps this run, and how many steps: the ETA's rate. No
+        # evaluation, sampling or checkpoint time is in it, so the ETA does not jump after one.
+        self.step_seconds, self.steps_timed = 0.0, 0
+
+    def seconds_left(self) -> Optional[float]:
+        """Training-step time still to go at this run's step rate (None before a step is timed)."""
+        if self.steps_timed == 0:
+            return None
+        return max(self.config.max_iters - self.step, 0) * self.step_seconds / self.steps_timed
 
     # ------------------------------------------------------------------ schedule
     def lr_at(self, step: int) -> float:
@@ -142,6 +153,9 @@ class Trainer:
     def estimate_loss(self, iters: int) -> dict[str, float]:
         """Mean loss over up to ``iters`` batches of each split (the same batches every time)."""
         self.model.eval()
+        shown = self.callbacks if self.ctx.is_main else []
+        for callback in shown:
+            callback.on_eval_start(self, 2 * iters)
         out = {}
         for split in ("train", "val"):
             losses = []
@@ -149,6 +163,8 @@ class Trainer:
                 with self.autocast():
                     logits = self.model(x)
                 losses.append(masked_cross_entropy(logits, y))
+                for callback in shown:
+                    callback.on_eval_batch(self)
             out[split] = float(torch.stack(losses).mean())
         self.model.train()
         return out
@@ -229,7 +245,9 @@ class Trainer:
                 self.train_step()
                 if self.step % cfg.log_interval == 0:
                     self._log()
-                self.train_time += time.perf_counter() - t0
+                seconds = time.perf_counter() - t0
+                self.train_time += seconds
+                self.step_seconds, self.steps_timed = self.step_seconds + seconds, self.steps_timed + 1
                 self.tokens_seen += self.tokens_per_step
             if interrupted:
                 checkpoint_path = self.save_checkpoint()

@@ -24,7 +24,7 @@ from lucidlm.model.transformer import Transformer
 from lucidlm.training.batches import WindowBatches
 from lucidlm.training.callbacks import Console, MetricsLog, Sampler
 from lucidlm.training.checkpointer import Checkpointer
-from lucidlm.training.config import TrainConfig
+from lucidlm.training.config import TrainConfig, command_line
 from lucidlm.training.data import check_enough_data, prepare_data
 from lucidlm.training.distributed import barrier, cleanup_distributed, setup_distributed
 from lucidlm.training.step import wrap_model
@@ -105,7 +105,7 @@ def _build(config: TrainConfig, ctx: Any, callbacks: Sequence[Callback]) -> Trai
     sampler = Sampler(prompt, config.sample_tokens, data.tokenizer, config.sample_temperature, config.sample_top_p,
                       config.seed if config.sample_seed is None else config.sample_seed)
     shown = [sampler, MetricsLog(out_dir, f"{config.preset} on {Path(config.data).name}"),
-             Console(progress, header)]
+             Console(progress, header, command_line(config, "train", ctx.world_size, resume=True))]
     trainer = Trainer(model, batches, optimizer, config, train_model=train_model, checkpointer=checkpointer,
                       callbacks=[*shown, *callbacks], ctx=ctx, autocast_dtype=autocast_dtype(config.dtype, device))
     trainer.corpus = data

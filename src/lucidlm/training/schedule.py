@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any, Optional
 
 
 def get_lr(step: int, learning_rate: float, warmup_iters: int, lr_decay_iters: int, min_lr: float) -> float:
@@ -18,3 +19,24 @@ def get_lr(step: int, learning_rate: float, warmup_iters: int, lr_decay_iters: i
     decay_ratio = (step - warmup_iters) / max(1, lr_decay_iters - warmup_iters)  # 0 -> 1
     coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # 1 -> 0
     return min_lr + coeff * (learning_rate - min_lr)
+
+
+def schedule_warning(config: Any) -> Optional[str]:
+    """One line when ``max_iters`` stops the schedule early (inside the warm-up, or before the
+    cosine decay reaches ``min_lr``), or None. The schedule is left as set rather than
+    rescaled to ``max_iters``: ``--resume --max-iters N`` may lengthen a run, and a schedule
+    tied to ``max_iters`` would then change the rates of steps already planned; the line
+    names the flags that fit the schedule to the run instead."""
+    if not config.decay_lr or config.max_iters <= 0:
+        return None
+    last = config.max_iters - 1  # the last step's 0-based index
+    lr = get_lr(last, config.learning_rate, config.warmup_iters, config.lr_decay_iters, config.min_lr)
+    if config.max_iters < config.warmup_iters:
+        where = f"inside the {config.warmup_iters}-step warm-up"
+    elif config.max_iters < config.lr_decay_iters:
+        where = f"before the cosine decay reaches --min-lr {config.min_lr:g} at step {config.lr_decay_iters}"
+    else:
+        return None
+    return (f"warning: --max-iters {config.max_iters} ends {where}; the last step's learning rate is {lr:.3g} "
+            f"(peak --learning-rate {config.learning_rate:g}). Pass --warmup-iters and --lr-decay-iters "
+            f"<= {config.max_iters} to fit the schedule to the run.")
