@@ -51,3 +51,15 @@ def test_notebook_001_llama_pieces(smollm2):  # the fixture: the embedded SmolLM
     assert _value(text, "max |pattern - recomputed|") < 1e-5
     assert _value(text, "max |swiglu - hook_post|") < 1e-5
     assert "generated: ' Paris" in text
+
+
+def test_notebook_003_components_streaming(smollm2):  # the fixture: the embedded SmolLM2 must be installed
+    text, _ = _run("003_components_streaming.ipynb")
+    for label in ("max |RMSNorm - formula|", "max |RoPE interleaved - complex form|", "max |RoPE half - complex form|",
+                  "max |Attention - sdpa|", "max |sdpa - softmax formula|", "max |MLP - swiglu formula|"):
+        assert _value(text, label) < 1e-5, label
+    assert "norms kept: True" in text
+    entropies = [float(line.split("entropy ")[1].split()[0]) for line in text.splitlines() if line.startswith("T=")]
+    assert len(entropies) == 3 and entropies[0] < entropies[1] < entropies[2]  # hotter is flatter
+    assert "stream joined == generate: True" in text
+    assert len(next(line for line in text.splitlines() if line.startswith("streamed: "))) > len("streamed: ''")
