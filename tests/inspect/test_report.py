@@ -126,3 +126,24 @@ def test_through_cli_main(tiny_model, tmp_path, capsys):
     assert main(["inspect", "\u00e9", "--model", str(tmp_path / "model"), "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("lucidlm inspect: error:") and "alphabet" in err and "\n" not in err
+
+
+def test_report_displays_inline_in_its_own_frame(tiny_model):
+    from html.parser import HTMLParser
+
+    class Frames(HTMLParser):  # what a browser sees: the iframes and their decoded srcdoc pages
+        def __init__(self):
+            super().__init__()
+            self.frames, self.other = [], []
+
+        def handle_starttag(self, tag, attrs):
+            (self.frames if tag == "iframe" else self.other).append(dict(attrs))
+
+    page = build_report(tiny_model, TEXT)
+    first, second = page._repr_html_(), page._repr_html_()
+    parsed = Frames()
+    parsed.feed(first + second)
+    assert len(parsed.frames) == 2 and parsed.other == []  # nothing of the page leaks beside the frame
+    assert parsed.frames[0]["id"] != parsed.frames[1]["id"]  # two displays never share an id
+    assert parsed.frames[0]["srcdoc"] == page  # the whole page, unchanged, self-contained
+    assert "allow-scripts" in parsed.frames[0]["sandbox"]

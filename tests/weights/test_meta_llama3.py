@@ -1,5 +1,6 @@
-"""Meta's Llama 3 format (params.json + consolidated.00.pth + tiktoken tokenizer.model), on a
-tiny random checkpoint written here the way Meta's release lays it out.
+"""Meta's Llama 3 format (params.json + consolidated.*.pth + tiktoken tokenizer.model), on a
+tiny random checkpoint written here the way Meta's release lays it out, as one file and as
+model-parallel shards.
 
 Oracles: transformers' own ``convert_llama_weights_to_hf.write_model`` (the script Meta's
 checkpoints are converted with; scripts/install.sh --test fetches it from the last wheel
@@ -73,7 +74,7 @@ def write_meta_checkpoint(directory: Path, seed: int = 0, params: dict | None = 
     ranks = tiny_ranks()
     (directory / "tokenizer.model").write_text(
         "".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()))
-    params = dict(PARAMS, vocab_size=len(ranks) + 256, **(params or {}))
+    params = {**PARAMS, "vocab_size": len(ranks) + 256, **(params or {})}
     (directory / "params.json").write_text(json.dumps(params))
     dim, head_dim = params["dim"], params["dim"] // params["n_heads"]
     hidden = 32 * ((int(1.3 * int(8 * dim / 3)) + 31) // 32)
@@ -174,3 +175,81 @@ def test_the_pickle_payload_really_would_run_code(tmp_path, capsys):
     assert "code ran" in capsys.readouterr().out
     with pytest.raises(pickle.UnpicklingError):
         torch.load(path, weights_only=True)
+
+
+# Model-parallel shards (70B ships as consolidated.00.pth ... .07.pth). The split here is written
+# independently of lucidlm from fairscale's layout, as transformers' converter reverses it:
+# column-parallel (wq/wk/wv, w1/w3, output) cut along dim 0, row-parallel (wo, w2) along dim 1,
+# norms copied whole; the embedding is cut along the vocabulary in Llama 3, the width in Llama 1/2.
+def split_dim_of(name: str, embed_dim: int) -> int | None:
+    if name == "tok_embeddings.weight":
+        return embed_dim
+    if name.endswith(("wo.weight", "w2.weight")):
+        return 1
+    return None if name.endswith("norm.weight") else 0
+
+
+def write_shards(one: Path, out: Path, n: int, embed_dim: int = 0) -> Path:
+    out.mkdir()
+    for f in ("params.json", "tokenizer.model"):
+        (out / f).write_bytes((one / f).read_bytes())
+    state = torch.load(one / "consolidated.00.pth", weights_only=True)
+    for rank in range(n):
+        shard = {k: v.clone() if split_dim_of(k, embed_dim) is None else v.chunk(n, split_dim_of(k, embed_dim))[rank]
+                 .clone() for k, v in state.items()}
+        torch.save(shard, out / f"consolidated.{rank:02d}.pth")
+    return out
+
+
+@pytest.mark.parametrize("n_shards,n_kv_heads,embed_dim", [(2, 2, 0), (4, 4, 0), (2, 2, 1)])
+def test_sharded_checkpoint_loads_like_the_single_file(tmp_path, n_shards, n_kv_heads, embed_dim):
+    one = write_meta_checkpoint(tmp_path / "one", seed=3, params=dict(n_kv_heads=n_kv_heads, vocab_size=608))
+    many = write_shards(one, tmp_path / "many", n_shards, embed_dim)
+    ids = torch.randint(0, 600, (2, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = lucidlm.load(one)(ids)
+        assert expected.std() > 0.3
+        assert torch.equal(lucidlm.load(many)(ids), expected)
+
+
+def test_sharded_logits_match_transformers_conversion_script(tmp_path, converter):
+    meta = write_shards(write_meta_checkpoint(tmp_path / "one", seed=4, params=dict(vocab_size=608)), tmp_path / "meta", 2)
+    vocab = json.loads((meta / "params.json").read_text())["vocab_size"]
+    converter.write_model(str(tmp_path / "hf"), str(meta), llama_version="3", vocab_size=vocab, num_shards=2)
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    ids = torch.randint(0, vocab, (2, 32), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = hf(ids).logits
+        assert expected.std() > 0.3
+        assert_close(lucidlm.load(meta)(ids), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_inconsistent_shards_are_refused_naming_shard_and_tensor(tmp_path):
+    one = write_meta_checkpoint(tmp_path / "one", params=dict(n_kv_heads=4, vocab_size=608))
+    many = write_shards(one, tmp_path / "many", 4)
+    (many / "consolidated.02.pth").rename(tmp_path / "away.pth")
+    with pytest.raises(CheckpointError, match=r"holds 3 shards but lacks consolidated\.02\.pth"):
+        lucidlm.load(many)
+    (many / "consolidated.03.pth").unlink()  # now 00, 01: two quarters look like a 2-shard split gone wrong
+    with pytest.raises(CheckpointError, match=r"consolidated\.00\.pth: tensor 'tok_embeddings\.weight' has "
+                                              r"shape \(152, 64\), expected \(304, 64\) \(1/2 of \(608, 64\)"):
+        lucidlm.load(many)
+    two = write_shards(one, tmp_path / "two", 2)
+    state = torch.load(two / "consolidated.01.pth", weights_only=True)
+    torch.save(dict(state, **{"layers.1.ffn_norm.weight": state["layers.1.ffn_norm.weight"] + 1}),
+               two / "consolidated.01.pth")
+    with pytest.raises(CheckpointError, match=r"consolidated\.01\.pth: replicated tensor 'layers\.1\.ffn_norm"):
+        lucidlm.load(two)
+    del state["layers.1.ffn_norm.weight"]
+    torch.save(state, two / "consolidated.01.pth")
+    with pytest.raises(CheckpointError, match=r"consolidated\.01\.pth: its tensor names differ.*ffn_norm"):
+        lucidlm.load(two)
+    (two / "consolidated.01.pth").rename(two / "consolidated.02.pth")
+    with pytest.raises(CheckpointError, match=r"lacks consolidated\.01\.pth"):
+        lucidlm.load(two)
+    three = write_shards(one, tmp_path / "three", 2)
+    (three / "consolidated.02.pth").write_bytes((three / "consolidated.01.pth").read_bytes())
+    with pytest.raises(CheckpointError, match=r"3 shards cannot split 4 query / 4 KV heads"):
+        lucidlm.load(three)

@@ -79,8 +79,9 @@ def _first_row(ids: Any) -> list[int]:
 def _lens_html(lens: LogitLens) -> str:
     """A self-contained table: one row per layer, one column per position, shaded by probability."""
     import html
-    import uuid
-    view_id = f"lucidlm-lens-{uuid.uuid4().hex[:12]}"
+
+    from lucidlm.inspect.views import element_id
+    view_id = element_id("lens")
     head = "".join(f"<th>{html.escape(t)}</th>" for t in lens.input_tokens)
     rows = []
     for label, row in zip(lens.layer_labels, lens.table()):

@@ -11,7 +11,6 @@ that attention map.
 from __future__ import annotations
 
 import html
-import json
 import os
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -23,6 +22,7 @@ from lucidlm.errors import InputError
 from lucidlm.inspect.cache import run_with_cache
 from lucidlm.inspect.logit_lens import logit_lens
 from lucidlm.inspect.steps import to_str_tokens, to_tokens
+from lucidlm.inspect.views import iframe_html, script_json
 
 # Every attention map is embedded (n_layers * n_heads * T^2 numbers): keep pages loadable.
 MAX_REPORT_TOKENS = 256
@@ -70,15 +70,23 @@ def report_data(model: nn.Module, text: str, top_k: int = 5) -> dict[str, Any]:
     }
 
 
-def build_report(model: nn.Module, text: str, top_k: int = 5, title: Optional[str] = None) -> str:
-    """The report as one self-contained HTML string (pure ASCII: non-ASCII text is escaped)."""
+class Report(str):
+    """The report page: a ``str`` (write it, search it) that Jupyter also shows inline. The page
+    addresses its parts by fixed ids, so inline it lives in its own iframe (``iframe_html``)."""
+
+    def _repr_html_(self) -> str:
+        return iframe_html(str(self), "report")
+
+
+def build_report(model: nn.Module, text: str, top_k: int = 5, title: Optional[str] = None) -> Report:
+    """The report as one self-contained HTML string (pure ASCII: non-ASCII text is escaped);
+    the last line of a notebook cell, it displays inline."""
     data = report_data(model, text, top_k)
-    # ensure_ascii + escaping '<' keep the JSON inert inside <script>, whatever the text holds.
-    payload = json.dumps(data, ensure_ascii=True, separators=(",", ":")).replace("<", "\\u003c")
+    payload = script_json(data, separators=(",", ":"))
     title = title or f"lucidlm inspect: {data['model']}"
     title = html.escape(title).encode("ascii", "xmlcharrefreplace").decode()
     before, after = PAGE.split("__DATA__")  # split first: neither insert can be re-substituted
-    return before.replace("__TITLE__", title) + payload + after.replace("__TITLE__", title)
+    return Report(before.replace("__TITLE__", title) + payload + after.replace("__TITLE__", title))
 
 
 def write_report(model: nn.Module, text: str, out: Union[str, Path], top_k: int = 5) -> Path:

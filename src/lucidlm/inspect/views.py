@@ -9,6 +9,7 @@ elements through it, so any number of views live on one page (as circuitsvis's d
 
 from __future__ import annotations
 
+import html
 import json
 import uuid
 from typing import Any, Optional
@@ -73,20 +74,38 @@ _TEMPLATE = """<div id="__ID__" class="lucidlm-attention">
 </div>"""
 
 
+def element_id(kind: str) -> str:
+    """A fresh id for one displayed element: CSS and scripts scoped to it never meet another's."""
+    return f"lucidlm-{kind}-{uuid.uuid4().hex[:12]}"
+
+
+def script_json(data: Any, **dump_options: Any) -> str:
+    """``data`` as JSON that stays inert inside ``<script>``: ensure_ascii and an escaped '<'
+    mean no text the model saw can close the tag, whatever it holds."""
+    return json.dumps(data, ensure_ascii=True, **dump_options).replace("<", "\\u003c")
+
+
+def iframe_html(page: str, kind: str, height: int = 720) -> str:
+    """A whole HTML page shown inline: in an iframe its ids, CSS and script are its own, so
+    any number of pages (and views) can share one notebook."""
+    srcdoc = html.escape(page, quote=True)
+    return (f'<iframe id="{element_id(kind)}" class="lucidlm-{kind}" srcdoc="{srcdoc}" '
+            f'style="width: 100%; height: {height}px; border: 1px solid #d0d7de" '
+            f'sandbox="allow-scripts"></iframe>')
+
+
 class AttentionView:
     """Every head's attention pattern for one sequence, shown as an interactive view."""
 
     def __init__(self, tokens: list[str], patterns: torch.Tensor) -> None:
         self.tokens = tokens
         self.patterns = patterns  # (layers, heads, T, T)
-        self.element_id = f"lucidlm-attn-{uuid.uuid4().hex[:12]}"
+        self.element_id = element_id("attn")
 
     def _repr_html_(self) -> str:
         data = {"tokens": self.tokens, "patterns": [[[[round(float(w), 4) for w in row] for row in head]
                                                      for head in layer] for layer in self.patterns.tolist()]}
-        # ensure_ascii and escaped '<' keep the JSON inert inside <script>, whatever the text holds.
-        payload = json.dumps(data, ensure_ascii=True).replace("<", "\\u003c")
-        return _TEMPLATE.replace("__ID__", self.element_id).replace("__DATA__", payload)
+        return _TEMPLATE.replace("__ID__", self.element_id).replace("__DATA__", script_json(data))
 
 
 def attention_view(model: nn.Module, text_or_ids: Any, cache: Optional[ActivationCache] = None) -> AttentionView:

@@ -1,4 +1,4 @@
-"""Meta's original Llama 3 checkpoints: ``params.json`` + ``consolidated.00.pth`` + ``tokenizer.model``.
+"""Meta's original Llama 3 checkpoints: ``params.json`` + ``consolidated.*.pth`` + ``tokenizer.model``.
 
 What Meta's download script leaves in a directory (seed 001 builds this model):
 
@@ -6,6 +6,8 @@ What Meta's download script leaves in a directory (seed 001 builds this model):
   ``multiple_of``, ``ffn_dim_multiplier``, ``norm_eps``, ``rope_theta``;
 - ``consolidated.00.pth``: a ``torch.save``d dict of bf16 tensors under Meta's names
   (``layers.0.attention.wq.weight``, ``feed_forward.w1`` = gate, ``w3`` = up, ``w2`` = down);
+  larger models come as model-parallel shards ``consolidated.00.pth`` ... ``.07.pth``, merged by
+  ``meta_shards.py``;
 - ``tokenizer.model``: tiktoken's format (``tokenizers/tiktoken_bpe.py``).
 
 A ``.pth`` is a pickle, and unpickling can run code. It is read with
@@ -28,6 +30,7 @@ from lucidlm.config import ModelConfig, llama_hidden_dim
 from lucidlm.errors import CheckpointError, ConfigError, UnsupportedArchitectureError
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
+from lucidlm.weights.meta_shards import merge_shards, shard_paths
 from lucidlm.weights.state import load_into
 
 PARAMS = "params.json"
@@ -123,13 +126,15 @@ def load_meta(path: str | Path, dtype: torch.dtype = torch.float32, device: str 
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{params_path} cannot be read as JSON ({exc}).") from None
     config = config_from_params(params, str(params_path))
-    shards = sorted(path.glob("consolidated.*.pth"))
-    if len(shards) != 1:
-        raise CheckpointError(f"{path} holds {len(shards)} model-parallel shards; lucidlm reads single-shard "
-                              f"checkpoints (Llama 3 8B). Convert the others with transformers first.")
-    tensors = meta_tensors(read_pth(shards[0]), config, str(shards[0]))
+    shards = shard_paths(path)
+    if len(shards) == 1:
+        checkpoint, source = read_pth(shards[0]), str(shards[0])
+    else:  # model-parallel (70B: 8 shards), read one at a time and stitched back together
+        checkpoint = merge_shards(((shard, read_pth(shard)) for shard in shards), len(shards), config)
+        source = f"{path}/consolidated.*.pth ({len(shards)} shards)"
+    tensors = meta_tensors(checkpoint, config, source)
     model = model_cls.empty(config, device)
-    load_into(model, tensors, f"{shards[0]} (sizes from {params_path.name})")
+    load_into(model, tensors, f"{source} (sizes from {params_path.name})")
     tokenizer_path = path / "tokenizer.model"
     if tokenizer_path.is_file():
         from lucidlm.tokenizers.tiktoken_bpe import TiktokenTokenizer
