@@ -8,6 +8,7 @@ Read this file top to bottom with ``block.py`` beside it and you have the whole 
 from __future__ import annotations
 
 import math
+from contextvars import ContextVar
 from typing import Any, Optional, Sequence
 
 import torch
@@ -23,6 +24,10 @@ from lucidlm.model.norms import make_norm
 from lucidlm.model.positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions
 
 
+# Set while Transformer.empty builds a model whose weights a loader will overwrite.
+_SKIP_INIT: ContextVar[bool] = ContextVar("lucidlm_skip_init", default=False)
+
+
 class Transformer(nn.Module):
     """The network and the state it owns: one rotary table for all layers, the KV caches
     (``setup_kv_cache`` / ``clear_kv_cache``) and an optional prefix module (prefix tuning).
@@ -33,7 +38,10 @@ class Transformer(nn.Module):
         self.config = cfg = config
         self.tokenizer = tokenizer  # set by loaders that know one; not part of the module tree
 
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        skip_init = _SKIP_INIT.get()  # Transformer.empty: every weight is about to be overwritten
+        # (an init on the meta device is not free: its normal_ imports torch._dynamo, ~1.5 s)
+        self.embed = (nn.Embedding(cfg.vocab_size, cfg.d_model, _weight=torch.empty(cfg.vocab_size, cfg.d_model))
+                      if skip_init else nn.Embedding(cfg.vocab_size, cfg.d_model))
         self.pos_embed: Optional[nn.Module] = None
         if cfg.positions == "learned":
             self.pos_embed = LearnedPositions(cfg.max_seq_len, cfg.d_model)
@@ -63,7 +71,8 @@ class Transformer(nn.Module):
         if self.pos_embed is not None:
             self.hook_pos_embed = HookPoint()  # (B, T, d)
 
-        self.reset_parameters()
+        if not skip_init:
+            self.reset_parameters()
         for name, module in self.named_modules():
             if isinstance(module, HookPoint):
                 module.name = name
@@ -72,8 +81,12 @@ class Transformer(nn.Module):
     def empty(cls, config: ModelConfig, device: str | torch.device = "cpu", tokenizer: Any = None) -> "Transformer":
         """A model with uninitialised parameters, for loaders that overwrite every weight:
         skipping the random init makes loading a pretrained model much faster."""
-        with torch.device("meta"):
-            model = cls(config, tokenizer)
+        token = _SKIP_INIT.set(True)
+        try:
+            with torch.device("meta"):
+                model = cls(config, tokenizer)
+        finally:
+            _SKIP_INIT.reset(token)
         model = model.to_empty(device=device)
         if config.tie_embeddings:  # to_empty gives each module its own copy: tie again
             model.unembed.weight = model.embed.weight
