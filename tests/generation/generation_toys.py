@@ -88,3 +88,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Imported by the modules that compile. Dynamo keeps compiled code per code object
+    (``Transformer.step``) for the whole process, up to its recompile limit (8): models
+    compiled by earlier tests would count against a test that checks it compiles once."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from generation_toys import one_torch_thread, toy_model  # noqa: F401 (autouse fixture)
+from generation_toys import fresh_dynamo, one_torch_thread, toy_model  # noqa: F401 (autouse fixtures)
 
 import lucidlm
 from lucidlm import LanguageModel

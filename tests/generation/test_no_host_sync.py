@@ -9,7 +9,7 @@ from typing import Iterator
 
 import pytest
 import torch
-from generation_toys import byte_tokenizer, one_torch_thread, toy_model  # noqa: F401 (autouse fixture)
+from generation_toys import byte_tokenizer, fresh_dynamo, one_torch_thread, toy_model  # noqa: F401 (autouse fixtures)
 from torch._dynamo.testing import CompileCounter
 
 from lucidlm import LanguageModel
