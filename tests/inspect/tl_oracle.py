@@ -8,22 +8,10 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from lucidlm.weights.hf import load_hf
+from random_weights import randomize_
 
 VOCAB = 101
 
-
-def _randomize(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """O(1) activations and non-trivial norm weights, so a layout slip cannot hide."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.15)
-            elif name.endswith("bias"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-            else:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
-    return model.eval()
 
 
 def hf_model(family: str, seed: int = 0):
@@ -31,11 +19,11 @@ def hf_model(family: str, seed: int = 0):
     if family == "gpt2":
         cfg = GPT2Config(vocab_size=VOCAB, n_embd=48, n_layer=2, n_head=4, n_positions=64, bos_token_id=0,
                          eos_token_id=0)
-        return _randomize(GPT2LMHeadModel(cfg), seed)
+        return randomize_(GPT2LMHeadModel(cfg), seed, norm_spread=0.2)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, intermediate_size=80, max_position_embeddings=64, rope_theta=10000.0,
                       rms_norm_eps=1e-5, tie_word_embeddings=False)
-    return _randomize(LlamaForCausalLM(cfg), seed)
+    return randomize_(LlamaForCausalLM(cfg), seed, norm_spread=0.2)
 
 
 def tl_config(family: str, hf):

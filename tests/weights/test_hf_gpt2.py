@@ -18,22 +18,10 @@ from lucidlm.config import preset
 from lucidlm.model.transformer import Transformer
 from lucidlm.weights.checkpoint import save_model
 from lucidlm.weights.hf import load_hf, save_hf
+from random_weights import randomize_
 
 VOCAB = 101
 
-
-def randomize_(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """O(1) logits, so that a wrong mapping cannot hide under the absolute tolerance."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.15)
-            elif name.endswith("bias"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-            else:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-    return model.eval()
 
 
 def hf_gpt2(tie: bool = True, seed: int = 0, **overrides) -> GPT2LMHeadModel:
