@@ -2,7 +2,8 @@
 
 Each subcommand lives in ``lucidlm/commands/<name>.py`` with ``register(subparsers)``; its
 handler returns an exit code. Errors of lucidlm's own types print one clear line (no
-traceback) and exit with status 1.
+traceback) and exit with status 1. Any other exception is a bug: it prints one line saying so
+and how to see the traceback (``LUCIDLM_DEBUG=1``), and exits with status 70.
 
 Only the chosen subcommand's module is imported (the others appear in ``--help`` by their
 one-line summary), so ``lucidlm --help`` and ``--version`` start without importing torch.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 from typing import Iterable, NoReturn, Optional, Sequence
@@ -30,6 +32,7 @@ SUMMARIES = {  # shown by `lucidlm --help`; tests check they match each command'
     "inspect": "look inside the model: tokens, top-k predictions, attention maps, logit lens (HTML report)",
     "convert": "convert a model to Hugging Face or lucidlm format",
 }
+INTERNAL_ERROR = "internal error"  # the hostile-input tests fail if any case reaches this line
 _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)'")
 
 
@@ -89,6 +92,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
     except BrokenPipeError:  # `lucidlm generate ... | head` closes the pipe early
         return 0
+    except Exception as exc:  # noqa: BLE001 - the last resort: a bug, not bad input
+        if os.environ.get("LUCIDLM_DEBUG"):
+            raise
+        print(f"lucidlm {args.command}: {INTERNAL_ERROR} ({type(exc).__name__}: {exc}). This is a bug in "
+              f"lucidlm: run again with LUCIDLM_DEBUG=1 for the traceback and report it.", file=sys.stderr)
+        return 70  # EX_SOFTWARE
 
 
 def _subparser(parser: Parser, command: str) -> Parser:
