@@ -16,6 +16,7 @@ tensor data. A string is a u64 length and UTF-8 bytes.
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,19 @@ class GGUFFile:
             else:  # one row of bytes per row of blocks, like GGUFReader
                 data = raw.reshape(*np_dims[:-1], np_dims[-1] // block * type_size)
             self.tensors.append(Tensor(name, qtype, dims, data, data_offset, n_bytes))
+
+    def release(self, tensor: Tensor) -> None:
+        """Let this process's copy of ``tensor``'s pages go (the OS keeps them cached, and a
+        later read maps them again). A loader calls it once it has converted a tensor, so
+        the file's pages do not pile up in the resident memory beside the converted model."""
+        mapped = getattr(self.map, "_mmap", None)  # the mmap.mmap behind np.memmap
+        if mapped is None or not hasattr(mapped, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return  # no madvise (Windows): the pages go when the reader is dropped
+        start = tensor.data_offset - tensor.data_offset % mmap.PAGESIZE
+        stop = min(tensor.data_offset + tensor.n_bytes + (-(tensor.data_offset + tensor.n_bytes) % mmap.PAGESIZE),
+                   len(self.map))
+        if stop > start:
+            mapped.madvise(mmap.MADV_DONTNEED, start, stop - start)
 
     def _unpack(self, buf: memoryview, fmt: str) -> tuple:
         values = struct.unpack_from(fmt, buf, self.pos)
