@@ -10,17 +10,18 @@ from typing import Any, Optional
 
 import torch
 
-from lucidlm.errors import CheckpointError, ConfigError
+from lucidlm import devices
+from lucidlm.errors import CheckpointError
 from lucidlm.training import checkpoint as ckpt
 from lucidlm.training.distributed import DistributedContext, barrier
 
 
 def resolve_device(device: str) -> str:
+    """auto = CUDA if available, else CPU; any other name is checked by lucidlm's one device
+    helper (``--device foo``, ``gpu``, ``cuda`` on a CPU-only torch, ``cuda:7``) before training."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={device!r} but no CUDA GPU is available; use --device cpu.")
-    return device
+    return str(devices.resolve_device(device))
 
 
 def autocast_dtype(dtype: str, device: torch.device) -> Optional[torch.dtype]:
