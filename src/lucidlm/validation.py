@@ -97,6 +97,8 @@ class Fields:
 
     def bool(self, key: str, default: Any = _MISSING) -> bool:
         value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
         if not isinstance(value, bool):
             self._bad(key, value, "true or false")
         return value
