@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import lucidlm
+from lucidlm import cli
 from lucidlm import inspect as lens
 from lucidlm.errors import (ConfigError, DeviceError, GenerationError, HookError, InputError, QuantizationError,
                             TokenizerError)
@@ -199,3 +200,35 @@ def test_pretraining_config_refuses(overrides, names):
 ])
 def test_finetuning_config_refuses(overrides, names):
     api_refused(lambda: FinetuneConfig(data="c.txt", out_dir="o", **overrides), ConfigError, names)
+
+
+def _disk_full(*args, **kwargs):
+    import errno
+
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_while_training_is_one_line_naming_out(tmp_path, monkeypatch):
+    from lucidlm.errors import OutputError
+    from lucidlm.training import checkpointer, pretrain
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("to be or not to be, that is the question\n" * 40)
+    monkeypatch.setattr(checkpointer, "save_file", _disk_full)  # the first checkpoint write finds the disk full
+    config = TrainConfig(data=str(corpus), out_dir=str(tmp_path / "run"), preset="seed000", n_layer=1, n_embd=16,
+                         n_head=2, block_size=8, batch_size=2, max_iters=1, eval_interval=1, eval_iters=1,
+                         sample_tokens=0, progress=False, warmup_iters=0, lr_decay_iters=1)
+    error = api_refused(lambda: pretrain(config), OutputError, ["no space left on device", "run", "--out"])
+    assert isinstance(error, OSError)  # still an OSError for generic handlers
+
+
+def test_a_full_disk_while_writing_a_report(model, tmp_path, monkeypatch, capsys):
+    kept = tmp_path / "report.html"
+    kept.write_text("the previous report\n")
+    monkeypatch.setattr(type(kept), "write_text", _disk_full)
+    monkeypatch.setattr("lucidlm.loading.load", lambda *a, **k: model)
+    assert cli.main(["inspect", "Hello", "--out", str(kept)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no space left on device while writing {kept}" in err and "--out" in err
+    monkeypatch.undo()
+    assert kept.read_text() == "the previous report\n"  # the old report is intact
