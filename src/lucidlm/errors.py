@@ -61,6 +61,11 @@ class GenerationError(LucidLMError, ValueError):
     """Bad sampling settings (temperature < 0, top_p outside (0, 1], ...)."""
 
 
+class ChatTemplateError(GenerationError):
+    """A model's chat template that cannot render a conversation: invalid Jinja2, an error
+    while rendering, a limit of the sandbox (time, size, depth) or an empty result."""
+
+
 class DataError(LucidLMError, ValueError):
     """A training corpus that is missing, empty, too small or not UTF-8."""
 

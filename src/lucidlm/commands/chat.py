@@ -61,6 +61,10 @@ def register(subparsers: Any) -> None:
 def run_chat(args: argparse.Namespace) -> int:
     kwargs = sampling_kwargs(args)
     model = load_model_from_args(args, kwargs)
+    if model.tokenizer is not None:  # a broken chat template is refused before the session starts
+        from lucidlm.generation.chat_template import check_chat_template
+
+        check_chat_template(model.tokenizer, args.system)
     interactive = sys.stdin.isatty()
     save_history = enable_line_editing() if interactive else (lambda: None)
     try:

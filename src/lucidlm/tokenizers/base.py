@@ -154,7 +154,7 @@ class Tokenizer(ABC):
                 f"use lucidlm.tokenizers.load_tokenizer() to load any type"
             )
         try:
-            return target._from_dict(data)
+            tokenizer = target._from_dict(data)
         except (KeyError, TypeError, ValueError) as err:
             if isinstance(err, TokenizerError):
                 raise TokenizerError(f"{path}: {err}") from err
@@ -162,6 +162,9 @@ class Tokenizer(ABC):
                 f"{path}: malformed {data['type']!r} tokenizer file ({type(err).__name__}: "
                 f"{err}); re-create it with Tokenizer.save()"
             ) from err
+        if getattr(tokenizer, "chat_template", None) and not getattr(tokenizer, "chat_template_source", None):
+            tokenizer.chat_template_source = f"{path} (chat_template)"  # named by chat-template errors
+        return tokenizer
 
     # ----------------------------------------------------------------- helpers
 
