@@ -51,7 +51,8 @@ def foreign_entries(directory: Path, ours: tuple[str, ...]) -> list[str]:
     if not directory.is_dir():
         return []
     names = sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
-    return [] if any(name in ours for name in names) else names
+    is_ours = any(name == o or name.startswith(o + ".") for name in names for o in ours)  # also "loss.png.tmp"
+    return [] if is_ours else names
 
 
 @contextmanager

@@ -16,9 +16,6 @@ from typing import Any, Iterable, Union
 from lucidlm.commands import arg_types
 from lucidlm.training.config import flag_of
 
-# Fields checked while the command line is parsed (the config checks them again for the API).
-ARG_TYPES = {"device": arg_types.device}
-
 
 def _base_type(annotation: Any) -> type:
     if typing.get_origin(annotation) is Union:  # Optional[X]
@@ -43,9 +40,7 @@ def add_config_flags(parser: argparse.ArgumentParser | Any, config_class: type, 
             continue
         flag = flag_of(config_class, f.name)
         default = defaults[f.name].default
-        if f.name in ARG_TYPES:
-            kind = ARG_TYPES[f.name]
-        elif meta.get("text"):
+        if meta.get("text"):
             kind = arg_types.text
         suffix = "" if "(default" in help_text or default in (None, "") else f" (default: {default})"
         parser.add_argument(flag, dest=f.name, type=kind, default=default, choices=meta.get("choices"),

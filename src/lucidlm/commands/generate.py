@@ -56,9 +56,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="LoRA / prefix-tuning adapter directory to apply")
     parser.add_argument("--random-init", action="store_true",
                         help="--model names an architecture preset (gpt2, llama, ...): build it untrained")
-    parser.add_argument("--device", default="auto", type=arg_types.device,
+    parser.add_argument("--device", default="auto",
                         help="auto (CUDA if torch sees a GPU, else CPU), cpu, cuda, cuda:N or mps")
-    parser.add_argument("--dtype", default=None, type=arg_types.dtype,
+    parser.add_argument("--dtype", default=None,
                         help="float weights of this dtype: " + ", ".join(DTYPES) + " (default float32; the "
                              "embedded model loads its quantized default unless --dtype or --quantize is given)")
     parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,

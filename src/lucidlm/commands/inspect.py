@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "file, a Hugging Face directory, or a lucidlm model/checkpoint directory; it must come "
                              "with a tokenizer")
     parser.add_argument("--adapter", metavar="PATH", default=None, help="a LoRA/adapter directory to apply first")
-    parser.add_argument("--device", default="auto", type=arg_types.device,
+    parser.add_argument("--device", default="auto",
                         help="auto (CUDA if torch sees a GPU, else CPU), cpu, cuda, cuda:N or mps (default: auto)")
     parser.add_argument("--out", metavar="FILE", default="report.html",
                         help="HTML file to write (default: report.html)")

@@ -18,7 +18,7 @@ from lucidlm.training.distributed import DistributedContext, barrier
 
 
 # What a lucidlm run writes in OUT: a directory holding any of these is a run, not a stranger's folder.
-RUN_ENTRIES = (ckpt.CHECKPOINT_DIR, "data", "metrics.jsonl", "loss.png")
+RUN_ENTRIES = (ckpt.CHECKPOINT_DIR, "data", "metrics.jsonl", "loss.png", "token_lengths.json")
 
 
 def resolve_device(device: str) -> str:
