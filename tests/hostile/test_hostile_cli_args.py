@@ -82,7 +82,7 @@ TRAIN = [  # flags after `train --data CORPUS --out NEW`
     (["--beta1", "2"], [r"--beta1", r"=2\.0", r"\[0\.0, 1\.0\)"]),
     (["--block-size", "-1"], [r"--block-size", r"=-1"]),
     (["--seed", str(2 ** 64)], [r"--seed", r"2\*\*64 - 1"]),
-    (["--device", "foo"], [r"--device", r"'foo'"]),
+    (["--device", "foo"], [r"device 'foo'"]),
     (["--sample-prompt", NOT_UTF8], [r"--sample-prompt", r"0xe9"]),
 ]
 
