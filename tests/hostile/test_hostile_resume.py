@@ -222,6 +222,21 @@ def cli_args(run: Path, **overrides) -> list[str]:
     return shlex.split(command_line(config, "train"))[1:]
 
 
+def test_a_checkpoint_from_before_run_records_still_resumes_exactly(runs, run):
+    """Checkpoints written before the run's identity was recorded have no "run" in their state and
+    no run id or step beside the optimizer: they resume (their shapes are still checked)."""
+    from safetensors import safe_open
+
+    edit_state(run, _drop("run"))
+    path = run / "checkpoint" / "optimizer.safetensors"
+    with safe_open(str(path), "pt") as f:
+        metadata = {"param_groups": f.metadata()["param_groups"]}
+    save_file(load_file(str(path)), str(path), metadata=metadata)
+    resumed = resume(run)()
+    longer = train(tiny(runs["corpus"], run.parent / "uninterrupted", max_iters=6))
+    assert resumed.step == 6 and resumed.train_losses == longer.train_losses
+
+
 # ----------------------------------------------------------------------------- metrics.jsonl
 
 @pytest.mark.parametrize("tail", [b'{"step": 6, "train_lo', b"\x00" * 300])
