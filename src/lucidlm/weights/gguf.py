@@ -167,6 +167,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: str 
     reader = open_gguf(path)
     meta = read_metadata(reader)
     config, planned = plan(reader, config_from_metadata(meta, source), source, quantize, group_size)
+    config.check_memory(1 if quantize is not None else torch.empty((), dtype=dtype).element_size())
     model = model_cls.skeleton(config)
     stream_into(model, planned, source, dtype, device, release=getattr(reader, "release", lambda tensor: None),
                 progress=progress)
