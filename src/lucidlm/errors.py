@@ -61,6 +61,11 @@ class GenerationError(LucidLMError, ValueError):
     """Bad sampling settings (temperature < 0, top_p outside (0, 1], ...)."""
 
 
+class ChatTemplateError(GenerationError):
+    """A model's chat template that cannot render a conversation: invalid Jinja2, an error
+    while rendering, a limit of the sandbox (time, size, depth) or an empty result."""
+
+
 class DataError(LucidLMError, ValueError):
     """A training corpus that is missing, empty, too small or not UTF-8."""
 
@@ -82,4 +87,12 @@ class HookError(LucidLMError, KeyError):
     """An unknown hook name, or a layer/head out of range, for inspection tools."""
 
     def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class OutputError(LucidLMError, OSError):
+    """An output path that is a file where a directory is needed (or the reverse), lies under
+    a file, is not writable, or a write that failed because the disk is full."""
+
+    def __str__(self) -> str:  # OSError would print its args as a tuple
         return str(self.args[0]) if self.args else ""

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Type, Union
 
 from lucidlm.errors import LucidLMError
 
 _MISSING = object()
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Sane upper bounds: far beyond any real model, far below what would hang or exhaust memory.
 MAX_LAYERS = 4096
@@ -66,12 +69,12 @@ class Fields:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                 (isinstance(value, float) and not value.is_integer()):
             self._bad(key, value, "an integer")
-        value = int(value)
-        self._range(key, value, low, high)
-        return value
+        # 4e9 is named 4000000000, but 1e300 as written, not in 301 digits
+        self._range(key, int(value) if abs(value) < 1e18 else value, low, high)
+        return int(value)
 
     def float(self, key: str, default: Any = _MISSING, low: Optional[float] = None,
-              high: Optional[float] = None, low_open: bool = False) -> float:
+              high: Optional[float] = None, low_open: bool = False, high_open: bool = False) -> float:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
@@ -79,8 +82,10 @@ class Fields:
             self._bad(key, value, "a finite number")
         value = float(value)
         if low_open and low is not None and value <= low:
-            self._bad(key, value, f"a number > {low}")
-        self._range(key, value, None if low_open else low, high)
+            self._bad(key, value, f"a number > {low}" + (f" and < {high}" if high_open and high is not None else ""))
+        if high_open and high is not None and value >= high:
+            self._bad(key, value, f"a number < {high}" + (f" and >= {low}" if low is not None and not low_open else ""))
+        self._range(key, value, None if low_open else low, None if high_open else high)
         return value
 
     def str(self, key: str, default: Any = _MISSING, choices: Optional[Sequence[str]] = None) -> str:
@@ -95,6 +100,8 @@ class Fields:
 
     def bool(self, key: str, default: Any = _MISSING) -> bool:
         value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
         if not isinstance(value, bool):
             self._bad(key, value, "true or false")
         return value
@@ -116,6 +123,10 @@ class Fields:
         return Fields(value, self.source, self.error, where=self._name(key), fix=self.fix)
 
     # --- failures ------------------------------------------------------------------------
+    def fail(self, problem: str) -> None:
+        """Refuse with ``problem`` (a consistency rule between fields), named like the getters'."""
+        self._fail(problem)
+
     def _range(self, key: str, value: Union[int, float], low: Any, high: Any) -> None:
         if (low is not None and value < low) or (high is not None and value > high):
             bounds = (f"between {low} and {high}" if low is not None and high is not None
@@ -131,6 +142,65 @@ class Fields:
 
     def _name(self, key: str) -> str:
         return f"{self.where}.{key}" if self.where else key
+
+
+MAX_SEED = 2 ** 64 - 1   # torch.manual_seed / torch.Generator.manual_seed take 0 .. 2**64 - 1
+
+
+def check_int(value: Any, name: str, error: Type[LucidLMError], low: Optional[int] = None,
+              high: Optional[int] = None, fix: str = "") -> int:
+    """``value`` as an int, or ``error`` naming ``name`` (an argument or ``--flag``), the value
+    and what is accepted. Refuses bools, floats (even 2.0) and strings: an argument is not a
+    JSON field, and silently truncating 2.5 would hide a mistake."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        _refuse(name, value, "a whole number" + _bounds(low, high, ""), error, fix)
+    value = int(value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        _refuse(name, value, "a whole number" + _bounds(low, high, ""), error, fix)
+    return value
+
+
+def check_float(value: Any, name: str, error: Type[LucidLMError], low: Optional[float] = None,
+                high: Optional[float] = None, low_open: bool = False, high_open: bool = False,
+                fix: str = "") -> float:
+    """``value`` as a finite float in [low, high] (open ends with ``low_open``/``high_open``), or
+    ``error`` naming ``name``, the value and the accepted range. NaN and infinities are refused."""
+    wanted = "a finite number" + _bounds(low, high, ">" if low_open else "", "<" if high_open else "")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        _refuse(name, value, wanted, error, fix)
+    value = float(value)
+    if (low is not None and (value <= low if low_open else value < low)) or \
+            (high is not None and (value >= high if high_open else value > high)):
+        _refuse(name, value, wanted, error, fix)
+    return value
+
+
+def check_seed(value: Any, name: str, error: Type[LucidLMError]) -> int:
+    """A random seed torch accepts (0 .. 2**64 - 1), or ``error`` naming it."""
+    return check_int(value, name, error, low=0, high=MAX_SEED, fix="torch takes seeds from 0 to 2**64 - 1")
+
+
+def first_surrogate(text: str) -> Optional[int]:
+    """The index of the first lone surrogate (U+D800..U+DFFF) in ``text``, or None. Python
+    makes them from bytes that were not UTF-8 (``surrogateescape``: argv, file names); no
+    tokenizer can encode them, and they cannot be written out as UTF-8."""
+    if text.isascii():
+        return None
+    match = _SURROGATE.search(text)
+    return match.start() if match else None
+
+
+def _bounds(low: Any, high: Any, low_op: str = "", high_op: str = "") -> str:
+    if low is not None and high is not None:
+        return f" in {'(' if low_op else '['}{low}, {high}{')' if high_op else ']'}"
+    if low is not None:
+        return f" {low_op or '>='} {low}"
+    return f" {high_op or '<='} {high}" if high is not None else ""
+
+
+def _refuse(name: str, value: Any, wanted: str, error: Type[LucidLMError], fix: str) -> None:
+    tail = f"; {fix}" if fix else ""
+    raise error(f"{name}={_show(value)} is invalid: expected {wanted}{tail}.")
 
 
 def read_json(path: Union[str, Path], error: Type[LucidLMError], what: str = "JSON file",
@@ -165,12 +235,50 @@ def read_json_object(path: Union[str, Path], error: Type[LucidLMError], what: st
 
 
 def check_allocation(n_bytes: Union[int, float], what: str, error: Type[LucidLMError], fix: str) -> None:
-    """Refuse to allocate ``n_bytes`` for ``what`` when it exceeds this machine's memory, so an
-    absurd size in a file or argument becomes one line instead of a multi-GB allocation."""
+    """Refuse to allocate ``n_bytes`` for ``what`` when it exceeds this machine's memory (or
+    what is left of this process's address-space limit, ``ulimit -v``), so an absurd size in a
+    file or argument becomes one line instead of a multi-GB allocation."""
     total = physical_memory()
     if total and n_bytes > total:
         raise error(f"{what} would need {_human(n_bytes)}, more than this machine's "
                     f"{_human(total)} of memory. {fix[0].upper() + fix[1:]}.")
+    left = address_space_left()
+    if left is not None and n_bytes > left:
+        raise error(f"{what} would need {_human(n_bytes)}, more than the {_human(left)} of address space this "
+                    f"process may still use (ulimit -v). {fix[0].upper() + fix[1:]}.")
+
+
+def address_space_left() -> Optional[int]:
+    """Bytes this process may still map under its RLIMIT_AS, or None without a limit."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/statm") as f:  # first field: pages of address space mapped now
+            used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError, IndexError):
+        return None
+    return max(limit - used, 0)
+
+
+def check_finite(tensors: Mapping[str, Any], source: Union[str, Path], error: Type[LucidLMError], fix: str) -> None:
+    """Refuse the first floating-point tensor in ``tensors`` (name -> torch.Tensor) that holds a
+    NaN or an infinity, naming it, the file and how many of its values are bad: a non-finite
+    weight never crashes at load, it silently turns every output into NaN later."""
+    import torch
+
+    for name, tensor in tensors.items():
+        if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point()):
+            continue
+        finite = torch.isfinite(tensor)
+        if not bool(finite.all()):
+            bad = tensor[~finite]
+            kinds = " and ".join(k for k, present in (("NaN", bool(bad.isnan().any())),
+                                                      ("infinite", bool(bad.isinf().any()))) if present)
+            raise error(f"{source}: tensor {name!r} holds {bad.numel()} {kinds} value(s) of {tensor.numel()}; "
+                        f"the file is damaged or was written from a diverged run. {fix[0].upper() + fix[1:]}.")
 
 
 def physical_memory() -> int:

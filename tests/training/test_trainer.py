@@ -112,7 +112,7 @@ def test_crash_while_saving_keeps_the_last_good_checkpoint(corpus, tmp_path, mon
     train(tiny(corpus, tmp_path, max_iters=4))
     good = {p.name: p.read_bytes() for p in (tmp_path / "checkpoint").iterdir()}
 
-    def half_written_then_crash(optimizer, path):
+    def half_written_then_crash(optimizer, path, *belongs):
         Path(path).write_bytes(b"\x00" * 100)
         raise OSError(28, "No space left on device")
 

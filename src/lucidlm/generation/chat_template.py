@@ -5,8 +5,10 @@ An instruction-tuned model was trained on conversations laid out in one exact te
 a Jinja2 template (GGUF key ``tokenizer.chat_template``); rendering it exactly as Hugging
 Face's ``apply_chat_template`` does is what makes the model answer like an assistant.
 
-Templates come from model files, so they are rendered in Jinja2's immutable sandbox: a
-template cannot touch Python objects beyond the messages it is given.
+Templates come from model files, so they are rendered in Jinja2's immutable sandbox (a
+template cannot touch Python objects beyond the messages it is given) with limits on time,
+size and depth (``template_sandbox.py``). Whatever goes wrong in a template, it is one
+``ChatTemplateError`` naming the file the template came from.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, Optional
 
-from lucidlm.errors import GenerationError, TokenizerError
+from lucidlm.errors import ChatTemplateError, GenerationError, TokenizerError
 
 # Used when a model has no template of its own.
 CHATML_TEMPLATE = (
@@ -35,26 +37,32 @@ def chat_template_of(tokenizer: Any) -> str:
 
 
 def render_chat(messages: list[Message], template: Optional[str] = None, *, add_generation_prompt: bool = True,
-                bos_token: str = "", eos_token: str = "", **extra: Any) -> str:
+                bos_token: str = "", eos_token: str = "", source: Optional[str] = None, **extra: Any) -> str:
     """The conversation as the text the model reads (``add_generation_prompt`` ends it with
-    the opening of the assistant's turn, so the model's continuation is the answer)."""
-    import jinja2
+    the opening of the assistant's turn, so the model's continuation is the answer).
+    ``source`` names where the template came from, for error messages."""
+    from lucidlm.generation.template_sandbox import render_bounded
 
     _check_messages(messages)
-    compiled = _compile(template or CHATML_TEMPLATE)
+    compiled = _compile_or_fail(template or CHATML_TEMPLATE, source)
+    # tools/documents are None like in transformers: templates test them with `if tools`.
+    values = {"tools": None, "documents": None, **extra, "messages": messages,
+              "add_generation_prompt": add_generation_prompt, "bos_token": bos_token, "eos_token": eos_token}
     try:
-        # tools/documents are None like in transformers: templates test them with `if tools`.
-        values = {"tools": None, "documents": None, **extra}
-        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=bos_token, eos_token=eos_token, **values)
-    except jinja2.TemplateError as exc:
-        raise GenerationError(f"the chat template failed to render: {exc}") from exc
+        text = render_bounded(compiled, values)
+    except Exception as exc:  # noqa: BLE001 - the template is a program from a file: all it raises is its fault
+        raise ChatTemplateError(_message(source, _problem(exc))) from None
+    if messages and not text.strip():
+        raise ChatTemplateError(_message(source, "renders the conversation as empty text"))
+    return text
 
 
 def render_chat_for(tokenizer: Any, messages: list[Message], add_generation_prompt: bool = True) -> str:
     """``render_chat`` with the tokenizer's template and its BOS/EOS strings."""
+    own = getattr(tokenizer, "chat_template", None)
     return render_chat(messages, chat_template_of(tokenizer), add_generation_prompt=add_generation_prompt,
-                       bos_token=_special_string(tokenizer, "bos"), eos_token=_special_string(tokenizer, "eos"))
+                       bos_token=_special_string(tokenizer, "bos"), eos_token=_special_string(tokenizer, "eos"),
+                       source=getattr(tokenizer, "chat_template_source", None) if own else None)
 
 
 def encode_chat(tokenizer: Any, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
@@ -68,31 +76,105 @@ def encode_chat(tokenizer: Any, messages: list[Message], add_generation_prompt: 
         return list(tokenizer.encode(text))
 
 
+def check_chat_template(tokenizer: Any, system: Optional[str] = None) -> None:
+    """Render a first turn, so a chat session with a broken template is refused before it starts."""
+    first = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": "Hello"}]
+    render_chat_for(tokenizer, first)
+
+
 # ---------------------------------------------------------------------- internals
+class _Refused(Exception):
+    """raise_exception() called by the template: it does not accept this conversation."""
+
+
+def _compile_or_fail(template: Any, source: Optional[str]) -> Any:
+    from lucidlm.generation.template_sandbox import MAX_TEMPLATE_CHARS
+
+    if not isinstance(template, str):
+        raise ChatTemplateError(_message(source, f"is {type(template).__name__}, not text"))
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise ChatTemplateError(_message(source, f"is {len(template)} characters long, more than "
+                                                  f"{MAX_TEMPLATE_CHARS} (real ones are a few KB)"))
+    try:
+        return _compile(template)
+    except Exception as exc:  # noqa: BLE001 - Jinja's parser/compiler on untrusted text
+        raise ChatTemplateError(_message(source, _problem(exc))) from None
+
+
 @lru_cache(maxsize=16)
 def _compile(template: str) -> Any:
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2 import nodes
 
-    # The same environment transformers builds for apply_chat_template.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                       extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = _tojson
+    from lucidlm.generation.template_sandbox import BoundedSandbox, TemplateProblem
+
+    # The environment transformers builds for apply_chat_template, with limits.
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.add_filter("tojson", _tojson)
     env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    try:
-        return env.from_string(template)
-    except jinja2.TemplateSyntaxError as exc:
-        raise GenerationError(f"the chat template is not valid Jinja2 (line {exc.lineno}: {exc.message}).") from exc
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(str(fmt)[:200])
+    tree = env.parse(template)
+    for node in tree.find_all((nodes.Extends, nodes.Include, nodes.Import, nodes.FromImport)):
+        tag = {nodes.Extends: "extends", nodes.Include: "include"}.get(type(node), "import")
+        raise TemplateProblem(f"uses {{% {tag} %}} (line {node.lineno}), but a chat template must be one "
+                              f"self-contained template: lucidlm loads no other template files")
+    return env.from_string(tree)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: Optional[int] = None, separators: Any = None,
+def _problem(exc: Exception) -> str:
+    """What the template did, in words, from the exception it raised."""
+    import jinja2
+    from jinja2.sandbox import SecurityError
+
+    from lucidlm.generation.template_sandbox import MAX_DEPTH, TemplateProblem
+
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= 200 else text[:197] + "..."
+    if isinstance(exc, TemplateProblem):
+        return text
+    if isinstance(exc, _Refused):
+        return f"refused the conversation: {text}"
+    if isinstance(exc, jinja2.TemplateSyntaxError):
+        return f"is not valid Jinja2 (line {exc.lineno}: {text})"
+    if isinstance(exc, SecurityError):
+        return f"did something the sandbox forbids ({text})"
+    if isinstance(exc, jinja2.UndefinedError):
+        return f"uses an undefined value ({text})"
+    if isinstance(exc, ZeroDivisionError):
+        return "divides by zero"
+    if isinstance(exc, RecursionError):
+        return f"recurses too deeply (more than Python's stack allows; the limit for macros is {MAX_DEPTH})"
+    if isinstance(exc, MemoryError):
+        return "ran out of memory"
+    return f"failed while rendering ({type(exc).__name__}: {text})"
+
+
+def _message(source: Optional[str], problem: str) -> str:
+    where = f"{source}: the chat template" if source else "the chat template"
+    fix = (f"Fix the template in {source.split(' (')[0]}, or use a model file whose template works"
+           if source else "Fix the template")
+    return f"{where} {problem}. {fix}."
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
             sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    from lucidlm.generation.template_sandbox import TemplateProblem
+
+    short = lambda v: isinstance(v, str) and len(v) <= 16  # noqa: E731
+    if not (indent is None or short(indent) or (isinstance(indent, int) and 0 <= indent <= 16)):
+        raise TemplateProblem(f"calls tojson with indent={indent!r}; expected a number from 0 to 16 or a short string")
+    if not (separators is None or (isinstance(separators, (list, tuple)) and len(separators) == 2
+                                   and all(map(short, separators)))):
+        raise TemplateProblem(f"calls tojson with separators={separators!r}; expected two short strings")
+    try:
+        return json.dumps(value, ensure_ascii=bool(ensure_ascii), indent=indent,
+                          separators=tuple(separators) if separators else None, sort_keys=bool(sort_keys))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise TemplateProblem(f"calls tojson on a value JSON cannot hold ({' '.join(str(exc).split())[:120]})") \
+            from None
 
 
-def _raise_exception(message: str) -> None:
-    raise GenerationError(f"the chat template refused the conversation: {message}")
+def _raise_exception(message: Any) -> None:
+    raise _Refused(str(message))
 
 
 def _check_messages(messages: Any) -> None:

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lucidlm.errors import TokenizerError
-from lucidlm.tokenizers.base import AllowedSpecial, Tokenizer
+from lucidlm.tokenizers.base import AllowedSpecial, Tokenizer, check_text
 from lucidlm.tokenizers.bpe import bytes_to_unicode
+from lucidlm.validation import Fields
 
 # llama.cpp's token_type values (llama_token_type in llama.h)
 TOKEN_TYPE_CONTROL = 3
@@ -70,6 +71,7 @@ class HFTokenizer(Tokenizer):
         self.add_bos = add_bos
         self.unk_token = unk_token
         self.chat_template = chat_template
+        self.chat_template_source: Optional[str] = None  # "file (key)", named by chat-template errors
         added = backend.get_added_tokens_decoder()  # id -> AddedToken
         special = {tok.content: i for i, tok in added.items() if tok.special}
         for role in (bos_token, eos_token, pad_token):  # a role token is special even if unflagged
@@ -138,10 +140,16 @@ class HFTokenizer(Tokenizer):
                                      f"of {len(tokens)} tokens.")
             return tokens[int(token_id)]
 
-        return cls(backend, add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)),
-                   bos_token=token_for("bos_token_id"), eos_token=token_for("eos_token_id"),
-                   pad_token=token_for("padding_token_id"), unk_token=token_for("unknown_token_id"),
-                   chat_template=fields.get("tokenizer.chat_template"))
+        template = fields.get("tokenizer.chat_template")
+        if template is not None and not isinstance(template, str):
+            raise TokenizerError(f"{source}: tokenizer.chat_template is {type(template).__name__}, not a string; "
+                                 f"the file is corrupted. Convert the model again.")
+        tokenizer = cls(backend, add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)),
+                        bos_token=token_for("bos_token_id"), eos_token=token_for("eos_token_id"),
+                        pad_token=token_for("padding_token_id"), unk_token=token_for("unknown_token_id"),
+                        chat_template=template)
+        tokenizer.chat_template_source = f"{source} (tokenizer.chat_template)"
+        return tokenizer
 
     @classmethod
     def from_file(cls, path: str | Path, config_path: Optional[str | Path] = None) -> "HFTokenizer":
@@ -157,12 +165,7 @@ class HFTokenizer(Tokenizer):
         except Exception as exc:
             raise TokenizerError(f"{path} is not a Hugging Face tokenizer.json ({exc}).") from None
         config_path = Path(config_path) if config_path else path.with_name("tokenizer_config.json")
-        config: dict[str, Any] = {}
-        if config_path.is_file():
-            try:
-                config = json.loads(config_path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as exc:
-                raise TokenizerError(f"{config_path} is not valid JSON ({exc}).") from None
+        config = _read_tokenizer_config(config_path) if config_path.exists() else {}
 
         def role(name: str) -> Optional[str]:
             value = config.get(name)
@@ -171,7 +174,7 @@ class HFTokenizer(Tokenizer):
             return value if isinstance(value, str) and backend.token_to_id(value) is not None else None
 
         bos = role("bos_token")
-        add_bos = config.get("add_bos_token")
+        add_bos = Fields(config, config_path, TokenizerError).bool("add_bos_token", default=None)
         if add_bos is None:  # no config: does the file's post-processor put a token first?
             with_special = backend.encode("a", add_special_tokens=True).ids
             without = backend.encode("a", add_special_tokens=False).ids
@@ -179,10 +182,11 @@ class HFTokenizer(Tokenizer):
             if add_bos and bos is None:
                 bos = backend.id_to_token(with_special[0])
         backend.post_processor = None  # BOS is added by encode(), never twice
-        template = config.get("chat_template")
-        return cls(backend, add_bos=bool(add_bos), bos_token=bos, eos_token=role("eos_token"),
-                   pad_token=role("pad_token"), unk_token=role("unk_token"),
-                   chat_template=template if isinstance(template, str) else None)
+        tokenizer = cls(backend, add_bos=bool(add_bos), bos_token=bos, eos_token=role("eos_token"),
+                        pad_token=role("pad_token"), unk_token=role("unk_token"),
+                        chat_template=_chat_template(config, config_path))
+        tokenizer.chat_template_source = f"{config_path} (chat_template)"
+        return tokenizer
 
     # ----------------------------------------------------------------- Tokenizer interface
 
@@ -192,8 +196,7 @@ class HFTokenizer(Tokenizer):
 
     def encode(self, text: str, *, allowed_special: AllowedSpecial = True) -> list[int]:
         """Text -> ids, with the BOS id first when the model's tokenizer adds one."""
-        if not isinstance(text, str):
-            raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
+        check_text(text)
         allowed = self._allowed_special_set(allowed_special)
         if allowed == set(self.special_tokens):  # the backend splits on every added token itself
             ids = self._backend.encode(text, add_special_tokens=False).ids
@@ -205,7 +208,10 @@ class HFTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Many texts at once (in parallel in the Rust backend); special tokens allowed."""
-        encoded = self._backend.encode_batch(list(texts), add_special_tokens=False)
+        texts = list(texts)
+        for text in texts:
+            check_text(text)
+        encoded = self._backend.encode_batch(texts, add_special_tokens=False)
         prefix = [self.bos_id] if self.add_bos and self.bos_id is not None else []
         return [prefix + e.ids for e in encoded]
 
@@ -293,6 +299,34 @@ class HFTokenizer(Tokenizer):
     def __repr__(self) -> str:
         return f"HFTokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, eos={self.eos_token!r})"
 
+
+
+def _read_tokenizer_config(path: Path) -> dict[str, Any]:
+    """``tokenizer_config.json`` as a JSON object, or one line naming the file and the problem."""
+    from lucidlm.validation import read_json_object
+
+    return dict(read_json_object(path, TokenizerError, "tokenizer config",
+                                 fix="fix or replace it with the model's original tokenizer_config.json").data)
+
+
+def _chat_template(config: dict[str, Any], path: Path) -> Optional[str]:
+    """The config's chat template: a string, or transformers' list of named templates (the
+    "default" one is used, as ``apply_chat_template`` does)."""
+    fields = Fields(config, path, TokenizerError, fix="fix or replace the tokenizer config")
+    value = fields.raw("chat_template", None)
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        fields.str("chat_template")  # refuses it: "expected a string"
+    named = fields.list("chat_template", item=dict)
+    templates = {}
+    for i, entry in enumerate(named):
+        entry_fields = Fields(entry, path, TokenizerError, where=f"chat_template[{i}]", fix=fields.fix)
+        templates[entry_fields.str("name")] = entry_fields.str("template")
+    if "default" not in templates:
+        raise TokenizerError(f"{path}: chat_template lists templates {sorted(templates)} but none is named "
+                             f"'default', the one a chat uses. Name one of them 'default'.")
+    return templates["default"]
 
 
 def _byte_level_backend(tokens: list[str], merges: list[str], source: str) -> tuple[Any, dict[str, int]]:

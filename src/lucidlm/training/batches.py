@@ -17,8 +17,10 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from lucidlm.errors import DataError
-from lucidlm.training.checkpoint import decode_rng_state, encode_rng_state
+from lucidlm.errors import CheckpointError, DataError
+from lucidlm.training.checkpoint import encode_rng_state
+from lucidlm.training.resume_checks import DAMAGED, check_cpu_rng_state
+from lucidlm.validation import Fields
 from lucidlm.training.distributed import DistributedContext, rank_slice
 from lucidlm.training.loss import IGNORE_INDEX
 
@@ -122,7 +124,7 @@ class WindowBatches(Prefetching):
         return encode_rng_state(self.generator.get_state())
 
     def _set_state(self, state: str) -> None:
-        self.generator.set_state(decode_rng_state(state))
+        self.generator.set_state(check_cpu_rng_state(state, "trainer_state.json", "data"))
 
     def eval_batches(self, split: str, iters: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The same ``iters`` global batches at every evaluation, from their own generator."""
@@ -171,7 +173,9 @@ class ExampleBatches(Prefetching):
         return {"epoch": self.epoch, "position": self.position}
 
     def _set_state(self, state: dict[str, int]) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        fields = Fields(state, "trainer_state.json", CheckpointError, where="data", fix=DAMAGED)
+        self.epoch, self.position = fields.int("epoch", low=0), fields.int("position", low=0,
+                                                                           high=self.steps_per_epoch - 1)
         self._order = self._permutation(self.epoch)
 
     def eval_batches(self, split: str, iters: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

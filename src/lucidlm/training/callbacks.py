@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from lucidlm.training.kill_points import kill_point
 from lucidlm.training.loop import Callback, Trainer, TrainResult
 
 METRICS_NAME = "metrics.jsonl"
@@ -66,27 +68,64 @@ class Sampler(Callback):
 
 
 class MetricsLog(Callback):
+    """OUT/metrics.jsonl, one JSON line per evaluation, appended with a single write and
+    fsynced, so a kill leaves at most one torn last line, which the next run drops."""
+
     def __init__(self, out_dir: Path, title: str) -> None:
         self.path, self.plot, self.title = Path(out_dir) / METRICS_NAME, Path(out_dir) / PLOT_NAME, title
 
     def on_fit_start(self, trainer: Trainer) -> None:
-        """Keep the records up to the checkpoint's step (a run that died after an evaluation
-        but before saving wrote lines that its resume writes again)."""
-        kept = []
+        """Keep the records of the evaluations the checkpoint knows (a run killed after an
+        evaluation but before its checkpoint wrote lines its resume writes again; a new run
+        keeps none), and drop a line torn by a kill."""
+        kept = read_metrics(self.path, trainer.last_eval_step) if self.path.is_file() else []
         if self.path.is_file():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= trainer.step]
-            self.path.write_text("".join(line + "\n" for line in kept))
-        trainer.metrics = [json.loads(line) for line in kept]
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
+            os.replace(tmp, self.path)  # a kill now keeps either the old file or the new one
+        trainer.metrics = kept
 
     def on_evaluate(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        line = (json.dumps(record) + "\n").encode("utf-8")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            kill_point("metrics", lambda: os.write(fd, line[: len(line) // 2]))  # test seam: a torn line
+            written = os.write(fd, line)  # one write: the line lands whole or (killed) not at all
+            while written < len(line):
+                written += os.write(fd, line[written:])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         from lucidlm.inspect.loss_plot import plot_loss_curves
 
         trainer.flush_losses()
         plot_loss_curves([*trainer.metrics, record], self.plot, trainer.train_losses, title=self.title,
                          learning_rates=trainer.learning_rates)
+
+
+def read_metrics(path: Path, last_step: int) -> list[dict[str, Any]]:
+    """The records of ``path`` with step <= ``last_step``; lines a kill tore (half-written JSON,
+    NUL bytes) are dropped with a note, never a traceback."""
+    records, torn = [], []
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not raw.strip(b" \t\r\x00"):
+            if raw:
+                torn.append(number)
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+            step = record["step"]
+            if isinstance(step, bool) or not isinstance(step, int):
+                raise TypeError(step)
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+            torn.append(number)
+            continue
+        if step <= last_step:
+            records.append(record)
+    if torn:
+        print(f"note: {path}: dropped {len(torn)} torn line(s) (line {', '.join(map(str, torn[:5]))}), left by a "
+              f"run that was killed while writing; the other records are kept.", flush=True)
+    return records
 
 
 class Console(Callback):

@@ -3,8 +3,10 @@
     OUT/checkpoint/lucidlm_config.json   \
     OUT/checkpoint/model.safetensors      > our model directory format (lucidlm.load reads it)
     OUT/checkpoint/tokenizer.json        /
-    OUT/checkpoint/optimizer.safetensors AdamW moments per parameter index; param groups as JSON metadata
-    OUT/checkpoint/trainer_state.json    step, best val loss, loss history, RNG states, train config
+    OUT/checkpoint/optimizer.safetensors AdamW moments per parameter index; param groups, run id and
+                                         step as metadata
+    OUT/checkpoint/trainer_state.json    step, best val loss, loss history, RNG states, train config,
+                                         the run's identity (resume_checks.py)
 
 A checkpoint is written into ``OUT/.checkpoint.tmp-XXXX/`` and swapped into place only
 when every file is complete, so a crash while saving never costs the last good one.
@@ -19,13 +21,16 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from lucidlm.errors import CheckpointError
+from lucidlm.training.kill_points import kill_point
+from lucidlm.training.resume_checks import check_optimizer_state
+from lucidlm.training.resume_checks import read_trainer_state as _read_checked_state
 from lucidlm.weights.checkpoint import CONFIG_NAME, WEIGHTS_NAME
 
 CHECKPOINT_DIR = "checkpoint"
@@ -48,41 +53,58 @@ def decode_rng_state(text: str) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- optimizer
 
-def save_optimizer(state: dict[str, Any], path: Path) -> None:
+def save_optimizer(state: dict[str, Any], path: Path, belongs: Optional[dict[str, str]] = None) -> None:
     """An optimizer ``state_dict()`` flattened to ``state.{param_index}.{exp_avg|exp_avg_sq|step}``
-    tensors; the param groups (lr, betas, weight decay, which indices) go in the metadata."""
+    tensors; the param groups (lr, betas, weight decay, which indices) go in the metadata, with
+    ``belongs`` (the run's id and the step) so a resume recognises a file from another run."""
     tensors = {}
     for index, slots in state["state"].items():
         for key, value in slots.items():
             tensors[f"state.{index}.{key}"] = value.detach().contiguous().cpu() if torch.is_tensor(value) \
                 else torch.tensor(value)
-    save_file(tensors, str(path), metadata={"param_groups": json.dumps(state["param_groups"])})
+    save_file(tensors, str(path), metadata={"param_groups": json.dumps(state["param_groups"]), **(belongs or {})})
 
 
-def read_optimizer_file(path: Path) -> dict[str, Any]:
-    """The ``state_dict()`` that ``save_optimizer`` wrote."""
+def read_optimizer(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The ``state_dict()`` that ``save_optimizer`` wrote, and the file's metadata."""
+    fix = "the checkpoint is damaged; restore OUT/checkpoint from a copy, or start a new run with another --out"
     try:
         tensors = load_file(str(path))
         with open(path, "rb") as f:  # safetensors' header: 8-byte length, then JSON with __metadata__
             header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        groups = json.loads(header["__metadata__"]["param_groups"])
-    except (SafetensorError, OSError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"{path} cannot be read ({exc}); the checkpoint is corrupted.") from None
+        metadata = header.get("__metadata__") or {}
+        groups = json.loads(metadata["param_groups"])
+    except (SafetensorError, OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
+        raise CheckpointError(f"{path} cannot be read ({str(exc).splitlines()[0] if str(exc) else exc!r}); "
+                              f"{fix}.") from None
+    if not isinstance(groups, list) or not all(isinstance(g, dict) and isinstance(g.get("params"), list)
+                                               for g in groups):
+        raise CheckpointError(f"{path}: metadata 'param_groups' is not a list of groups with 'params'; {fix}.")
     state: dict[int, dict[str, torch.Tensor]] = {}
     for name, tensor in tensors.items():
-        _, index, key = name.split(".", 2)
-        state.setdefault(int(index), {})[key] = tensor
+        parts = name.split(".", 2)
+        if len(parts) != 3 or parts[0] != "state" or not parts[1].isdigit():
+            raise CheckpointError(f"{path}: tensor {name!r} is not an optimizer state (state.INDEX.KEY); {fix}.")
+        state.setdefault(int(parts[1]), {})[parts[2]] = tensor
     for group in groups:
         if "betas" in group:
             group["betas"] = tuple(group["betas"])
-    return {"state": state, "param_groups": groups}
+    return {"state": state, "param_groups": groups}, metadata
 
 
-def load_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
-    loaded = read_optimizer_file(path)
+def read_optimizer_file(path: Path) -> dict[str, Any]:
+    """The ``state_dict()`` that ``save_optimizer`` wrote."""
+    return read_optimizer(path)[0]
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, path: Path,
+                   trainer_state: Optional[dict[str, Any]] = None) -> None:
+    """Load after checking the file fits ``optimizer`` and belongs to ``trainer_state``'s run."""
+    loaded, metadata = read_optimizer(path)
+    check_optimizer_state(loaded, metadata, optimizer, path, trainer_state)
     try:
         optimizer.load_state_dict(loaded)
-    except ValueError as exc:
+    except (ValueError, KeyError, RuntimeError) as exc:
         raise CheckpointError(f"{path} does not fit this model's optimizer ({exc}).") from None
 
 
@@ -97,7 +119,10 @@ def save_checkpoint(out_dir: Path, write_payload: Callable[[Path], None], optimi
     tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=TMP_PREFIX))
     try:
         write_payload(tmp)
-        save_optimizer(optimizer_state, tmp / OPTIMIZER_NAME)
+        kill_point("checkpoint")  # test seam: the weights are written, optimizer and state not yet
+        run_id = (trainer_state.get("run") or {}).get("id")
+        belongs = {"step": str(trainer_state["step"]), **({"run": run_id} if run_id else {})}
+        save_optimizer(optimizer_state, tmp / OPTIMIZER_NAME, belongs)
         (tmp / STATE_NAME).write_text(json.dumps(trainer_state, indent=1) + "\n")
         _fsync_dir(tmp)
         # A directory cannot be renamed over a non-empty one: move the old one aside, move
@@ -106,6 +131,7 @@ def save_checkpoint(out_dir: Path, write_payload: Callable[[Path], None], optimi
         old = out_dir / f"{OLD_PREFIX}{tmp.name[len(TMP_PREFIX):]}"
         if final.exists():
             os.replace(final, old)
+            kill_point("swap")  # test seam: between the two renames
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     finally:
@@ -137,15 +163,12 @@ def remove_stale_temporaries(out_dir: Path) -> None:
 
 
 def read_trainer_state(checkpoint: Path, payload: str = WEIGHTS_NAME) -> dict[str, Any]:
-    path = checkpoint / STATE_NAME
+    """The checkpoint's trainer_state.json, after checking every file of it is there and the
+    state's fields are well-formed (``resume_checks.read_trainer_state``)."""
     needed_files = (CONFIG_NAME, WEIGHTS_NAME) if payload == WEIGHTS_NAME else (payload,)
     for needed in (*needed_files, OPTIMIZER_NAME, STATE_NAME):
         if not (checkpoint / needed).is_file():
             raise CheckpointError(
                 f"{checkpoint / needed} is missing: {checkpoint} is not a complete training checkpoint; "
-                f"start a new run without --resume."
-            )
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path} is not valid JSON ({exc}); the checkpoint is corrupted.") from None
+                f"start a new run without --resume.")
+    return _read_checked_state(checkpoint / STATE_NAME)

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from lucidlm.errors import CheckpointError
 from lucidlm.training import checkpoint as ckpt
 from lucidlm.training.distributed import DistributedContext, barrier
+from lucidlm.training.resume_checks import DAMAGED, check_optimizer_state
 from lucidlm.weights.checkpoint import CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME
 
 TRAINABLE_NAME = "trainable.safetensors"
@@ -62,14 +63,15 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path,
-                         ctx: DistributedContext) -> None:
+                         ctx: DistributedContext, trainer_state: Optional[dict[str, Any]] = None) -> None:
     if not ctx.sharded:
-        ckpt.load_optimizer(optimizer, path)
+        ckpt.load_optimizer(optimizer, path, trainer_state)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     # Every rank reads the full file, then FSDP keeps each rank's shard of it.
-    loaded = ckpt.read_optimizer_file(path)
+    loaded, metadata = ckpt.read_optimizer(path)
+    check_optimizer_state(loaded, metadata, optimizer, path, trainer_state)
     if not loaded["state"]:  # saved before the first step: nothing to load (see full_optimizer_state)
         return
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -89,13 +91,16 @@ def _param_name(model: torch.nn.Module, param: torch.Tensor) -> str:
 class Checkpointer:
     def __init__(self, out_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  config: dict[str, Any], ctx: DistributedContext, payload: str = "model",
-                 export: Optional[Callable[[Path], None]] = None) -> None:
+                 export: Optional[Callable[[Path], None]] = None, identity: Optional[dict[str, str]] = None) -> None:
         self.out_dir, self.model, self.optimizer, self.config = Path(out_dir), model, optimizer, config
         self.ctx, self.payload, self.export = ctx, payload, export
+        self.identity = identity  # the run's corpus, tokenizer and settings hashes (resume_checks.run_identity)
 
     def save(self, trainer: Any) -> Optional[Path]:
         """Gather (collective), then rank 0 writes OUT/checkpoint atomically."""
         state = {**trainer.state_dict(), "train_config": self.config}
+        if self.identity is not None:
+            state["run"] = self.identity
         tensors = full_model_state(self.model, self.ctx)
         optimizer_state = full_optimizer_state(self.model, self.optimizer, self.ctx)
         path = None
@@ -126,9 +131,9 @@ class Checkpointer:
         try:
             tensors = load_file(str(source))
         except (SafetensorError, OSError) as exc:
-            raise CheckpointError(f"{source} cannot be read ({exc}); the checkpoint is corrupted.") from None
+            raise CheckpointError(f"{source} cannot be read ({exc}); {DAMAGED}.") from None
         self._load_weights(tensors, source)
-        load_optimizer_state(self.model, self.optimizer, directory / ckpt.OPTIMIZER_NAME, self.ctx)
+        load_optimizer_state(self.model, self.optimizer, directory / ckpt.OPTIMIZER_NAME, self.ctx, state)
         trainer.load_state_dict(state)
 
     def _load_weights(self, tensors: dict[str, torch.Tensor], source: Path) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -24,7 +25,9 @@ from typing import Optional, Sequence
 import numpy as np
 
 from lucidlm.errors import DataError
+from lucidlm.training.kill_points import kill_point
 from lucidlm.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, WordTokenizer, load_tokenizer
+from lucidlm.validation import read_json_object
 
 TOKENIZER_KINDS = ("char", "word", "bpe")
 DEFAULT_BPE_VOCAB = 1024
@@ -41,6 +44,7 @@ class TokenData:
     val: np.ndarray  # (N_val,)
     tokenizer: Tokenizer
     directory: Path
+    meta: Optional[dict] = None  # data/meta.json: counts, settings, corpus_sha256, tokenizer_sha256
 
 
 # ----------------------------------------------------------------------------- reading
@@ -137,13 +141,16 @@ def split_tokens(tokens: np.ndarray, val_fraction: float, split: str) -> tuple[n
 
 def prepare_data(source: str | Path, out_dir: str | Path, tokenizer: str | Tokenizer = "char",
                  vocab_size: Optional[int] = None, val_fraction: float = 0.1,
-                 progress: bool = False, split: str = "tail") -> TokenData:
+                 progress: bool = False, split: str = "tail", resume: bool = False,
+                 corpus_hash: Optional[str] = None) -> TokenData:
     """Tokenize ``source`` into ``out_dir/data/{train,val}.bin`` (once) and memory-map them.
 
     ``tokenizer``: a kind to train on the corpus (char | word | bpe), or a tokenizer object
     to encode with as it is (fine-tuning: the pretrained model's own vocabulary).
     A second call with the same corpus and settings reuses the files (and the saved
-    tokenizer) instead of tokenizing again.
+    tokenizer) instead of tokenizing again. ``resume``: the files must be the run's own
+    and whole (a resume refuses rather than rewrite them); ``corpus_hash`` (the corpus
+    bytes' sha256, when the caller has it) lets a touched but unchanged corpus be reused.
     """
     if not 0.0 < val_fraction < 1.0:
         raise DataError(f"val_fraction={val_fraction} must be between 0 and 1 (exclusive), e.g. 0.1.")
@@ -154,11 +161,17 @@ def prepare_data(source: str | Path, out_dir: str | Path, tokenizer: str | Token
     given = None if isinstance(tokenizer, str) else tokenizer
     kind = tokenizer if given is None else _tokenizer_identity(given)
     fingerprint = _fingerprint(files, kind, vocab_size, val_fraction, split)
-    meta_path = directory / META_NAME
-    if meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        if meta.get("fingerprint") == fingerprint:
+    settings = f"{kind}|{vocab_size}|{val_fraction}|{split}"
+    meta = read_meta(directory, strict=resume)
+    if meta is not None:
+        same = meta["fingerprint"] == fingerprint or (
+            corpus_hash is not None and meta.get("corpus_sha256") == corpus_hash and meta.get("settings") == settings)
+        if same and _sizes_fit(directory, meta, strict=resume):
             return _open(directory, meta, given)
+        if resume:
+            raise DataError(f"{directory / META_NAME} was written for another corpus or other tokenizing "
+                            f"settings than {source} now has; resume with the run's original corpus, or start "
+                            f"a new run with another --out.")
 
     texts = read_corpus(files)
     tok = given if given is not None else train_tokenizer(kind, "\n".join(texts), vocab_size, progress)
@@ -171,14 +184,63 @@ def prepare_data(source: str | Path, out_dir: str | Path, tokenizer: str | Token
             f"validation data; add more text."
         )
     directory.mkdir(parents=True, exist_ok=True)
+    (directory / META_NAME).unlink(missing_ok=True)  # the files below no longer match it
     train.tofile(directory / "train.bin")
+    kill_point("data")  # test seam: train.bin written, the rest not yet
     val.tofile(directory / "val.bin")
     if given is None:
         tok.save(directory / "tokenizer.json")
+    from lucidlm.training.resume_checks import corpus_sha256, tokenizer_sha256
+
     meta = dict(fingerprint=fingerprint, dtype=tokens.dtype.name, n_train=n_train, n_val=len(tokens) - n_train,
-                tokenizer=kind, vocab_size=tok.vocab_size, files=[str(f) for f in files])
-    (directory / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")  # last: marks the data complete
+                tokenizer=kind, vocab_size=tok.vocab_size, files=[str(f) for f in files], settings=settings,
+                corpus_sha256=corpus_hash or corpus_sha256(files), tokenizer_sha256=tokenizer_sha256(tok))
+    tmp = directory / (META_NAME + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, directory / META_NAME)  # last, and whole: marks the data complete
     return _open(directory, meta, given)
+
+
+META_FIX = "delete the folder {directory} and run the command again: it is rebuilt from the corpus"
+
+
+def read_meta(directory: Path, strict: bool) -> Optional[dict]:
+    """data/meta.json checked field by field; None when absent. A damaged one is refused when
+    ``strict`` (a resume) and otherwise treated as absent (the data is tokenized again)."""
+    path = directory / META_NAME
+    if not path.exists():
+        return None
+    fix = META_FIX.format(directory=directory)
+    try:
+        fields = read_json_object(path, DataError, "data description", fix)
+        meta = dict(fields.data)
+        meta.update(fingerprint=fields.str("fingerprint"), dtype=fields.str("dtype", choices=("uint16", "uint32")),
+                    n_train=fields.int("n_train", low=1), n_val=fields.int("n_val", low=1),
+                    vocab_size=fields.int("vocab_size", low=1), tokenizer=fields.str("tokenizer"))
+    except DataError:
+        if strict:
+            raise
+        return None
+    return meta
+
+
+def _sizes_fit(directory: Path, meta: dict, strict: bool) -> bool:
+    """train.bin and val.bin hold exactly the tokens meta.json counts."""
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    for name, count in (("train.bin", meta["n_train"]), ("val.bin", meta["n_val"])):
+        path = directory / name
+        size = path.stat().st_size if path.is_file() else None
+        if size != count * itemsize:
+            if strict:
+                raise DataError(f"{path} holds {'no file' if size is None else f'{size} bytes'}, but "
+                                f"{directory / META_NAME} says {count} {meta['dtype']} tokens ({count * itemsize} "
+                                f"bytes): it is truncated or damaged; {META_FIX.format(directory=directory)}.")
+            return False
+    if meta["tokenizer"] in TOKENIZER_KINDS and not (directory / "tokenizer.json").is_file():
+        if strict:
+            raise DataError(f"{directory / 'tokenizer.json'} is missing; {META_FIX.format(directory=directory)}.")
+        return False
+    return True
 
 
 def _tokenizer_identity(tokenizer: Tokenizer) -> str:
@@ -197,7 +259,7 @@ def _open(directory: Path, meta: dict, tokenizer: Optional[Tokenizer] = None) ->
     dtype = np.dtype(meta["dtype"])
     train = np.memmap(directory / "train.bin", dtype=dtype, mode="r", shape=(meta["n_train"],))
     val = np.memmap(directory / "val.bin", dtype=dtype, mode="r", shape=(meta["n_val"],))
-    return TokenData(train, val, tokenizer or load_tokenizer(directory / "tokenizer.json"), directory)
+    return TokenData(train, val, tokenizer or load_tokenizer(directory / "tokenizer.json"), directory, meta)
 
 
 # ----------------------------------------------------------------------------- batches

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from lucidlm.errors import ConfigError
+from lucidlm.outputs import writing
 from lucidlm.training.batches import ExampleBatches, WindowBatches
 from lucidlm.training.callbacks import Console, MetricsLog, Sampler
 from lucidlm.training.checkpointer import TRAINABLE_NAME, Checkpointer
 from lucidlm.training.config import FinetuneConfig, command_line
+from lucidlm.training.data import corpus_files
 from lucidlm.training.distributed import barrier, cleanup_distributed, setup_distributed
+from lucidlm.training.resume_checks import check_same_data, corpus_sha256, fixed_settings, run_identity, tokenizer_sha256
 from lucidlm.training.step import wrap_model
 from lucidlm.training.loop import Callback, Trainer, TrainResult
 from lucidlm.training.setup import (autocast_dtype, check_same_settings, configure_optimizer, open_run,
@@ -81,11 +84,18 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
         raise ConfigError("the base model has no tokenizer, so the data cannot be encoded in its vocabulary; "
                           "fine-tune a model that ships one (a pretrained name, .gguf, or a directory with "
                           "tokenizer.json).")
+    data_path = Path(config.data)
+    corpus_hash = corpus_sha256([data_path] if data_path.suffix == ".jsonl" and data_path.is_file()
+                                else corpus_files(data_path))
+    tokenizer_hash = tokenizer_sha256(model.tokenizer)
+    if found is not None:  # before anything is written: the data and vocabulary must be the run's own
+        check_same_data(found[1], "corpus_sha256", corpus_hash, "the data", config.data, found[0])
+        check_same_data(found[1], "tokenizer_sha256", tokenizer_hash, "the base model's tokenizer", base_name, found[0])
     torch.manual_seed(config.seed)  # the same new weights on every rank
     description = attach_method(model, config)
     device = torch.device(ctx.device)
     model = model.to(device)
-    data, prompt = _data(config, model, ctx, out_dir)
+    data, prompt, write_report = _data(config, model, ctx, out_dir, found is not None, corpus_hash)
     steps = config.max_iters
     if config.epochs is not None and isinstance(data, ExampleBatches):
         steps = math.ceil(config.epochs * data.steps_per_epoch / config.gradient_accumulation_steps)
@@ -102,7 +112,8 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
         save_adapter(model, directory, base_model_name_or_path=base_name)
 
     checkpointer = Checkpointer(out_dir, model, optimizer, saved_config, ctx, payload,
-                                export if payload == "trainable" and not ctx.sharded else None)
+                                export if payload == "trainable" and not ctx.sharded else None,
+                                run_identity(fixed_settings(run_config, saved_config), corpus_hash, tokenizer_hash))
     header = (f"{base_name}: {description}\n{trainable_parameters_report(model)}\n"
               f"{run_config.max_iters} steps of {run_config.batch_size * config.gradient_accumulation_steps * ctx.world_size}"
               f" sequences ({ctx.world_size} process(es), {ctx.strategy}), device {device}")
@@ -117,21 +128,29 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
     trainer.base_name = base_name
     if found is not None:
         checkpointer.restore(trainer, *found)
+    if write_report is not None:  # written only once every check has passed
+        write_report()
     return trainer
 
 
-def _data(config: FinetuneConfig, model: Any, ctx: Any, out_dir: Path) -> tuple[Any, list[int]]:
-    """The batches (JSONL examples or corpus windows) and the ids of the sample prompt."""
+def _data(config: FinetuneConfig, model: Any, ctx: Any, out_dir: Path, resume: bool,
+          corpus_hash: str) -> tuple[Any, list[int], Optional[Callable[[], None]]]:
+    """The batches (JSONL examples or corpus windows), the ids of the sample prompt, and what
+    writes the token-length report (None when there is none to write: corpus data, or a resume,
+    whose report was written when the run started). Writes nothing itself."""
     tokenizer, context = model.tokenizer, model.config.max_seq_len
+    write_report = None
     if Path(config.data).suffix == ".jsonl":
         from lucidlm.training.examples import load_examples, split_examples
-        from lucidlm.training.length_report import describe, write_length_report
+        from lucidlm.training.length_report import describe, length_stats, write_length_report
 
         examples = load_examples(config.data, tokenizer, config.max_length, context, config.truncate,
                                  config.mask_prompt, config.example_format)
         length = examples.ids.shape[1]
         if ctx.is_main:
-            print(f"token lengths: {describe(write_length_report(examples.lengths, length, out_dir))}", flush=True)
+            print(f"token lengths: {describe(length_stats(examples.lengths, length))}", flush=True)
+            if not resume:
+                write_report = lambda: write_length_report(examples.lengths, length, out_dir)  # noqa: E731
         train_rows, val_rows = split_examples(examples, config.val_fraction, config.seed)
         batches = ExampleBatches((examples.ids[train_rows], examples.targets[train_rows]),
                                  (examples.ids[val_rows], examples.targets[val_rows]), config.batch_size, config.seed,
@@ -144,20 +163,21 @@ def _data(config: FinetuneConfig, model: Any, ctx: Any, out_dir: Path) -> tuple[
         from lucidlm.training.data import check_enough_data, prepare_data
 
         block = min(config.block_size, context)
+        prepare = dict(val_fraction=config.val_fraction, resume=resume, corpus_hash=corpus_hash)
         if ctx.is_main:  # tokenize once; the other ranks open the files it wrote
-            prepare_data(config.data, out_dir, tokenizer, val_fraction=config.val_fraction)
+            prepare_data(config.data, out_dir, tokenizer, **prepare)
         barrier(ctx)
-        corpus = prepare_data(config.data, out_dir, tokenizer, val_fraction=config.val_fraction)
+        corpus = prepare_data(config.data, out_dir, tokenizer, **prepare)
         check_enough_data(corpus, config.batch_size * ctx.world_size, block)
         batches = WindowBatches(corpus.train, corpus.val, config.batch_size, block, config.seed, ctx)
         default, chat = [int(t) for t in corpus.val[:16]], False
     if not config.sample_prompt:
-        return batches, default
+        return batches, default, write_report
     if chat:
         from lucidlm.chat import encode_chat
 
-        return batches, encode_chat(tokenizer, [{"role": "user", "content": config.sample_prompt}])
-    return batches, list(tokenizer.encode(config.sample_prompt))
+        return batches, encode_chat(tokenizer, [{"role": "user", "content": config.sample_prompt}]), write_report
+    return batches, list(tokenizer.encode(config.sample_prompt)), write_report
 
 
 def finetune(config: FinetuneConfig, model: Any = None, callbacks: Sequence[Callback] = ()) -> TrainResult:
@@ -166,11 +186,12 @@ def finetune(config: FinetuneConfig, model: Any = None, callbacks: Sequence[Call
 
     trainer = build_finetuning(config, model, callbacks)
     try:
-        result = trainer.fit()
-        if trainer.ctx.is_main and not trainer.ctx.sharded and config.method != "full":
-            if config.method == "prefix":
-                freeze_prefix(trainer.model)  # keep the keys/values, drop the training-only MLP
-            save_adapter(trainer.model, config.out_dir, base_model_name_or_path=trainer.base_name)
+        with writing(config.out_dir, "--out"):  # a full disk mid-run: one line naming OUT
+            result = trainer.fit()
+            if trainer.ctx.is_main and not trainer.ctx.sharded and config.method != "full":
+                if config.method == "prefix":
+                    freeze_prefix(trainer.model)  # keep the keys/values, drop the training-only MLP
+                save_adapter(trainer.model, config.out_dir, base_model_name_or_path=trainer.base_name)
         return result
     finally:
         cleanup_distributed(trainer.ctx)

@@ -25,6 +25,7 @@ import torch
 
 from lucidlm.training.distributed import DistributedContext, any_rank, gather_rng_states
 from lucidlm.training.interrupt import install_interrupt_handler
+from lucidlm.training.kill_points import kill_point
 from lucidlm.training.loss import masked_cross_entropy
 from lucidlm.training.schedule import get_lr
 from lucidlm.training.step import TrainStep
@@ -127,6 +128,7 @@ class Trainer:
                 self.data.prefetch()  # the next batch is read while the device computes
                 loss.backward()
             total += loss.detach()
+        kill_point("step")  # test seam: gradients computed, weights not yet updated
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], cfg.grad_clip)
         self.optimizer.step()
@@ -163,6 +165,7 @@ class Trainer:
                 with self.autocast():
                     logits = self.model(x)
                 losses.append(masked_cross_entropy(logits, y))
+                kill_point("eval")  # test seam: in the middle of an evaluation
                 for callback in shown:
                     callback.on_eval_batch(self)
             out[split] = float(torch.stack(losses).mean())
@@ -210,16 +213,22 @@ class Trainer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        from lucidlm.errors import CheckpointError
         from lucidlm.training.checkpoint import decode_rng_state
+        from lucidlm.training.resume_checks import DAMAGED
 
         self.step, self.last_eval_step = int(state["step"]), int(state.get("last_eval_step", -1))
         best = state.get("best_val_loss")
         self.best_val_loss = math.inf if best is None else float(best)
         self.train_losses = [float(x) for x in state.get("train_losses", [])][: self.step]
         self.data.load_state_dict(state["data"])
-        torch.set_rng_state(decode_rng_state(state["torch_rng"][self.ctx.rank]))
+        torch.set_rng_state(decode_rng_state(state["torch_rng"][self.ctx.rank]))  # checked when read
         if self.device.type == "cuda" and state.get("cuda_rng"):
-            torch.cuda.set_rng_state(decode_rng_state(state["cuda_rng"][self.ctx.rank]), self.device)
+            try:
+                torch.cuda.set_rng_state(decode_rng_state(state["cuda_rng"][self.ctx.rank]), self.device)
+            except (RuntimeError, IndexError) as exc:
+                raise CheckpointError(f"trainer_state.json: field 'cuda_rng' is not a CUDA RNG state of this "
+                                      f"device ({exc}); {DAMAGED}.") from None
 
     def save_checkpoint(self) -> Optional[Path]:
         return self.checkpointer.save(self) if self.checkpointer is not None else None

@@ -21,16 +21,21 @@ import torch
 from lucidlm.config import PRESETS, ModelConfig, preset
 from lucidlm.errors import CheckpointError, ConfigError
 from lucidlm.model.transformer import Transformer
+from lucidlm.outputs import writing
 from lucidlm.training.batches import WindowBatches
 from lucidlm.training.callbacks import Console, MetricsLog, Sampler
 from lucidlm.training.checkpointer import Checkpointer
 from lucidlm.training.config import TrainConfig, command_line
-from lucidlm.training.data import check_enough_data, prepare_data
+from lucidlm.training.data import check_enough_data, corpus_files, prepare_data
 from lucidlm.training.distributed import barrier, cleanup_distributed, setup_distributed
+from lucidlm.training.resume_checks import (DAMAGED, check_same_data, corpus_sha256, fixed_settings, run_identity,
+                                            tokenizer_sha256)
 from lucidlm.training.step import wrap_model
 from lucidlm.training.loop import Callback, Trainer, TrainResult
 from lucidlm.training.setup import (autocast_dtype, check_same_settings, configure_optimizer, open_run,
                                    resolve_device, resolved)
+from lucidlm.validation import read_json_object
+from lucidlm.weights.checkpoint import CONFIG_NAME
 
 
 def model_config_for(config: TrainConfig, vocab_size: int) -> ModelConfig:
@@ -70,15 +75,23 @@ def _build(config: TrainConfig, ctx: Any, callbacks: Sequence[Callback]) -> Trai
     out_dir = Path(config.out_dir)
     saved_config = {**config.to_dict(), "data": resolved(config.data)}
     found = open_run(out_dir, config.resume, ctx)
-    if found is not None:  # before touching the data: another tokenizer would re-tokenize OUT/data
+    corpus_hash = corpus_sha256(corpus_files(config.data))
+    saved_model = None
+    if found is not None:  # before touching the data: nothing is written until the run is known to be this one
         check_same_settings(config, saved_config, found[1], found[0], ctx)
+        check_same_data(found[1], "corpus_sha256", corpus_hash, "the corpus", config.data, found[0])
+        saved_model = read_json_object(found[0] / CONFIG_NAME, CheckpointError, "model config", DAMAGED).data
     progress = config.progress and ctx.is_main
+    prepare = dict(tokenizer=config.tokenizer, vocab_size=config.vocab_size, val_fraction=config.val_fraction,
+                   split=config.split, resume=found is not None, corpus_hash=corpus_hash)
     if ctx.is_main:  # tokenize once; the other ranks open the files it wrote
-        prepare_data(config.data, out_dir, config.tokenizer, config.vocab_size, config.val_fraction, progress,
-                     config.split)
+        prepare_data(config.data, out_dir, progress=progress, **prepare)
     barrier(ctx)
-    data = prepare_data(config.data, out_dir, config.tokenizer, config.vocab_size, config.val_fraction, False,
-                        config.split)
+    data = prepare_data(config.data, out_dir, **prepare)
+    tokenizer_hash = tokenizer_sha256(data.tokenizer)
+    if found is not None:
+        check_same_data(found[1], "tokenizer_sha256", tokenizer_hash, "the tokenizer", data.directory / "tokenizer.json",
+                        found[0])
     model_config = model_config_for(config, data.tokenizer.vocab_size)
     block_size = model_config.max_seq_len
     check_enough_data(data, config.batch_size * ctx.world_size, block_size)
@@ -89,15 +102,16 @@ def _build(config: TrainConfig, ctx: Any, callbacks: Sequence[Callback]) -> Trai
     device = torch.device(ctx.device)
     torch.manual_seed(config.seed)  # same initial weights on every rank
     model = Transformer(model_config, tokenizer=data.tokenizer).to(device)
-    if found is not None:
-        _check_model_config(found[0], model_config)
+    if saved_model is not None:
+        _check_model_config(found[0], saved_model, model_config)
     torch.manual_seed(config.seed + ctx.rank)  # dropout masks differ between ranks
     if device.type == "cuda":
         torch.cuda.manual_seed(config.seed + ctx.rank)
     train_model = wrap_model(model, ctx, config.compile, config.compile_mode)  # FSDP shards `model` in place
     optimizer = configure_optimizer(model, config, device, ctx.sharded)
     batches = WindowBatches(data.train, data.val, config.batch_size, block_size, config.seed, ctx)
-    checkpointer = Checkpointer(out_dir, model, optimizer, saved_config, ctx)
+    identity = run_identity(fixed_settings(config, saved_config), corpus_hash, tokenizer_hash)
+    checkpointer = Checkpointer(out_dir, model, optimizer, saved_config, ctx, identity=identity)
     header = (f"training {sum(p.numel() for p in model.parameters()):,} parameters ({model_config.n_layers} layers, d_model {model_config.d_model}, "
               f"vocab {model_config.vocab_size}) on {len(data.train):,} train / {len(data.val):,} val tokens; "
               f"{config.batch_size * config.gradient_accumulation_steps * ctx.world_size * block_size:,} tokens "
@@ -114,12 +128,7 @@ def _build(config: TrainConfig, ctx: Any, callbacks: Sequence[Callback]) -> Trai
     return trainer
 
 
-def _check_model_config(directory: Path, current: ModelConfig) -> None:
-    import json
-
-    from lucidlm.weights.checkpoint import CONFIG_NAME
-
-    saved = json.loads((directory / CONFIG_NAME).read_text())
+def _check_model_config(directory: Path, saved: dict[str, Any], current: ModelConfig) -> None:
     differences = [f"model.{k}: {saved.get(k)!r} -> {v!r}" for k, v in current.to_dict().items()
                    if saved.get(k) != v]
     if differences:
@@ -131,7 +140,8 @@ def pretrain(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> TrainRe
     """Train a model as ``config`` says; the trained model is in ``OUT/checkpoint/``."""
     trainer = build_pretraining(config, callbacks)
     try:
-        return trainer.fit()
+        with writing(config.out_dir, "--out"):  # a full disk mid-run: one line naming OUT
+            return trainer.fit()
     finally:
         cleanup_distributed(trainer.ctx)
 
