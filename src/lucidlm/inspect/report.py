@@ -11,6 +11,7 @@ that attention map.
 from __future__ import annotations
 
 import html
+import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -22,7 +23,6 @@ from lucidlm.inspect.cache import run_with_cache
 from lucidlm.inspect.logit_lens import logit_lens
 from lucidlm.inspect.steps import to_str_tokens, to_tokens
 from lucidlm.inspect.views import iframe_html, script_json
-from lucidlm.staging import publish, staging_file
 
 # Every attention map is embedded (n_layers * n_heads * T^2 numbers): keep pages loadable.
 MAX_REPORT_TOKENS = 256
@@ -94,13 +94,9 @@ def write_report(model: nn.Module, text: str, out: Union[str, Path], top_k: int 
     out = Path(out)
     page = build_report(model, text, top_k)
     out.parent.mkdir(parents=True, exist_ok=True)
-    stream, partial = staging_file(out)
-    try:
-        with stream:
-            stream.write(page.encode("ascii"))
-        publish(partial, out)
-    finally:
-        partial.unlink(missing_ok=True)
+    partial = out.with_name(f".{out.name}.partial")
+    partial.write_text(page, encoding="ascii")
+    os.replace(partial, out)
     return out
 
 
