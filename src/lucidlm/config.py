@@ -11,12 +11,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from lucidlm.errors import ConfigError
 from lucidlm.suggest import did_you_mean
+from lucidlm.validation import (MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, Fields, check_allocation,
+                                read_json_object)
+
+# Where the values of the ModelConfig being built came from: ("ModelConfig", {}) for Python code;
+# from_dict sets (file, {our field: the file's name for it}) while a loader builds one.
+_ORIGIN: ContextVar[tuple[str, dict[str, str], str]] = ContextVar(
+    "lucidlm_config_origin", default=("ModelConfig", {}, "pass valid values to ModelConfig"))
 
 POSITION_KINDS = ("rope", "sinusoidal", "learned", "none")
 ROPE_VARIANTS = ("half", "interleaved")
@@ -89,77 +97,113 @@ class ModelConfig:
     name: str = "custom"
 
     def __post_init__(self) -> None:
-        self._check_choice("positions", POSITION_KINDS)
-        self._check_choice("rope_variant", ROPE_VARIANTS)
-        self._check_choice("norm", NORM_KINDS)
-        self._check_choice("norm_position", NORM_POSITIONS)
-        self._check_choice("mlp", MLP_KINDS)
-        self._check_choice("init", INIT_SCHEMES)
-        for size in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "multiple_of"):
-            self._check_positive_int(size)
+        # Every field is checked for type and range before anything is built from it (a model
+        # of n_layers=10**6 would hang, max_seq_len=4e9 would ask for TBs of rotary tables).
+        # Refusals name where the values came from: "ModelConfig" for Python code, or the file
+        # a loader read them from, under that file's own field names (from_dict(names=...)).
+        source, names, fix = _ORIGIN.get()
+        self._origin = (source, dict(names), fix)
+        name = self._name
+        check = Fields({name(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}, source,
+                       ConfigError, fix=fix)
+
+        def put(kind: str, key: str, **bounds: Any) -> None:
+            setattr(self, key, getattr(check, kind)(name(key), **bounds))
+
+        for key, valid in (("positions", POSITION_KINDS), ("rope_variant", ROPE_VARIANTS), ("norm", NORM_KINDS),
+                           ("norm_position", NORM_POSITIONS), ("mlp", MLP_KINDS), ("init", INIT_SCHEMES)):
+            put("str", key, choices=valid)
+        put("str", "name")
+        for key, high in (("vocab_size", MAX_VOCAB), ("d_model", MAX_WIDTH), ("n_layers", MAX_LAYERS),
+                          ("n_heads", MAX_HEADS), ("max_seq_len", MAX_CONTEXT), ("multiple_of", MAX_WIDTH)):
+            put("int", key, low=1, high=high)
+        put("int", "n_kv_heads", default=None, low=1, high=self.n_heads)
+        put("int", "head_dim", default=None, low=1, high=MAX_WIDTH)
+        put("int", "d_mlp", default=None, low=1, high=MAX_WIDTH)
+        put("int", "sliding_window", default=None, low=1, high=MAX_CONTEXT)
+        put("int", "global_layer_every", default=None, low=1, high=MAX_LAYERS)
+        put("float", "ffn_dim_multiplier", default=None, low=0.0, low_open=True, high=float(MAX_WIDTH))
+        put("float", "rope_theta", low=0.0, low_open=True)
+        put("float", "rope_local_theta", default=None, low=0.0, low_open=True)
+        put("float", "query_pre_attn_scalar", default=None, low=0.0, low_open=True)
+        put("float", "final_logit_softcap", default=None, low=0.0, low_open=True)
+        put("float", "norm_eps", low=0.0, high=1.0)
+        put("float", "dropout", low=0.0, high=1.0, high_open=True)
+        for key in ("qk_norm", "post_sublayer_norm", "final_norm", "attn_bias", "mlp_bias", "norm_bias",
+                    "tie_embeddings", "unembed_bias", "scale_embeddings"):
+            put("bool", key)
+        put("bool", "attn_out_bias", default=self.attn_bias)
 
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
-        self._check_positive_int("n_kv_heads")
         if self.n_heads % self.n_kv_heads != 0:
-            raise ConfigError(
-                f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}: "
-                f"each key/value head must serve the same number of query heads. "
-                f"Pick n_kv_heads from {_divisors(self.n_heads)}."
-            )
+            check.fail(f"{name('n_heads')}={self.n_heads} is not divisible by {name('n_kv_heads')}={self.n_kv_heads}: "
+                       f"each key/value head must serve the same number of query heads; pick "
+                       f"{name('n_kv_heads')} from {_divisors(self.n_heads)}")
         if self.head_dim is None:
             if self.d_model % self.n_heads != 0:
-                raise ConfigError(
-                    f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
-                    f"set head_dim explicitly or choose n_heads from {_divisors(self.d_model)}."
-                )
+                check.fail(f"{name('d_model')}={self.d_model} is not divisible by {name('n_heads')}={self.n_heads}; "
+                           f"set {name('head_dim')} explicitly or choose {name('n_heads')} from "
+                           f"{_divisors(self.d_model)[:24]}")
             self.head_dim = self.d_model // self.n_heads
-        self._check_positive_int("head_dim")
+        if self.n_heads * self.head_dim > MAX_WIDTH:
+            check.fail(f"{name('n_heads')}={self.n_heads} heads of {name('head_dim')}={self.head_dim} make "
+                       f"{self.n_heads * self.head_dim} attention dimensions, more than {MAX_WIDTH}")
         if self.positions == "rope" and self.head_dim % 2 != 0:
-            raise ConfigError(
-                f"head_dim={self.head_dim} is odd, but RoPE rotates pairs of dimensions; "
-                f"use an even head_dim or positions='learned'/'sinusoidal'/'none'."
-            )
+            check.fail(f"{name('head_dim')}={self.head_dim} is odd, but RoPE rotates pairs of dimensions; "
+                       f"use an even head_dim or positions='learned'/'sinusoidal'/'none'")
         if self.positions == "sinusoidal" and self.d_model % 2 != 0:
-            raise ConfigError(f"sinusoidal positions need an even d_model, got {self.d_model}.")
+            check.fail(f"sinusoidal positions need an even {name('d_model')}, got {self.d_model}")
         if self.d_mlp is None:
             self.d_mlp = llama_hidden_dim(self.d_model, self.multiple_of, self.ffn_dim_multiplier) \
                 if self.mlp in ("swiglu", "geglu") else 4 * self.d_model
-        self._check_positive_int("d_mlp")
-        if self.attn_out_bias is None:
-            self.attn_out_bias = self.attn_bias
-        if not (0.0 <= self.dropout < 1.0):
-            raise ConfigError(f"dropout={self.dropout} must be in [0, 1).")
-        if not (self.norm_eps >= 0.0):
-            raise ConfigError(f"norm_eps={self.norm_eps} must be >= 0.")
-        if not (self.rope_theta > 0):
-            raise ConfigError(f"rope_theta={self.rope_theta} must be > 0.")
-        if self.rope_local_theta is not None and not (self.rope_local_theta > 0):
-            raise ConfigError(f"rope_local_theta={self.rope_local_theta} must be > 0 (or None: rope_theta).")
-        for size in ("sliding_window", "global_layer_every"):
-            if getattr(self, size) is not None:
-                self._check_positive_int(size)
+            if self.d_mlp > MAX_WIDTH:
+                check.fail(f"the feed-forward width derived from {name('d_model')}={self.d_model} is {self.d_mlp}, "
+                           f"more than {MAX_WIDTH}; set {name('d_mlp')}")
         if self.global_layer_every is not None and self.sliding_window is None:
-            raise ConfigError(f"global_layer_every={self.global_layer_every} needs a sliding_window for the "
-                              f"other layers; set sliding_window or leave global_layer_every None.")
-        for cap in ("query_pre_attn_scalar", "final_logit_softcap"):
-            value = getattr(self, cap)
-            if value is not None and not (value > 0):
-                raise ConfigError(f"{cap}={value} must be > 0 (or None).")
+            check.fail(f"global_layer_every={self.global_layer_every} needs a sliding_window for the "
+                       f"other layers; set sliding_window or leave global_layer_every None")
         if self.post_sublayer_norm and self.norm_position != "pre":
-            raise ConfigError("post_sublayer_norm adds norms around pre-norm sub-layers; it needs norm_position='pre'.")
+            check.fail("post_sublayer_norm adds norms around pre-norm sub-layers; it needs norm_position='pre'")
         if self.norm == "none" and (self.qk_norm or self.post_sublayer_norm):
-            raise ConfigError("norm='none' has no norm to use for qk_norm / post_sublayer_norm; pick norm='rms'.")
+            check.fail("norm='none' has no norm to use for qk_norm / post_sublayer_norm; pick norm='rms'")
 
-    def _check_choice(self, name: str, valid: tuple[str, ...]) -> None:
-        value = getattr(self, name)
-        if value not in valid:
-            raise ConfigError(f"unknown {name}={value!r}; valid options are: {', '.join(valid)}.")
+    def _name(self, key: str) -> str:
+        """``key`` as the source of this config spells it (config.json's num_hidden_layers)."""
+        return self._origin[1].get(key, key)
 
-    def _check_positive_int(self, name: str) -> None:
-        value = getattr(self, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}.")
+    # -- memory: what building a model of this config allocates --
+    def parameter_count(self) -> int:
+        """Numbers in the weights of a model of this config (each shared matrix once)."""
+        d, gated = self.d_model, self.mlp in ("swiglu", "geglu")
+        attn = d * 2 * (self.q_dim + self.kv_dim)
+        if self.attn_bias:
+            attn += self.q_dim + 2 * self.kv_dim
+        if self.attn_out_bias:
+            attn += d
+        mlp = (3 if gated else 2) * d * self.d_mlp + ((2 if gated else 1) * self.d_mlp + d if self.mlp_bias else 0)
+        norm_size = 0 if self.norm == "none" else d * (2 if self.norm == "layer" and self.norm_bias else 1)
+        norms = norm_size * (4 if self.post_sublayer_norm else 2) + (2 * self.head_dim if self.qk_norm else 0)
+        total = self.n_layers * (attn + mlp + norms) + self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        total += (self.vocab_size if self.unembed_bias else 0) + (norm_size if self.final_norm else 0)
+        return total + (self.max_seq_len * d if self.positions == "learned" else 0)
+
+    def table_bytes(self) -> int:
+        """Bytes of the position tables sized from max_seq_len: RoPE's cos and sin (float64,
+        a second pair for a local base) or the sinusoidal table (float32)."""
+        if self.positions == "rope":
+            tables = 2 if self.rope_local_theta not in (None, self.rope_theta) else 1
+            return tables * 2 * self.max_seq_len * (self.head_dim // 2) * 8
+        return self.max_seq_len * self.d_model * 4 if self.positions == "sinusoidal" else 0
+
+    def check_memory(self, bytes_per_parameter: int = 4) -> None:
+        """Refuse, naming the sizes, a config whose model would not fit in this machine's memory,
+        before anything is allocated."""
+        source, name, fix = self._origin[0], self._name, self._origin[2]
+        sizes = ", ".join(f"{name(k)}={getattr(self, k)}" for k in ("n_layers", "d_model", "d_mlp", "vocab_size",
+                                                                     "max_seq_len"))
+        need = self.parameter_count() * bytes_per_parameter + self.table_bytes()
+        check_allocation(need, f"{source}: a model with {sizes}", ConfigError, fix)
 
     # -- derived sizes, for readers and for parameter counting --
     @property
@@ -181,7 +225,11 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "ModelConfig":
+    def from_dict(cls, data: dict[str, Any], source: str = "ModelConfig",
+                  names: Optional[dict[str, str]] = None, fix: str = "") -> "ModelConfig":
+        """A config from plain data; ``source`` and ``names`` (our field -> the source's own
+        name for it) make every refusal name the file and the field as the file spells them,
+        and ``fix`` says what to do about it."""
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a JSON object of config fields, got {type(data).__name__}.")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -191,24 +239,20 @@ class ModelConfig:
                 f"{source}: unknown config field(s) {unknown}; valid fields are: {', '.join(sorted(known))}"
                 f"{did_you_mean(unknown[0], known) or '.'}"
             )
+        token = _ORIGIN.set((str(source), names or {}, fix or "pass valid values to ModelConfig"))
         try:
             return cls(**data)
-        except TypeError as exc:  # wrong types that dataclass itself trips on
-            raise ConfigError(f"{source}: {exc}") from None
+        finally:
+            _ORIGIN.reset(token)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "ModelConfig":
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist.") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path} is not valid JSON ({exc}); fix or regenerate it.") from None
-        return cls.from_dict(data, source=str(path))
+        fix = "fix or regenerate it (lucidlm writes it beside the model's weights)"
+        fields = read_json_object(path, ConfigError, "model config", fix=fix)
+        return cls.from_dict(dict(fields.data), source=str(path), fix=fix)
 
     def replace(self, **changes: Any) -> "ModelConfig":
         """A copy with some fields changed; derived fields are recomputed unless given."""

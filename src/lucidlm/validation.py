@@ -66,12 +66,12 @@ class Fields:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                 (isinstance(value, float) and not value.is_integer()):
             self._bad(key, value, "an integer")
-        value = int(value)
-        self._range(key, value, low, high)
-        return value
+        # 4e9 is named 4000000000, but 1e300 as written, not in 301 digits
+        self._range(key, int(value) if abs(value) < 1e18 else value, low, high)
+        return int(value)
 
     def float(self, key: str, default: Any = _MISSING, low: Optional[float] = None,
-              high: Optional[float] = None, low_open: bool = False) -> float:
+              high: Optional[float] = None, low_open: bool = False, high_open: bool = False) -> float:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
@@ -79,8 +79,10 @@ class Fields:
             self._bad(key, value, "a finite number")
         value = float(value)
         if low_open and low is not None and value <= low:
-            self._bad(key, value, f"a number > {low}")
-        self._range(key, value, None if low_open else low, high)
+            self._bad(key, value, f"a number > {low}" + (f" and < {high}" if high_open and high is not None else ""))
+        if high_open and high is not None and value >= high:
+            self._bad(key, value, f"a number < {high}" + (f" and >= {low}" if low is not None and not low_open else ""))
+        self._range(key, value, None if low_open else low, None if high_open else high)
         return value
 
     def str(self, key: str, default: Any = _MISSING, choices: Optional[Sequence[str]] = None) -> str:
@@ -118,6 +120,10 @@ class Fields:
         return Fields(value, self.source, self.error, where=self._name(key), fix=self.fix)
 
     # --- failures ------------------------------------------------------------------------
+    def fail(self, problem: str) -> None:
+        """Refuse with ``problem`` (a consistency rule between fields), named like the getters'."""
+        self._fail(problem)
+
     def _range(self, key: str, value: Union[int, float], low: Any, high: Any) -> None:
         if (low is not None and value < low) or (high is not None and value > high):
             bounds = (f"between {low} and {high}" if low is not None and high is not None
@@ -167,12 +173,50 @@ def read_json_object(path: Union[str, Path], error: Type[LucidLMError], what: st
 
 
 def check_allocation(n_bytes: Union[int, float], what: str, error: Type[LucidLMError], fix: str) -> None:
-    """Refuse to allocate ``n_bytes`` for ``what`` when it exceeds this machine's memory, so an
-    absurd size in a file or argument becomes one line instead of a multi-GB allocation."""
+    """Refuse to allocate ``n_bytes`` for ``what`` when it exceeds this machine's memory (or
+    what is left of this process's address-space limit, ``ulimit -v``), so an absurd size in a
+    file or argument becomes one line instead of a multi-GB allocation."""
     total = physical_memory()
     if total and n_bytes > total:
         raise error(f"{what} would need {_human(n_bytes)}, more than this machine's "
                     f"{_human(total)} of memory. {fix[0].upper() + fix[1:]}.")
+    left = address_space_left()
+    if left is not None and n_bytes > left:
+        raise error(f"{what} would need {_human(n_bytes)}, more than the {_human(left)} of address space this "
+                    f"process may still use (ulimit -v). {fix[0].upper() + fix[1:]}.")
+
+
+def address_space_left() -> Optional[int]:
+    """Bytes this process may still map under its RLIMIT_AS, or None without a limit."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/statm") as f:  # first field: pages of address space mapped now
+            used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError, IndexError):
+        return None
+    return max(limit - used, 0)
+
+
+def check_finite(tensors: Mapping[str, Any], source: Union[str, Path], error: Type[LucidLMError], fix: str) -> None:
+    """Refuse the first floating-point tensor in ``tensors`` (name -> torch.Tensor) that holds a
+    NaN or an infinity, naming it, the file and how many of its values are bad: a non-finite
+    weight never crashes at load, it silently turns every output into NaN later."""
+    import torch
+
+    for name, tensor in tensors.items():
+        if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point()):
+            continue
+        finite = torch.isfinite(tensor)
+        if not bool(finite.all()):
+            bad = tensor[~finite]
+            kinds = " and ".join(k for k, present in (("NaN", bool(bad.isnan().any())),
+                                                      ("infinite", bool(bad.isinf().any()))) if present)
+            raise error(f"{source}: tensor {name!r} holds {bad.numel()} {kinds} value(s) of {tensor.numel()}; "
+                        f"the file is damaged or was written from a diverged run. {fix[0].upper() + fix[1:]}.")
 
 
 def physical_memory() -> int:

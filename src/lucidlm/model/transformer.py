@@ -38,6 +38,8 @@ class Transformer(nn.Module):
         self.config = cfg = config
         self.tokenizer = tokenizer  # set by loaders that know one; not part of the module tree
 
+        if torch.get_default_device().type != "meta":  # refuse a size that cannot fit before allocating it
+            cfg.check_memory()
         skip_init = _SKIP_INIT.get()  # Transformer.empty: every weight is about to be overwritten
         # (an init on the meta device is not free: its normal_ imports torch._dynamo, ~1.5 s)
         self.embed = (nn.Embedding(cfg.vocab_size, cfg.d_model, _weight=torch.empty(cfg.vocab_size, cfg.d_model))
@@ -81,6 +83,8 @@ class Transformer(nn.Module):
     def empty(cls, config: ModelConfig, device: str | torch.device = "cpu", tokenizer: Any = None) -> "Transformer":
         """A model with uninitialised parameters, for loaders that overwrite every weight:
         skipping the random init makes loading a pretrained model much faster."""
+        if torch.device(device).type != "meta":
+            config.check_memory()  # the memory is allocated by to_empty below, not on the meta device
         token = _SKIP_INIT.set(True)
         try:
             with torch.device("meta"):

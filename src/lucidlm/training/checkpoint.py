@@ -3,8 +3,10 @@
     OUT/checkpoint/lucidlm_config.json   \
     OUT/checkpoint/model.safetensors      > our model directory format (lucidlm.load reads it)
     OUT/checkpoint/tokenizer.json        /
-    OUT/checkpoint/optimizer.safetensors AdamW moments per parameter index; param groups as JSON metadata
-    OUT/checkpoint/trainer_state.json    step, best val loss, loss history, RNG states, train config
+    OUT/checkpoint/optimizer.safetensors AdamW moments per parameter index; param groups, run id and
+                                         step as metadata
+    OUT/checkpoint/trainer_state.json    step, best val loss, loss history, RNG states, train config,
+                                         the run's identity (resume_checks.py)
 
 A checkpoint is written into ``OUT/.checkpoint.tmp-XXXX/`` and swapped into place only
 when every file is complete, so a crash while saving never costs the last good one.

@@ -34,6 +34,7 @@ from lucidlm.errors import (
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
 from lucidlm.weights.checkpoint import atomic_save_safetensors, atomic_write_text
+from lucidlm.validation import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, Fields, read_json_object
 from lucidlm.weights.state import load_into, own_state_dict
 
 CONFIG_NAME = "config.json"
@@ -49,23 +50,32 @@ _ARCHITECTURE_OF_FAMILY = {family: arch for arch, (family, _) in SUPPORTED.items
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 _GPT2_ACTIVATION_NAMES = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+_CONFIG_FIX = "correct that field in config.json, or re-download or re-export the model"
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 # ----------------------------------------------------------------------------- reading
 
 def is_hf_dir(path: str | Path) -> bool:
-    """A directory with a Hugging Face config.json and safetensors weights."""
+    """A directory with a Hugging Face config.json and safetensors weights. A config.json that
+    cannot be read (truncated, not UTF-8, not an object) still counts, so that loading it says
+    what is wrong with it; a valid one must name a model_type or architectures."""
     path = Path(path)
     if not (path / CONFIG_NAME).is_file():
         return False
     if not ((path / WEIGHTS_NAME).is_file() or (path / INDEX_NAME).is_file()):
         return False
     try:
-        config = json.loads((path / CONFIG_NAME).read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and ("model_type" in config or "architectures" in config)
+        config = json.loads((path / CONFIG_NAME).read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return True
+    return not isinstance(config, dict) or "model_type" in config or "architectures" in config
+
+
+def read_hf_config(path: str | Path) -> Fields:
+    """config.json of a Hugging Face directory as checked ``Fields`` (missing, truncated, not
+    UTF-8 or not an object: one ConfigError naming the file)."""
+    return read_json_object(Path(path) / CONFIG_NAME, ConfigError, "model config", fix=_CONFIG_FIX)
 
 
 def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
@@ -73,105 +83,128 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | 
     """A Transformer (or ``model_cls``, a subclass) with the weights of a Hugging Face LLaMA
     or GPT-2 directory."""
     path = Path(path)
-    hf_config = _read_json(path / CONFIG_NAME)
-    family = hf_family(hf_config, path / CONFIG_NAME)
-    config = config_from_hf(hf_config, source=str(path / CONFIG_NAME))
-    model = model_cls.empty(config, device)
+    hf_config = read_hf_config(path)
+    family = hf_family(hf_config)
+    config = config_from_hf(hf_config)
+    model = model_cls.empty(config, device)  # checks the memory this config needs first
     tensors = read_safetensors(path)
     load_into(model, _to_our_names(model, family, tensors, path), path)
     model.tokenizer = _load_tokenizer(path)
     return model.to(dtype).eval()
 
 
-def hf_family(hf_config: dict[str, Any], source: str | Path = CONFIG_NAME) -> str:
+def _fields(hf: dict[str, Any] | Fields, source: str | Path) -> Fields:
+    return hf if isinstance(hf, Fields) else Fields(hf, source, ConfigError, fix=_CONFIG_FIX)
+
+
+def hf_family(hf_config: dict[str, Any] | Fields, source: str | Path = CONFIG_NAME) -> str:
     """``"llama"`` or ``"gpt2"`` from config.json's architectures / model_type."""
-    architectures = hf_config.get("architectures") or []
+    fields = _fields(hf_config, source)
+    architectures = fields.list("architectures", default=[], item=str)
+    model_type = fields.str("model_type", default=None)
     for arch in architectures:
         if arch in SUPPORTED:
             return SUPPORTED[arch][0]
-    model_type = hf_config.get("model_type")
     if not architectures and model_type in _FAMILY_OF_MODEL_TYPE:
         return _FAMILY_OF_MODEL_TYPE[model_type]
     found = architectures or [model_type]
     raise UnsupportedArchitectureError(
-        f"{source}: architecture {', '.join(map(str, found))} (model_type={model_type!r}) is not supported; "
+        f"{fields.source}: architecture {', '.join(map(str, found))} (model_type={model_type!r}) is not supported; "
         f"lucidlm reads Hugging Face models of these architectures: {', '.join(SUPPORTED)}."
     )
 
 
-def config_from_hf(hf: dict[str, Any], source: str = CONFIG_NAME) -> ModelConfig:
-    """Our ModelConfig for a Hugging Face config.json (already parsed)."""
-    family = hf_family(hf, source)
-    try:
-        fields = _llama_fields(hf, source) if family == "llama" else _gpt2_fields(hf, source)
-    except KeyError as exc:
-        raise ConfigError(f"{source}: required field {exc.args[0]!r} is missing from the {family} config.") from None
-    return ModelConfig.from_dict(fields, source=source)
+def config_from_hf(hf: dict[str, Any] | Fields, source: str = CONFIG_NAME) -> ModelConfig:
+    """Our ModelConfig for a Hugging Face config.json (already parsed). Every field lucidlm
+    uses is checked for type and range under its config.json name before anything is built."""
+    fields = _fields(hf, source)
+    family = hf_family(fields)
+    values, names = _llama_fields(fields) if family == "llama" else _gpt2_fields(fields)
+    return ModelConfig.from_dict(values, source=fields.source, names=names, fix=_CONFIG_FIX)
 
 
-def _llama_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
-    if hf.get("hidden_act", "silu") != "silu":
+# our ModelConfig field -> config.json's name for it, so refusals name the file's field
+_LLAMA_NAMES = {"vocab_size": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
+                "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+                "d_mlp": "intermediate_size", "max_seq_len": "max_position_embeddings", "rope_theta": "rope_theta",
+                "norm_eps": "rms_norm_eps", "attn_bias": "attention_bias", "mlp_bias": "mlp_bias",
+                "tie_embeddings": "tie_word_embeddings"}
+_GPT2_NAMES = {"vocab_size": "vocab_size", "d_model": "n_embd", "n_layers": "n_layer", "n_heads": "n_head",
+               "d_mlp": "n_inner", "max_seq_len": "n_positions", "norm_eps": "layer_norm_epsilon",
+               "tie_embeddings": "tie_word_embeddings"}
+
+
+def _llama_fields(hf: Fields) -> tuple[dict[str, Any], dict[str, str]]:
+    activation = hf.str("hidden_act", default="silu")
+    if activation != "silu":
         raise UnsupportedArchitectureError(
-            f"{source}: hidden_act={hf['hidden_act']!r} is not supported for LLaMA; lucidlm's SwiGLU uses silu."
+            f"{hf.source}: hidden_act={activation!r} is not supported for LLaMA; lucidlm's SwiGLU uses silu."
         )
-    n_heads = hf["num_attention_heads"]
-    return dict(
-        name="llama", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
-        n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads, d_mlp=hf["intermediate_size"],
-        max_seq_len=hf.get("max_position_embeddings", 2048), positions="rope", rope_variant="half",
-        rope_theta=float(_rope_theta(hf, source)), norm="rms", norm_eps=hf.get("rms_norm_eps", 1e-6),
-        norm_position="pre", final_norm=True, mlp="swiglu", attn_bias=bool(hf.get("attention_bias", False)),
-        mlp_bias=bool(hf.get("mlp_bias", False)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+    n_heads = hf.int("num_attention_heads", low=1, high=MAX_HEADS)
+    values = dict(
+        name="llama", vocab_size=hf.int("vocab_size", low=1, high=MAX_VOCAB),
+        d_model=hf.int("hidden_size", low=1, high=MAX_WIDTH),
+        n_layers=hf.int("num_hidden_layers", low=1, high=MAX_LAYERS), n_heads=n_heads,
+        n_kv_heads=hf.int("num_key_value_heads", default=n_heads, low=1, high=n_heads),
+        head_dim=hf.int("head_dim", default=None, low=1, high=MAX_WIDTH),
+        d_mlp=hf.int("intermediate_size", low=1, high=MAX_WIDTH),
+        max_seq_len=hf.int("max_position_embeddings", default=2048, low=1, high=MAX_CONTEXT),
+        positions="rope", rope_variant="half", rope_theta=_rope_theta(hf),
+        norm="rms", norm_eps=hf.float("rms_norm_eps", default=1e-6, low=0.0, high=1.0),
+        norm_position="pre", final_norm=True, mlp="swiglu", attn_bias=hf.bool("attention_bias", default=False),
+        mlp_bias=hf.bool("mlp_bias", default=False), tie_embeddings=hf.bool("tie_word_embeddings", default=False),
     )
+    return values, _LLAMA_NAMES
 
 
-def _rope_theta(hf: dict[str, Any], source: str) -> float:
+def _rope_theta(hf: Fields) -> float:
     """transformers >= 5 keeps theta and scaling in ``rope_parameters``; older files have
     ``rope_theta`` and ``rope_scaling`` at the top level. Only plain RoPE is implemented."""
-    parameters = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
-    rope_type = parameters.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    parameters = hf.object("rope_parameters", default={})
+    scaling = hf.object("rope_scaling", default={})
+    scaling_type = scaling.str("rope_type", default=None) or scaling.str("type", default=None)
+    if scaling_type is None and scaling.data:
+        scaling.fail(f"field 'rope_scaling' is {dict(scaling.data)!r} but names no 'rope_type' (or 'type'), so "
+                     f"which RoPE scaling it means is unknown")
+    rope_type = next((t for t in (parameters.str("rope_type", default=None), scaling_type) if t not in (None, "default")),
+                     "default")
     if rope_type != "default":
         raise UnsupportedArchitectureError(
-            f"{source}: RoPE scaling type {rope_type!r} is not implemented; lucidlm supports only plain "
+            f"{hf.source}: RoPE scaling type {rope_type!r} is not implemented; lucidlm supports only plain "
             f"RoPE (rope_type 'default'). Remove the scaling only if the model was trained without it."
         )
-    return parameters.get("rope_theta", hf.get("rope_theta", 10000.0))
+    top_level = hf.float("rope_theta", default=10000.0, low=0.0, low_open=True)  # checked even when unused
+    return parameters.float("rope_theta", default=top_level, low=0.0, low_open=True)
 
 
-def _gpt2_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
-    activation = hf.get("activation_function", "gelu_new")
+def _gpt2_fields(hf: Fields) -> tuple[dict[str, Any], dict[str, str]]:
+    activation = hf.str("activation_function", default="gelu_new")
     if activation not in _GPT2_ACTIVATIONS:
         raise UnsupportedArchitectureError(
-            f"{source}: activation_function={activation!r} is not supported; use one of {', '.join(_GPT2_ACTIVATIONS)}."
+            f"{hf.source}: activation_function={activation!r} is not supported; use one of "
+            f"{', '.join(_GPT2_ACTIVATIONS)}."
         )
-    if hf.get("scale_attn_by_inverse_layer_idx") or not hf.get("scale_attn_weights", True):
+    if hf.bool("scale_attn_by_inverse_layer_idx", default=False) or not hf.bool("scale_attn_weights", default=True):
         raise UnsupportedArchitectureError(
-            f"{source}: this GPT-2 variant scales attention differently (scale_attn_by_inverse_layer_idx / "
+            f"{hf.source}: this GPT-2 variant scales attention differently (scale_attn_by_inverse_layer_idx / "
             f"scale_attn_weights); lucidlm implements only the standard 1/sqrt(head_dim) scaling."
         )
-    d_model = hf["n_embd"]
-    return dict(
-        name="gpt2", vocab_size=hf["vocab_size"], d_model=d_model, n_layers=hf["n_layer"], n_heads=hf["n_head"],
-        d_mlp=hf.get("n_inner") or 4 * d_model, max_seq_len=hf.get("n_positions", 1024), positions="learned",
-        norm="layer", norm_eps=hf.get("layer_norm_epsilon", 1e-5), norm_position="pre", final_norm=True,
-        mlp=_GPT2_ACTIVATIONS[activation], attn_bias=True, attn_out_bias=True, mlp_bias=True, norm_bias=True,
-        tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+    values = dict(
+        name="gpt2", vocab_size=hf.int("vocab_size", low=1, high=MAX_VOCAB), d_model=hf.int("n_embd", low=1, high=MAX_WIDTH),
+        n_layers=hf.int("n_layer", low=1, high=MAX_LAYERS), n_heads=hf.int("n_head", low=1, high=MAX_HEADS),
+        d_mlp=hf.int("n_inner", default=None, low=1, high=MAX_WIDTH),  # None: 4 * n_embd
+        max_seq_len=hf.int("n_positions", default=1024, low=1, high=MAX_CONTEXT), positions="learned",
+        norm="layer", norm_eps=hf.float("layer_norm_epsilon", default=1e-5, low=0.0, high=1.0), norm_position="pre",
+        final_norm=True, mlp=_GPT2_ACTIVATIONS[activation], attn_bias=True, attn_out_bias=True, mlp_bias=True,
+        norm_bias=True, tie_embeddings=hf.bool("tie_word_embeddings", default=True),
     )
+    return values, _GPT2_NAMES
 
 
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of a Hugging Face directory, from one file or from the shards its index lists."""
     path = Path(path)
-    if (path / INDEX_NAME).is_file():
-        index = _read_json(path / INDEX_NAME)
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict):
-            raise WeightsError(f"{path / INDEX_NAME} has no 'weight_map'; the shard index is corrupted.")
-        files = sorted(set(weight_map.values()))
-    else:
-        files = [WEIGHTS_NAME]
+    files = _shard_files(path) if (path / INDEX_NAME).is_file() else [WEIGHTS_NAME]
     tensors: dict[str, torch.Tensor] = {}
     for name in files:
         file = path / name
@@ -184,6 +217,26 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError) as exc:
             raise WeightsError(f"{file} cannot be read ({exc}); the file is truncated or corrupted.") from None
     return tensors
+
+
+def _shard_files(path: Path) -> list[str]:
+    """The shard files ``model.safetensors.index.json`` lists: each a file name inside the
+    model directory (an absolute path or ``..`` would read files outside it)."""
+    fix = "re-download the model or re-save it with save_pretrained"
+    index = read_json_object(path / INDEX_NAME, WeightsError, "shard index", fix=fix)
+    weight_map = index.object("weight_map")
+    root = path.resolve()
+    files = set()
+    for tensor in weight_map.data:
+        name = weight_map.str(tensor)
+        target = (path / name).resolve()
+        if not name or Path(name).is_absolute() or root not in target.parents:
+            weight_map.fail(f"weight_map[{tensor!r}] is {name!r}, which is not a file inside the model directory "
+                            f"{path}; a shard index may only name shard files beside it")
+        files.add(name)
+    if not files:
+        weight_map.fail("weight_map lists no tensors")
+    return sorted(files)
 
 
 def _to_our_names(model: Transformer, family: str, tensors: dict[str, torch.Tensor],
@@ -216,15 +269,6 @@ def _load_tokenizer(path: Path) -> Any:
     except ImportError:  # the pretrained-tokenizer module is optional
         return None
     return HFTokenizer.from_file(path / TOKENIZER_NAME)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path} does not exist; a Hugging Face model directory needs it.") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON ({exc}).") from None
 
 
 # ----------------------------------------------------------------------------- name maps

@@ -19,17 +19,17 @@ transformers' ``convert_llama_weights_to_hf`` does, so exports need no further t
 
 from __future__ import annotations
 
-import json
 import pickle
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lucidlm.config import ModelConfig, llama_hidden_dim
+from lucidlm.config import ModelConfig
 from lucidlm.errors import CheckpointError, ConfigError, UnsupportedArchitectureError
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
+from lucidlm.validation import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, Fields, read_json_object
 from lucidlm.weights.meta_shards import merge_shards, shard_paths
 from lucidlm.weights.state import load_into
 
@@ -54,28 +54,33 @@ def is_meta_dir(path: str | Path) -> bool:
     return (path / PARAMS).is_file() and any(path.glob("consolidated.*.pth"))
 
 
+_PARAMS_FIX = "correct that field in params.json, or download the model again"
+# our ModelConfig field -> params.json's name for it, so refusals name the file's field
+_PARAMS_NAMES = {"d_model": "dim"}
+
+
 def config_from_params(params: Any, source: str, max_seq_len: int = 8192) -> ModelConfig:
-    """The ModelConfig a Llama ``params.json`` describes."""
-    if not isinstance(params, dict):
-        raise ConfigError(f"{source}: expected a JSON object, got {type(params).__name__}.")
-    params = params.get("model", params)  # some releases nest the sizes under "model"
-    for key in ("dim", "n_layers", "n_heads", "vocab_size"):
-        if not isinstance(params.get(key), int) or isinstance(params.get(key), bool) or params[key] <= 0:
-            raise ConfigError(f"{source}: {key!r} must be a positive integer, got {params.get(key)!r}; "
-                              f"is this a Llama params.json?")
-    if params.get("use_scaled_rope"):
+    """The ModelConfig a Llama ``params.json`` describes, every field checked first."""
+    fields = params if isinstance(params, Fields) else Fields(params, source, ConfigError, fix=_PARAMS_FIX)
+    if fields.has("model"):  # some releases nest the sizes under "model"
+        fields = fields.object("model")
+    if fields.bool("use_scaled_rope", default=False):
         raise UnsupportedArchitectureError(f"{source}: use_scaled_rope (Llama 3.1's RoPE frequency scaling) is not "
                                            f"implemented in lucidlm; Llama 3 checkpoints load.")
-    dim, n_heads = params["dim"], params["n_heads"]
-    multiple_of = int(params.get("multiple_of", 256))
-    multiplier = params.get("ffn_dim_multiplier")
-    return ModelConfig(
-        name="llama", vocab_size=params["vocab_size"], d_model=dim, n_layers=params["n_layers"], n_heads=n_heads,
-        n_kv_heads=params.get("n_kv_heads") or n_heads, d_mlp=llama_hidden_dim(dim, multiple_of, multiplier),
-        max_seq_len=int(params.get("max_seq_len", max_seq_len)), positions="rope", rope_variant="half",
-        rope_theta=float(params.get("rope_theta", 10000.0)), norm="rms", norm_eps=float(params.get("norm_eps", 1e-5)),
-        mlp="swiglu", multiple_of=multiple_of, ffn_dim_multiplier=multiplier, tie_embeddings=False,
+    dim = fields.int("dim", low=1, high=MAX_WIDTH)
+    n_heads = fields.int("n_heads", low=1, high=MAX_HEADS)
+    multiple_of = fields.int("multiple_of", default=256, low=1, high=MAX_WIDTH)
+    multiplier = fields.float("ffn_dim_multiplier", default=None, low=0.0, low_open=True, high=float(MAX_WIDTH))
+    values = dict(
+        name="llama", vocab_size=fields.int("vocab_size", low=1, high=MAX_VOCAB), d_model=dim,
+        n_layers=fields.int("n_layers", low=1, high=MAX_LAYERS), n_heads=n_heads,
+        n_kv_heads=fields.int("n_kv_heads", default=n_heads, low=1, high=n_heads),
+        max_seq_len=fields.int("max_seq_len", default=max_seq_len, low=1, high=MAX_CONTEXT), positions="rope",
+        rope_variant="half", rope_theta=fields.float("rope_theta", default=10000.0, low=0.0, low_open=True),
+        norm="rms", norm_eps=fields.float("norm_eps", default=1e-5, low=0.0, high=1.0), mlp="swiglu",
+        multiple_of=multiple_of, ffn_dim_multiplier=multiplier, tie_embeddings=False,
     )
+    return ModelConfig.from_dict(values, source=source, names=_PARAMS_NAMES, fix=_PARAMS_FIX)
 
 
 def read_pth(path: Path) -> dict[str, torch.Tensor]:
@@ -121,11 +126,9 @@ def load_meta(path: str | Path, dtype: torch.dtype = torch.float32, device: str 
     """A model (and its tokenizer, if ``tokenizer.model`` is there) from a Meta Llama 3 directory."""
     path = Path(path)
     params_path = path / PARAMS
-    try:
-        params = json.loads(params_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{params_path} cannot be read as JSON ({exc}).") from None
+    params = read_json_object(params_path, ConfigError, "Llama params file", fix=_PARAMS_FIX)
     config = config_from_params(params, str(params_path))
+    config.check_memory()  # before reading GBs of shards for a model that cannot be built
     shards = shard_paths(path)
     if len(shards) == 1:
         checkpoint, source = read_pth(shards[0]), str(shards[0])
