@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lucidlm.errors import TokenizerError
-from lucidlm.tokenizers.base import AllowedSpecial, Tokenizer
+from lucidlm.tokenizers.base import AllowedSpecial, Tokenizer, check_text
 from lucidlm.tokenizers.bpe import bytes_to_unicode
 from lucidlm.tokenizers.regex_safety import check_backend_regexes
 from lucidlm.validation import Fields
@@ -207,8 +207,7 @@ class HFTokenizer(Tokenizer):
 
     def encode(self, text: str, *, allowed_special: AllowedSpecial = True) -> list[int]:
         """Text -> ids, with the BOS id first when the model's tokenizer adds one."""
-        if not isinstance(text, str):
-            raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
+        check_text(text)
         allowed = self._allowed_special_set(allowed_special)
         if allowed == set(self.special_tokens):  # the backend splits on every added token itself
             ids = self._guarded(lambda: self._backend.encode(text, add_special_tokens=False).ids)
@@ -220,7 +219,10 @@ class HFTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Many texts at once (in parallel in the Rust backend); special tokens allowed."""
-        encoded = self._guarded(lambda: self._backend.encode_batch(list(texts), add_special_tokens=False))
+        texts = list(texts)
+        for text in texts:
+            check_text(text)
+        encoded = self._guarded(lambda: self._backend.encode_batch(texts, add_special_tokens=False))
         prefix = [self.bos_id] if self.add_bos and self.bos_id is not None else []
         return [prefix + e.ids for e in encoded]
 
