@@ -65,7 +65,7 @@ def writing(path: PathLike, flag: str) -> Iterator[None]:
         raise
     except OSError as exc:
         if exc.errno in _NO_SPACE:
-            raise OutputError(f"no space left on device while writing {path}: free space or choose another "
+            raise OutputError(f"No space left on device while writing {path}: free space or choose another "
                               f"{flag}.") from None
         if exc.errno in _NOT_WRITABLE:
             raise OutputError(f"cannot write {path} ({exc.strerror}): choose another {flag}.") from None

@@ -229,6 +229,6 @@ def test_a_full_disk_while_writing_a_report(model, tmp_path, monkeypatch, capsys
     monkeypatch.setattr("lucidlm.loading.load", lambda *a, **k: model)
     assert cli.main(["inspect", "Hello", "--out", str(kept)]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"no space left on device while writing {kept}" in err and "--out" in err
+    assert err.count("\n") == 1 and f"No space left on device while writing {kept}" in err and "--out" in err
     monkeypatch.undo()
     assert kept.read_text() == "the previous report\n"  # the old report is intact

@@ -111,8 +111,10 @@ def _train_out(places, out):
 
 
 def test_train_out_paths(places):
-    refused(*_train_out(places, places / "a_file"), names=[r"--out", "a_file", "is a file"], watch=[places])
-    refused(*_train_out(places, places / "a_file" / "run"), names=[r"--out", "a_file is a file"], watch=[places])
+    refused(*_train_out(places, places / "a_file"), names=[r"--out", "a_file", "cannot write", "exists"],
+            watch=[places])
+    refused(*_train_out(places, places / "a_file" / "run"), names=[r"--out", "a_file/run", "not a directory"],
+            watch=[places])
     line = refused(*_train_out(places, places / "theirs"), names=[r"--out", "notes.txt", "not from a lucidlm run"],
                    watch=[places])
     assert "new or empty directory" in line

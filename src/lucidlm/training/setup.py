@@ -12,7 +12,7 @@ import torch
 
 from lucidlm import devices
 from lucidlm.errors import CheckpointError
-from lucidlm.outputs import check_output_dir, foreign_entries
+from lucidlm.outputs import foreign_entries
 from lucidlm.training import checkpoint as ckpt
 from lucidlm.training.distributed import DistributedContext, barrier
 
@@ -57,7 +57,6 @@ def open_run(out_dir: Path, resume: bool, ctx: DistributedContext,
     """Check OUT before training. Returns (checkpoint dir, its trainer state) to resume, or
     None for a new run. A new run never overwrites a checkpoint; --resume needs one."""
     if ctx.is_main:
-        check_output_dir(out_dir, "--out")
         foreign = foreign_entries(out_dir, RUN_ENTRIES)
         if foreign and not resume:  # never train into (and later overwrite files in) someone else's folder
             raise CheckpointError(
