@@ -29,6 +29,7 @@ from lucidlm.errors import LucidLMError
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 MEMORY_LIMIT = 6 << 30   # bytes of address space a refused input may reach (torch alone maps ~1-2 GB)
+_HELP_HINT = re.compile(r"^\(see `lucidlm( \w+)? --help`\)$")
 TIME_LIMIT = 120         # seconds; a hang is a failure, not a slow test
 
 
@@ -67,7 +68,8 @@ def refused(*args: Union[str, bytes], names: Iterable[str] = (), watch: Iterable
     assert done.returncode != 0, f"bad input was accepted:\n{shown}"
     assert "Traceback" not in err, f"traceback instead of one line:\n{shown}"
     assert INTERNAL_ERROR not in err, f"reached the last-resort handler (a bug):\n{shown}"
-    lines = [line for line in err.splitlines() if line.strip()]
+    # argparse's refusals (a bad flag value) end with a "(see `lucidlm CMD --help`)" hint line
+    lines = [line for line in err.splitlines() if line.strip() and not _HELP_HINT.match(line)]
     assert lines, f"refused without saying why:\n{shown}"
     line = lines[-1]
     assert re.match(r"lucidlm( \w+)?: (error|interrupted)", line), f"last line is not lucidlm's error:\n{shown}"
