@@ -137,7 +137,7 @@ def test_gguf_nan_block_scale_is_refused_and_clean_blocks_load(tmp_path, kind):
         raw[row, 0, offset:offset + 2] = np.frombuffer(np.float16(np.nan).tobytes(), dtype=np.uint8)
     assert np.isnan(gguf.quants.dequantize(raw.reshape(N_KV * HEAD_DIM, -1), kind)).any()  # the reference
     bad = write_gguf(tmp_path / "bad.gguf", matrices)
-    for quantize in (None, "gguf", "int8"):
+    for quantize in (None, "gguf"):
         api_refused(lambda: load_gguf(bad, quantize=quantize), WeightsError,
                     names=[str(bad), r"'blk\.0\.attn_v\.weight'", "2 NaN block scales"])
 
@@ -196,7 +196,7 @@ def test_gguf_without_checksum_loads_or_refuses_cleanly_after_flips(tmp_path):
     clean = write_gguf(tmp_path / "clean.gguf", gguf_matrices())
     data = clean.read_bytes()
     rng = np.random.default_rng(7)
-    for i, offset in enumerate([0, 9, 30, 200, *rng.integers(0, len(data), 12).tolist()]):
+    for i, offset in enumerate([0, 9, 30, 200, *rng.integers(0, len(data), 6).tolist()]):
         path = tmp_path / f"flip{i}.gguf"
         path.write_bytes(data)
         flip(path, int(offset))
@@ -286,6 +286,19 @@ def test_stale_staging_files_go_and_live_ones_stay(tmp_path):
     pretrained_parts.assembled_gguf(parts, target, hashlib.sha256(parts[0].read_bytes()).hexdigest())
     left = {p.name for p in target.parent.iterdir()}
     assert left == {"m.gguf", live.name, old_style_fresh.name, other.name}
+
+
+def test_training_checkpoint_temporaries_of_live_runs_are_kept(tmp_path):
+    from lucidlm.training import checkpoint as ckpt
+
+    dead = tmp_path / f"{ckpt.TMP_PREFIX}{staging.owner_marker(dead_pid())}abc"
+    live = tmp_path / f"{ckpt.TMP_PREFIX}{staging.owner_marker(1)}def"  # pid 1 always runs
+    legacy = tmp_path / f"{ckpt.TMP_PREFIX}k2j4h5"  # an older lucidlm's name: no owner to ask
+    for path in (dead, live, legacy):
+        path.mkdir()
+        (path / "model.safetensors").write_bytes(b"half")
+    ckpt.remove_stale_temporaries(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [live.name]
 
 
 def test_staging_left_by_kill_9_is_removed_by_the_next_save(tmp_path):
