@@ -106,6 +106,7 @@ STATE_CASES = {
     "rng too short": (_set("torch_rng", ["AAAA"]), [r"trainer_state\.json", r"torch_rng\[0\]", "5056"]),
     "rng not a list": (_set("torch_rng", 7), [r"trainer_state\.json", "torch_rng"]),
     "sampler rng garbage": (_set("data", "AAAA"), [r"trainer_state\.json", "'data'"]),
+    "example sampler state": (_set("data", {"epoch": "one", "position": 0}), [r"trainer_state\.json", r"data\.epoch"]),
     "run id not text": (_set("run", {"id": 5}), [r"trainer_state\.json", r"run\.id"]),
 }
 
