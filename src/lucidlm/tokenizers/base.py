@@ -177,6 +177,8 @@ class Tokenizer(ABC):
             ) from err
         if getattr(tokenizer, "chat_template", None) and not getattr(tokenizer, "chat_template_source", None):
             tokenizer.chat_template_source = f"{path} (chat_template)"  # named by chat-template errors
+        if hasattr(tokenizer, "source") and not tokenizer.source:
+            tokenizer.source = str(path)
         return tokenizer
 
     # ----------------------------------------------------------------- helpers

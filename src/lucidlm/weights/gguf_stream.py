@@ -29,9 +29,9 @@ from lucidlm.errors import GGUFError, UnsupportedArchitectureError
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
 from lucidlm.weights.gguf_families import FAMILIES
-from lucidlm.weights.gguf_quants import EXACT, FLOAT_TYPES, exact_float, exact_plain, native_scheme
+from lucidlm.weights.finite import FiniteCheck
+from lucidlm.weights.gguf_quants import EXACT, FLOAT_TYPES, exact_float, exact_plain, finite_parts, native_scheme
 from lucidlm.weights.memory import TrimEvery, trim
-from lucidlm.weights.state import check_shapes
 
 # Our name for each per-layer GGUF tensor (blk.N.<gguf> -> blocks.N.<ours>).
 LAYER_TENSORS = {
@@ -91,10 +91,10 @@ def supported_types() -> tuple[str, ...]:
 
 
 def plan(reader: Any, config: ModelConfig, source: str, quantize: Optional[str] = None,
-         group_size: Optional[int] = None) -> tuple[ModelConfig, list[Planned]]:
-    """(config completed from the tensors, every tensor with its destination), refusing any
-    tensor with no place, an unsupported type or a group size that does not fit, before
-    anything is converted."""
+         group_size: Optional[int] = None) -> list[Planned]:
+    """Every tensor with its destination in a model of ``config`` (``gguf.fit_to_tensors``
+    has checked names and shapes), refusing an unsupported type or a group size that does
+    not fit before anything is converted."""
     from lucidlm.quantization.base import check_group_size
     from lucidlm.quantization.swap import scheme_class
 
@@ -103,7 +103,7 @@ def plan(reader: Any, config: ModelConfig, source: str, quantize: Optional[str] 
     for tensor in reader.tensors:
         ours = our_name(tensor.name, family.extra_layer_tensors)
         if ours is None:
-            _refuse_name(tensor, config, source)
+            refuse_name(tensor, config, source)
         kind = tensor.tensor_type.name
         if kind not in FLOAT_TYPES and kind not in EXACT and kind not in supported_types():
             raise _unsupported_type(tensor, source)
@@ -119,12 +119,7 @@ def plan(reader: Any, config: ModelConfig, source: str, quantize: Optional[str] 
         elif family.permuted_qk and ours.endswith("k_proj.weight"):
             heads = config.n_kv_heads
         planned.append(Planned(tensor, ours, target, heads))
-    names = {p.module for p in planned}
-    config = config.replace(tie_embeddings="unembed" not in names)
-    rows = [int(p.tensor.data.shape[0]) for p in planned if p.ours == "embed.weight"]
-    if rows and rows[0] != config.vocab_size:
-        config = config.replace(vocab_size=rows[0])  # the tensor is what the model uses
-    return config, planned
+    return planned
 
 
 def our_name(gguf_name: str, extra_layer_tensors: Optional[dict[str, str]] = None) -> Optional[str]:
@@ -137,7 +132,7 @@ def our_name(gguf_name: str, extra_layer_tensors: Optional[dict[str, str]] = Non
     return None
 
 
-def _refuse_name(tensor: Any, config: ModelConfig, source: str) -> None:
+def refuse_name(tensor: Any, config: ModelConfig, source: str) -> None:
     if tensor.name == "rope_freqs.weight":
         raise UnsupportedArchitectureError(
             f"{source}: the file carries rope_freqs.weight (Llama 3.1-style RoPE frequency scaling), "
@@ -231,18 +226,29 @@ def stream_into(model: Transformer, planned: list[Planned], source: str, dtype: 
                 device: str | torch.device, release: Callable[[Any], None] = lambda tensor: None,
                 progress: Optional[Callable[[Any], Any]] = None) -> Transformer:
     """Fill ``model`` (a ``Transformer.skeleton``) with the planned tensors, one at a time;
-    ``release(tensor)`` is called once a tensor is converted (the reader drops its pages)."""
-    check_shapes(model, {p.ours: _matrix_shape(p.tensor) for p in planned}, source)
+    ``release(tensor)`` is called once a tensor is converted (the reader drops its pages).
+    Every tensor's values (or block scales) are checked finite (``weights/finite.py``); the
+    model is returned only if all are."""
     from lucidlm.quantization import DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding
     from lucidlm.quantization.swap import scheme_class, set_module
 
     modules = dict(model.named_modules())
+    check = FiniteCheck(source)
     trims = TrimEvery()
     with torch.no_grad():
         for item in (planned if progress is None else progress(planned)):
+            raw = finite_parts(item.tensor)  # from the file's bytes: float values or f16 block scales
+            if raw is not None:
+                check.add(item.tensor.name, *raw)
             if item.target is None:
-                _set_tensor(model, item.ours, float_weight(item, source, dtype).to(device))
+                weight = float_weight(item, source, dtype)
+                if raw is None:
+                    check.add(item.tensor.name, weight)
+                _set_tensor(model, item.ours, weight.to(device))
             else:
+                if raw is None:  # a type whose blocks we cannot read: check its floats, now
+                    check.add(item.tensor.name, dequantize_tensor(item.tensor, source))
+                    check.verify()
                 scheme, group_size = item.target
                 cls = scheme_class(scheme)
                 plain = {k: v.to(device) for k, v in quantized_plain(item, source, DEFAULT_COMPUTE_DTYPE).items()}
@@ -255,16 +261,13 @@ def stream_into(model: Transformer, planned: list[Planned], source: str, dtype: 
                     set_module(model, item.module, cls.from_plain(plain, old.in_features, group_size))
             release(item.tensor)
             trims.step(_float32_bytes(item.tensor))
+    check.verify()
     trim()
     return model.materialize(device)  # the position tables; every weight is in place
 
 
 def _float32_bytes(tensor: Any) -> int:
     return 4 * int(np.prod(tensor.shape))  # about what converting it allocated and freed
-
-
-def _matrix_shape(tensor: Any) -> tuple[int, ...]:
-    return tuple(int(d) for d in reversed(list(tensor.shape)))  # GGUF lists dimensions fastest-first
 
 
 def _set_tensor(model: nn.Module, name: str, value: torch.Tensor) -> None:
