@@ -215,8 +215,8 @@ def check_finite(tensors: Mapping[str, Any], source: Union[str, Path], error: Ty
             bad = tensor[~finite]
             kinds = " and ".join(k for k, present in (("NaN", bool(bad.isnan().any())),
                                                       ("infinite", bool(bad.isinf().any()))) if present)
-            raise error(f"{source}: tensor {name!r} holds {bad.numel()} {kinds} value(s) of {tensor.numel()}; "
-                        f"the file is damaged or was written from a diverged run. {fix[0].upper() + fix[1:]}.")
+            raise error(f"{source}: tensor {name!r} holds {bad.numel()} {kinds} value(s) of {tensor.numel()}. "
+                        f"{fix[0].upper() + fix[1:]}.")
 
 
 def physical_memory() -> int:

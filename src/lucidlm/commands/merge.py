@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from lucidlm.errors import AdapterError, LucidLMError
+from lucidlm.validation import check_finite
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FORMATS = ("lucidlm", "hf")
@@ -66,6 +67,11 @@ def run(args: argparse.Namespace) -> int:
         merged = model(probe)
     drift = float((with_adapter - merged).abs().max())
     model = model.to(DTYPES[args.dtype])
+    # Finite adapters can still overflow: W + scale * B @ A past float32's (or float16's) range.
+    # A NaN/inf model must never be written as if the merge had worked.
+    check_finite(dict(model.named_parameters()), f"merging {args.adapter} into {args.model or 'smollm2-135m'}",
+                 AdapterError, f"nothing was written to {out_dir}. The adapter's update overflows {args.dtype}: "
+                               f"check the adapter (a diverged training run?) or merge to float32")
     if args.to_format == "hf":
         from lucidlm.weights.hf import save_hf
         save_hf(model, out_dir)
