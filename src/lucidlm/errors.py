@@ -88,3 +88,11 @@ class HookError(LucidLMError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class OutputError(LucidLMError, OSError):
+    """An output path that is a file where a directory is needed (or the reverse), lies under
+    a file, is not writable, or a write that failed because the disk is full."""
+
+    def __str__(self) -> str:  # OSError would print its args as a tuple
+        return str(self.args[0]) if self.args else ""

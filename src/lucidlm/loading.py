@@ -26,6 +26,7 @@ from lucidlm.devices import resolve_device, resolve_dtype
 from lucidlm.errors import ConfigError, LucidLMError, QuantizationError
 from lucidlm.language_model import LanguageModel
 from lucidlm.suggest import did_you_mean
+from lucidlm.validation import check_seed
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -63,6 +64,10 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
     >>> model = lucidlm.load()                                   # offline, ~1 s once cached
     >>> tiny = lucidlm.load("llama", random_init=True, n_layers=2, d_model=64, n_heads=4)
     """
+    if source is not None and not isinstance(source, (str, Path)):
+        raise ConfigError(f"lucidlm.load({source!r}): source must be a path (a .gguf file or a model directory), "
+                          f"a pretrained name or a preset name, not {type(source).__name__}.")
+    check_seed(seed, "seed", ConfigError)
     if quantize is not None and adapter is not None:
         raise QuantizationError(
             f"quantize={quantize!r} with an adapter: merge the adapter into the float model first "

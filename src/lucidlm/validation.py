@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Type, Union
 
 from lucidlm.errors import LucidLMError
 
 _MISSING = object()
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Sane upper bounds: far beyond any real model, far below what would hang or exhaust memory.
 MAX_LAYERS = 4096
@@ -139,6 +142,65 @@ class Fields:
 
     def _name(self, key: str) -> str:
         return f"{self.where}.{key}" if self.where else key
+
+
+MAX_SEED = 2 ** 64 - 1   # torch.manual_seed / torch.Generator.manual_seed take 0 .. 2**64 - 1
+
+
+def check_int(value: Any, name: str, error: Type[LucidLMError], low: Optional[int] = None,
+              high: Optional[int] = None, fix: str = "") -> int:
+    """``value`` as an int, or ``error`` naming ``name`` (an argument or ``--flag``), the value
+    and what is accepted. Refuses bools, floats (even 2.0) and strings: an argument is not a
+    JSON field, and silently truncating 2.5 would hide a mistake."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        _refuse(name, value, "a whole number" + _bounds(low, high, ""), error, fix)
+    value = int(value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        _refuse(name, value, "a whole number" + _bounds(low, high, ""), error, fix)
+    return value
+
+
+def check_float(value: Any, name: str, error: Type[LucidLMError], low: Optional[float] = None,
+                high: Optional[float] = None, low_open: bool = False, high_open: bool = False,
+                fix: str = "") -> float:
+    """``value`` as a finite float in [low, high] (open ends with ``low_open``/``high_open``), or
+    ``error`` naming ``name``, the value and the accepted range. NaN and infinities are refused."""
+    wanted = "a finite number" + _bounds(low, high, ">" if low_open else "", "<" if high_open else "")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        _refuse(name, value, wanted, error, fix)
+    value = float(value)
+    if (low is not None and (value <= low if low_open else value < low)) or \
+            (high is not None and (value >= high if high_open else value > high)):
+        _refuse(name, value, wanted, error, fix)
+    return value
+
+
+def check_seed(value: Any, name: str, error: Type[LucidLMError]) -> int:
+    """A random seed torch accepts (0 .. 2**64 - 1), or ``error`` naming it."""
+    return check_int(value, name, error, low=0, high=MAX_SEED, fix="torch takes seeds from 0 to 2**64 - 1")
+
+
+def first_surrogate(text: str) -> Optional[int]:
+    """The index of the first lone surrogate (U+D800..U+DFFF) in ``text``, or None. Python
+    makes them from bytes that were not UTF-8 (``surrogateescape``: argv, file names); no
+    tokenizer can encode them, and they cannot be written out as UTF-8."""
+    if text.isascii():
+        return None
+    match = _SURROGATE.search(text)
+    return match.start() if match else None
+
+
+def _bounds(low: Any, high: Any, low_op: str = "", high_op: str = "") -> str:
+    if low is not None and high is not None:
+        return f" in {'(' if low_op else '['}{low}, {high}{')' if high_op else ']'}"
+    if low is not None:
+        return f" {low_op or '>='} {low}"
+    return f" {high_op or '<='} {high}" if high is not None else ""
+
+
+def _refuse(name: str, value: Any, wanted: str, error: Type[LucidLMError], fix: str) -> None:
+    tail = f"; {fix}" if fix else ""
+    raise error(f"{name}={_show(value)} is invalid: expected {wanted}{tail}.")
 
 
 def read_json(path: Union[str, Path], error: Type[LucidLMError], what: str = "JSON file",

@@ -106,6 +106,7 @@ STATE_CASES = {
     "rng too short": (_set("torch_rng", ["AAAA"]), [r"trainer_state\.json", r"torch_rng\[0\]", "5056"]),
     "rng not a list": (_set("torch_rng", 7), [r"trainer_state\.json", "torch_rng"]),
     "sampler rng garbage": (_set("data", "AAAA"), [r"trainer_state\.json", "'data'"]),
+    "example sampler state": (_set("data", {"epoch": "one", "position": 0}), [r"trainer_state\.json", r"data\.epoch"]),
     "run id not text": (_set("run", {"id": 5}), [r"trainer_state\.json", r"run\.id"]),
 }
 
@@ -134,6 +135,12 @@ def test_truncated_state_and_model_config_are_refused(run):
 def test_truncated_model_config_is_refused(run):
     truncate(run / "checkpoint" / "lucidlm_config.json")
     api_refused(resume(run), CheckpointError, names=[r"lucidlm_config\.json", "not valid JSON"], watch=[run])
+
+
+def test_truncated_weights_are_refused(run):
+    truncate(run / "checkpoint" / "model.safetensors", 0.3)
+    api_refused(resume(run), CheckpointError, names=[r"model\.safetensors", "cannot be read", "restore"],
+                watch=[run])
 
 
 # ----------------------------------------------------------------------------- optimizer.safetensors
@@ -208,12 +215,28 @@ def test_replaced_tokenizer_is_refused(run):
 
 
 def test_other_recipe_settings_are_refused_by_the_cli_before_any_write(run):
-    refused(*cli_args(run, learning_rate=5e-3), names=["learning_rate", "different settings"], watch=[run])
+    refused(*cli_args(run, learning_rate=5e-3), names=["learning_rate", "different settings", r"trainer_state\.json"],
+            watch=[run])
 
 
 def cli_args(run: Path, **overrides) -> list[str]:
     config = tiny(run.parent / "corpus.txt", run, max_iters=6, resume=True, **overrides)
     return shlex.split(command_line(config, "train"))[1:]
+
+
+def test_a_checkpoint_from_before_run_records_still_resumes_exactly(runs, run):
+    """Checkpoints written before the run's identity was recorded have no "run" in their state and
+    no run id or step beside the optimizer: they resume (their shapes are still checked)."""
+    from safetensors import safe_open
+
+    edit_state(run, _drop("run"))
+    path = run / "checkpoint" / "optimizer.safetensors"
+    with safe_open(str(path), "pt") as f:
+        metadata = {"param_groups": f.metadata()["param_groups"]}
+    save_file(load_file(str(path)), str(path), metadata=metadata)
+    resumed = resume(run)()
+    longer = train(tiny(runs["corpus"], run.parent / "uninterrupted", max_iters=6))
+    assert resumed.step == 6 and resumed.train_losses == longer.train_losses
 
 
 # ----------------------------------------------------------------------------- metrics.jsonl
@@ -239,3 +262,36 @@ def test_a_new_run_after_a_killed_first_checkpoint_writes_step_0_once(runs, tmp_
     (out / "metrics.jsonl").write_text(first + "\n")
     train(tiny(runs["corpus"], out, max_iters=2))
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0, 2]
+
+
+# ----------------------------------------------------------------------------- fine-tuning
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyz ?.:\n"
+
+
+def test_finetune_resume_on_changed_examples_is_refused_before_any_write(tmp_path):
+    from lucidlm.config import preset
+    from lucidlm.model.transformer import Transformer
+    from lucidlm.tokenizers import CharTokenizer
+    from lucidlm.training.config import FinetuneConfig
+    from lucidlm.training.finetune import finetune
+    from lucidlm.weights.checkpoint import save_model
+
+    tokenizer = CharTokenizer.train(ALPHABET)
+    torch.manual_seed(0)
+    save_model(Transformer(preset("llama", vocab_size=tokenizer.vocab_size, d_model=16, n_layers=1, n_heads=2,
+                                  n_kv_heads=1, d_mlp=32, max_seq_len=32), tokenizer=tokenizer), tmp_path / "model")
+    examples = tmp_path / "qa.jsonl"
+    lines = [json.dumps({"prompt": f"what is {'x' * (i % 5)}?", "completion": f" {'y' * (i % 7)}."}) for i in range(24)]
+    examples.write_text("\n".join(lines) + "\n")
+
+    def config(**overrides):
+        settings = dict(model=str(tmp_path / "model"), data=str(examples), out_dir=str(tmp_path / "run"), rank=2,
+                        targets="q,v", batch_size=4, max_iters=2, lr_decay_iters=4, eval_interval=2, eval_iters=1,
+                        sample_tokens=0, progress=False)
+        return FinetuneConfig(**{**settings, **overrides})
+
+    finetune(config())
+    examples.write_text("\n".join(reversed(lines)) + "\n")  # the same examples in another order
+    api_refused(lambda: finetune(config(max_iters=4, resume=True)), CheckpointError,
+                names=[r"qa\.jsonl", "corpus_sha256"], watch=[tmp_path / "run"])

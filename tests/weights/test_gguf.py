@@ -70,7 +70,8 @@ def to_gguf_layout(name: str, weight: np.ndarray) -> np.ndarray:
 
 def write_llama_gguf(path: Path, tensors: dict[str, np.ndarray | tuple[np.ndarray, Q]], n_layers: int,
                      architecture: str = "llama",
-                     chat_template: str = "{% for m in messages %}{{ m['content'] }}{% endfor %}") -> Path:
+                     chat_template: str = "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+                     alignment: int | None = None) -> Path:
     """A GGUF file with LLaMA metadata, a small byte-level BPE tokenizer and ``tensors``
     (float32 arrays, or (raw bytes, quantization type) pairs)."""
     writer = gguf.GGUFWriter(str(path), architecture)
@@ -93,6 +94,8 @@ def write_llama_gguf(path: Path, tensors: dict[str, np.ndarray | tuple[np.ndarra
     writer.add_eos_token_id(0)
     writer.add_add_bos_token(False)
     writer.add_chat_template(chat_template)
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)
     for name, value in tensors.items():
         if isinstance(value, tuple):
             raw, kind = value

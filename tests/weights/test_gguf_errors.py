@@ -45,7 +45,7 @@ def test_truncated_in_half(tmp_path, good_file):
 def test_truncated_header(tmp_path, good_file):
     path = tmp_path / "header.gguf"
     path.write_bytes(good_file.read_bytes()[:200])  # cut inside the metadata
-    with pytest.raises(GGUFError, match=r"header\.gguf cannot be read as GGUF .*truncated or corrupted \(200 bytes\)"):
+    with pytest.raises(GGUFError, match=r"header\.gguf cannot be read as GGUF: .*truncated or corrupted \(200 bytes\)"):
         load_gguf(path)
 
 

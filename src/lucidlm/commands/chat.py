@@ -15,6 +15,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
+from lucidlm.commands import arg_types
 from lucidlm.commands.chat_input import enable_line_editing, read_message
 from lucidlm.commands.generate import add_model_arguments, add_sampling_arguments, load_model_from_args, sampling_kwargs
 from lucidlm.errors import LucidLMError
@@ -51,7 +52,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_model_arguments(parser)
-    parser.add_argument("--system", metavar="TEXT", default=None,
+    parser.add_argument("--system", metavar="TEXT", default=None, type=arg_types.text,
                         help="system prompt (default: the chat template's own, if it has one)")
     parser.add_argument("--verbose", action="store_true", help="show tokens and tok/s after every answer")
     add_sampling_arguments(parser, default_max_new_tokens=256)

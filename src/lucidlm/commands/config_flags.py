@@ -13,6 +13,7 @@ import dataclasses
 import typing
 from typing import Any, Iterable, Union
 
+from lucidlm.commands import arg_types
 from lucidlm.training.config import flag_of
 
 
@@ -39,10 +40,16 @@ def add_config_flags(parser: argparse.ArgumentParser | Any, config_class: type, 
             continue
         flag = flag_of(config_class, f.name)
         default = defaults[f.name].default
+        if meta.get("text"):
+            kind = arg_types.text
         suffix = "" if "(default" in help_text or default in (None, "") else f" (default: {default})"
         parser.add_argument(flag, dest=f.name, type=kind, default=default, choices=meta.get("choices"),
-                            required=f.name in required, metavar=None if meta.get("choices") else kind.__name__.upper(),
+                            required=f.name in required, metavar=None if meta.get("choices") else _metavar(hints[f.name]),
                             help=help_text + suffix)
+
+
+def _metavar(annotation: Any) -> str:
+    return _base_type(annotation).__name__.upper()
 
 
 def config_from_args(config_class: type, args: argparse.Namespace, **fixed: Any) -> Any:

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from lucidlm.errors import LucidLMError
+from lucidlm.outputs import check_output_dir, writing
 
 FORMATS = {"hf": "Hugging Face (config.json + model.safetensors)",
            "lucidlm": "lucidlm (lucidlm_config.json + model.safetensors + tokenizer.json)"}
@@ -52,9 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from lucidlm.loading import load
 
-    out_dir = Path(args.out_dir).expanduser()
-    if out_dir.exists() and not out_dir.is_dir():
-        raise LucidLMError(f"OUT_DIR {out_dir} exists and is a file; give a directory path.")
+    out_dir = check_output_dir(args.out_dir, "OUT_DIR")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not args.force:
         raise LucidLMError(f"OUT_DIR {out_dir} is not empty; pick another directory or pass --force.")
     source = Path(args.source).expanduser()
@@ -66,15 +65,16 @@ def run(args: argparse.Namespace) -> int:
         raise LucidLMError(f"--quantize {args.quantize} writes lucidlm's own format only: Hugging Face directories "
                            f"hold float weights. Use --to lucidlm, or drop --quantize.")
     model = load(args.source, dtype=DTYPES[args.dtype], quantize=args.quantize, group_size=args.group_size)
-    if args.to_format == "hf":
-        from lucidlm.weights.hf import export_family, save_hf, SUPPORTED
-        family = export_family(model.config)
-        save_hf(model, out_dir)
-        target = next(arch for arch, (fam, _) in SUPPORTED.items() if fam == family)
-    else:
-        from lucidlm.weights.checkpoint import save_model
-        save_model(model, out_dir)
-        target = "lucidlm"
+    with writing(out_dir, "OUT_DIR"):
+        if args.to_format == "hf":
+            from lucidlm.weights.hf import export_family, save_hf, SUPPORTED
+            family = export_family(model.config)
+            save_hf(model, out_dir)
+            target = next(arch for arch, (fam, _) in SUPPORTED.items() if fam == family)
+        else:
+            from lucidlm.weights.checkpoint import save_model
+            save_model(model, out_dir)
+            target = "lucidlm"
     cfg = model.config
     files = ", ".join(sorted(p.name for p in out_dir.iterdir() if p.is_file()))
     print(f"converted {args.source} ({cfg.name}: {cfg.n_layers} layers, d_model {cfg.d_model}, "

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any, Optional
 
+from lucidlm.commands import arg_types
 from lucidlm.errors import GenerationError, InputError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -27,7 +28,7 @@ def register(subparsers: Any) -> None:
                "  lucidlm generate 'The' --model gpt2-dir/ --top-p 0.9 --seed 1 --json\n"
                "  cat question.txt | lucidlm generate - --chat --system 'Answer in one sentence.'",
     )
-    parser.add_argument("prompt", metavar="PROMPT",
+    parser.add_argument("prompt", metavar="PROMPT", type=arg_types.text,
                         help="the text to continue (or the user message with --chat); - reads it from stdin")
     add_model_arguments(parser)
     add_sampling_arguments(parser, default_max_new_tokens=64)
@@ -37,7 +38,7 @@ def register(subparsers: Any) -> None:
                         help="beam search: score = sum of log-probs / length ** this (> 0 favours longer outputs)")
     parser.add_argument("--chat", action="store_true",
                         help="wrap PROMPT as a user message in the model's chat template")
-    parser.add_argument("--system", metavar="TEXT", default=None,
+    parser.add_argument("--system", metavar="TEXT", default=None, type=arg_types.text,
                         help="with --chat: the system prompt (default: the chat template's own, if it has one)")
     parser.add_argument("--stream", action="store_true", help="print text as it is generated")
     parser.add_argument("--json", action="store_true",
@@ -87,7 +88,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, default_max_new_toke
     group.add_argument("--repetition-penalty", type=float, default=None,
                        help="> 1 discourages tokens already in the text (CTRL / HF style)")
     group.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
-    group.add_argument("--stop", action="append", default=None, metavar="TEXT",
+    group.add_argument("--stop", action="append", default=None, metavar="TEXT", type=arg_types.text,
                        help="stop when TEXT appears (not included in the output); repeatable")
     group.add_argument("--min-new-tokens", type=int, default=0,
                        help="EOS cannot end the output before this many new tokens")
@@ -127,7 +128,13 @@ def read_prompt(prompt: str) -> str:
     """PROMPT as given, or all of stdin for ``-`` (one trailing newline dropped)."""
     if prompt != "-":
         return prompt
-    text = sys.stdin.read()
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"PROMPT - (stdin) is not UTF-8 text: byte 0x{data[exc.start]:02x} at byte {exc.start} "
+                         f"cannot be decoded; pipe UTF-8 text (e.g. convert it with iconv -t UTF-8).") from None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # what reading stdin as text did (universal newlines)
     return text[:-1] if text.endswith("\n") else text
 
 

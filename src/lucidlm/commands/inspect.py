@@ -6,7 +6,9 @@ import argparse
 import time
 from pathlib import Path
 
+from lucidlm.commands import arg_types
 from lucidlm.errors import InputError
+from lucidlm.outputs import check_output_dir, check_output_file, writing
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                "  lucidlm inspect \"Hello\" --plots figures/",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("text", metavar="TEXT", help="the text to run through the model")
+    parser.add_argument("text", metavar="TEXT", type=arg_types.text, help="the text to run through the model")
     parser.add_argument("--model", metavar="SOURCE", default=None,
                         help="model to inspect: a pretrained name (default: the embedded smollm2-135m), a .gguf "
                              "file, a Hugging Face directory, or a lucidlm model/checkpoint directory; it must come "
@@ -51,12 +53,17 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("TEXT is empty; give the text to inspect, e.g. lucidlm inspect \"Hello world\".")
     if args.top_k < 1:
         raise InputError(f"--top-k {args.top_k}: give a number of candidates >= 1.")
+    check_output_file(args.out, "--out")  # before the model loads: a bad path costs nothing
+    if args.plots:
+        check_output_dir(args.plots, "--plots")
     model = load(args.model, adapter=args.adapter, device=args.device, dtype=torch.float32)  # the exact float model
     start = time.perf_counter()
-    out = write_report(model, args.text, args.out, top_k=args.top_k)
+    with writing(args.out, "--out"):
+        out = write_report(model, args.text, args.out, top_k=args.top_k)
     print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB) in {time.perf_counter() - start:.1f} s")
     if args.plots:
-        written = _write_plots(model, args.text, Path(args.plots))
+        with writing(args.plots, "--plots"):
+            written = _write_plots(model, args.text, Path(args.plots))
         print(f"wrote {len(written)} figures to {args.plots}")
     return 0
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from lucidlm.errors import AdapterError, LucidLMError
+from lucidlm.outputs import check_output_dir, writing
 from lucidlm.validation import check_finite
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from lucidlm.peft import lora_layers, merge_and_unload
     from lucidlm.peft.files import read_meta
 
-    out_dir = Path(args.out).expanduser()
+    out_dir = check_output_dir(args.out, "--out")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not args.force:
         raise LucidLMError(f"--out {out_dir} is not empty; pick another directory or pass --force.")
     meta = read_meta(Path(args.adapter).expanduser())
@@ -72,12 +73,13 @@ def run(args: argparse.Namespace) -> int:
     check_finite(dict(model.named_parameters()), f"merging {args.adapter} into {args.model or 'smollm2-135m'}",
                  AdapterError, f"nothing was written to {out_dir}. The adapter's update overflows {args.dtype}: "
                                f"check the adapter (a diverged training run?) or merge to float32")
-    if args.to_format == "hf":
-        from lucidlm.weights.hf import save_hf
-        save_hf(model, out_dir)
-    else:
-        from lucidlm.weights.checkpoint import save_model
-        save_model(model, out_dir)
+    with writing(out_dir, "--out"):
+        if args.to_format == "hf":
+            from lucidlm.weights.hf import save_hf
+            save_hf(model, out_dir)
+        else:
+            from lucidlm.weights.checkpoint import save_model
+            save_model(model, out_dir)
     print(f"merged the LoRA adapter {args.adapter} into {n_layers} weight matrices of "
           f"{args.model or 'smollm2-135m'} (max logit difference merged vs adapter: {drift:.2e}); wrote a "
           f"{args.to_format} model ({args.dtype}) to {out_dir} in {time.perf_counter() - start:.1f}s")

@@ -29,6 +29,7 @@ Rules every entry point follows:
 
 from __future__ import annotations
 
+import numbers
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Sequence, Union
@@ -44,6 +45,7 @@ from lucidlm.generation.sampling import SamplingSettings, process_logits, sample
 from lucidlm.generation.sliding import sample_with_crop
 from lucidlm.generation.streaming import TextAssembler
 from lucidlm.suggest import did_you_mean
+from lucidlm.validation import check_allocation, check_float, check_seed
 
 CONTEXT_OVERFLOW = ("stop", "crop")  # what happens when prompt + output fill max_seq_len
 
@@ -219,6 +221,8 @@ class _Run:
                                   "use num_beams=1 or context_overflow='stop'.")
         self.max_new = self.request.max_new_tokens if self.crop else \
             _fit_to_context(model, [self.prompt_ids], self.request.max_new_tokens)
+        if self.request.num_beams > 1:
+            _check_beams(model, self.request.num_beams, len(self.prompt_ids) + self.max_new)
         tokenizer = model.tokenizer
         if tokenizer is None and self.request.stop:
             raise GenerationError("stop strings need a tokenizer to decode text, but model.tokenizer is None.")
@@ -284,10 +288,10 @@ def check_options(**kwargs: Any) -> None:
 # ---------------------------------------------------------------------- helpers
 def _make_request(kwargs: dict[str, Any]) -> _Request:
     max_new = kwargs.get("max_new_tokens", 64)
-    if not isinstance(max_new, int) or max_new < 0:
+    if not _is_int(max_new) or max_new < 0:
         raise GenerationError(f"max_new_tokens={max_new!r} is invalid: use a whole number >= 0.")
     num_beams = kwargs.get("num_beams", 1)
-    if not isinstance(num_beams, int) or num_beams < 1:
+    if not _is_int(num_beams) or num_beams < 1:
         raise GenerationError(f"num_beams={num_beams!r} is invalid: use 1 (no beam search) or more.")
     known = {"max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "stop",
              "stop_on_eos", "num_beams", "length_penalty", "min_new_tokens", "context_overflow"}
@@ -300,20 +304,39 @@ def _make_request(kwargs: dict[str, Any]) -> _Request:
     settings = SamplingSettings(temperature=1.0 if temperature is None else temperature, top_k=kwargs.get("top_k"),
                                 top_p=kwargs.get("top_p"), min_p=kwargs.get("min_p"),
                                 repetition_penalty=kwargs.get("repetition_penalty"))
-    stop = kwargs.get("stop")
-    stop = [stop] if isinstance(stop, str) else list(stop or [])
+    stop = _stop_strings(kwargs.get("stop"))
     min_new = kwargs.get("min_new_tokens", 0)
-    if not isinstance(min_new, int) or isinstance(min_new, bool) or min_new < 0:
+    if not _is_int(min_new) or min_new < 0:
         raise GenerationError(f"min_new_tokens={min_new!r} is invalid: use a whole number >= 0 (EOS cannot end "
                               f"generation before that many new tokens).")
     if min_new > 0 and num_beams > 1:
         raise GenerationError("min_new_tokens works with sampling and greedy decoding, not beam search (num_beams > 1).")
     overflow = kwargs.get("context_overflow", "stop")
-    if overflow not in CONTEXT_OVERFLOW:
+    if not isinstance(overflow, str) or overflow not in CONTEXT_OVERFLOW:
         raise GenerationError(f"context_overflow={overflow!r} is unknown; use one of {', '.join(CONTEXT_OVERFLOW)} "
                               f"(stop: end at the context window; crop: keep going from its last max_seq_len tokens).")
-    return _Request(settings, max_new, stop, [], kwargs.get("seed"), num_beams,
-                    float(kwargs.get("length_penalty", 1.0)), bool(kwargs.get("stop_on_eos", True)), min_new, overflow)
+    seed = kwargs.get("seed")
+    if seed is not None:
+        check_seed(seed, "seed", GenerationError)
+    length_penalty = check_float(kwargs.get("length_penalty", 1.0), "length_penalty", GenerationError,
+                                 fix="the beam score is sum of log-probs / length ** length_penalty")
+    return _Request(settings, max_new, stop, [], seed, num_beams, length_penalty,
+                    bool(kwargs.get("stop_on_eos", True)), min_new, overflow)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _stop_strings(stop: Any) -> list[str]:
+    """``stop`` as a list of non-empty strings (one string is a list of one)."""
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, (list, tuple)) else None
+    if stop is None:
+        return []
+    if stops is None or not all(isinstance(s, str) and s for s in stops):
+        raise GenerationError(f"stop={stop!r} is invalid: give a non-empty string or a list of non-empty strings "
+                              f"(the texts that end generation).")
+    return list(stops)
 
 
 def _prompt_ids(model: Any, prompt: Any, chat: bool) -> list[int]:
@@ -327,9 +350,15 @@ def _prompt_ids(model: Any, prompt: Any, chat: bool) -> list[int]:
             raise GenerationError("this model has no tokenizer (model.tokenizer is None): pass token ids, not text.")
         ids = list(tokenizer.encode(prompt))
     elif isinstance(prompt, torch.Tensor):
+        if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
+            raise GenerationError(f"a prompt tensor holds token ids, so it needs an integer dtype, not {prompt.dtype}; "
+                                  f"use ids.long().")
         ids = [int(i) for i in prompt.reshape(-1).tolist()]
-    else:
+    elif isinstance(prompt, (list, tuple)) and all(_is_int(i) for i in prompt):
         ids = [int(i) for i in prompt]
+    else:
+        raise GenerationError(f"prompt={_shown(prompt)} is invalid: give text, a list of token ids (ints), a 1-D "
+                              f"integer tensor, or a batch of those.")
     if not ids:
         bos = getattr(tokenizer, "bos_id", None) if tokenizer is not None else None
         if bos is None:
@@ -341,6 +370,23 @@ def _prompt_ids(model: Any, prompt: Any, chat: bool) -> list[int]:
     if bad:
         raise GenerationError(f"prompt token id {bad[0]} is outside this model's vocabulary 0..{vocab - 1}.")
     return ids
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_beams(model: Any, num_beams: int, capacity: int) -> None:
+    """Refuse a beam count no model could use (more beams than tokens) or whose KV cache and
+    (beams, vocab) score tables would not fit in memory, before anything is allocated."""
+    config = model.config
+    if num_beams > config.vocab_size:
+        raise GenerationError(f"num_beams={num_beams} is more than this model's {config.vocab_size} tokens; beams "
+                              f"must be distinct sequences, so use at most {config.vocab_size} (4 to 8 is usual).")
+    kv = 2 * config.n_layers * config.n_kv_heads * config.head_dim * capacity * model.dtype.itemsize
+    check_allocation(num_beams * (kv + 4 * 4 * config.vocab_size), f"beam search with num_beams={num_beams}",
+                     GenerationError, "use fewer beams (4 to 8 is usual)")
 
 
 def _fit_to_context(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int) -> int:

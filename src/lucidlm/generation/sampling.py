@@ -10,12 +10,20 @@ Each processor takes logits (B, V) and returns new logits (B, V); a filtered-out
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from lucidlm.errors import GenerationError
+
+_TINY_TEMPERATURE = 1e-20  # below this, logits / temperature can overflow float32
+
+
+def _is_finite(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -29,10 +37,16 @@ class SamplingSettings:
     repetition_penalty: Optional[float] = None
 
     def __post_init__(self) -> None:
-        if self.temperature is None or not self.temperature >= 0:  # `not >=` also catches NaN
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):  # a number first, then its range
+            value = getattr(self, name)
+            if (value is not None or name == "temperature") and not _is_finite(value):
+                raise GenerationError(f"{name}={value!r} is invalid: expected a finite number"
+                                      f"{' (0 = greedy)' if name == 'temperature' else ''}.")
+        if not self.temperature >= 0:
             raise GenerationError(f"temperature={self.temperature} is invalid: use 0 (greedy) or a positive number.")
-        if self.top_k is not None and (int(self.top_k) != self.top_k or self.top_k < 0):
-            raise GenerationError(f"top_k={self.top_k} is invalid: use a whole number >= 0 (0 or None = no top-k).")
+        if self.top_k is not None and (not _is_finite(self.top_k) or int(self.top_k) != self.top_k
+                                       or self.top_k < 0):
+            raise GenerationError(f"top_k={self.top_k!r} is invalid: use a whole number >= 0 (0 or None = no top-k).")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise GenerationError(f"top_p={self.top_p} is invalid: it must be in (0, 1] (1 or None = no top-p).")
         if self.min_p is not None and not 0 <= self.min_p <= 1:
@@ -58,6 +72,12 @@ def apply_repetition_penalty(logits: torch.Tensor, seen_ids: torch.Tensor, penal
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    if temperature < _TINY_TEMPERATURE:
+        # logits / 1e-45 overflows float32 to inf (inf - inf = NaN in softmax). Shifting each row
+        # so its largest logit is 0 changes no probability, and a divisor no smaller than the
+        # least normal float32 keeps every value in [-inf, 0]: the result is (near) greedy.
+        logits = logits - logits.max(dim=-1, keepdim=True).values  # (B, V), max 0
+        temperature = max(temperature, torch.finfo(torch.float32).tiny)
     return logits / temperature
 
 

@@ -65,9 +65,15 @@ def resolve_hook_names(model: nn.Module, names_filter: NamesFilter) -> list[str]
         return all_names
     if callable(names_filter):
         return [n for n in all_names if names_filter(n)]
+    if not isinstance(names_filter, (str, list, tuple, set, frozenset)):
+        raise HookError(f"names_filter={names_filter!r} is invalid: give a hook name, a list of names, a predicate "
+                        f"(name -> bool) or None (every hook).")
     names = [names_filter] if isinstance(names_filter, str) else list(names_filter)
     known = set(all_names)
     for name in names:
+        if not isinstance(name, str):
+            raise HookError(f"names_filter holds {name!r}, which is not a hook name; give names like "
+                            f"'blocks.0.attn.hook_pattern'.")
         if name not in known:
             raise unknown_hook_error(name, all_names)
     return names
@@ -220,6 +226,7 @@ def _as_ids(model: nn.Module, ids: Any, forward_kwargs: dict[str, Any], prepend_
             padding_side: str = "right") -> Any:
     """Text or a list of texts -> ids (a list is padded; its attention mask joins the forward's
     arguments, so padding is never attended to)."""
+    _check_forward_kwargs(model, forward_kwargs)
     if isinstance(ids, str) or (isinstance(ids, (list, tuple)) and ids and isinstance(ids[0], str)):
         from lucidlm.inspect.tokens import to_tokens
         tokens, mask = to_tokens(model, ids, prepend_bos, padding_side, return_attention_mask=True)
@@ -227,6 +234,21 @@ def _as_ids(model: nn.Module, ids: Any, forward_kwargs: dict[str, Any], prepend_
             forward_kwargs.setdefault("attention_mask", mask)
         return tokens
     return ids
+
+
+def _check_forward_kwargs(model: nn.Module, forward_kwargs: dict[str, Any]) -> None:
+    """Options meant for the forward pass must be its arguments: name a misspelt one here,
+    not as a TypeError from deep inside."""
+    import inspect
+
+    from lucidlm.model.transformer import Transformer
+
+    known = [n for n in inspect.signature(Transformer.forward).parameters if n not in ("self", "ids")]
+    for name in forward_kwargs:
+        if name not in known:
+            from lucidlm.suggest import did_you_mean
+            raise InputError(f"unknown option {name!r} for run_with_cache / run_with_hooks; the forward pass takes "
+                             f"{', '.join(known)}{did_you_mean(name, known) or '.'}")
 
 
 def _hook_pairs(model: nn.Module, hooks: Sequence[tuple[Any, HookFn]]) -> list[tuple[str, HookFn]]:

@@ -15,6 +15,8 @@ tokens, which the forward pass takes as ``attention_mask``.
 
 from __future__ import annotations
 
+import numbers
+
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -71,7 +73,9 @@ def to_tokens(model: nn.Module, text: Text, prepend_bos: Optional[bool] = None, 
     """Text -> ids (1, T); a list of texts -> (B, T_max) padded. On the model's device."""
     if padding_side not in ("left", "right"):
         raise InputError(f"padding_side={padding_side!r}: expected 'right' or 'left'.")
-    texts = [text] if isinstance(text, str) else list(text)
+    texts = [text] if isinstance(text, str) else list(text) if isinstance(text, (list, tuple)) else None
+    if texts is None or not all(isinstance(t, str) for t in texts):
+        raise InputError(f"to_tokens takes a text or a list of texts, got {_shown(text)}.")
     if not texts:
         raise InputError("to_tokens got an empty list of texts; give at least one.")
     rows = [encode(model, t, prepend_bos) for t in texts]
@@ -96,26 +100,46 @@ def to_str_tokens(model: nn.Module, text_or_ids: Any, prepend_bos: Optional[bool
         ids: Any = encode(model, text_or_ids, prepend_bos)
     elif isinstance(text_or_ids, (list, tuple)) and text_or_ids and isinstance(text_or_ids[0], str):
         return [to_str_tokens(model, t, prepend_bos) for t in text_or_ids]
-    elif isinstance(text_or_ids, torch.Tensor):
-        ids = text_or_ids.tolist()
     else:
-        ids = list(text_or_ids)
+        ids = _id_rows(text_or_ids, "to_str_tokens")
     if ids and isinstance(ids[0], list):
         if len(ids) > 1:
-            return [[tokenizer.id_to_token(int(i)) for i in row] for row in ids]
+            return [[tokenizer.id_to_token(i) for i in row] for row in ids]
         ids = ids[0]
-    return [tokenizer.id_to_token(int(i)) for i in ids]
+    return [tokenizer.id_to_token(i) for i in ids]
 
 
 def to_string(model: nn.Module, ids: Any) -> Union[str, list[str]]:
     """Ids -> text: one str for (T,) or a single id list, a list of str for (B, T)."""
     tokenizer = model_tokenizer(model)
+    if isinstance(ids, torch.Tensor) and ids.ndim > 2:
+        raise InputError(f"to_string takes ids of shape (T,) or (B, T), got {tuple(ids.shape)}.")
+    ids = _id_rows([ids] if isinstance(ids, int) and not isinstance(ids, bool) else ids, "to_string")
+    if ids and isinstance(ids[0], list):
+        return [tokenizer.decode(row) for row in ids]
+    return tokenizer.decode(ids)
+
+
+def _id_rows(ids: Any, caller: str) -> Any:
+    """Token ids as a list of ints, or a list of lists of ints for a batch; anything else
+    (None, floats, strings, a float tensor) is refused naming ``caller``."""
     if isinstance(ids, torch.Tensor):
-        if ids.ndim > 2:
-            raise InputError(f"to_string takes ids of shape (T,) or (B, T), got {tuple(ids.shape)}.")
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise InputError(f"{caller} takes integer token ids, got a tensor of dtype {ids.dtype}.")
         ids = ids.tolist()
-    if isinstance(ids, int):
-        ids = [ids]
-    if ids and isinstance(ids[0], (list, tuple)):
-        return [tokenizer.decode([int(i) for i in row]) for row in ids]
-    return tokenizer.decode([int(i) for i in ids])
+    if isinstance(ids, (list, tuple)):
+        if all(_is_id(i) for i in ids):
+            return [int(i) for i in ids]
+        if all(isinstance(row, (list, tuple)) and all(_is_id(i) for i in row) for row in ids):
+            return [[int(i) for i in row] for row in ids]
+    raise InputError(f"{caller} takes token ids (a list of ints, a list of lists, or an integer tensor), got "
+                     f"{_shown(ids)}.")
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

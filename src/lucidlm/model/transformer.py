@@ -16,6 +16,7 @@ from torch import nn
 
 from lucidlm.config import ModelConfig
 from lucidlm.errors import InputError, SequenceTooLongError, TokenIdError
+from lucidlm.validation import check_allocation, check_int
 from lucidlm.model.block import Block
 from lucidlm.model.hooks import HookPoint
 from lucidlm.model.kv_cache import KVCache
@@ -205,7 +206,13 @@ class Transformer(nn.Module):
     # ------------------------------------------------------------------ input checks (API boundary)
     def _check_ids(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
         if not isinstance(ids, torch.Tensor):
-            ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+            if not isinstance(ids, (list, tuple)):
+                raise InputError(f"token ids must be a tensor or a list of ints, got {type(ids).__name__}.")
+            try:  # no dtype: a list of floats must stay float and be refused below, not truncated
+                ids = torch.tensor(ids, device=self.device)
+            except (TypeError, ValueError, RuntimeError):  # strings, ragged rows, None inside
+                raise InputError(f"token ids must be a list of ints (or of equal-length lists of ints), got "
+                                 f"{str(ids)[:60]}.") from None
         if ids.ndim == 1:
             ids = ids[None]
         if ids.ndim != 2 or ids.shape[1] == 0:
@@ -247,10 +254,17 @@ class Transformer(nn.Module):
     def setup_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None,
                        dtype: Optional[torch.dtype] = None) -> None:
         """Preallocate a static cache for every layer (one size for all, one cache each)."""
+        check_int(batch_size, "batch_size", InputError, low=1)
+        if max_seq_len is not None:
+            check_int(max_seq_len, "max_seq_len", InputError, low=0)
         max_seq_len = min(max_seq_len or self.config.max_seq_len, self.config.max_seq_len)
+        dtype = dtype or self.dtype
+        c = self.config
+        check_allocation(2 * len(self.blocks) * batch_size * c.n_kv_heads * max_seq_len * c.head_dim * dtype.itemsize,
+                         f"a KV cache for {batch_size} sequence(s) of {max_seq_len} tokens", InputError,
+                         "use a smaller batch or max_seq_len")
         self.kv_caches = nn.ModuleList(
-            KVCache(batch_size, max_seq_len, self.config.n_kv_heads, self.config.head_dim, dtype or self.dtype,
-                    self.device) for _ in self.blocks)
+            KVCache(batch_size, max_seq_len, c.n_kv_heads, c.head_dim, dtype, self.device) for _ in self.blocks)
 
     def clear_kv_cache(self) -> None:
         self.kv_caches = None

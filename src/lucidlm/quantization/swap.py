@@ -61,6 +61,9 @@ def quantize(model: nn.Module, scheme: str, group_size: Optional[int] = None, *,
     "int4": groups of ``group_size``, default 32), and with ``embeddings`` the token
     embedding too. The matmuls run in ``compute_dtype``; the residual stream keeps the
     model's dtype."""
+    if not isinstance(model, nn.Module):
+        raise QuantizationError(f"quantize() takes a model (torch.nn.Module), got {type(model).__name__}; "
+                                f"e.g. quantize(lucidlm.load(...), 'int8').")
     cls = scheme_class(scheme)
     group_size = cls.default_group_size if group_size is None else group_size
     linears = {name: m for name, m in model.named_modules() if type(m) is nn.Linear}

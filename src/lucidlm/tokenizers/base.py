@@ -14,6 +14,7 @@ or by accident.
 from __future__ import annotations
 
 import json
+import operator
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Union
 
 from lucidlm.errors import TokenizerError
+from lucidlm.validation import first_surrogate
 
 # True: every special token is recognised; False or an empty set: none is; a set: only those.
 # "all" is accepted as a synonym of True so tiktoken-style calls work unchanged.
@@ -30,6 +32,18 @@ FORMAT_VERSION = 1
 
 # type name written in the JSON file -> class; filled in by Tokenizer.__init_subclass__
 _TOKENIZER_TYPES: dict[str, type["Tokenizer"]] = {}
+
+
+def check_text(text: object) -> None:
+    """Refuse what no tokenizer can encode: a non-str, or a str holding a lone surrogate (Python
+    makes those from bytes that were not UTF-8, e.g. argv or a file read with surrogateescape)."""
+    if not isinstance(text, str):
+        raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
+    at = first_surrogate(text)
+    if at is not None:
+        raise TokenizerError(f"the text is not valid Unicode: a lone surrogate {text[at]!r} at character {at} "
+                             f"(usually a byte that was not UTF-8); decode the input as UTF-8 (e.g. "
+                             f"errors='replace') or remove it.")
 
 
 class Tokenizer(ABC):
@@ -91,8 +105,7 @@ class Tokenizer(ABC):
 
     def encode(self, text: str, *, allowed_special: AllowedSpecial = True) -> list[int]:
         """Text -> ids. Special tokens in ``allowed_special`` become their single id."""
-        if not isinstance(text, str):
-            raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
+        check_text(text)
         ids: list[int] = []
         for start, piece, is_special in self._split_on_special(text, allowed_special):
             if is_special:
@@ -164,6 +177,8 @@ class Tokenizer(ABC):
             ) from err
         if getattr(tokenizer, "chat_template", None) and not getattr(tokenizer, "chat_template_source", None):
             tokenizer.chat_template_source = f"{path} (chat_template)"  # named by chat-template errors
+        if hasattr(tokenizer, "source") and not tokenizer.source:
+            tokenizer.source = str(path)
         return tokenizer
 
     # ----------------------------------------------------------------- helpers
@@ -171,8 +186,13 @@ class Tokenizer(ABC):
     def _checked(self, ids: Iterable[int]) -> Iterator[int]:
         """Yield ids, raising TokenizerError on the first one outside the vocabulary."""
         size = self.vocab_size
+        if isinstance(ids, (str, bytes)):
+            raise TokenizerError(f"decode() takes token ids (ints), got a {type(ids).__name__}: {ids[:40]!r}")
         for token_id in ids:
-            token_id = int(token_id)  # accept numpy / torch integer scalars
+            try:
+                token_id = operator.index(token_id)  # ints and numpy / torch integer scalars, never 2.5 or '7'
+            except TypeError:
+                raise TokenizerError(f"token ids must be ints, got {token_id!r} ({type(token_id).__name__})") from None
             if not 0 <= token_id < size:
                 raise TokenizerError(
                     f"token id {token_id} is out of range for this {self.type_name} "

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lucidlm.errors import TokenizerError
-from lucidlm.tokenizers.base import AllowedSpecial, Tokenizer
+from lucidlm.tokenizers.base import AllowedSpecial, Tokenizer, check_text
 from lucidlm.tokenizers.bpe import bytes_to_unicode
+from lucidlm.tokenizers.regex_safety import check_backend_regexes
 from lucidlm.validation import Fields
 
 # llama.cpp's token_type values (llama_token_type in llama.h)
@@ -72,6 +73,7 @@ class HFTokenizer(Tokenizer):
         self.unk_token = unk_token
         self.chat_template = chat_template
         self.chat_template_source: Optional[str] = None  # "file (key)", named by chat-template errors
+        self.source: Optional[str] = None  # the file it was read from, named by errors
         added = backend.get_added_tokens_decoder()  # id -> AddedToken
         special = {tok.content: i for i, tok in added.items() if tok.special}
         for role in (bos_token, eos_token, pad_token):  # a role token is special even if unflagged
@@ -94,13 +96,20 @@ class HFTokenizer(Tokenizer):
         """Build from GGUF metadata (``tokenizer.ggml.*`` keys, decoded to Python values)."""
         from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
 
+        checked = Fields(fields, source, TokenizerError, fix="the file's tokenizer metadata is corrupted; convert "
+                                                             "the model again")
         kind = fields.get("tokenizer.ggml.model")
         arch = str(fields.get("general.architecture", ""))
-        tokens: list[str] = fields.get("tokenizer.ggml.tokens") or []
+        tokens: list[str] = checked.list("tokenizer.ggml.tokens", default=[], item=str)
+        merges: list[str] = checked.list("tokenizer.ggml.merges", default=[], item=str)
+        types: list[int] = checked.list("tokenizer.ggml.token_type", default=[1] * len(tokens), item=int)
+        if len(types) != len(tokens):
+            raise TokenizerError(f"{source}: tokenizer.ggml.token_type has {len(types)} entries for "
+                                 f"{len(tokens)} tokens; the file is corrupted. Convert the model again.")
         if not tokens:
             raise TokenizerError(f"{source}: tokenizer.ggml.tokens is missing or empty; the file has no tokenizer.")
         if kind == "gpt2":
-            backend, vocab = _byte_level_backend(tokens, fields.get("tokenizer.ggml.merges") or [], source)
+            backend, vocab = _byte_level_backend(tokens, merges, source)
             split = PRE_TOKENIZER_SPLITS.get(fields.get("tokenizer.ggml.pre", ""))
             if split is None:
                 backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -123,7 +132,6 @@ class HFTokenizer(Tokenizer):
                 f"file) from GGUF metadata. Load the model's tokenizer.json with HFTokenizer.from_file instead."
             )
 
-        types = fields.get("tokenizer.ggml.token_type") or [1] * len(tokens)
         # A "control" token outside the byte alphabet is a llama.cpp mislabel (transformers skips it too).
         control = [t for t, kind_ in zip(tokens, types)
                    if kind_ == TOKEN_TYPE_CONTROL and (alphabet is None or set(t) <= alphabet)]
@@ -132,7 +140,7 @@ class HFTokenizer(Tokenizer):
         backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
 
         def token_for(key: str) -> Optional[str]:
-            token_id = fields.get(f"tokenizer.ggml.{key}")
+            token_id = checked.int(f"tokenizer.ggml.{key}", default=None)
             if token_id is None:
                 return None
             if not 0 <= int(token_id) < len(tokens):
@@ -149,6 +157,7 @@ class HFTokenizer(Tokenizer):
                         pad_token=token_for("padding_token_id"), unk_token=token_for("unknown_token_id"),
                         chat_template=template)
         tokenizer.chat_template_source = f"{source} (tokenizer.chat_template)"
+        tokenizer.source = source
         return tokenizer
 
     @classmethod
@@ -164,6 +173,7 @@ class HFTokenizer(Tokenizer):
             backend = Backend.from_file(str(path))
         except Exception as exc:
             raise TokenizerError(f"{path} is not a Hugging Face tokenizer.json ({exc}).") from None
+        check_backend_regexes(backend, str(path))
         config_path = Path(config_path) if config_path else path.with_name("tokenizer_config.json")
         config = _read_tokenizer_config(config_path) if config_path.exists() else {}
 
@@ -186,6 +196,7 @@ class HFTokenizer(Tokenizer):
                         pad_token=role("pad_token"), unk_token=role("unk_token"),
                         chat_template=_chat_template(config, config_path))
         tokenizer.chat_template_source = f"{config_path} (chat_template)"
+        tokenizer.source = str(path)
         return tokenizer
 
     # ----------------------------------------------------------------- Tokenizer interface
@@ -196,11 +207,10 @@ class HFTokenizer(Tokenizer):
 
     def encode(self, text: str, *, allowed_special: AllowedSpecial = True) -> list[int]:
         """Text -> ids, with the BOS id first when the model's tokenizer adds one."""
-        if not isinstance(text, str):
-            raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
+        check_text(text)
         allowed = self._allowed_special_set(allowed_special)
         if allowed == set(self.special_tokens):  # the backend splits on every added token itself
-            ids = self._backend.encode(text, add_special_tokens=False).ids
+            ids = self._guarded(lambda: self._backend.encode(text, add_special_tokens=False).ids)
         else:
             ids = super().encode(text, allowed_special=allowed)
         if self.add_bos and self.bos_id is not None:
@@ -209,7 +219,10 @@ class HFTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Many texts at once (in parallel in the Rust backend); special tokens allowed."""
-        encoded = self._backend.encode_batch(list(texts), add_special_tokens=False)
+        texts = list(texts)
+        for text in texts:
+            check_text(text)
+        encoded = self._guarded(lambda: self._backend.encode_batch(texts, add_special_tokens=False))
         prefix = [self.bos_id] if self.add_bos and self.bos_id is not None else []
         return [prefix + e.ids for e in encoded]
 
@@ -222,7 +235,21 @@ class HFTokenizer(Tokenizer):
             plain = json.loads(self._backend.to_str())
             plain["added_tokens"] = []
             self._plain = Backend.from_str(json.dumps(plain))
-        return self._plain.encode(text, add_special_tokens=False).ids
+        return self._guarded(lambda: self._plain.encode(text, add_special_tokens=False).ids)
+
+    def _guarded(self, run: Any) -> Any:
+        """``run()``, with a panic of the Rust backend (Oniguruma's retry limit on a regex that
+        backtracks catastrophically, which ``check_backend_regexes`` cannot always foresee)
+        turned into one TokenizerError instead of a PanicException traceback."""
+        try:
+            return run()
+        except BaseException as exc:  # PanicException derives from BaseException, not Exception
+            if type(exc).__name__ != "PanicException":
+                raise
+            where = self.source or "the tokenizer"
+            raise TokenizerError(f"{where}: the tokenizer's regexes failed on this text ("
+                                 f"{' '.join(str(exc).split())[:120]}); its pre-tokenizer backtracks too much. "
+                                 f"Use the model's original tokenizer.json.") from None
 
     def _token_bytes(self, token_id: int) -> bytes:
         if self._bytes is None:
@@ -276,6 +303,7 @@ class HFTokenizer(Tokenizer):
             backend = Backend.from_str(embedded if isinstance(embedded, str) else json.dumps(embedded))
         except Exception as exc:
             raise TokenizerError(f"the embedded tokenizer_json cannot be read ({exc})") from None
+        check_backend_regexes(backend, "the embedded tokenizer_json")
         return cls(backend, add_bos=bool(data.get("add_bos", False)), bos_token=data.get("bos_token"),
                    eos_token=data.get("eos_token"), pad_token=data.get("pad_token"),
                    unk_token=data.get("unk_token"), chat_template=data.get("chat_template"))
@@ -296,7 +324,6 @@ class HFTokenizer(Tokenizer):
 
     def __repr__(self) -> str:
         return f"HFTokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, eos={self.eos_token!r})"
-
 
 
 def _read_tokenizer_config(path: Path) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from lucidlm.errors import CheckpointError
 from lucidlm.training import checkpoint as ckpt
 from lucidlm.training.distributed import DistributedContext, barrier
-from lucidlm.training.resume_checks import check_optimizer_state
+from lucidlm.training.resume_checks import DAMAGED, check_optimizer_state
 from lucidlm.weights.checkpoint import CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME
 
 TRAINABLE_NAME = "trainable.safetensors"
@@ -131,7 +131,7 @@ class Checkpointer:
         try:
             tensors = load_file(str(source))
         except (SafetensorError, OSError) as exc:
-            raise CheckpointError(f"{source} cannot be read ({exc}); the checkpoint is corrupted.") from None
+            raise CheckpointError(f"{source} cannot be read ({exc}); {DAMAGED}.") from None
         self._load_weights(tensors, source)
         load_optimizer_state(self.model, self.optimizer, directory / ckpt.OPTIMIZER_NAME, self.ctx, state)
         trainer.load_state_dict(state)

@@ -10,11 +10,16 @@ classes, so a default or a help text lives in exactly one place.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from lucidlm.config import PRESETS
 from lucidlm.errors import ConfigError
+from lucidlm.suggest import did_you_mean
+from lucidlm.validation import (MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, check_float, check_int,
+                                check_seed, first_surrogate)
 
 DTYPES = ("auto", "float32", "bfloat16")
 STRATEGIES = ("auto", "ddp", "fsdp")
@@ -30,30 +35,33 @@ class LoopConfig:
     """What every training run needs; names follow nanoGPT's train.py."""
 
     out_dir: str = opt("out", "output directory: checkpoint/, metrics.jsonl, loss.png", flag="--out")
-    batch_size: int = opt(12, "sequences per micro-batch and process")
+    batch_size: int = opt(12, "sequences per micro-batch and process", low=1)
     gradient_accumulation_steps: int = opt(1, "micro-batches per optimizer step (global batch = batch size x this "
-                                              "x processes)")
-    learning_rate: float = opt(1e-3, "peak learning rate")
-    min_lr: Optional[float] = opt(1e-4, "learning rate at the end of the cosine decay")
-    warmup_iters: int = opt(100, "steps of linear warmup")
-    max_iters: int = opt(2000, "total optimizer steps")
-    lr_decay_iters: Optional[int] = opt(2000, "step at which the cosine decay reaches --min-lr")
+                                              "x processes)", low=1)
+    learning_rate: float = opt(1e-3, "peak learning rate", low=0.0, low_open=True)
+    min_lr: Optional[float] = opt(1e-4, "learning rate at the end of the cosine decay", low=0.0)
+    warmup_iters: int = opt(100, "steps of linear warmup", low=0)
+    max_iters: int = opt(2000, "total optimizer steps", low=0)
+    lr_decay_iters: Optional[int] = opt(2000, "step at which the cosine decay reaches --min-lr", low=0)
     decay_lr: bool = opt(True, "keep --learning-rate constant (no warmup or decay)", flag="--constant-lr")
-    beta1: float = opt(0.9, "AdamW beta1")
-    beta2: float = opt(0.99, "AdamW beta2")
-    weight_decay: float = opt(0.1, "AdamW weight decay (matrices only, not biases or norms)")
-    grad_clip: float = opt(1.0, "clip the gradient norm to this (0 = no clipping)")
-    eval_interval: int = opt(250, "evaluate, sample and checkpoint every this many steps")
-    eval_iters: int = opt(20, "batches per split in each evaluation")
-    final_eval_iters: Optional[int] = opt(None, "batches per split in the last evaluation (default: --eval-iters)")
-    log_interval: int = opt(10, "read the training loss back from the device every this many steps (progress bar)")
-    sample_prompt: Optional[str] = opt(None, "prompt for the samples printed at each evaluation")
-    sample_tokens: int = opt(100, "tokens sampled at each evaluation (0 = none)")
-    sample_temperature: float = opt(0.0, "sampling temperature of those samples (0 = greedy)")
-    sample_top_p: Optional[float] = opt(None, "nucleus (top-p) cut-off of those samples")
-    sample_seed: Optional[int] = opt(None, "seed of those samples (default: --seed)")
+    beta1: float = opt(0.9, "AdamW beta1", low=0.0, high=1.0, high_open=True)
+    beta2: float = opt(0.99, "AdamW beta2", low=0.0, high=1.0, high_open=True)
+    weight_decay: float = opt(0.1, "AdamW weight decay (matrices only, not biases or norms)", low=0.0)
+    grad_clip: float = opt(1.0, "clip the gradient norm to this (0 = no clipping)", low=0.0)
+    eval_interval: int = opt(250, "evaluate, sample and checkpoint every this many steps", low=1)
+    eval_iters: int = opt(20, "batches per split in each evaluation", low=1)
+    final_eval_iters: Optional[int] = opt(None, "batches per split in the last evaluation (default: --eval-iters)",
+                                          low=1)
+    log_interval: int = opt(10, "read the training loss back from the device every this many steps (progress bar)",
+                            low=1)
+    sample_prompt: Optional[str] = opt(None, "prompt for the samples printed at each evaluation", text=True)
+    sample_tokens: int = opt(100, "tokens sampled at each evaluation (0 = none)", low=0)
+    sample_temperature: float = opt(0.0, "sampling temperature of those samples (0 = greedy)", low=0.0)
+    sample_top_p: Optional[float] = opt(None, "nucleus (top-p) cut-off of those samples",
+                                        low=0.0, low_open=True, high=1.0)
+    sample_seed: Optional[int] = opt(None, "seed of those samples (default: --seed)", seed=True)
     progress: bool = opt(True, "progress bar (only when stderr is a terminal)")
-    seed: int = opt(1337, "random seed (weights, batches, dropout)")
+    seed: int = opt(1337, "random seed (weights, batches, dropout)", seed=True)
     device: str = opt("auto", "auto (CUDA if available, else CPU), cpu, cuda, cuda:N")
     dtype: str = opt("auto", "auto: bf16 autocast on CUDA, fp32 on CPU", choices=DTYPES)
     compile: bool = opt(False, "torch.compile the training step: model, loss and backward (slow start, faster "
@@ -72,22 +80,7 @@ class LoopConfig:
                   "compile", "compile_mode", "fused_adamw", "resume", "out_dir", "epochs")
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name}={value!r} must be a positive integer.")
-        if not isinstance(self.max_iters, int) or self.max_iters < 0:
-            raise ConfigError(f"max_iters={self.max_iters!r} must be a non-negative integer.")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"dtype={self.dtype!r}; choose one of {', '.join(DTYPES)}.")
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"strategy={self.strategy!r}; choose one of {', '.join(STRATEGIES)}.")
-        if self.learning_rate is not None and self.learning_rate <= 0:
-            raise ConfigError(f"learning_rate={self.learning_rate} must be > 0.")
-        if self.min_lr is not None and self.min_lr < 0:
-            raise ConfigError(f"min_lr={self.min_lr} must be >= 0.")
-        if self.sample_top_p is not None and not 0.0 < self.sample_top_p <= 1.0:
-            raise ConfigError(f"sample_top_p={self.sample_top_p} must be in (0, 1].")
+        check_fields(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -108,27 +101,70 @@ class TrainConfig(LoopConfig):
     tokenizer: str = opt("char", "char: one token per character; word: whitespace-separated words; bpe: byte-level "
                                  "BPE trained on the corpus", choices=("char", "word", "bpe"))
     vocab_size: Optional[int] = opt(None, "bpe: vocabulary size to train (default 1024); word: keep only the N-3 "
-                                          "most frequent words")
-    val_fraction: float = opt(0.1, "fraction of the tokens held out for validation (see --split)")
+                                          "most frequent words", low=1, high=MAX_VOCAB)
+    val_fraction: float = opt(0.1, "fraction of the tokens held out for validation (see --split)",
+                              low=0.0, low_open=True, high=1.0, high_open=True)
     split: str = opt("tail", "tail = the last --val-fraction validates (nanoGPT); interleaved = every 10th chunk "
                              "of 1024 tokens", choices=("tail", "interleaved"))
     preset: str = opt("shakespeare-char", "model architecture to start from; --n-layer/--n-head/--n-embd/"
                                           "--block-size/--dropout resize it", choices=sorted(PRESETS))
-    n_layer: Optional[int] = opt(None, "number of transformer blocks (default: the preset's)")
-    n_head: Optional[int] = opt(None, "attention heads per block (default: the preset's)")
-    n_embd: Optional[int] = opt(None, "model width d_model (default: the preset's)")
-    block_size: Optional[int] = opt(None, "context length in tokens (default: the preset's max_seq_len)")
-    dropout: Optional[float] = opt(None, "dropout probability (default: the preset's)")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.tokenizer not in ("char", "word", "bpe"):
-            raise ConfigError(f"tokenizer={self.tokenizer!r}; choose one of char, word, bpe.")
-        if self.preset not in PRESETS:
-            raise ConfigError(f"unknown preset {self.preset!r}; available: {', '.join(sorted(PRESETS))}.")
+    n_layer: Optional[int] = opt(None, "number of transformer blocks (default: the preset's)", low=1, high=MAX_LAYERS)
+    n_head: Optional[int] = opt(None, "attention heads per block (default: the preset's)", low=1, high=MAX_HEADS)
+    n_embd: Optional[int] = opt(None, "model width d_model (default: the preset's)", low=1, high=MAX_WIDTH)
+    block_size: Optional[int] = opt(None, "context length in tokens (default: the preset's max_seq_len)",
+                                    low=1, high=MAX_CONTEXT)
+    dropout: Optional[float] = opt(None, "dropout probability (default: the preset's)",
+                                   low=0.0, high=1.0, high_open=True)
 
 
 PretrainConfig = TrainConfig
+
+
+def check_fields(config: Any) -> None:
+    """Check every field of a recipe config against its type and the bounds in its metadata
+    (``low``/``high``, ``low_open``/``high_open``, ``seed``, ``choices``), so ``pretrain(TrainConfig(
+    learning_rate=float("nan")))`` and ``lucidlm train --learning-rate nan`` are refused the same
+    way, before any data is read. Each message names the field, its flag and the value."""
+    hints = _hints(type(config))
+    for f in dataclasses.fields(config):
+        value, meta = getattr(config, f.name), f.metadata
+        kind, optional = _kind(hints[f.name])
+        if value is None and optional:
+            continue
+        name = f"{f.name} ({flag_of(type(config), f.name)})"
+        if meta.get("seed"):
+            check_seed(value, name, ConfigError)
+        elif kind is int:
+            check_int(value, name, ConfigError, low=meta.get("low"), high=meta.get("high"))
+        elif kind is float:
+            check_float(value, name, ConfigError, low=meta.get("low"), high=meta.get("high"),
+                        low_open=meta.get("low_open", False), high_open=meta.get("high_open", False))
+        elif kind is bool and not isinstance(value, bool):
+            raise ConfigError(f"{name}={value!r} is invalid: expected True or False.")
+        elif kind is str:
+            if not isinstance(value, str):
+                raise ConfigError(f"{name}={value!r} is invalid: expected a string.")
+            if meta.get("text") and first_surrogate(value) is not None:
+                raise ConfigError(f"{name} is not valid UTF-8 text (a lone surrogate at character "
+                                  f"{first_surrogate(value)}, from bytes that were not UTF-8); pass UTF-8 text.")
+            choices = meta.get("choices")
+            if choices and value not in choices:
+                raise ConfigError(f"{name}={value!r} is invalid: choose one of {', '.join(choices)}"
+                                  f"{did_you_mean(value, choices) or '.'}")
+    if not config.out_dir:
+        raise ConfigError("out_dir (--out) is empty: name the directory the run writes to.")
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(config_class: type) -> dict[str, Any]:
+    return typing.get_type_hints(config_class)
+
+
+def _kind(annotation: Any) -> tuple[Any, bool]:
+    """(the type, whether None is allowed) of a field annotation such as ``Optional[int]``."""
+    if typing.get_origin(annotation) is Union:
+        return next(a for a in typing.get_args(annotation) if a is not type(None)), True
+    return annotation, False
 
 
 def flag_of(config_class: type, name: str) -> str:
@@ -176,45 +212,42 @@ class FinetuneConfig(LoopConfig):
                         "a UTF-8 .txt file / folder to train on random windows of")
     method: str = opt("lora", "what to train: lora, adapter (bottleneck), prefix, or full (every weight)",
                       choices=FINETUNE_METHODS)
-    rank: int = opt(8, "LoRA: rank r of each update B @ A")
+    rank: int = opt(8, "LoRA: rank r of each update B @ A", low=1, high=MAX_WIDTH)
     alpha: float = opt(16.0, "LoRA: updates are scaled by alpha/r")
-    lora_dropout: float = opt(0.05, "LoRA: dropout on the LoRA branch's input", flag="--dropout")
+    lora_dropout: float = opt(0.05, "LoRA: dropout on the LoRA branch's input", flag="--dropout",
+                              low=0.0, high=1.0, high_open=True)
     targets: str = opt("q_proj,v_proj", "LoRA: comma-separated linear layers (q,k,v,o,gate,up,down, all-linear) "
                                         "or a regular expression over module names")
     init: str = opt("kaiming", "LoRA: initialisation of A (B starts at zero)", choices=("kaiming", "gaussian"))
     adapter_name: str = opt("default", "LoRA: name of the adapter")
-    bottleneck: int = opt(32, "adapter: width of each bottleneck adapter")
-    prefix_length: int = opt(16, "prefix: trained key/value positions per layer")
-    prefix_hidden: Optional[int] = opt(None, "prefix: width of the reparameterisation MLP (default: d_model)")
+    bottleneck: int = opt(32, "adapter: width of each bottleneck adapter", low=1, high=MAX_WIDTH)
+    prefix_length: int = opt(16, "prefix: trained key/value positions per layer", low=1, high=MAX_CONTEXT)
+    prefix_hidden: Optional[int] = opt(None, "prefix: width of the reparameterisation MLP (default: d_model)",
+                                       low=1, high=MAX_WIDTH)
     example_format: str = opt("auto", "JSONL examples: text, prompt_completion, messages, or auto (from the first "
                                       "line)", choices=("auto", "text", "prompt_completion", "messages"))
     max_length: Optional[int] = opt(None, "JSONL examples: pad or truncate each to this many tokens (default: the "
-                                          "longest, at most the model's context)")
+                                          "longest, at most the model's context)", low=1, high=MAX_CONTEXT)
     truncate: bool = opt(True, "JSONL examples: refuse examples longer than --max-length instead of cutting them",
                          flag="--no-truncate")
     mask_prompt: bool = opt(False, "JSONL examples: no loss on prompt tokens (instruction tuning)")
     epochs: Optional[float] = opt(None, "JSONL examples: train this many passes over the data (overrides "
-                                        "--max-iters)")
-    block_size: int = opt(128, "text corpus: tokens per random window (at most the model's context)")
-    val_fraction: float = opt(0.1, "fraction of the examples (or of the corpus' end) held out for validation")
-    batch_size: int = opt(8, "sequences per micro-batch and process")
+                                        "--max-iters)", low=0.0, low_open=True)
+    block_size: int = opt(128, "text corpus: tokens per random window (at most the model's context)",
+                          low=1, high=MAX_CONTEXT)
+    val_fraction: float = opt(0.1, "fraction of the examples (or of the corpus' end) held out for validation",
+                              low=0.0, low_open=True, high=1.0, high_open=True)
+    batch_size: int = opt(8, "sequences per micro-batch and process", low=1)
     learning_rate: Optional[float] = opt(None, "peak learning rate (default: 1e-3 lora and adapter, 3e-3 prefix, "
-                                               "1e-4 full)")
-    min_lr: Optional[float] = opt(None, "final learning rate (default: learning-rate / 10)")
-    warmup_iters: int = opt(20, "steps of linear warmup")
-    max_iters: int = opt(200, "total optimizer steps")
-    lr_decay_iters: Optional[int] = opt(None, "cosine decay length (default: the number of steps)")
-    weight_decay: float = opt(0.0, "AdamW weight decay (matrices only)")
-    eval_interval: int = opt(50, "evaluate, sample and checkpoint every this many steps")
-    eval_iters: int = opt(10, "batches per split in each evaluation")
-    sample_tokens: int = opt(40, "tokens sampled at each evaluation, base model beside tuned (0 = none)")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.method not in FINETUNE_METHODS:
-            raise ConfigError(f"method={self.method!r}; choose one of {', '.join(FINETUNE_METHODS)}.")
-        if self.epochs is not None and self.epochs <= 0:
-            raise ConfigError(f"epochs={self.epochs} must be > 0.")
+                                               "1e-4 full)", low=0.0, low_open=True)
+    min_lr: Optional[float] = opt(None, "final learning rate (default: learning-rate / 10)", low=0.0)
+    warmup_iters: int = opt(20, "steps of linear warmup", low=0)
+    max_iters: int = opt(200, "total optimizer steps", low=0)
+    lr_decay_iters: Optional[int] = opt(None, "cosine decay length (default: the number of steps)", low=0)
+    weight_decay: float = opt(0.0, "AdamW weight decay (matrices only)", low=0.0)
+    eval_interval: int = opt(50, "evaluate, sample and checkpoint every this many steps", low=1)
+    eval_iters: int = opt(10, "batches per split in each evaluation", low=1)
+    sample_tokens: int = opt(40, "tokens sampled at each evaluation, base model beside tuned (0 = none)", low=0)
 
     def resolved(self, max_iters: Optional[int] = None) -> "FinetuneConfig":
         """The settings the loop runs with: method defaults and the step count filled in."""

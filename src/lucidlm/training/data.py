@@ -234,11 +234,11 @@ def _sizes_fit(directory: Path, meta: dict, strict: bool) -> bool:
             if strict:
                 raise DataError(f"{path} holds {'no file' if size is None else f'{size} bytes'}, but "
                                 f"{directory / META_NAME} says {count} {meta['dtype']} tokens ({count * itemsize} "
-                                f"bytes): it is truncated or damaged. {META_FIX.format(directory=directory)}.")
+                                f"bytes): it is truncated or damaged; {META_FIX.format(directory=directory)}.")
             return False
     if meta["tokenizer"] in TOKENIZER_KINDS and not (directory / "tokenizer.json").is_file():
         if strict:
-            raise DataError(f"{directory / 'tokenizer.json'} is missing. {META_FIX.format(directory=directory)}.")
+            raise DataError(f"{directory / 'tokenizer.json'} is missing; {META_FIX.format(directory=directory)}.")
         return False
     return True
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from lucidlm.errors import ConfigError
+from lucidlm.outputs import writing
 from lucidlm.training.batches import ExampleBatches, WindowBatches
 from lucidlm.training.callbacks import Console, MetricsLog, Sampler
 from lucidlm.training.checkpointer import TRAINABLE_NAME, Checkpointer
@@ -185,11 +186,12 @@ def finetune(config: FinetuneConfig, model: Any = None, callbacks: Sequence[Call
 
     trainer = build_finetuning(config, model, callbacks)
     try:
-        result = trainer.fit()
-        if trainer.ctx.is_main and not trainer.ctx.sharded and config.method != "full":
-            if config.method == "prefix":
-                freeze_prefix(trainer.model)  # keep the keys/values, drop the training-only MLP
-            save_adapter(trainer.model, config.out_dir, base_model_name_or_path=trainer.base_name)
+        with writing(config.out_dir, "--out"):  # a full disk mid-run: one line naming OUT
+            result = trainer.fit()
+            if trainer.ctx.is_main and not trainer.ctx.sharded and config.method != "full":
+                if config.method == "prefix":
+                    freeze_prefix(trainer.model)  # keep the keys/values, drop the training-only MLP
+                save_adapter(trainer.model, config.out_dir, base_model_name_or_path=trainer.base_name)
         return result
     finally:
         cleanup_distributed(trainer.ctx)

@@ -21,6 +21,7 @@ import torch
 from lucidlm.config import PRESETS, ModelConfig, preset
 from lucidlm.errors import CheckpointError, ConfigError
 from lucidlm.model.transformer import Transformer
+from lucidlm.outputs import writing
 from lucidlm.training.batches import WindowBatches
 from lucidlm.training.callbacks import Console, MetricsLog, Sampler
 from lucidlm.training.checkpointer import Checkpointer
@@ -139,7 +140,8 @@ def pretrain(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> TrainRe
     """Train a model as ``config`` says; the trained model is in ``OUT/checkpoint/``."""
     trainer = build_pretraining(config, callbacks)
     try:
-        return trainer.fit()
+        with writing(config.out_dir, "--out"):  # a full disk mid-run: one line naming OUT
+            return trainer.fit()
     finally:
         cleanup_distributed(trainer.ctx)
 

@@ -80,8 +80,15 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
     losses = fields.list("train_losses", default=[])
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in losses):
         _bad(path, "train_losses", losses, "a list of numbers")
-    if not isinstance(fields.raw("data"), (str, Mapping)):
-        _bad(path, "data", fields.raw("data"), "the batch sampler's state (a string or an object)")
+    sampler = fields.raw("data")
+    if isinstance(sampler, str):  # random windows: the sampler's generator state
+        check_cpu_rng_state(sampler, path, "data")
+    elif isinstance(sampler, Mapping):  # whole examples: where in which epoch (its range is checked when applied)
+        examples = fields.object("data")
+        examples.int("epoch", low=0)
+        examples.int("position", low=0)
+    else:
+        _bad(path, "data", sampler, "the batch sampler's state (an RNG state or an object)")
     fields.object("train_config", default={})
     run = fields.object("run", default={})
     for key in ("corpus_sha256", "tokenizer_sha256", "id"):

@@ -10,17 +10,23 @@ from typing import Any, Optional
 
 import torch
 
-from lucidlm.errors import CheckpointError, ConfigError
+from lucidlm import devices
+from lucidlm.errors import CheckpointError
+from lucidlm.outputs import foreign_entries
 from lucidlm.training import checkpoint as ckpt
 from lucidlm.training.distributed import DistributedContext, barrier
 
 
+# What a lucidlm run writes in OUT: a directory holding any of these is a run, not a stranger's folder.
+RUN_ENTRIES = (ckpt.CHECKPOINT_DIR, "data", "metrics.jsonl", "loss.png", "token_lengths.json")
+
+
 def resolve_device(device: str) -> str:
+    """auto = CUDA if available, else CPU; any other name is checked by lucidlm's one device
+    helper (``--device foo``, ``gpu``, ``cuda`` on a CPU-only torch, ``cuda:7``) before training."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={device!r} but no CUDA GPU is available; use --device cpu.")
-    return device
+    return str(devices.resolve_device(device))
 
 
 def autocast_dtype(dtype: str, device: torch.device) -> Optional[torch.dtype]:
@@ -51,6 +57,11 @@ def open_run(out_dir: Path, resume: bool, ctx: DistributedContext,
     """Check OUT before training. Returns (checkpoint dir, its trainer state) to resume, or
     None for a new run. A new run never overwrites a checkpoint; --resume needs one."""
     if ctx.is_main:
+        foreign = foreign_entries(out_dir, RUN_ENTRIES)
+        if foreign and not resume:  # never train into (and later overwrite files in) someone else's folder
+            raise CheckpointError(
+                f"--out {out_dir} already holds files that are not from a lucidlm run ({', '.join(foreign[:3])}"
+                f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty directory for --out.")
         check_writable(out_dir)
         ckpt.remove_stale_temporaries(out_dir)
         found = ckpt.find_checkpoint(out_dir)
@@ -77,7 +88,8 @@ def check_same_settings(config: Any, current: dict[str, Any], state: dict[str, A
         differences.append(f"world_size (processes): {state.get('world_size', 1)} -> {ctx.world_size}")
     if differences:
         raise CheckpointError(
-            f"cannot resume from {directory}: it was trained with different settings ({'; '.join(differences)}). "
+            f"cannot resume from {directory}: it was trained with different settings ({'; '.join(differences)}; "
+            f"saved in {directory / ckpt.STATE_NAME}). "
             f"Resume with the original settings, or start a new run with another --out. The checkpoint is "
             f"left as it was.")
 

@@ -27,16 +27,19 @@ import numpy as np
 import torch
 
 from lucidlm.config import ModelConfig
-from lucidlm.errors import GGUFError, UnsupportedArchitectureError
+from lucidlm.errors import GGUFError, MissingTensorError, ShapeMismatchError, UnsupportedArchitectureError
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
-from lucidlm.weights.gguf_quants import EXACT, exact_float, exact_plain, native_scheme, plain_from_float
+from lucidlm.validation import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, Fields, check_allocation
+from lucidlm.weights.finite import FiniteCheck
+from lucidlm.weights.gguf_quants import EXACT, exact_float, exact_plain, finite_parts, native_scheme, plain_from_float
 from lucidlm.weights.state import load_into
 
 GGUF_MAGIC = b"GGUF"
 from lucidlm.weights.gguf_families import FAMILIES  # noqa: E402 - per-architecture data
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 
 # Our name for each per-layer GGUF tensor (blk.N.<gguf> -> blocks.N.<ours>).
 LAYER_TENSORS = {
@@ -81,7 +84,8 @@ def supported_types() -> tuple[str, ...]:
 def open_gguf(path: str | Path) -> Any:
     """A ``GGUFFile`` (our fast memory-mapped reader) over ``path``, with every way a file can
     be broken turned into a GGUFError that names the file."""
-    from lucidlm.weights.gguf_reader import GGUFFile, TensorOutOfBounds, UnknownTensorType
+    from lucidlm.weights.gguf_reader import (GGUFFile, GGUFFormatError, TensorOutOfBounds,
+                                             UnknownTensorType, UnsupportedVersion, VERSIONS)
 
     path = Path(path)
     if not path.is_file():
@@ -94,8 +98,14 @@ def open_gguf(path: str | Path) -> Any:
             f"{path} is not a GGUF file: it starts with {magic!r}, not the magic bytes {GGUF_MAGIC!r}. "
             f"Pass a .gguf file produced by llama.cpp's converter (or a model directory)."
         )
+    damaged = f"the file is truncated or corrupted ({size} bytes). Download or convert it again."
     try:
         return GGUFFile(path)
+    except UnsupportedVersion as exc:
+        raise GGUFError(f"{path} is GGUF version {exc.version}, which lucidlm cannot read (it reads versions "
+                        f"{', '.join(map(str, VERSIONS))}); convert the model with a current llama.cpp.") from None
+    except GGUFFormatError as exc:
+        raise GGUFError(f"{path} cannot be read as GGUF: {exc}; {damaged}") from None
     except UnknownTensorType as exc:
         raise GGUFError(f"{path}: tensor {exc.name!r} has unknown type id {exc.kind}; the file is corrupted or "
                         f"from a newer llama.cpp.") from None
@@ -104,11 +114,8 @@ def open_gguf(path: str | Path) -> Any:
             f"{path}: data of tensor {exc.name!r} spans bytes {exc.start}..{exc.start + exc.n_bytes}, beyond the end "
             f"of the file ({size} bytes). The file is truncated or corrupted; download or convert it again."
         ) from None
-    except Exception as exc:  # struct.error, ValueError, ... on bad bytes
-        raise GGUFError(
-            f"{path} cannot be read as GGUF ({type(exc).__name__}: {exc}); the file is truncated or "
-            f"corrupted ({size} bytes). Download or convert it again."
-        ) from None
+    except (OSError, ValueError) as exc:  # mmap of an unreadable file
+        raise GGUFError(f"{path} cannot be read as GGUF ({type(exc).__name__}: {exc}); {damaged}") from None
 
 
 def read_metadata(reader: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -116,60 +123,126 @@ def read_metadata(reader: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     return {key: value for key, value in reader.metadata.items() if key not in skip}
 
 
+METADATA_FIX = ("the file's metadata is corrupted or describes a model lucidlm cannot build; download or convert "
+                "the model again")
+
+
 def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
-    """The ModelConfig a GGUF's hyperparameters describe."""
+    """The ModelConfig a GGUF's hyperparameters describe, each checked against sane bounds
+    (validation.py) so that no absurd value reaches an allocation."""
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedArchitectureError(
             f"{source}: general.architecture={arch!r} is not supported; lucidlm can load GGUF models of "
             f"architecture {', '.join(SUPPORTED_ARCHITECTURES)}."
         )
+    prefix = f"{arch}."
+    fields = Fields({k[len(prefix):]: v for k, v in meta.items() if k.startswith(prefix)}, source, GGUFError,
+                    where=arch, fix=METADATA_FIX)
 
-    def need(key: str) -> Any:
-        full = f"{arch}.{key}"
-        if full not in meta:
-            raise GGUFError(f"{source}: metadata key {full!r} is missing; the file is incomplete or not a "
-                            f"{arch} model.")
-        return meta[full]
+    def fail(problem: str) -> None:
+        raise GGUFError(f"{source}: {problem}. {METADATA_FIX[0].upper()}{METADATA_FIX[1:]}.")
 
-    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None):
+    scaling = fields.raw("rope.scaling.type", "none")
+    if scaling != "none":
         raise UnsupportedArchitectureError(
             f"{source}: RoPE scaling {scaling!r} is not implemented in lucidlm; only unscaled RoPE is supported."
         )
-    d_model, n_heads = int(need("embedding_length")), int(need("attention.head_count"))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", meta.get(f"{arch}.rope.dimension_count",
-                                                                      d_model // n_heads)))
-    rope_dims = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    d_model = fields.int("embedding_length", low=1, high=MAX_WIDTH)
+    n_heads = fields.int("attention.head_count", low=1, high=MAX_HEADS)
+    n_kv_heads = fields.int("attention.head_count_kv", default=n_heads, low=1, high=n_heads)
+    if n_heads % n_kv_heads:
+        fail(f"{arch}.attention.head_count_kv={n_kv_heads} does not divide {arch}.attention.head_count={n_heads}")
+    rope_dims = fields.int("rope.dimension_count", default=None, low=1, high=MAX_WIDTH)
+    head_dim = fields.int("attention.key_length", default=rope_dims, low=1, high=MAX_WIDTH)
+    if head_dim is None:
+        if d_model % n_heads:
+            fail(f"{arch}.embedding_length={d_model} is not a multiple of {arch}.attention.head_count={n_heads}")
+        head_dim = d_model // n_heads
+    rope_dims = head_dim if rope_dims is None else rope_dims
     if rope_dims != head_dim:
         raise UnsupportedArchitectureError(
             f"{source}: RoPE rotates {rope_dims} of {head_dim} head dimensions (partial rotary), which "
             f"lucidlm does not implement."
         )
+    if head_dim % 2 or n_heads * head_dim > MAX_WIDTH:
+        fail(f"{n_heads} heads of {head_dim} dimensions: RoPE needs an even head size, and at most {MAX_WIDTH} in all")
     tokens = meta.get("tokenizer.ggml.tokens")
-    vocab = meta.get(f"{arch}.vocab_size", len(tokens) if tokens else None)
+    if tokens is not None and not isinstance(tokens, list):
+        fail(f"tokenizer.ggml.tokens is {type(tokens).__name__}, not a list of strings")
+    vocab = fields.int("vocab_size", default=len(tokens) if tokens else None, low=1, high=MAX_VOCAB)
     if vocab is None:
         raise GGUFError(f"{source}: neither {arch}.vocab_size nor tokenizer.ggml.tokens says the vocabulary size.")
-    family_fields = FAMILIES[arch].config_fields(lambda key, default: meta.get(f"{arch}.{key}", default), head_dim)
-    fields = dict(
+    family_fields = FAMILIES[arch].config_fields(fields, head_dim)
+    settings = dict(
         name=arch,
-        vocab_size=int(vocab),
+        vocab_size=vocab,
         d_model=d_model,
-        n_layers=int(need("block_count")),
+        n_layers=fields.int("block_count", low=1, high=MAX_LAYERS),
         n_heads=n_heads,
-        n_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", n_heads)),
+        n_kv_heads=n_kv_heads,
         head_dim=head_dim,
-        d_mlp=int(need("feed_forward_length")),
-        max_seq_len=int(meta.get(f"{arch}.context_length", 2048)),
+        d_mlp=fields.int("feed_forward_length", low=1, high=MAX_WIDTH),
+        max_seq_len=fields.int("context_length", default=2048, low=1, high=MAX_CONTEXT),
         positions="rope",
         rope_variant="half",  # Q/K rows are un-permuted on load (llama) or never were (gemma)
-        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        rope_theta=fields.float("rope.freq_base", default=10000.0, low=0.0, low_open=True),
         norm="rms",
-        norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        norm_eps=fields.float("attention.layer_norm_rms_epsilon", default=1e-5, low=0.0, high=1.0),
         mlp="swiglu",
-        tie_embeddings=False,  # decided from the tensors by the caller
+        tie_embeddings=False,  # decided from the tensors by fit_to_tensors
     )
-    return ModelConfig(**{**fields, **family_fields})
+    return ModelConfig(**{**settings, **family_fields})
+
+
+def fit_to_tensors(reader: Any, config: ModelConfig, meta: dict[str, Any], source: str, float_weights: bool,
+                   model_cls: type[Transformer] = Transformer) -> ModelConfig:
+    """``config`` with the vocabulary and tied embeddings the tensors have, checked against the
+    file before anything is allocated: the layer count, every tensor's shape (on a model built
+    on the meta device, which holds no memory) and what the model will take in memory."""
+    by_name = {t.name: t for t in reader.tensors}
+    embed = by_name.get("token_embd.weight")
+    if embed is None or len(embed.shape) != 2:
+        raise MissingTensorError(f"{source}: the file has no 2-D token_embd.weight tensor; it is incomplete or "
+                                 f"not a model lucidlm can load.")
+    rows = int(embed.shape[1])  # GGUF order: [d_model, vocab]
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    if len(tokens) > rows:
+        raise GGUFError(f"{source}: tokenizer.ggml.tokens has {len(tokens)} tokens but token_embd.weight only "
+                        f"{rows} rows, so some token ids would have no embedding. {METADATA_FIX[0].upper()}"
+                        f"{METADATA_FIX[1:]}.")
+    layers = {int(p[1]) for p in (n.split(".", 2) for n in by_name) if p[0] == "blk" and p[1].isdigit()}
+    if layers != set(range(config.n_layers)):
+        found = f"tensors for layers 0..{max(layers)}" if layers else "no layer tensors"
+        raise GGUFError(f"{source}: {config.name}.block_count={config.n_layers} but the file has {found}. "
+                        f"{METADATA_FIX[0].upper()}{METADATA_FIX[1:]}.")
+    config = config.replace(tie_embeddings="output.weight" not in by_name, vocab_size=rows)
+    skeleton = model_cls.empty(config, "meta")
+    expected = {name: tuple(p.shape) for name, p in skeleton.state_dict().items()}
+    family = FAMILIES.get(config.name, FAMILIES["llama"])
+    present = set()
+    for tensor in reader.tensors:
+        ours = _our_name(tensor.name, family.extra_layer_tensors)
+        if ours is None or ours not in expected:
+            gguf_tensors_check_name(tensor, config, source)
+        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        if shape != expected[ours]:
+            raise ShapeMismatchError(f"{source}: tensor {tensor.name!r} has shape {shape}, but the metadata describes "
+                                     f"{expected[ours]}; the metadata and the weights do not belong together.")
+        if len(shape) == 1 and tensor.tensor_type.name not in FLOAT_TYPES:
+            raise GGUFError(f"{source}: vector {tensor.name!r} is stored as {tensor.tensor_type.name}; llama.cpp keeps "
+                            f"1-D tensors (norms) in float, so the file is corrupted. Convert the model again.")
+        present.add(ours)
+    missing = sorted(set(expected) - present - {"unembed.weight"})
+    if missing:
+        raise MissingTensorError(f"{source}: {len(missing)} tensor(s) the model needs are missing, e.g. "
+                                 f"{missing[:3]}; the file is incomplete or for a different architecture.")
+    buffers = sum(b.numel() * b.element_size() for b in skeleton.buffers())  # RoPE tables: from context_length
+    params = sum(p.numel() * 4 for p in skeleton.parameters()) if float_weights else 0
+    check_allocation(buffers + 2 * params, f"{source}: the model its metadata describes", GGUFError,
+                     f"check {config.name}.context_length ({config.max_seq_len}) and the layer sizes, or load it "
+                     f"quantized")
+    return config
 
 
 def dequantize_tensor(tensor: Any, source: str) -> torch.Tensor:
@@ -197,11 +270,14 @@ def gguf_tensors(reader: Any, config: ModelConfig, source: str,
     items = reader.tensors if progress is None else progress(reader.tensors)
     family = FAMILIES.get(config.name, FAMILIES["llama"])
     out: dict[str, torch.Tensor] = {}
+    check = FiniteCheck(source)
     for tensor in items:
         ours = _our_name(tensor.name, family.extra_layer_tensors)
         if ours is None:
             gguf_tensors_check_name(tensor, config, source)
         weight = dequantize_tensor(tensor, source)
+        if not _queue_finite(check, tensor):
+            check.add(tensor.name, weight)
         if not family.permuted_qk:
             pass  # Q/K rows are already in the half layout
         elif ours.endswith("q_proj.weight"):
@@ -209,7 +285,18 @@ def gguf_tensors(reader: Any, config: ModelConfig, source: str,
         elif ours.endswith("k_proj.weight"):
             weight = permute_qk_to_half(weight, config.n_kv_heads)
         out[ours] = weight
+    check.verify()
     return out
+
+
+def _queue_finite(check: FiniteCheck, tensor: Any) -> bool:
+    """Queue the check of the values (or block scales) of ``tensor`` from its raw bytes:
+    cheaper than checking the dequantized floats. False for types whose blocks we cannot
+    read; the caller then checks the dequantized values."""
+    parts = finite_parts(tensor)
+    if parts is not None:
+        check.add(tensor.name, *parts)
+    return parts is not None
 
 
 def gguf_quantized_tensors(reader: Any, config: ModelConfig, source: str, quantize: str,
@@ -226,10 +313,13 @@ def gguf_quantized_tensors(reader: Any, config: ModelConfig, source: str, quanti
     family = FAMILIES.get(config.name, FAMILIES["llama"])
     out: dict[str, torch.Tensor] = {}
     layout: dict[str, dict[str, Any]] = {}
+    check = FiniteCheck(source)
     for tensor in reader.tensors:
         ours = _our_name(tensor.name, family.extra_layer_tensors)
         if ours is None:
             gguf_tensors_check_name(tensor, config, source)
+        if not _queue_finite(check, tensor):  # a type we cannot read scales from: check its floats
+            check.add(tensor.name, dequantize_tensor(tensor, source))
         kind = tensor.tensor_type.name
         module = ours[: -len(".weight")]
         is_matrix = len(tensor.shape) == 2  # norms (and Gemma's QK-norms) are vectors and stay float
@@ -256,6 +346,7 @@ def gguf_quantized_tensors(reader: Any, config: ModelConfig, source: str, quanti
                 value = permute_qk_to_half(value, n_heads)
             out[f"{module}.{name}"] = value
         layout[module] = {"scheme": target[0], "group_size": target[1]}
+    check.verify()
     return out, layout
 
 
@@ -297,18 +388,9 @@ def read_gguf(path: str | Path, progress: Optional[Callable[[Any], Any]] = None
     source = str(path)
     reader = open_gguf(path)
     meta = read_metadata(reader)
-    config = config_from_metadata(meta, source)
-    tensors = gguf_tensors(reader, config, source, progress)
-    return _finish_config(config, tensors), tensors, tokenizer_from_metadata(meta, source)
-
-
-def _finish_config(config: ModelConfig, tensors: dict[str, torch.Tensor]) -> ModelConfig:
-    names = {k.rsplit(".", 1)[0] for k in tensors}
-    config = config.replace(tie_embeddings="unembed" not in names)
-    rows = [t.shape[0] for k, t in tensors.items() if k.startswith("embed.")]
-    if rows and rows[0] != config.vocab_size:
-        config = config.replace(vocab_size=int(rows[0]))  # the tensor is what the model uses
-    return config
+    config = fit_to_tensors(reader, config_from_metadata(meta, source), meta, source, float_weights=True)
+    tokenizer = tokenizer_from_metadata(meta, source)
+    return config, gguf_tensors(reader, config, source, progress), tokenizer
 
 
 def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
@@ -335,13 +417,14 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: str 
     source = str(path)
     reader = open_gguf(path)
     meta = read_metadata(reader)
-    config = config_from_metadata(meta, source)
+    config = fit_to_tensors(reader, config_from_metadata(meta, source), meta, source, float_weights=False,
+                            model_cls=model_cls)
+    tokenizer = tokenizer_from_metadata(meta, source)
     tensors, layout = gguf_quantized_tensors(reader, config, source, quantize, group_size, DEFAULT_COMPUTE_DTYPE)
-    config = _finish_config(config, tensors)
     if config.tie_embeddings and "embed" in layout:
         layout["unembed"] = layout["embed"]  # one matrix: the unembedding is built from the same codes
     model = model_cls.empty(config, device)
     rest = install_quantized(model, layout, {k: v.to(device) for k, v in tensors.items()}, source)
     load_into(model, rest, path)
-    model.tokenizer = tokenizer_from_metadata(meta, source)
+    model.tokenizer = tokenizer
     return model.to(dtype).eval()

@@ -33,17 +33,19 @@ GEMMA_LAYER_TENSORS = {
 class GGUFFamily:
     permuted_qk: bool  # llama.cpp permuted Q/K rows to the interleaved RoPE layout
     extra_layer_tensors: dict[str, str] = field(default_factory=dict)
-    # (metadata getter, head_dim) -> ModelConfig fields beyond the LLaMA-shaped ones
-    config_fields: Callable[[Callable[[str, Any], Any], int], dict[str, Any]] = lambda get, head_dim: {}
+    # (the architecture's metadata as validation.Fields, head_dim) -> ModelConfig fields beyond LLaMA's
+    config_fields: Callable[[Any, int], dict[str, Any]] = lambda fields, head_dim: {}
 
 
-def _gemma3_fields(get: Callable[[str, Any], Any], head_dim: int) -> dict[str, Any]:
-    softcap = get("final_logit_softcapping", None)
+def _gemma3_fields(fields: Any, head_dim: int) -> dict[str, Any]:
+    from lucidlm.validation import MAX_CONTEXT
+
     return dict(
-        mlp="geglu", norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)), qk_norm=True,
+        mlp="geglu", norm_eps=fields.float("attention.layer_norm_rms_epsilon", 1e-6, low=0.0, high=1.0), qk_norm=True,
         post_sublayer_norm=True, scale_embeddings=True, query_pre_attn_scalar=float(head_dim),
-        sliding_window=int(get("attention.sliding_window", 512)), global_layer_every=6,
-        rope_local_theta=10000.0, final_logit_softcap=float(softcap) if softcap else None,
+        sliding_window=fields.int("attention.sliding_window", 512, low=1, high=MAX_CONTEXT), global_layer_every=6,
+        rope_local_theta=10000.0,
+        final_logit_softcap=fields.float("final_logit_softcapping", None, low=0.0, low_open=True) or None,
     )
 
 

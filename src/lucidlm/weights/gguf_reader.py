@@ -12,10 +12,16 @@ File layout (GGUF v2/v3, little-endian): magic "GGUF", u32 version, u64 tensor c
 metadata count; metadata entries (string key, u32 type, value); tensor infos (string name,
 u32 n_dims, u64 dims[n_dims], u32 type, u64 offset); padding to ``general.alignment`` (32);
 tensor data. A string is a u64 length and UTF-8 bytes.
+
+Every count and length in the header is checked against the bytes that are left before it is
+used, and every string must be UTF-8, so a truncated or corrupted file is refused with a
+``GGUFFormatError`` naming the metadata key or tensor (never a struct or decode error, and
+never a loop over a count of 2**64).
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +35,9 @@ NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7
 STRING, ARRAY = 8, 9
 FLOAT_ARRAYS = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
                 "I32": np.int32, "I64": np.int64}
+VERSIONS = (2, 3)
+MAX_DIMS = 4             # GGML_MAX_DIMS
+MAX_ARRAY_NESTING = 4    # arrays of arrays: real files use none
 
 
 @dataclass
@@ -48,87 +57,148 @@ class GGUFFile:
         self.path = Path(path)
         self.map = np.memmap(self.path, dtype=np.uint8, mode="r")
         buf = memoryview(self.map)
-        self.pos = 0
-        magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", buf, 0)
-        if magic != b"GGUF" or version not in (2, 3):
-            raise ValueError(f"magic {magic!r}, version {version}")
-        self.pos = 24
+        self.size = len(buf)
+        self.pos, self.where = 0, "the header"
+        magic, version, n_tensors, n_kv = self._unpack(buf, "<4sIQQ")
+        if magic != b"GGUF":
+            raise GGUFFormatError(f"it starts with {magic!r}, not the magic bytes b'GGUF'")
+        if version not in VERSIONS:
+            raise UnsupportedVersion(version)
+        # each metadata entry takes >= 13 bytes (key length, type, one byte), each tensor info >= 24
+        self._need(n_kv * 13, f"{n_kv} metadata entries")
+        self._need(n_tensors * 24, f"{n_tensors} tensor infos")
         self.metadata: dict[str, Any] = {}
-        for _ in range(n_kv):
+        for index in range(n_kv):
+            self.where = f"metadata entry #{index}" + (f" (after {key!r})" if index else "")
             key = self._string(buf)
+            self.where = f"metadata key {key!r}"
+            if key in self.metadata:
+                raise GGUFFormatError(f"metadata key {key!r} appears twice")
             (kind,) = self._unpack(buf, "<I")
-            self.metadata[key] = self._value(buf, kind)
+            self.metadata[key] = self._value(buf, kind, key)
         infos = []
-        for _ in range(n_tensors):
+        for index in range(n_tensors):
+            self.where = f"tensor info #{index}"
             name = self._string(buf)
+            self.where = f"tensor {name!r}"
             (n_dims,) = self._unpack(buf, "<I")
-            dims = np.frombuffer(buf, dtype="<u8", count=n_dims, offset=self.pos).astype(np.int64)
-            self.pos += 8 * n_dims
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise GGUFFormatError(f"tensor {name!r} has {n_dims} dimensions; GGUF allows 1 to {MAX_DIMS}")
+            dims = [int(d) for d in self._unpack(buf, f"<{n_dims}Q")]
             kind, offset = self._unpack(buf, "<IQ")
             infos.append((name, dims, kind, offset))
-        alignment = int(self.metadata.get("general.alignment", 32))
+        alignment = self.metadata.get("general.alignment", 32)
+        if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0 or \
+                alignment & (alignment - 1) or alignment > 1 << 20:
+            raise GGUFFormatError(f"general.alignment is {alignment!r}; expected a power of two (32 by default)")
         start = self.pos + (-self.pos % alignment)
         self.tensors: list[Tensor] = []
         seen = set()
         for name, dims, kind, offset in infos:
             if name in seen:
-                raise ValueError(f"duplicated tensor {name!r}")
+                raise GGUFFormatError(f"tensor {name!r} appears twice")
             seen.add(name)
             try:
                 qtype = gguf.GGMLQuantizationType(kind)
             except ValueError:
                 raise UnknownTensorType(name, kind) from None
             block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-            n_elements = int(np.prod(dims))
+            if min(dims) < 1 or dims[0] % block:
+                raise GGUFFormatError(f"tensor {name!r} has dimensions {dims}; each must be >= 1 and the first a "
+                                      f"multiple of {block} for type {qtype.name}")
+            n_elements = math.prod(dims)  # Python ints: no overflow on absurd dimensions
             n_bytes = n_elements * type_size // block
-            data_offset = start + int(offset)
-            if data_offset + n_bytes > len(self.map):
-                raise TensorOutOfBounds(name, data_offset, n_bytes, len(self.map))
-            np_dims = tuple(int(d) for d in reversed(dims.tolist()))
+            data_offset = start + offset
+            if data_offset + n_bytes > self.size:
+                raise TensorOutOfBounds(name, data_offset, n_bytes, self.size)
+            np_dims = tuple(reversed(dims))
             raw = self.map[data_offset:data_offset + n_bytes]
             if qtype.name in FLOAT_ARRAYS:
                 data = raw.view(FLOAT_ARRAYS[qtype.name]).reshape(np_dims)
             else:  # one row of bytes per row of blocks, like GGUFReader
                 data = raw.reshape(*np_dims[:-1], np_dims[-1] // block * type_size)
-            self.tensors.append(Tensor(name, qtype, dims, data, data_offset, n_bytes))
+            self.tensors.append(Tensor(name, qtype, np.array(dims, dtype=np.int64), data, data_offset, n_bytes))
+
+    def _need(self, n_bytes: int, what: str) -> None:
+        if self.pos + n_bytes > self.size:
+            raise Truncated(f"{self.where}: {what} at byte {self.pos} needs {n_bytes} bytes, more than the "
+                            f"{self.size - self.pos} left")
 
     def _unpack(self, buf: memoryview, fmt: str) -> tuple:
+        size = struct.calcsize(fmt)
+        self._need(size, "a value")
         values = struct.unpack_from(fmt, buf, self.pos)
-        self.pos += struct.calcsize(fmt)
+        self.pos += size
         return values
 
     def _string(self, buf: memoryview) -> str:
-        (length,) = struct.unpack_from("<Q", buf, self.pos)
-        start = self.pos + 8
-        self.pos = start + length
-        if self.pos > len(buf):
-            raise ValueError("string beyond the end of the file")
-        return bytes(buf[start:self.pos]).decode("utf-8", errors="replace")
+        (length,) = self._unpack(buf, "<Q")
+        self._need(length, f"a string of {length} bytes")
+        start, self.pos = self.pos, self.pos + length
+        return _utf8(buf[start:self.pos], self.where)
 
-    def _value(self, buf: memoryview, kind: int) -> Any:
+    def _value(self, buf: memoryview, kind: int, key: str, depth: int = 0) -> Any:
         if kind == STRING:
             return self._string(buf)
         if kind in SCALARS:
             return self._unpack(buf, SCALARS[kind])[0]
         if kind != ARRAY:
-            raise ValueError(f"unknown metadata type {kind}")
+            raise GGUFFormatError(f"metadata key {key!r} has unknown value type {kind}")
         item, count = self._unpack(buf, "<IQ")
         if item in NUMPY:
+            self._need(count * np.dtype(NUMPY[item]).itemsize, f"an array of {count} values")
             values = np.frombuffer(buf, dtype=NUMPY[item], count=count, offset=self.pos)
             self.pos += values.nbytes
             return values.tolist()
         if item == STRING:
-            strings, pos = [], self.pos
+            self._need(count * 8, f"an array of {count} strings")
+            strings, pos, size = [], self.pos, self.size
             unpack = struct.Struct("<Q").unpack_from
-            for _ in range(count):
+            for index in range(count):
+                if pos + 8 > size:
+                    break
                 (length,) = unpack(buf, pos)
-                strings.append(str(buf[pos + 8:pos + 8 + length], "utf-8", errors="replace"))
+                if pos + 8 + length > size:
+                    break
+                try:
+                    strings.append(str(buf[pos + 8:pos + 8 + length], "utf-8"))
+                except UnicodeDecodeError:
+                    _utf8(buf[pos + 8:pos + 8 + length], f"{key}[{index}]")  # raises, naming the entry
                 pos += 8 + length
-            if pos > len(buf):
-                raise ValueError("string array beyond the end of the file")
+            else:
+                self.pos = pos
+                return strings
             self.pos = pos
-            return strings
-        return [self._value(buf, item) for _ in range(count)]  # nested arrays: rare, keep it simple
+            raise Truncated(f"{self.where}: string {len(strings)} of {count} at byte {pos} runs past the end of "
+                            f"the file")
+        if item != ARRAY and item not in SCALARS:
+            raise GGUFFormatError(f"metadata key {key!r} is an array of unknown value type {item}")
+        if depth >= MAX_ARRAY_NESTING:
+            raise GGUFFormatError(f"metadata key {key!r} nests arrays more than {MAX_ARRAY_NESTING} deep")
+        self._need(count * 12, f"an array of {count} arrays")
+        return [self._value(buf, item, key, depth + 1) for _ in range(count)]  # nested arrays: rare
+
+
+def _utf8(raw: memoryview, where: str) -> str:
+    try:
+        return str(raw, "utf-8")
+    except UnicodeDecodeError as exc:
+        shown = bytes(raw[max(exc.start - 8, 0):exc.start + 8])
+        raise GGUFFormatError(f"{where} is not UTF-8 text (byte {exc.start}: {shown!r})") from None
+
+
+class GGUFFormatError(ValueError):
+    """The bytes are not a well-formed GGUF file; the message says where."""
+
+
+class Truncated(GGUFFormatError):
+    """A count or length points past the end of the file."""
+
+
+class UnsupportedVersion(GGUFFormatError):
+    def __init__(self, version: int) -> None:
+        super().__init__(f"GGUF version {version}")
+        self.version = version
 
 
 class TensorOutOfBounds(ValueError):

@@ -1,0 +1,27 @@
+"""argparse ``type=`` checks shared by every command: a bad value is refused while the command
+line is parsed, before a model is loaded or a file written, with the flag (argparse adds it),
+the value and what is accepted. (Devices, dtypes and sampling settings are checked by
+lucidlm's own helpers first thing in each command, so the API and the CLI say the same.)"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def text(value: str) -> str:
+    """Text that is valid UTF-8. Python hands argv bytes that are not UTF-8 over as lone
+    surrogates (surrogateescape); name the first bad byte instead of failing later."""
+    from lucidlm.validation import first_surrogate
+
+    at = first_surrogate(value)
+    if at is not None:
+        code = ord(value[at])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
+        raise argparse.ArgumentTypeError(f"{shown(value)} is not UTF-8 text ({what} at character {at}); pass "
+                                         f"UTF-8 text (e.g. convert it with iconv -t UTF-8).")
+    return value
+
+
+def shown(value: str) -> str:
+    safe = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return repr(safe if len(safe) <= 40 else safe[:37] + "...")
