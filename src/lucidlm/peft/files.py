@@ -33,7 +33,8 @@ from lucidlm.peft.lora import (_as_lora, adapter_names, freeze_base, linear_modu
 from lucidlm.peft.gpt2_names import from_gpt2_peft, gpt2_module_name, is_gpt2, tie_fused_qkv, to_gpt2_peft
 from lucidlm.peft.peft_format import (PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, from_peft_tensors, hf_module_name,
                                       module_rank, module_scaling, peft_config, read_peft_config, to_peft_tensors)
-from lucidlm.validation import MAX_CONTEXT, MAX_WIDTH, Fields, check_finite, read_json_object
+from lucidlm.validation import MAX_CONTEXT, MAX_WIDTH, Fields, read_json_object
+from lucidlm.weights.finite import check_finite
 
 _llama_module_name = hf_module_name
 from lucidlm.weights.checkpoint import atomic_save_safetensors, atomic_write_text
@@ -204,8 +205,8 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     except (SafetensorError, OSError, ValueError) as exc:
         raise AdapterError(f"{path} cannot be read ({exc}); the file is truncated or corrupted.") from None
     # A NaN in an adapter never fails later: it silently turns every output (or a merge) into NaN.
-    check_finite(tensors, path, AdapterError, "the adapter is damaged or comes from a diverged training run; "
-                                              "train it again or use an earlier checkpoint")
+    check_finite(tensors, path, AdapterError, "The adapter is damaged or comes from a diverged training run; "
+                                              "train it again or use an earlier checkpoint.")
     return tensors
 
 
