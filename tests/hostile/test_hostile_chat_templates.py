@@ -64,7 +64,10 @@ HOSTILE = {
     "str.zfill": ("{{ '1'.zfill(10**9) }}", r"width in \.zfill\(\)"),
     "str.expandtabs": ("{{ ('\t' * 100000).expandtabs(100000) }}", r"expanded string"),
     "str.replace": ("{% set s = 'a' * 100000 %}{{ s.replace('a', s) }}", r"\.replace\(\)"),
-    "str.join": ("{% set s = 'a' * 100000 %}{{ s.join([s, s, s]) }}", r"\.join\(\)"),
+    "str.join": ("{% set s = 'a' * 100000 %}{{ s.join(range(300)|map('string')) }}", r"\.join\(\)"),
+    "str.format repeated field": ("{% set s = 'a' * 1000000 %}{{ ('{0}' * 100).format(s) }}", r"formatted string"),
+    "percent repeated key": ("{% set s = 'a' * 1000000 %}{{ ('%(a)s' * 100) % {'a': s} }}", r"%-formatted string"),
+    "join filter long separator": ("{{ range(100000)|join('x' * 1000) }}", r"'join' filter"),
     "str.translate": ("{{ ('a' * 100000).translate({97: 'b' * 100000}) }}", r"\.translate\(\)"),
     "str.format width": ("{{ '{:>1000000000}'.format(1) }}", r"format width of 1000000000"),
     "str.format nested width": ("{{ '{:>{w}}'.format(1, w=10**9) }}", r"nested"),
@@ -127,6 +130,8 @@ def test_limits_leave_real_work_alone():
     messages = [{"role": "user", "content": long_text}, {"role": "assistant", "content": "ok"}] * 3
     expected = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
     assert render_chat(messages, CHATML_TEMPLATE, add_generation_prompt=False) == expected
+    edits = "{{ messages[0]['content']|replace('word', 'w') }}{{ messages[0]['content'].replace('o', 'oo')|length }}"
+    assert render_chat(messages, edits) == "w " * 400_000 + str(len(long_text) + 400_000)
     loops = "{% for i in range(300) %}{% for j in range(300) %}{% endfor %}{% endfor %}{{ 'x' * 5 ~ 7 * 6 }}"
     assert render_chat(MESSAGES, loops) == "xxxxx42"
     macros = ("{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(30) }}"
