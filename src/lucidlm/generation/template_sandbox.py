@@ -34,7 +34,7 @@ from jinja2.utils import Namespace
 
 MAX_SECONDS = 5.0        # a real template renders in milliseconds
 MAX_CHARS = 1 << 24      # characters (or list items) one value or the whole output may reach
-MAX_ITEMS = 1 << 20      # items a filter's generator may produce (``slice(10**9)|list``)
+MAX_ITEMS = 1 << 17      # items a filter's generator may produce (``slice(10**9)|list``), above MAX_RANGE
 MAX_DEPTH = 64           # nested calls: macros, recursive loops, caller()
 MAX_INT_BITS = 1 << 16   # ``**`` and ``*`` on integers
 MAX_TEMPLATE_CHARS = 1 << 20  # the template's own source (real ones are a few KB)
