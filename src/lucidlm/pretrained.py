@@ -83,10 +83,24 @@ def find_gguf(name: str) -> Path:
     """Path of the GGUF file behind pretrained model ``name``."""
     source = _source(name)
     if source.parts:
-        from lucidlm.pretrained_parts import assembled_gguf, part_paths
+        from lucidlm.pretrained_parts import assembled_gguf, part_digests, part_paths
 
         parts = part_paths(source.parts, source.install_command)
-        return assembled_gguf(parts, cache_root() / "gguf" / source.filename, source.sha256)
+        return assembled_gguf(parts, cache_root() / "gguf" / source.filename, source.sha256,
+                              part_digests(source.parts))
+    path, expected = installed_gguf(name)
+    if expected:  # pip recorded the file's SHA-256 at install time: flipped bytes are refused
+        from lucidlm.weights.integrity import verify_sha256
+
+        verify_sha256(path, expected, f"Reinstall the package: {source.install_command} --force-reinstall")
+    return path
+
+
+def installed_gguf(name: str) -> tuple[Path, Optional[str]]:
+    """(path of the GGUF file inside its distribution, its SHA-256 from pip's RECORD or None)."""
+    from lucidlm.weights.integrity import entry_sha256
+
+    source = _source(name)
     try:
         files = importlib.metadata.files(source.distribution) or []
     except importlib.metadata.PackageNotFoundError:
@@ -98,7 +112,7 @@ def find_gguf(name: str) -> Path:
     for entry in candidates:
         path = Path(entry.locate())
         if path.is_file():
-            return path
+            return path, entry_sha256(entry)
     raise GGUFError(
         f"package {source.distribution!r} is installed but its GGUF file {source.filename!r} is missing; "
         f"reinstall it with: {source.install_command} --force-reinstall"

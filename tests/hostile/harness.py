@@ -79,6 +79,35 @@ def refused(*args: Union[str, bytes], names: Iterable[str] = (), watch: Iterable
     return line
 
 
+def main_refused(*args: str, names: Iterable[str] = (), watch: Iterable[Union[str, Path]] = ()) -> str:
+    """``refused`` in-process: ``lucidlm.cli.main(args)`` with the same assertions, for cases
+    where the command line itself is the point (argument checks that run before any model
+    loads) and a subprocess per case would only add seconds. Returns the error line."""
+    import contextlib
+    import io
+
+    from lucidlm import cli
+
+    watch = list(watch)
+    before = snapshot(watch)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = cli.main(list(args))
+        except SystemExit as exc:  # argparse refuses a malformed value with exit 2
+            code = exc.code
+    text = err.getvalue()
+    shown = f"lucidlm {_show(args)}\nexit {code}\nstderr:\n{text[-3000:]}"
+    assert code not in (0, None), f"bad input was accepted:\n{shown}"
+    assert INTERNAL_ERROR not in text and "Traceback" not in text, f"not lucidlm's one-line error:\n{shown}"
+    lines = [line for line in text.splitlines() if line.strip() and not _HELP_HINT.match(line)]
+    assert lines and re.match(r"lucidlm( \w+)?: error", lines[-1]), f"last line is not lucidlm's error:\n{shown}"
+    for name in names:
+        assert re.search(name, lines[-1], re.IGNORECASE), f"the error does not name {name!r}:\n{shown}"
+    assert snapshot(watch) == before, f"files on disk changed:\n{shown}"
+    return lines[-1]
+
+
 def api_refused(call: Callable[[], object], error: type = LucidLMError, names: Iterable[str] = (),
                 watch: Iterable[Union[str, Path]] = ()) -> LucidLMError:
     """Assert ``call()`` raises lucidlm's ``error`` naming each of ``names``; returns it."""

@@ -15,7 +15,7 @@ import lucidlm
 from lucidlm import cli
 from lucidlm.weights.checkpoint import save_model
 
-from harness import refused  # tests/hostile is on sys.path
+from harness import main_refused, refused  # tests/hostile is on sys.path
 
 NOT_UTF8 = b"caf\xe9 \xff"  # Latin-1 bytes: argv and stdin both deliver them to Python undecodable
 
@@ -53,7 +53,7 @@ GENERATE = [  # flags after `generate PROMPT --model TINY`, what the error line 
 
 @pytest.mark.parametrize("flags, names", GENERATE, ids=[" ".join(f) for f, _ in GENERATE])
 def test_generate_flags(tiny_dir, flags, names):
-    refused("generate", "Hello", "--model", tiny_dir, "-q", *flags, names=names, watch=[tiny_dir])
+    main_refused("generate", "Hello", "--model", tiny_dir, "-q", *flags, names=names, watch=[tiny_dir])
 
 
 def test_cuda_devices_on_a_machine_without_them(tiny_dir):
@@ -61,20 +61,31 @@ def test_cuda_devices_on_a_machine_without_them(tiny_dir):
 
     if torch.cuda.is_available():  # the case is a machine with fewer GPUs than asked for
         device = f"cuda:{torch.cuda.device_count()}"
-        refused("generate", "Hi", "--model", tiny_dir, "--device", device, names=[device, "CUDA"])
+        main_refused("generate", "Hi", "--model", tiny_dir, "--device", device, names=[device, "CUDA"])
     else:
         for device in ("cuda", "cuda:7"):
-            refused("generate", "Hi", "--model", tiny_dir, "--device", device, names=[device, "--device cpu"])
+            main_refused("generate", "Hi", "--model", tiny_dir, "--device", device, names=[device, "--device cpu"])
 
 
 @pytest.mark.parametrize("args, stdin, names", [
     (["generate", NOT_UTF8], None, [r"PROMPT", r"0xe9", r"character 3", "UTF-8"]),
     (["generate", "-"], b"hello " + NOT_UTF8, [r"stdin", r"0xe9", r"byte 9"]),
-    (["generate", "Hi", "--stop", NOT_UTF8], None, [r"--stop", r"0xe9"]),
-    (["inspect", NOT_UTF8], None, [r"TEXT", r"0xe9"]),
-], ids=["argv", "stdin", "stop", "inspect"])
-def test_text_that_is_not_utf8(tiny_dir, tmp_path, args, stdin, names):
+], ids=["argv", "stdin"])
+def test_text_that_is_not_utf8(tiny_dir, tmp_path, args, stdin, names):  # real bytes through a real process
     refused(*args, "--model", tiny_dir, names=names, stdin=stdin, watch=[tiny_dir, tmp_path], cwd=tmp_path)
+
+
+ESCAPED = NOT_UTF8.decode("utf-8", "surrogateescape")  # what Python makes of those bytes in argv
+
+
+@pytest.mark.parametrize("args, names", [
+    (["generate", "Hi", "--stop", ESCAPED], [r"--stop", r"0xe9"]),
+    (["generate", "Hi", "--chat", "--system", ESCAPED], [r"--system", r"0xe9"]),
+    (["chat", "--system", ESCAPED], [r"--system", r"0xe9", "character 3"]),
+    (["inspect", ESCAPED], [r"TEXT", r"0xe9"]),
+], ids=["stop", "system", "chat", "inspect"])
+def test_text_flags_that_are_not_utf8(tiny_dir, tmp_path, args, names):
+    main_refused(*args, "--model", tiny_dir, names=names, watch=[tiny_dir, tmp_path])
 
 
 TRAIN = [  # flags after `train --data CORPUS --out NEW`
@@ -83,14 +94,14 @@ TRAIN = [  # flags after `train --data CORPUS --out NEW`
     (["--block-size", "-1"], [r"--block-size", r"=-1"]),
     (["--seed", str(2 ** 64)], [r"--seed", r"2\*\*64 - 1"]),
     (["--device", "foo"], [r"device 'foo'"]),
-    (["--sample-prompt", NOT_UTF8], [r"--sample-prompt", r"0xe9"]),
+    (["--sample-prompt", ESCAPED], [r"--sample-prompt", r"0xe9"]),
 ]
 
 
 @pytest.mark.parametrize("flags, names", TRAIN, ids=[str(f[0]) for f, _ in TRAIN])
 def test_train_flags(places, tmp_path, flags, names):
     out = tmp_path / "run"
-    refused("train", "--data", str(places / "corpus.txt"), "--out", str(out), *flags, names=names)
+    main_refused("train", "--data", str(places / "corpus.txt"), "--out", str(out), *flags, names=names)
     assert not out.exists()  # refused before anything was written
 
 
@@ -101,7 +112,7 @@ def test_train_flags(places, tmp_path, flags, names):
 ])
 def test_finetune_flags(places, tiny_dir, tmp_path, flags, names):
     out = tmp_path / "run"
-    refused("finetune", "--model", tiny_dir, "--data", str(places / "corpus.txt"), "--out", str(out), *flags,
+    main_refused("finetune", "--model", tiny_dir, "--data", str(places / "corpus.txt"), "--out", str(out), *flags,
             names=names)
     assert not out.exists()
 
@@ -111,10 +122,10 @@ def _train_out(places, out):
 
 
 def test_train_out_paths(places):
-    refused(*_train_out(places, places / "a_file"), names=[r"--out", "a_file", "cannot write", "exists"],
-            watch=[places])
-    refused(*_train_out(places, places / "a_file" / "run"), names=[r"--out", "a_file/run", "not a directory"],
-            watch=[places])
+    main_refused(*_train_out(places, places / "a_file"), names=[r"--out", "a_file", "cannot write", "exists"],
+                 watch=[places])
+    main_refused(*_train_out(places, places / "a_file" / "run"), names=[r"--out", "a_file/run", "not a directory"],
+                 watch=[places])
     line = refused(*_train_out(places, places / "theirs"), names=[r"--out", "notes.txt", "not from a lucidlm run"],
                    watch=[places])
     assert "new or empty directory" in line
@@ -125,14 +136,15 @@ def test_inspect_out_paths(places, tiny_dir):
                          (["--out", str(places / "a_file" / "r.html")], [r"--out", "a_file is a file"]),
                          (["--plots", str(places / "a_file")], [r"--plots", "is a file, not a directory"]),
                          (["--plots", str(places / "a_file" / "figs")], [r"--plots", "a_file is a file"])]:
-        refused("inspect", "Hello", "--model", tiny_dir, *flags, names=names, watch=[places, tiny_dir], cwd=places)
+        main_refused("inspect", "Hello", "--model", tiny_dir, *flags, names=names, watch=[places, tiny_dir])
 
 
 def test_merge_and_convert_out_paths(places, tiny_dir):
     for out in (places / "a_file", places / "a_file" / "merged"):
-        refused("merge", "--model", tiny_dir, "--adapter", str(places / "folder"), "--out", str(out),
-                names=[r"--out", "a_file"], watch=[places, tiny_dir])
-        refused("convert", tiny_dir, str(out), "--to", "hf", names=[r"OUT_DIR", "a_file"], watch=[places, tiny_dir])
+        main_refused("merge", "--model", tiny_dir, "--adapter", str(places / "folder"), "--out", str(out),
+                     names=[r"--out", "a_file"], watch=[places, tiny_dir])
+        main_refused("convert", tiny_dir, str(out), "--to", "hf", names=[r"OUT_DIR", "a_file"],
+                     watch=[places, tiny_dir])
 
 
 # -- a seeded fuzz of every parser, in process: parse errors exit 2, checks raise lucidlm errors ------------

@@ -106,6 +106,7 @@ STATE_CASES = {
     "rng too short": (_set("torch_rng", ["AAAA"]), [r"trainer_state\.json", r"torch_rng\[0\]", "5056"]),
     "rng not a list": (_set("torch_rng", 7), [r"trainer_state\.json", "torch_rng"]),
     "sampler rng garbage": (_set("data", "AAAA"), [r"trainer_state\.json", "'data'"]),
+    "example sampler state": (_set("data", {"epoch": "one", "position": 0}), [r"trainer_state\.json", r"data\.epoch"]),
     "run id not text": (_set("run", {"id": 5}), [r"trainer_state\.json", r"run\.id"]),
 }
 
@@ -214,7 +215,8 @@ def test_replaced_tokenizer_is_refused(run):
 
 
 def test_other_recipe_settings_are_refused_by_the_cli_before_any_write(run):
-    refused(*cli_args(run, learning_rate=5e-3), names=["learning_rate", "different settings"], watch=[run])
+    refused(*cli_args(run, learning_rate=5e-3), names=["learning_rate", "different settings", r"trainer_state\.json"],
+            watch=[run])
 
 
 def cli_args(run: Path, **overrides) -> list[str]:

@@ -180,8 +180,9 @@ def test_lora_finetuning_killed_anywhere_resumes_exactly(base, tmp_path):
     lucidlm_run(reference, "finetune")
     lucidlm_run(config, "finetune", "step:6")
     assert_checkpoint_usable(out, 4, "trainable.safetensors")
-    lucidlm_run(config, "finetune", "checkpoint:1", resume=True)  # saving step 8
-    assert_checkpoint_usable(out, 4, "trainable.safetensors")
+    for kill_at in ("eval:1", "metrics:1", "checkpoint:1"):  # all at step 8
+        lucidlm_run(config, "finetune", kill_at, resume=True)
+        assert_checkpoint_usable(out, 4, "trainable.safetensors")
     lucidlm_run(config, "finetune", resume=True)
     expected, resumed = saved_state(Path(reference.out_dir)), saved_state(out)
     assert resumed["step"] == 8 and resumed["train_losses"] == expected["train_losses"]

@@ -28,6 +28,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from lucidlm.errors import CheckpointError
+from lucidlm.staging import owner_alive, owner_marker
 from lucidlm.training.kill_points import kill_point
 from lucidlm.training.resume_checks import check_optimizer_state
 from lucidlm.training.resume_checks import read_trainer_state as _read_checked_state
@@ -116,7 +117,7 @@ def save_checkpoint(out_dir: Path, write_payload: Callable[[Path], None], optimi
     ``write_payload(directory)`` writes the weights (see ``checkpointer.py``)."""
     out_dir = Path(out_dir)
     final = out_dir / CHECKPOINT_DIR
-    tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=TMP_PREFIX))
+    tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=TMP_PREFIX + owner_marker()))  # who writes it: see staging.py
     try:
         write_payload(tmp)
         kill_point("checkpoint")  # test seam: the weights are written, optimizer and state not yet
@@ -157,9 +158,10 @@ def find_checkpoint(out_dir: Path) -> Path | None:
 
 
 def remove_stale_temporaries(out_dir: Path) -> None:
-    """Half-written checkpoints left by a killed process."""
+    """Half-written checkpoints left by a killed process (never one a live process is writing)."""
     for path in Path(out_dir).glob(f"{TMP_PREFIX}*"):
-        shutil.rmtree(path, ignore_errors=True)
+        if owner_alive(path.name) is not True:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def read_trainer_state(checkpoint: Path, payload: str = WEIGHTS_NAME) -> dict[str, Any]:

@@ -83,7 +83,11 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
     sampler = fields.raw("data")
     if isinstance(sampler, str):  # random windows: the sampler's generator state
         check_cpu_rng_state(sampler, path, "data")
-    elif not isinstance(sampler, Mapping):  # whole examples: {"epoch", "position"}, checked when applied
+    elif isinstance(sampler, Mapping):  # whole examples: where in which epoch (its range is checked when applied)
+        examples = fields.object("data")
+        examples.int("epoch", low=0)
+        examples.int("position", low=0)
+    else:
         _bad(path, "data", sampler, "the batch sampler's state (an RNG state or an object)")
     fields.object("train_config", default={})
     run = fields.object("run", default={})

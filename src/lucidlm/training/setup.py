@@ -88,7 +88,8 @@ def check_same_settings(config: Any, current: dict[str, Any], state: dict[str, A
         differences.append(f"world_size (processes): {state.get('world_size', 1)} -> {ctx.world_size}")
     if differences:
         raise CheckpointError(
-            f"cannot resume from {directory}: it was trained with different settings ({'; '.join(differences)}). "
+            f"cannot resume from {directory}: it was trained with different settings ({'; '.join(differences)}; "
+            f"saved in {directory / ckpt.STATE_NAME}). "
             f"Resume with the original settings, or start a new run with another --out. The checkpoint is "
             f"left as it was.")
 

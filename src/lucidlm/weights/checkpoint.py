@@ -10,8 +10,6 @@ Training checkpoints add optimizer and RNG state beside these (see training/chec
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -22,12 +20,16 @@ from safetensors.torch import load_file, save_file
 from lucidlm.config import ModelConfig
 from lucidlm.errors import CheckpointError
 from lucidlm.model.transformer import Transformer
+from lucidlm.staging import publish, staging_file
+from lucidlm.weights.finite import check_finite
+from lucidlm.weights.integrity import sha256_file, verify_sha256
 from lucidlm.weights.state import load_into, own_state_dict
 
 CONFIG_NAME = "lucidlm_config.json"
 WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_NAME = "tokenizer.json"
 QUANTIZATION_NAME = "quantization.json"  # only for quantized models: which module has which scheme
+CHECKSUMS_NAME = "checksums.json"  # SHA-256 of the weights, written last: flipped bytes are found on load
 
 
 def is_checkpoint_dir(path: Path) -> bool:
@@ -36,37 +38,36 @@ def is_checkpoint_dir(path: Path) -> bool:
 
 def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path,
                             metadata: Optional[dict[str, str]] = None) -> None:
-    """Write to a temporary file in the same directory, then rename: a crash mid-write
-    leaves the previous file intact, never a truncated one."""
+    """Write to a staging file in the same directory, then rename: a crash mid-write
+    leaves the previous file intact, never a truncated one (see ``lucidlm.staging``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    out, tmp = staging_file(path)
+    out.close()
     try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        publish(tmp, path, 0o644)
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        tmp.unlink(missing_ok=True)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    out, tmp = staging_file(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes files private; these are ordinary outputs
-        os.replace(tmp, path)
+        with out:
+            out.write(text.encode("utf-8"))
+        publish(tmp, path, 0o644)  # mkstemp makes files private; these are ordinary outputs
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        tmp.unlink(missing_ok=True)
 
 
 def save_model(model: Transformer, directory: str | Path) -> Path:
     from lucidlm.quantization import is_quantized, quantization_layout
 
     directory = Path(directory)
+    # The old checksums go first: a crash before the new ones are written leaves a directory
+    # without checksums (loaded unverified, as before), never one that wrongly looks damaged.
+    (directory / CHECKSUMS_NAME).unlink(missing_ok=True)
     atomic_save_safetensors(own_state_dict(model), directory / WEIGHTS_NAME)
     atomic_write_text(directory / CONFIG_NAME, json.dumps(model.config.to_dict(), indent=2) + "\n")
     if is_quantized(model):
@@ -78,7 +79,28 @@ def save_model(model: Transformer, directory: str | Path) -> Path:
         (directory / QUANTIZATION_NAME).unlink()
     if model.tokenizer is not None and hasattr(model.tokenizer, "save"):
         model.tokenizer.save(directory / TOKENIZER_NAME)
+    digest = sha256_file(directory / WEIGHTS_NAME)
+    atomic_write_text(directory / CHECKSUMS_NAME, json.dumps({"format": 1, "sha256": {WEIGHTS_NAME: digest}},
+                                                             indent=2) + "\n")
     return directory
+
+
+def verify_checksums(directory: Path) -> None:
+    """Check the files ``checksums.json`` lists (a directory without one, saved by an older
+    lucidlm or by hand, is not checked)."""
+    from lucidlm.validation import read_json_object
+
+    path = directory / CHECKSUMS_NAME
+    if not path.is_file():
+        return
+    fix = "re-save the model (or restore the directory from a good copy)"
+    digests = read_json_object(path, CheckpointError, "checksum file", fix).object("sha256")
+    for name in digests.data:
+        digest = digests.str(name)
+        if Path(name).name != name or name.startswith(".") or len(digest) != 64:
+            raise CheckpointError(f"{path}: entry {name!r}: {digest!r} is not a file name and a SHA-256; {fix}.")
+        if (directory / name).is_file():
+            verify_sha256(directory / name, digest, fix[0].upper() + fix[1:] + ".")
 
 
 def load_model(directory: str | Path, dtype: torch.dtype = torch.float32,
@@ -91,10 +113,12 @@ def load_model(directory: str | Path, dtype: torch.dtype = torch.float32,
     weights_path = directory / WEIGHTS_NAME
     if not weights_path.is_file():
         raise CheckpointError(f"{weights_path} is missing; the checkpoint is incomplete (re-save or re-train).")
+    verify_checksums(directory)
     try:
         tensors = load_file(weights_path)
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{weights_path} cannot be read ({exc}); the file is truncated or corrupted.") from None
+    check_finite(tensors, weights_path)
     tokenizer = None
     if (directory / TOKENIZER_NAME).is_file():
         from lucidlm.tokenizers import load_tokenizer

@@ -30,8 +30,9 @@ from lucidlm.config import ModelConfig
 from lucidlm.errors import GGUFError, MissingTensorError, ShapeMismatchError, UnsupportedArchitectureError
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
-from lucidlm.weights.gguf_quants import EXACT, exact_float, exact_plain, native_scheme, plain_from_float
 from lucidlm.validation import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, Fields, check_allocation
+from lucidlm.weights.finite import FiniteCheck
+from lucidlm.weights.gguf_quants import EXACT, exact_float, exact_plain, finite_parts, native_scheme, plain_from_float
 from lucidlm.weights.state import load_into
 
 GGUF_MAGIC = b"GGUF"
@@ -269,11 +270,14 @@ def gguf_tensors(reader: Any, config: ModelConfig, source: str,
     items = reader.tensors if progress is None else progress(reader.tensors)
     family = FAMILIES.get(config.name, FAMILIES["llama"])
     out: dict[str, torch.Tensor] = {}
+    check = FiniteCheck(source)
     for tensor in items:
         ours = _our_name(tensor.name, family.extra_layer_tensors)
         if ours is None:
             gguf_tensors_check_name(tensor, config, source)
         weight = dequantize_tensor(tensor, source)
+        if not _queue_finite(check, tensor):
+            check.add(tensor.name, weight)
         if not family.permuted_qk:
             pass  # Q/K rows are already in the half layout
         elif ours.endswith("q_proj.weight"):
@@ -281,7 +285,18 @@ def gguf_tensors(reader: Any, config: ModelConfig, source: str,
         elif ours.endswith("k_proj.weight"):
             weight = permute_qk_to_half(weight, config.n_kv_heads)
         out[ours] = weight
+    check.verify()
     return out
+
+
+def _queue_finite(check: FiniteCheck, tensor: Any) -> bool:
+    """Queue the check of the values (or block scales) of ``tensor`` from its raw bytes:
+    cheaper than checking the dequantized floats. False for types whose blocks we cannot
+    read; the caller then checks the dequantized values."""
+    parts = finite_parts(tensor)
+    if parts is not None:
+        check.add(tensor.name, *parts)
+    return parts is not None
 
 
 def gguf_quantized_tensors(reader: Any, config: ModelConfig, source: str, quantize: str,
@@ -298,10 +313,13 @@ def gguf_quantized_tensors(reader: Any, config: ModelConfig, source: str, quanti
     family = FAMILIES.get(config.name, FAMILIES["llama"])
     out: dict[str, torch.Tensor] = {}
     layout: dict[str, dict[str, Any]] = {}
+    check = FiniteCheck(source)
     for tensor in reader.tensors:
         ours = _our_name(tensor.name, family.extra_layer_tensors)
         if ours is None:
             gguf_tensors_check_name(tensor, config, source)
+        if not _queue_finite(check, tensor):  # a type we cannot read scales from: check its floats
+            check.add(tensor.name, dequantize_tensor(tensor, source))
         kind = tensor.tensor_type.name
         module = ours[: -len(".weight")]
         is_matrix = len(tensor.shape) == 2  # norms (and Gemma's QK-norms) are vectors and stay float
@@ -328,6 +346,7 @@ def gguf_quantized_tensors(reader: Any, config: ModelConfig, source: str, quanti
                 value = permute_qk_to_half(value, n_heads)
             out[f"{module}.{name}"] = value
         layout[module] = {"scheme": target[0], "group_size": target[1]}
+    check.verify()
     return out, layout
 
 

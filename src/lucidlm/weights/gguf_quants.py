@@ -33,6 +33,12 @@ EXACT = {"Q8_0": ("int8", BLOCK), "Q4_0": ("int4", BLOCK), "Q4_1": ("int4", BLOC
 NEAREST = {"Q2_K": ("int4", BLOCK), "Q3_K": ("int4", BLOCK), "Q4_K": ("int4", BLOCK),
            "Q5_0": ("int8", BLOCK), "Q5_1": ("int8", BLOCK), "Q5_K": ("int8", BLOCK), "Q6_K": ("int8", BLOCK)}
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+# Byte offsets of the f16 scales (d, and m / dmin) inside each block, from ggml's block
+# structs: the only bytes of a quantized tensor that can hold a NaN or an infinity (the
+# codes are integers, and a finite scale times a code stays finite in float32).
+SCALE_OFFSETS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+                 "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+                 "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
 def native_scheme(type_name: str) -> Optional[tuple[str, int]]:
@@ -41,6 +47,32 @@ def native_scheme(type_name: str) -> Optional[tuple[str, int]]:
     if type_name in FLOAT_TYPES:
         return None
     return EXACT.get(type_name) or NEAREST.get(type_name) or ("int8", BLOCK)
+
+
+def finite_parts(tensor: Any) -> Optional[tuple[torch.Tensor, str]]:
+    """(values that must be finite, what they are) for a reader tensor: a float tensor's
+    values, or a quantized tensor's block scales; None for types whose block layout is not
+    listed here (the caller then checks the dequantized values)."""
+    import gguf
+
+    name = tensor.tensor_type.name
+    data = np.asarray(tensor.data)
+    if name == "BF16":  # NumPy has no bfloat16: the reader gives bytes
+        return torch.from_numpy(np.ascontiguousarray(data).view(np.int16)).view(torch.bfloat16), "values"
+    if name in FLOAT_TYPES:
+        return _from_numpy(data), "values"
+    if name not in SCALE_OFFSETS:
+        return None
+    type_size = gguf.GGML_QUANT_SIZES[tensor.tensor_type][1]
+    halves = _from_numpy(data.reshape(-1, type_size)).view(torch.float16)  # (n_blocks, bytes per block / 2)
+    offsets = SCALE_OFFSETS[name]  # one scale, or two side by side
+    return halves[:, offsets[0] // 2:offsets[-1] // 2 + 1], "block scales"  # a strided view: no copy
+
+
+def _from_numpy(data: np.ndarray) -> torch.Tensor:
+    with warnings.catch_warnings():  # a read-only map: we only ever read it
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(data)
 
 
 def _blocks(tensor: Any, n_rows: int, block_bytes: int) -> torch.Tensor:

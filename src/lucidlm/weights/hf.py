@@ -33,8 +33,9 @@ from lucidlm.errors import (
 )
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
-from lucidlm.weights.checkpoint import atomic_save_safetensors, atomic_write_text
 from lucidlm.validation import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, Fields, read_json_object
+from lucidlm.weights.checkpoint import atomic_save_safetensors, atomic_write_text
+from lucidlm.weights.finite import FiniteCheck
 from lucidlm.weights.state import load_into, own_state_dict
 
 CONFIG_NAME = "config.json"
@@ -210,12 +211,15 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
         file = path / name
         if not file.is_file():
             raise WeightsError(f"{file} is missing; re-download or re-save the model (listed in {INDEX_NAME}).")
+        check = FiniteCheck(file)
         try:
             with safe_open(str(file), framework="pt") as f:
                 for key in f.keys():
                     tensors[key] = f.get_tensor(key)
+                    check.add(key, tensors[key])
         except (SafetensorError, OSError) as exc:
             raise WeightsError(f"{file} cannot be read ({exc}); the file is truncated or corrupted.") from None
+        check.verify()
     return tensors
 
 

@@ -30,6 +30,7 @@ from lucidlm.errors import CheckpointError, ConfigError, UnsupportedArchitecture
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
 from lucidlm.validation import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, Fields, read_json_object
+from lucidlm.weights.finite import check_finite
 from lucidlm.weights.meta_shards import merge_shards, shard_paths
 from lucidlm.weights.state import load_into
 
@@ -96,6 +97,7 @@ def read_pth(path: Path) -> dict[str, torch.Tensor]:
                                              for k, v in data.items()):
         kind = type(data).__name__ if not isinstance(data, dict) else "a dict with non-tensor values"
         raise CheckpointError(f"{path} holds {kind}, not a state dict of named tensors; refusing it.")
+    check_finite(data, path)
     return data
 
 

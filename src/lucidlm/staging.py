@@ -1,0 +1,115 @@
+"""Staging files: write beside the target under a temporary name, rename into place, and clean
+up what a killed process left behind without touching a live process's work.
+
+Every temporary file lucidlm writes next to a real one (a joined GGUF, a saved model's
+safetensors, a JSON file) is named ``.<target>.partial-<host>-<pid>-<random>``. A kill -9
+leaves it behind; the next write into the same directory removes it, but only when it is
+proved stale: written on this host by a process that no longer exists (``os.kill(pid, 0)``),
+or untouched for a day (another host's, or a name without a pid from an older lucidlm).
+A file being written by a concurrent process is never removed.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Iterator
+
+STALE_AFTER = 24 * 3600  # seconds: a staging file nobody wrote to for this long is abandoned
+_NAME = re.compile(r"[.-](?:partial|tmp|old)-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-")
+
+
+def _host() -> str:
+    return hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
+
+
+def staging_prefix(target_name: str, pid: int | None = None) -> str:
+    """The name prefix of the staging files of process ``pid`` (default: this one) for ``target_name``."""
+    return f".{target_name}.partial-{owner_marker(pid)}"
+
+
+def staging_file(target: Path) -> tuple[IO[bytes], Path]:
+    """(open binary file, its path): a fresh staging file beside ``target``, old stale ones
+    for the same target removed first."""
+    remove_stale(target.parent, target.name)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=staging_prefix(target.name))
+    return os.fdopen(fd, "wb"), Path(name)
+
+
+def publish(staging: Path, target: Path, mode: int = 0o666) -> None:
+    """Rename a complete staging file over ``target`` (atomic on one filesystem), with the
+    permissions an ordinary file gets (mkstemp makes it private)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, mode & ~umask)
+    os.replace(staging, target)
+
+
+def owner_marker(pid: int | None = None) -> str:
+    """``<host>-<pid>-``: what a staging name carries to say who is writing it (default: us)."""
+    return f"{_host()}-{os.getpid() if pid is None else pid}-"
+
+
+def owner_alive(name: str) -> bool | None:
+    """Whether the process named in staging name ``name`` still runs: None when the name
+    carries no owner on this host (an older lucidlm's name, or another machine's)."""
+    match = _NAME.search(name)
+    if not match or match.group("host") != _host():
+        return None
+    return _alive(int(match.group("pid")))
+
+
+def is_stale(path: Path, now: float | None = None) -> bool:
+    """True when the staging file ``path`` provably belongs to no live writer."""
+    try:
+        age = (time.time() if now is None else now) - path.lstat().st_mtime
+    except OSError:
+        return False  # already gone (or unreadable): nothing to do
+    return owner_alive(path.name) is False or age > STALE_AFTER
+
+
+def remove_stale(directory: Path, target_name: str) -> list[Path]:
+    """Remove the stale staging files (or directories) for ``target_name`` in ``directory``;
+    the removed paths. Never raises: cleaning up must not break the write it precedes."""
+    removed = []
+    for path in _candidates(directory, target_name):
+        if not is_stale(path):
+            continue
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append(path)
+        except OSError:
+            pass  # read-only directory, raced with another cleaner: harmless
+    return removed
+
+
+def _candidates(directory: Path, target_name: str) -> Iterator[Path]:
+    escaped = glob.escape(target_name)
+    # ours, and the names older lucidlm versions used (".<name>.partial-XXXX", ".<name>.XXXX.tmp")
+    for pattern in (f".{escaped}.partial-*", f".{escaped}.*.tmp"):
+        try:
+            yield from Path(directory).glob(pattern)
+        except OSError:
+            return
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # someone else's process (or a pid we cannot ask about): keep its file
+    return True
