@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from lucidlm.config import ModelConfig
+from lucidlm.errors import ConfigError
 from lucidlm.generation import GenerationResult, TextStream, generate, stream
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, run_with_hooks
 from lucidlm.inspect.tokens import to_str_tokens, to_string, to_tokens
@@ -68,6 +69,10 @@ class LanguageModel(Transformer):
         greedy tokens are the same as eager ones. Returns the model, so
         ``model = lucidlm.load().compile()`` reads naturally. ``model(ids)`` stays eager.
         """
+        modes = ("default", "lite", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+        if mode is not None and mode not in modes:
+            raise ConfigError(f"compile(mode={mode!r}): torch.compile modes are {', '.join(modes)} (None: "
+                              f"reduce-overhead on CUDA, default on CPU).")
         self._cuda_graphs = mode == "reduce-overhead" or (mode is None and self.device.type == "cuda")
         if mode is None and self.device.type == "cuda":
             mode = "reduce-overhead"

@@ -23,7 +23,7 @@ import torch
 
 from lucidlm.config import PRESETS, preset
 from lucidlm.devices import resolve_device, resolve_dtype
-from lucidlm.errors import ConfigError, LucidLMError, QuantizationError
+from lucidlm.errors import AdapterError, ConfigError, LucidLMError, QuantizationError
 from lucidlm.language_model import LanguageModel
 from lucidlm.suggest import did_you_mean
 from lucidlm.validation import check_seed
@@ -68,6 +68,9 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
         raise ConfigError(f"lucidlm.load({source!r}): source must be a path (a .gguf file or a model directory), "
                           f"a pretrained name or a preset name, not {type(source).__name__}.")
     check_seed(seed, "seed", ConfigError)
+    if adapter is not None and not isinstance(adapter, (str, Path)):
+        raise AdapterError(f"adapter={adapter!r} must be the path of an adapter directory, not "
+                           f"{type(adapter).__name__}.")
     if quantize is not None and adapter is not None:
         raise QuantizationError(
             f"quantize={quantize!r} with an adapter: merge the adapter into the float model first "

@@ -12,8 +12,10 @@ import torch
 import lucidlm
 from lucidlm import cli
 from lucidlm import inspect as lens
-from lucidlm.errors import (ConfigError, DeviceError, GenerationError, HookError, InputError, QuantizationError,
-                            TokenizerError)
+from lucidlm.errors import (AdapterError, ConfigError, DeviceError, GenerationError, HookError, InputError,
+                            OutputError, QuantizationError, TokenIdError, TokenizerError)
+from lucidlm.inspect import patching
+from lucidlm.peft import add_lora
 from lucidlm.training.config import FinetuneConfig, TrainConfig
 
 from harness import api_refused  # tests/hostile is on sys.path
@@ -209,7 +211,6 @@ def _disk_full(*args, **kwargs):
 
 
 def test_a_full_disk_while_training_is_one_line_naming_out(tmp_path, monkeypatch):
-    from lucidlm.errors import OutputError
     from lucidlm.training import checkpointer, pretrain
 
     corpus = tmp_path / "corpus.txt"
@@ -232,3 +233,52 @@ def test_a_full_disk_while_writing_a_report(model, tmp_path, monkeypatch, capsys
     assert err.count("\n") == 1 and f"No space left on device while writing {kept}" in err and "--out" in err
     monkeypatch.undo()
     assert kept.read_text() == "the previous report\n"  # the old report is intact
+
+
+def _patch_metric(logits):
+    return logits[0, -1, 0] - logits[0, -1, 1]
+
+
+MORE_INSPECT_CASES = [  # patching, residual decomposition, plots, steps: layer / head / position / type mistakes
+    (lambda m, c: patching.get_act_patch_resid_pre(m, None, c, _patch_metric), InputError, ["corrupted_tokens"]),
+    (lambda m, c: patching.get_act_patch_resid_pre(m, [[0.5, 1.0]], c, _patch_metric), InputError, [r"0\.5"]),
+    (lambda m, c: patching.get_act_patch_resid_pre(m, "Hello there", c, lambda logits: logits), InputError,
+     ["one number", "shape"]),
+    (lambda m, c: c["pattern", 9], HookError, ["9"]),
+    (lambda m, c: c.accumulated_resid("x"), HookError, ["layer='x'|layer=x"]),
+    (lambda m, c: c.accumulated_resid(9), HookError, ["layer=9"]),
+    (lambda m, c: c.stack_head_results(layer=9), HookError, ["9"]),
+    (lambda m, c: c.logit_attrs(c.accumulated_resid(), tokens=10 ** 9), TokenIdError, ["1000000000", "50256"]),
+    (lambda m, c: c.logit_attrs(c.accumulated_resid(), tokens=[1.5]), InputError, ["float"]),
+    (lambda m, c: c.apply_ln_final("x"), InputError, ["str"]),
+    (lambda m, c: c.to("foo"), DeviceError, ["'foo'"]),
+    (lambda m, c: m.run_with_cache("Hi", device="foo"), DeviceError, ["'foo'"]),
+    (lambda m, c: lens.logit_lens(m, "Hello", top_k=0), InputError, ["top_k=0"]),
+    (lambda m, c: lens.logit_lens(m, "Hello", top_k=10 ** 9), InputError, ["top_k=1000000000", "50257"]),
+    (lambda m, c: lens.logit_lens(m, "Hello", top_k="x"), InputError, ["top_k='x'"]),
+    (lambda m, c: lens.generation_steps(m, None), InputError, ["generation_steps", "None"]),
+    (lambda m, c: lens.generation_steps(m, "Hi", temperature="x"), GenerationError, ["temperature='x'"]),
+    (lambda m, c: lens.generation_steps(m, "Hi", temperature=1.0, seed=2 ** 64), GenerationError, ["seed="]),
+    (lambda m, c: lens.generation_steps(m, "Hi", max_new_tokens=-1), GenerationError, ["max_new_tokens=-1"]),
+    (lambda m, c: lens.plot_attention(c, layer=0, head="x"), HookError, ["head='x'|head=x"]),
+    (lambda m, c: lens.plot_attention(c, layer=5, head=0), HookError, ["layer=5", "2 layers"]),
+    (lambda m, c: lens.plot_logit_lens(None), InputError, ["NoneType"]),
+    (lambda m, c: lens.plot_position_encodings(max_seq_len=-1), InputError, ["max_seq_len=-1"]),
+    (lambda m, c: lens.plot_rope_angles(head_dim=3), InputError, ["head_dim=3", "even"]),
+    (lambda m, c: lens.attention_view(m, None), InputError, ["attention_view"]),
+    (lambda m, c: lens.build_report(m, "Hi", top_k="x"), InputError, ["top_k='x'"]),
+    (lambda m, c: m.compile(mode="fastest"), ConfigError, ["mode='fastest'", "reduce-overhead"]),
+    (lambda m, c: tiny(adapter=5), AdapterError, ["adapter=5"]),
+    (lambda m, c: add_lora(tiny(), alpha=math.nan), AdapterError, ["alpha=nan"]),
+]
+
+
+@pytest.mark.parametrize("call, error, names", MORE_INSPECT_CASES)
+def test_inspection_tools_refuse(model, call, error, names):
+    _, cache = model.run_with_cache("Hello there")
+    api_refused(lambda: call(model, cache), error, names)
+
+
+def test_a_report_path_that_is_a_directory(model, tmp_path):
+    api_refused(lambda: lens.write_report(model, "Hi", tmp_path), OutputError, [str(tmp_path), "is a directory"],
+                watch=[tmp_path])

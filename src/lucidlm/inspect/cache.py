@@ -142,6 +142,8 @@ class ActivationCache(Mapping):
 
     # -- conveniences --
     def to(self, device: Union[str, torch.device]) -> "ActivationCache":
+        from lucidlm.devices import resolve_device
+        device = resolve_device(device)
         return ActivationCache({k: v.to(device) for k, v in self._acts.items()}, self.model, self.has_batch_dim)
 
     def remove_batch_dim(self) -> "ActivationCache":
@@ -187,6 +189,9 @@ class ActivationCache(Mapping):
     def apply_ln_final(self, resid_stream: torch.Tensor) -> torch.Tensor:
         """The model's final norm applied to any residual-stream tensor (..., d); identity
         for models without one (post-norm blocks end in their own norm)."""
+        if not isinstance(resid_stream, torch.Tensor):
+            raise InputError(f"apply_ln_final takes a residual-stream tensor (..., d_model), got "
+                             f"{type(resid_stream).__name__}.")
         ln_final = self.model.ln_final
         if ln_final is None:
             return resid_stream
@@ -284,6 +289,9 @@ def run_with_cache(model: nn.Module, ids: Any, names_filter: NamesFilter = None,
     and cache each hook's gradient as ``name + "_grad"``, as TransformerLens does.
     """
     names = resolve_hook_names(model, names_filter)
+    if device is not None:
+        from lucidlm.devices import resolve_device
+        device = resolve_device(device)
     activations: dict[str, torch.Tensor] = {}
 
     def make_saver(name: str) -> HookFn:

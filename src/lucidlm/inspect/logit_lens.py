@@ -14,7 +14,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from lucidlm.errors import InputError
 from lucidlm.inspect.cache import ActivationCache, run_with_cache
+from lucidlm.validation import check_int
 
 
 @dataclass
@@ -53,6 +55,7 @@ def lens_logits(model: nn.Module, cache: ActivationCache) -> torch.Tensor:
 
 def logit_lens(model: nn.Module, ids: Any, top_k: int = 1, cache: Optional[ActivationCache] = None) -> LogitLens:
     """Top ``top_k`` tokens of every layer at every position, for one sequence."""
+    check_int(top_k, "top_k", InputError, low=1, high=model.config.vocab_size)
     if cache is None:
         names = ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(model.config.n_layers)]
         with torch.no_grad():

@@ -91,11 +91,16 @@ def _check_lengths(corrupted_tokens: torch.Tensor, clean_cache: ActivationCache,
 
 
 def _as_tokens(model: nn.Module, tokens: Any) -> torch.Tensor:
-    if isinstance(tokens, str) or (isinstance(tokens, (list, tuple)) and tokens and isinstance(tokens[0], str)):
-        from lucidlm.inspect.tokens import to_tokens
-        return to_tokens(model, tokens)
-    tokens = torch.as_tensor(tokens)
-    return tokens[None] if tokens.ndim == 1 else tokens
+    from lucidlm.inspect.tokens import id_batch
+    return id_batch(model, tokens, "corrupted_tokens")
+
+
+def _scalar(value: Any) -> float:
+    """The patching metric's value for one run: it must be one number."""
+    if isinstance(value, torch.Tensor) and value.numel() != 1:
+        raise InputError(f"patching_metric(logits) must return one number, got a tensor of shape "
+                         f"{tuple(value.shape)}; reduce it (e.g. logits[0, -1, a] - logits[0, -1, b]).")
+    return float(value)
 
 
 def generic_activation_patch(model: nn.Module, corrupted_tokens: Any, clean_cache: ActivationCache,
@@ -121,7 +126,7 @@ def generic_activation_patch(model: nn.Module, corrupted_tokens: Any, clean_cach
             def patch(act: torch.Tensor, hook: Any, index: tuple = index, clean: torch.Tensor = clean) -> torch.Tensor:
                 return patch_setter(act.clone(), index, clean.to(act.device, act.dtype))
             logits = run_with_hooks(model, tokens, fwd_hooks=[(name, patch)])
-            out[index] = float(patching_metric(logits))
+            out[index] = _scalar(patching_metric(logits))
     return out
 
 

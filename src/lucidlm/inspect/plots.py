@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from lucidlm.errors import HookError
+from lucidlm.errors import HookError, InputError
+from lucidlm.validation import MAX_CONTEXT, MAX_WIDTH, check_float, check_int
 from lucidlm.inspect.cache import ActivationCache, check_layer
 from lucidlm.model.positions import rope_angles, sinusoidal_table
 
@@ -52,7 +53,7 @@ def attention_pattern(pattern_or_cache: Union[ActivationCache, torch.Tensor], la
     if pattern.ndim != 3:
         raise HookError(f"expected an attention pattern of shape (n_heads, T, S), got {tuple(pattern.shape)}.")
     n_heads = pattern.shape[0]
-    if not -n_heads <= head < n_heads:
+    if not isinstance(head, int) or isinstance(head, bool) or not -n_heads <= head < n_heads:
         raise HookError(f"head={head} is out of range: layer {layer} has {n_heads} heads (0..{n_heads - 1}).")
     return pattern[head].float().cpu().numpy()
 
@@ -131,6 +132,9 @@ def plot_position_encodings(P: Optional[Union[torch.Tensor, np.ndarray]] = None,
                             d_model: int = 128, path: Optional[PathLike] = None) -> Figure:
     """The sinusoidal position matrix (positions x embedding dims), as seed 004 draws it.
     With no P, the table for ``max_seq_len`` x ``d_model`` is built."""
+    if P is None:
+        check_int(max_seq_len, "max_seq_len", InputError, low=1, high=MAX_CONTEXT)
+        check_int(d_model, "d_model", InputError, low=2, high=MAX_WIDTH)
     P = sinusoidal_table(max_seq_len, d_model) if P is None else P
     P = P.detach().cpu().numpy() if isinstance(P, torch.Tensor) else np.asarray(P)
     n_positions, dims = P.shape
@@ -154,6 +158,11 @@ def plot_rope_angles(head_dim: int = 64, max_seq_len: int = 128, theta: float = 
     """RoPE turns each (query, key) dimension pair i by the angle m * theta^(-2i/d) at position m.
     Left: cos of that angle per position and pair (fast pairs flicker, slow ones barely move).
     Right: each pair's wavelength in tokens, which grows geometrically up to ~2*pi*theta."""
+    check_int(head_dim, "head_dim", InputError, low=2, high=MAX_WIDTH)
+    if head_dim % 2:
+        raise InputError(f"head_dim={head_dim} is odd; RoPE turns dimensions in pairs, so give an even head_dim.")
+    check_int(max_seq_len, "max_seq_len", InputError, low=1, high=MAX_CONTEXT)
+    check_float(theta, "theta", InputError, low=1.0, low_open=True)
     angles = rope_angles(max_seq_len, head_dim, theta).numpy()  # (S, hd/2)
     wavelengths = 2 * np.pi / (angles[1] if max_seq_len > 1 else rope_angles(2, head_dim, theta).numpy()[1])
     fig = Figure(figsize=(13, 5))
@@ -176,6 +185,8 @@ def plot_rope_angles(head_dim: int = 64, max_seq_len: int = 128, theta: float = 
 def plot_logit_lens(lens: Any, path: Optional[PathLike] = None) -> Figure:
     """Logit-lens table: rows are layers, columns positions, colour the top token's
     probability, text the top token. ``lens`` is a ``LogitLens`` from ``logit_lens()``."""
+    if not hasattr(lens, "top_probs"):
+        raise InputError(f"plot_logit_lens takes what logit_lens(model, text) returns, got {type(lens).__name__}.")
     probs = lens.top_probs[:, :, 0].float().cpu().numpy()  # (L+1, T)
     n_rows, T = probs.shape
     fig = Figure(figsize=(min(3 + 1.0 * T, 24), min(1.5 + 0.35 * n_rows, 16)))

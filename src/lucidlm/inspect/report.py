@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from lucidlm.errors import InputError
+from lucidlm.outputs import check_output_file
 from lucidlm.inspect.cache import run_with_cache
 from lucidlm.inspect.logit_lens import logit_lens
 from lucidlm.inspect.steps import to_str_tokens, to_tokens
@@ -33,8 +34,8 @@ def report_data(model: nn.Module, text: str, top_k: int = 5) -> dict[str, Any]:
     """Everything the page shows, as plain JSON-ready data."""
     if not isinstance(text, str) or not text:
         raise InputError("the text to inspect is empty; pass the text to run through the model, e.g. 'Hello world'.")
-    if top_k < 1:
-        raise InputError(f"top_k={top_k} must be at least 1.")
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+        raise InputError(f"top_k={top_k!r} must be a whole number >= 1.")
     ids = to_tokens(model, text)  # (1, T); raises on text that tokenizes to nothing
     T = ids.shape[1]
     if T > MAX_REPORT_TOKENS:
@@ -91,12 +92,16 @@ def build_report(model: nn.Module, text: str, top_k: int = 5, title: Optional[st
 
 def write_report(model: nn.Module, text: str, out: Union[str, Path], top_k: int = 5) -> Path:
     """Write the report to ``out`` (via a temporary file, so a failure leaves no half page)."""
-    out = Path(out)
+    out = check_output_file(out, "out")  # a directory or a path under a file: refused before any work
     page = build_report(model, text, top_k)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial")
-    partial.write_text(page, encoding="ascii")
-    os.replace(partial, out)
+    try:
+        partial.write_text(page, encoding="ascii")
+        os.replace(partial, out)
+    except BaseException:  # a full disk: no half-written partial left behind, the old report kept
+        partial.unlink(missing_ok=True)
+        raise
     return out
 
 

@@ -44,7 +44,7 @@ def apply_slice(tensor: torch.Tensor, pos_slice: PosSlice, dim: int) -> torch.Te
 def _final_layer(cache: Any, layer: Optional[int]) -> int:
     n = cache.n_layers
     layer = n if layer is None or layer == -1 else layer
-    if not 0 <= layer <= n:
+    if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer <= n:
         raise HookError(f"layer={layer} is out of range: take 0..{n} (or -1 / None for the unembedding).")
     return layer
 
@@ -194,13 +194,33 @@ def tokens_to_residual_directions(model: Any, tokens: Any) -> torch.Tensor:
     times the final norm's weight. A single token gives (d,), a tensor of ids (..., d)."""
     if isinstance(tokens, str):
         tokens = single_token(model, tokens)
-    tokens = torch.as_tensor(tokens, dtype=torch.long)
+    tokens = _token_ids(model, tokens)
     w_u = model.unembed.weight.detach()  # (V, d)
     directions = w_u[tokens.reshape(-1) if tokens.numel() == 1 else tokens]
     directions = directions[0] if tokens.numel() == 1 else directions
     if model.ln_final is not None:  # fold the final norm's weight in, as TransformerLens's fold_ln does
         directions = directions * model.ln_final.weight.detach()
     return directions
+
+
+def _token_ids(model: Any, tokens: Any) -> torch.Tensor:
+    """Token ids as a long tensor, each checked against the vocabulary (an id past it would be
+    an IndexError deep in the unembedding)."""
+    from lucidlm.errors import TokenIdError
+
+    try:  # no dtype: 1.5 must be refused below, not truncated to 1
+        tokens = torch.as_tensor(tokens)
+    except (TypeError, ValueError, RuntimeError):
+        raise InputError(f"tokens must be a token id, a text that is one token, or a tensor of ids; got "
+                         f"{str(tokens)[:60]}.") from None
+    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        raise InputError(f"tokens must be integer ids, got {tokens.dtype} values ({str(tokens.tolist())[:40]}).")
+    tokens = tokens.long()
+    vocab = model.config.vocab_size
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        bad = int(tokens.min()) if int(tokens.min()) < 0 else int(tokens.max())
+        raise TokenIdError(f"token id {bad} is out of range: this model's vocabulary has ids 0..{vocab - 1}.")
+    return tokens
 
 
 def single_token(model: Any, text: str) -> int:

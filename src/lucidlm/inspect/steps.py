@@ -10,6 +10,7 @@ KV cache once, then every decoded token reads the cached keys and values.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, TextIO
@@ -18,7 +19,8 @@ import torch
 from torch import nn
 
 from lucidlm.errors import GenerationError, InputError
-from lucidlm.inspect.tokens import model_tokenizer, to_str_tokens, to_tokens
+from lucidlm.inspect.tokens import id_batch, model_tokenizer, to_str_tokens, to_tokens
+from lucidlm.validation import check_int, check_seed
 
 
 _tokenizer = model_tokenizer  # the name the rest of this file uses
@@ -38,18 +40,31 @@ class GenerationStep:
         return f"{''.join(self.str_tokens[:-1])} {self.new_token}"
 
 
-@torch.no_grad()
 def generation_steps(model: nn.Module, prompt: Any, max_new_tokens: int = 10, temperature: float = 0.0,
                      top_k: Optional[int] = None, seed: Optional[int] = None,
                      stop_at_eos: bool = True) -> Iterator[GenerationStep]:
-    """Yield one GenerationStep per new token. temperature 0 = greedy (argmax)."""
-    if temperature < 0:
-        raise GenerationError(f"temperature={temperature} must be >= 0 (0 means greedy).")
-    if top_k is not None and top_k < 1:
-        raise GenerationError(f"top_k={top_k} must be >= 1 (or None for no limit).")
-    ids = (to_tokens(model, prompt) if isinstance(prompt, str) else torch.as_tensor(prompt).reshape(1, -1))[0].tolist()
-    if not ids:
-        raise InputError("the prompt has no tokens; give at least one.")
+    """Yield one GenerationStep per new token. temperature 0 = greedy (argmax). The arguments
+    are checked now, not at the first ``next()``."""
+    check_int(max_new_tokens, "max_new_tokens", GenerationError, low=0)
+    if not _finite(temperature) or temperature < 0:
+        raise GenerationError(f"temperature={temperature!r} must be a number >= 0 (0 means greedy).")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise GenerationError(f"top_k={top_k!r} must be a whole number >= 1 (or None for no limit).")
+    if seed is not None:
+        check_seed(seed, "seed", GenerationError)
+    ids = id_batch(model, prompt, "generation_steps")
+    if ids.shape[0] != 1:
+        raise InputError(f"generation_steps follows one prompt, got a batch of {ids.shape[0]}.")
+    return _steps(model, ids[0].tolist(), max_new_tokens, temperature, top_k, seed, stop_at_eos)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@torch.no_grad()
+def _steps(model: nn.Module, ids: list[int], max_new_tokens: int, temperature: float, top_k: Optional[int],
+           seed: Optional[int], stop_at_eos: bool) -> Iterator[GenerationStep]:
     tokenizer = getattr(model, "tokenizer", None)
     eos_id = getattr(tokenizer, "eos_id", None) if stop_at_eos else None
     generator = torch.Generator(device=model.embed.weight.device)

@@ -120,6 +120,19 @@ def to_string(model: nn.Module, ids: Any) -> Union[str, list[str]]:
     return tokenizer.decode(ids)
 
 
+def id_batch(model: nn.Module, text_or_ids: Any, caller: str) -> torch.Tensor:
+    """Text, a list of texts, ids (T,) / (B, T) or lists of ids, as a (B, T) long tensor;
+    anything else is refused naming ``caller``, never a torch conversion error."""
+    if isinstance(text_or_ids, str) or (isinstance(text_or_ids, (list, tuple)) and text_or_ids
+                                        and all(isinstance(t, str) for t in text_or_ids)):
+        return to_tokens(model, text_or_ids)
+    rows = _id_rows(text_or_ids, caller)
+    rows = rows if rows and isinstance(rows[0], list) else [rows]
+    if not rows[0] or len({len(r) for r in rows}) != 1:
+        raise InputError(f"{caller} takes at least one token id per row, rows of equal length; got {_shown(rows)}.")
+    return torch.tensor(rows, dtype=torch.long)
+
+
 def _id_rows(ids: Any, caller: str) -> Any:
     """Token ids as a list of ints, or a list of lists of ints for a batch; anything else
     (None, floats, strings, a float tensor) is refused naming ``caller``."""

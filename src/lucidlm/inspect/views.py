@@ -110,8 +110,8 @@ class AttentionView:
 
 def attention_view(model: nn.Module, text_or_ids: Any, cache: Optional[ActivationCache] = None) -> AttentionView:
     """The attention view of one sequence (text, or ids of shape (T,) / (1, T))."""
-    from lucidlm.inspect.tokens import to_str_tokens, to_tokens
-    ids = to_tokens(model, text_or_ids) if isinstance(text_or_ids, str) else torch.as_tensor(text_or_ids).reshape(1, -1)
+    from lucidlm.inspect.tokens import id_batch, to_str_tokens
+    ids = id_batch(model, text_or_ids, "attention_view")[:1]
     if cache is None:
         with torch.no_grad():
             _, cache = run_with_cache(model, ids, names_filter=lambda n: n.endswith("hook_pattern"))

@@ -183,8 +183,11 @@ def add_lora(model: nn.Module, name: str = "default", r: int = 8, alpha: float =
         raise AdapterError(f"LoRA rank r={r!r} must be a positive integer (typical: 4, 8, 16).")
     if init not in LORA_INITS:
         raise AdapterError(f"unknown LoRA init {init!r}; choose one of {', '.join(LORA_INITS)}.")
-    if not 0.0 <= dropout < 1.0:
-        raise AdapterError(f"LoRA dropout={dropout} must be in [0, 1).")
+    if not _finite(dropout) or not 0.0 <= dropout < 1.0:
+        raise AdapterError(f"LoRA dropout={dropout!r} must be in [0, 1).")
+    if not _finite(alpha):
+        raise AdapterError(f"LoRA alpha={alpha!r} must be a finite number (updates are scaled by alpha / r; "
+                           f"typical: 2 * r).")
     if name in adapter_names(model):
         raise AdapterError(f"the model already has a LoRA adapter named {name!r}; pick another name.")
     if any(layer.merged_adapter for _, layer in lora_layers(model)):
@@ -206,6 +209,10 @@ def add_lora(model: nn.Module, name: str = "default", r: int = 8, alpha: float =
         tie_fused_qkv(model, name)  # one LoRA on the fused q/k/v: the three share A (gpt2_names.py)
     set_adapter(model, name)
     return chosen
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _as_lora(model: nn.Module, module_name: str) -> LoRALinear:
