@@ -420,3 +420,23 @@ def test_cli_generate_refuses_an_escaping_shard_index(llama_template, tmp_path):
     path = sharded(llama_template, tmp_path)
     edit_index(path, lambda i: {"weight_map": dict.fromkeys(i["weight_map"], "/etc/passwd")})
     refused("generate", "--model", str(path), "hi", names=["/etc/passwd", "not a file inside"], watch=[path])
+
+
+# ----------------------------------------------------------------------------- lucidlm's own lucidlm_config.json
+
+@pytest.mark.parametrize("field, value, names", [
+    ("n_layers", 1000000, ["n_layers", "1000000"]),
+    ("max_seq_len", 4e9, ["max_seq_len", "4000000000"]),
+    ("rope_theta", "abc", ["rope_theta", "'abc'"]),
+    ("n_kv_heads", 3, ["n_heads=4", "n_kv_heads=3"]),
+    ("dropout", 5, ["dropout", "5"]),
+    ("positions", "alibi", ["positions", "'alibi'"]),
+    ("tie_embeddings", "no", ["tie_embeddings", "'no'"]),
+])
+def test_lucidlm_config_json_field(tmp_path, field, value, names):
+    from lucidlm.weights.checkpoint import save_model
+
+    path = save_model(Transformer(preset("llama", **TINY)), tmp_path / "model")
+    config = json.loads((path / "lucidlm_config.json").read_text())
+    (path / "lucidlm_config.json").write_text(json.dumps({**config, field: value}))
+    api_refused(lambda: lucidlm.load(path), ConfigError, names=names + ["lucidlm_config\\.json"], watch=[path])
