@@ -25,31 +25,14 @@ import torch
 from torch import nn
 
 from lucidlm.config import ModelConfig
-from lucidlm.errors import GGUFError, UnsupportedArchitectureError
+from lucidlm.errors import GGUFError
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
-from lucidlm.weights.gguf_families import FAMILIES
 from lucidlm.weights.finite import FiniteCheck
+from lucidlm.weights.gguf_families import FAMILIES, gguf_tensors_check_name, our_name
 from lucidlm.weights.gguf_quants import EXACT, FLOAT_TYPES, exact_float, exact_plain, finite_parts, native_scheme
 from lucidlm.weights.memory import TrimEvery, trim
 
-# Our name for each per-layer GGUF tensor (blk.N.<gguf> -> blocks.N.<ours>).
-LAYER_TENSORS = {
-    "attn_norm.weight": "ln1.weight",
-    "attn_q.weight": "attn.q_proj.weight",
-    "attn_k.weight": "attn.k_proj.weight",
-    "attn_v.weight": "attn.v_proj.weight",
-    "attn_output.weight": "attn.o_proj.weight",
-    "ffn_norm.weight": "ln2.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-GLOBAL_TENSORS = {
-    "token_embd.weight": "embed.weight",
-    "output_norm.weight": "ln_final.weight",
-    "output.weight": "unembed.weight",
-}
 CHUNK_BYTES = 8 << 20  # float32 bytes converted at once for a large tensor
 
 
@@ -103,7 +86,7 @@ def plan(reader: Any, config: ModelConfig, source: str, quantize: Optional[str] 
     for tensor in reader.tensors:
         ours = our_name(tensor.name, family.extra_layer_tensors)
         if ours is None:
-            refuse_name(tensor, config, source)
+            gguf_tensors_check_name(tensor, config, source)
         kind = tensor.tensor_type.name
         if kind not in FLOAT_TYPES and kind not in EXACT and kind not in supported_types():
             raise _unsupported_type(tensor, source)
@@ -120,26 +103,6 @@ def plan(reader: Any, config: ModelConfig, source: str, quantize: Optional[str] 
             heads = config.n_kv_heads
         planned.append(Planned(tensor, ours, target, heads))
     return planned
-
-
-def our_name(gguf_name: str, extra_layer_tensors: Optional[dict[str, str]] = None) -> Optional[str]:
-    if gguf_name in GLOBAL_TENSORS:
-        return GLOBAL_TENSORS[gguf_name]
-    layer_tensors = {**LAYER_TENSORS, **(extra_layer_tensors or {})}
-    parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_tensors:
-        return f"blocks.{parts[1]}.{layer_tensors[parts[2]]}"
-    return None
-
-
-def refuse_name(tensor: Any, config: ModelConfig, source: str) -> None:
-    if tensor.name == "rope_freqs.weight":
-        raise UnsupportedArchitectureError(
-            f"{source}: the file carries rope_freqs.weight (Llama 3.1-style RoPE frequency scaling), "
-            f"which lucidlm does not implement."
-        )
-    raise GGUFError(f"{source}: tensor {tensor.name!r} has no place in a {config.name} model; the file "
-                    f"is for a different architecture.")
 
 
 def _unsupported_type(tensor: Any, source: str) -> GGUFError:
