@@ -359,10 +359,3 @@ def test_cli_commands_refuse_head_count_zero(good, tmp_path):
     refused("inspect", "--model", str(path), "hi", "--out", str(tmp_path / "r.html"), names=names, watch=[tmp_path])
     refused("convert", str(path), str(tmp_path / "out"), "--to", "hf", names=names, watch=[tmp_path])
     assert not (tmp_path / "out").exists() and not (tmp_path / "r.html").exists()
-
-
-def test_cli_refuses_non_utf8_architecture(good, tmp_path):
-    path = mutated(good, tmp_path, "arch.gguf")
-    patch_string(path, "general.architecture", b"\xc3\x28")
-    refused("generate", "--model", str(path), "hi", names=[r"arch\.gguf", r"general\.architecture.*not UTF-8"],
-            watch=[tmp_path])
