@@ -15,7 +15,10 @@ load from other processes on a shared machine hits all of them alike:
 
 Prints a table of medians with the load average, and writes benchmarks/results/load.json.
 
-    python benchmarks/bench_load.py [--rounds 3] [--threads 2] [--transformers]
+    python benchmarks/bench_load.py [--rounds 3] [--threads 2] [--transformers] [--before OLD_SRC]
+
+``--before`` measures another source tree in the same run (same machine state), e.g.
+``git worktree add /tmp/old 1dfb9c3 && python benchmarks/bench_load.py --before /tmp/old/src``.
 """
 
 from __future__ import annotations
@@ -116,12 +119,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--transformers", action="store_true", help="also transformers reading the GGUF (~15 s each)")
+    parser.add_argument("--before", metavar="SRC", default=None,
+                        help="another lucidlm source tree (e.g. a worktree of an older commit) measured in the same "
+                             "run, rows marked 'before'")
     args = parser.parse_args()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
            "OMP_NUM_THREADS": str(args.threads)}
     py = sys.executable
     sides: dict[str, list[str]] = {name: [py, "-c", LUCIDLM.format(threads=args.threads, kwargs=kwargs)]
                                    for name, kwargs in LOADS.items()}
+    envs = {name: env for name in sides}
+    if args.before:
+        old_env = {**env, "PYTHONPATH": str(Path(args.before).resolve())}
+        for name, kwargs in LOADS.items():
+            sides[f"{name}, before"] = [py, "-c", LUCIDLM.format(threads=args.threads, kwargs=kwargs)]
+            envs[f"{name}, before"] = old_env
     try:
         import llama_cpp  # noqa: F401 - a peer, built by setup_peers.sh
         sides["llama.cpp (same file)"] = [py, "-c", LLAMA.format(bench=str(ROOT / "benchmarks"), threads=args.threads)]
@@ -136,20 +148,27 @@ def main() -> None:
                                              "--quantize", "int4"],
         "python -c 'import torch'": [py, "-c", "import torch"],
     }
+    token_envs = {name: env for name in tokens}
+    if args.before:
+        for name in ("lucidlm generate (default)", "lucidlm generate --quantize int4"):
+            tokens[f"{name}, before"] = tokens[name]
+            token_envs[f"{name}, before"] = old_env
     if "llama.cpp (same file)" in sides:
         tokens["llama.cpp first token"] = [py, str(ROOT / "benchmarks" / "llama_peer.py"), "--first-token",
                                            str(args.threads)]
 
     load_before = os.getloadavg()
-    for command in list(sides.values()) + list(tokens.values()):  # warm the page cache once
-        subprocess.run(command, env=env, capture_output=True)
+    for name, command in sides.items():  # warm the page cache once
+        subprocess.run(command, env=envs.get(name, env), capture_output=True)
+    for name, command in tokens.items():
+        subprocess.run(command, env=token_envs.get(name, env), capture_output=True)
     loads: dict[str, list[dict]] = {name: [] for name in sides}
     starts: dict[str, list[dict]] = {name: [] for name in tokens}
     for _ in range(args.rounds):
         for name, command in sides.items():
-            loads[name].append(run_json(command, env))
+            loads[name].append(run_json(command, envs.get(name, env)))
         for name, command in tokens.items():
-            starts[name].append(first_token(command, env))
+            starts[name].append(first_token(command, token_envs.get(name, env)))
     load_after = os.getloadavg()
 
     def median(rows: list[dict], key: str) -> float | None:
@@ -173,7 +192,7 @@ def main() -> None:
         "benchmark": "load the embedded smollm2-135m (Q4_1 GGUF) and a fresh generate to its first token",
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
                     "load_average_before": load_before, "load_average_after": load_after},
-        "rounds": args.rounds, "medians": summary, "runs": {"load": loads, "first_token": starts},
+        "rounds": args.rounds, "before": args.before, "medians": summary, "runs": {"load": loads, "first_token": starts},
     }, indent=2) + "\n")
     print(f"wrote {RESULTS}")
 
