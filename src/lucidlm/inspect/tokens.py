@@ -73,6 +73,8 @@ def to_tokens(model: nn.Module, text: Text, prepend_bos: Optional[bool] = None, 
     """Text -> ids (1, T); a list of texts -> (B, T_max) padded. On the model's device."""
     if padding_side not in ("left", "right"):
         raise InputError(f"padding_side={padding_side!r}: expected 'right' or 'left'.")
+    if not (prepend_bos is None or isinstance(prepend_bos, bool)):  # 1 == True, but "yes" is not a choice
+        raise InputError(f"prepend_bos={prepend_bos!r}: expected True, False or None (the tokenizer's habit).")
     texts = [text] if isinstance(text, str) else list(text) if isinstance(text, (list, tuple)) else None
     if texts is None or not all(isinstance(t, str) for t in texts):
         raise InputError(f"to_tokens takes a text or a list of texts, got {_shown(text)}.")
