@@ -116,7 +116,7 @@ def to_string(model: nn.Module, ids: Any) -> Union[str, list[str]]:
     tokenizer = model_tokenizer(model)
     if isinstance(ids, torch.Tensor) and ids.ndim > 2:
         raise InputError(f"to_string takes ids of shape (T,) or (B, T), got {tuple(ids.shape)}.")
-    ids = _id_rows([ids] if isinstance(ids, int) and not isinstance(ids, bool) else ids, "to_string")
+    ids = _id_rows(ids, "to_string")
     if ids and isinstance(ids[0], list):
         return [tokenizer.decode(row) for row in ids]
     return tokenizer.decode(ids)
@@ -142,6 +142,8 @@ def _id_rows(ids: Any, caller: str) -> Any:
         if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
             raise InputError(f"{caller} takes integer token ids, got a tensor of dtype {ids.dtype}.")
         ids = ids.tolist()
+    if _is_id(ids):  # one id: a 0-d tensor (logits.argmax()), an int or a numpy integer
+        return [int(ids)]
     if isinstance(ids, (list, tuple)):
         if all(_is_id(i) for i in ids):
             return [int(i) for i in ids]
