@@ -117,7 +117,7 @@ class ModelConfig:
         for key, high in (("vocab_size", MAX_VOCAB), ("d_model", MAX_WIDTH), ("n_layers", MAX_LAYERS),
                           ("n_heads", MAX_HEADS), ("max_seq_len", MAX_CONTEXT), ("multiple_of", MAX_WIDTH)):
             put("int", key, low=1, high=high)
-        put("int", "n_kv_heads", default=None, low=1, high=self.n_heads)
+        put("int", "n_kv_heads", default=None, low=1, high=MAX_HEADS)
         put("int", "head_dim", default=None, low=1, high=MAX_WIDTH)
         put("int", "d_mlp", default=None, low=1, high=MAX_WIDTH)
         put("int", "sliding_window", default=None, low=1, high=MAX_CONTEXT)
@@ -136,6 +136,10 @@ class ModelConfig:
 
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
+        if self.n_kv_heads > self.n_heads:
+            check.fail(f"{name('n_kv_heads')}={self.n_kv_heads} is more than {name('n_heads')}={self.n_heads}: each "
+                       f"key/value head serves one or more query heads; pick {name('n_kv_heads')} from "
+                       f"{_divisors(self.n_heads)}")
         if self.n_heads % self.n_kv_heads != 0:
             check.fail(f"{name('n_heads')}={self.n_heads} is not divisible by {name('n_kv_heads')}={self.n_kv_heads}: "
                        f"each key/value head must serve the same number of query heads; pick "

@@ -263,24 +263,6 @@ def address_space_left() -> Optional[int]:
     return max(limit - used, 0)
 
 
-def check_finite(tensors: Mapping[str, Any], source: Union[str, Path], error: Type[LucidLMError], fix: str) -> None:
-    """Refuse the first floating-point tensor in ``tensors`` (name -> torch.Tensor) that holds a
-    NaN or an infinity, naming it, the file and how many of its values are bad: a non-finite
-    weight never crashes at load, it silently turns every output into NaN later."""
-    import torch
-
-    for name, tensor in tensors.items():
-        if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point()):
-            continue
-        finite = torch.isfinite(tensor)
-        if not bool(finite.all()):
-            bad = tensor[~finite]
-            kinds = " and ".join(k for k, present in (("NaN", bool(bad.isnan().any())),
-                                                      ("infinite", bool(bad.isinf().any()))) if present)
-            raise error(f"{source}: tensor {name!r} holds {bad.numel()} {kinds} value(s) of {tensor.numel()}; "
-                        f"the file is damaged or was written from a diverged run. {fix[0].upper() + fix[1:]}.")
-
-
 def physical_memory() -> int:
     """Bytes of RAM on this machine (0 when the platform cannot tell)."""
     try:

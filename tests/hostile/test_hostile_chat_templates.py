@@ -64,11 +64,14 @@ HOSTILE = {
     "str.zfill": ("{{ '1'.zfill(10**9) }}", r"width in \.zfill\(\)"),
     "str.expandtabs": ("{{ ('\t' * 100000).expandtabs(100000) }}", r"expanded string"),
     "str.replace": ("{% set s = 'a' * 100000 %}{{ s.replace('a', s) }}", r"\.replace\(\)"),
-    "str.join": ("{% set s = 'a' * 100000 %}{{ s.join([s, s, s]) }}", r"\.join\(\)"),
+    "str.join": ("{% set s = 'a' * 100000 %}{{ s.join(range(300)|map('string')) }}", r"\.join\(\)"),
+    "str.format repeated field": ("{% set s = 'a' * 1000000 %}{{ ('{0}' * 100).format(s) }}", r"formatted string"),
+    "percent repeated key": ("{% set s = 'a' * 1000000 %}{{ ('%(a)s' * 100) % {'a': s} }}", r"%-formatted string"),
+    "join filter long separator": ("{{ range(100000)|join('x' * 1000) }}", r"'join' filter"),
     "str.translate": ("{{ ('a' * 100000).translate({97: 'b' * 100000}) }}", r"\.translate\(\)"),
     "str.format width": ("{{ '{:>1000000000}'.format(1) }}", r"format width of 1000000000"),
     "str.format nested width": ("{{ '{:>{w}}'.format(1, w=10**9) }}", r"nested"),
-    "slice generator": ("{{ (messages|slice(1000000000)|list)|length }}", r"more than 1048576 items|ran for more than"),
+    "slice generator": ("{{ (messages|slice(1000000000)|list)|length }}", r"more than 131072 items|ran for more than"),
     "recursive macro": ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", r"nests calls more than 64"),
     "division by zero": ("{{ messages|length / 0 }}", r"divides by zero"),
     "modulo by zero": ("{{ 7 % 0 }}", r"divides by zero"),
@@ -108,7 +111,7 @@ def test_hostile_template_is_one_line_naming_the_file(template, problem, quick_d
     error = api_refused(lambda: render_chat(MESSAGES, template, source=SOURCE), ChatTemplateError,
                         names=[r"^/models/evil\.gguf \(tokenizer\.chat_template\): the chat template ",
                                problem, r"Fix the template in /models/evil\.gguf"])
-    assert time.monotonic() - start < 4.0, f"took {time.monotonic() - start:.1f} s: {error}"
+    assert time.monotonic() - start < 15.0, f"took {time.monotonic() - start:.1f} s: {error}"  # a hang is minutes
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) / 1024
     assert grown_mb < 1024, f"peak memory grew by {grown_mb:.0f} MB: {error}"
 
@@ -118,7 +121,7 @@ def test_the_deadline_is_wall_clock_seconds(monkeypatch):
     start = time.monotonic()
     api_refused(lambda: render_chat(MESSAGES, HOSTILE["nested loops 1e10"][0]), ChatTemplateError,
                 names=[r"ran for more than 1 s"])
-    assert 1.0 <= time.monotonic() - start < 3.0
+    assert 1.0 <= time.monotonic() - start < 5.0
 
 
 def test_limits_leave_real_work_alone():
@@ -127,6 +130,8 @@ def test_limits_leave_real_work_alone():
     messages = [{"role": "user", "content": long_text}, {"role": "assistant", "content": "ok"}] * 3
     expected = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
     assert render_chat(messages, CHATML_TEMPLATE, add_generation_prompt=False) == expected
+    edits = "{{ messages[0]['content']|replace('word', 'w') }}{{ messages[0]['content'].replace('o', 'oo')|length }}"
+    assert render_chat(messages, edits) == "w " * 400_000 + str(len(long_text) + 400_000)
     loops = "{% for i in range(300) %}{% for j in range(300) %}{% endfor %}{% endfor %}{{ 'x' * 5 ~ 7 * 6 }}"
     assert render_chat(MESSAGES, loops) == "xxxxx42"
     macros = ("{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(30) }}"

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 import lucidlm
 from lucidlm.config import ModelConfig, preset
-from lucidlm.errors import ConfigError, WeightsError
+from lucidlm.errors import ConfigError, MissingTensorError, ShapeMismatchError, WeightsError
 from lucidlm.model.transformer import Transformer
 from lucidlm.validation import MAX_CONTEXT, MAX_LAYERS, MAX_VOCAB
 from lucidlm.weights.hf import save_hf
@@ -120,6 +120,24 @@ def test_head_count_that_does_not_divide_the_width(llama_template, tmp_path):
                 names=["hidden_size=32", "num_attention_heads=3", "not divisible", "config\\.json"])
     path = copy_with(llama_template, tmp_path / "b", num_key_value_heads=3)
     api_refused(lambda: lucidlm.load(path), ConfigError, names=["num_attention_heads=4", "num_key_value_heads=3"])
+    path = copy_with(llama_template, tmp_path / "c", num_key_value_heads=8)
+    api_refused(lambda: lucidlm.load(path), ConfigError, names=["num_key_value_heads=8", "num_attention_heads=4"])
+    # as transformers writes it, with head_dim: 3 heads of 8 cannot make a width of 32
+    for heads, kv in ((3, 1), (3, 3), (7, 7)):
+        path = copy_with(llama_template, tmp_path / f"d{heads}{kv}", num_attention_heads=heads, num_key_value_heads=kv)
+        api_refused(lambda: lucidlm.load(path), ConfigError,
+                    names=["hidden_size=32", f"num_attention_heads={heads}", "head_dim=8"])
+
+
+@pytest.mark.parametrize("changes, error, names", [
+    (dict(num_hidden_layers=3), MissingTensorError, ["layers\.2", "num_hidden_layers=3"]),
+    (dict(num_attention_heads=8), ShapeMismatchError, ["q_proj", "num_attention_heads=8", "head_dim=8"]),
+    (dict(vocab_size=51), ShapeMismatchError, ["embed_tokens", "vocab_size=51"]),
+    (dict(intermediate_size=96), ShapeMismatchError, ["mlp", "intermediate_size=96"]),
+])
+def test_a_valid_config_that_contradicts_the_weights_names_its_sizes(llama_template, tmp_path, changes, error, names):
+    path = copy_with(llama_template, tmp_path, **changes)
+    api_refused(lambda: lucidlm.load(path), error, names=names + ["config\\.json"], watch=[path])
 
 
 def test_a_config_too_big_for_memory_is_refused_before_allocating(llama_template, tmp_path):
@@ -402,3 +420,23 @@ def test_cli_generate_refuses_an_escaping_shard_index(llama_template, tmp_path):
     path = sharded(llama_template, tmp_path)
     edit_index(path, lambda i: {"weight_map": dict.fromkeys(i["weight_map"], "/etc/passwd")})
     refused("generate", "--model", str(path), "hi", names=["/etc/passwd", "not a file inside"], watch=[path])
+
+
+# ----------------------------------------------------------------------------- lucidlm's own lucidlm_config.json
+
+@pytest.mark.parametrize("field, value, names", [
+    ("n_layers", 1000000, ["n_layers", "1000000"]),
+    ("max_seq_len", 4e9, ["max_seq_len", "4000000000"]),
+    ("rope_theta", "abc", ["rope_theta", "'abc'"]),
+    ("n_kv_heads", 3, ["n_heads=4", "n_kv_heads=3"]),
+    ("dropout", 5, ["dropout", "5"]),
+    ("positions", "alibi", ["positions", "'alibi'"]),
+    ("tie_embeddings", "no", ["tie_embeddings", "'no'"]),
+])
+def test_lucidlm_config_json_field(tmp_path, field, value, names):
+    from lucidlm.weights.checkpoint import save_model
+
+    path = save_model(Transformer(preset("llama", **TINY)), tmp_path / "model")
+    config = json.loads((path / "lucidlm_config.json").read_text())
+    (path / "lucidlm_config.json").write_text(json.dumps({**config, field: value}))
+    api_refused(lambda: lucidlm.load(path), ConfigError, names=names + ["lucidlm_config\\.json"], watch=[path])

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from lucidlm import pretrained, pretrained_parts, staging
 from lucidlm.config import preset
-from lucidlm.errors import LucidLMError, WeightsError
+from lucidlm.errors import CheckpointError, LucidLMError, WeightsError
 from lucidlm.model.transformer import Transformer
 from lucidlm.weights import integrity
 from lucidlm.weights.checkpoint import load_model, save_model
@@ -190,6 +190,14 @@ def test_saved_model_with_flipped_bytes_is_refused_naming_the_file(tmp_path):
         api_refused(lambda: load_model(work), WeightsError,
                     names=[str(work / "model.safetensors"), digest, actual, "re-save"], watch=[work])
     refused("generate", "--model", str(work), "hi", names=["model.safetensors", "SHA-256", "re-save"], watch=[work])
+
+
+@pytest.mark.parametrize("text", ["not json", "[1]", '{"sha256": []}', '{"sha256": {"model.safetensors": "abc"}}',
+                                  '{"sha256": {"../model.safetensors": "%s"}}' % ("0" * 64), '{"sha256": {"x": 5}}'])
+def test_a_broken_checksum_file_is_named(tmp_path, text):
+    save_model(tiny_model(), tmp_path)
+    (tmp_path / "checksums.json").write_text(text)
+    api_refused(lambda: load_model(tmp_path), CheckpointError, names=[r"checksums\.json"], watch=[tmp_path])
 
 
 def test_gguf_without_checksum_loads_or_refuses_cleanly_after_flips(tmp_path):

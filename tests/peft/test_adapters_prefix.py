@@ -172,7 +172,7 @@ def test_prefix_with_padding_and_generation_cache():
 
 
 def test_prefix_errors():
-    with pytest.raises(AdapterError, match="length=0"):
+    with pytest.raises(AdapterError, match="field 'length' is 0; expected a value between 1 and"):
         add_prefix(tiny_model(), length=0)
     with pytest.raises(AdapterError, match="no prefix to freeze"):
         freeze_prefix(tiny_model())

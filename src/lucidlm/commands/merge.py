@@ -11,6 +11,7 @@ import torch
 
 from lucidlm.errors import AdapterError, LucidLMError
 from lucidlm.outputs import check_output_dir, writing
+from lucidlm.weights.finite import check_finite
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FORMATS = ("lucidlm", "hf")
@@ -67,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
         merged = model(probe)
     drift = float((with_adapter - merged).abs().max())
     model = model.to(DTYPES[args.dtype])
+    # Finite adapters can still overflow: W + scale * B @ A past float32's (or float16's) range.
+    # A NaN/inf model must never be written as if the merge had worked.
+    check_finite(dict(model.named_parameters()), f"merging {args.adapter} into {args.model or 'smollm2-135m'}",
+                 AdapterError, f"Nothing was written to {out_dir}. The adapter's update overflows {args.dtype}: "
+                               f"check the adapter (a diverged training run?) or merge to float32.")
     with writing(out_dir, "--out"):
         if args.to_format == "hf":
             from lucidlm.weights.hf import save_hf

@@ -34,7 +34,7 @@ from jinja2.utils import Namespace
 
 MAX_SECONDS = 5.0        # a real template renders in milliseconds
 MAX_CHARS = 1 << 24      # characters (or list items) one value or the whole output may reach
-MAX_ITEMS = 1 << 20      # items a filter's generator may produce (``slice(10**9)|list``)
+MAX_ITEMS = 1 << 17      # items a filter's generator may produce (``slice(10**9)|list``), above MAX_RANGE
 MAX_DEPTH = 64           # nested calls: macros, recursive loops, caller()
 MAX_INT_BITS = 1 << 16   # ``**`` and ``*`` on integers
 MAX_TEMPLATE_CHARS = 1 << 20  # the template's own source (real ones are a few KB)
@@ -138,10 +138,17 @@ def _check_binop(operator: str, left: Any, right: Any) -> None:
     elif operator == "+" and not isinstance(left, numbers):
         check_size(weight(left) + weight(right), "a joined string or list")
     elif operator == "%" and isinstance(left, str):
-        for width, precision in _PERCENT_SPEC.findall(left):
-            _check_width(width, "a %-format width")
-            _check_width(precision, "a %-format precision")
-        check_size(len(left) + weight(right), "a %-formatted string")
+        _check_percent_format(left, right)
+
+
+def _check_percent_format(text: str, args: Any) -> None:
+    """``text % args``: no width from the arguments or beyond the limit, and each conversion
+    may show all of ``args`` (``%(a)s`` can repeat one big value)."""
+    specs = _PERCENT_SPEC.findall(text)
+    for width, precision in specs:
+        _check_width(width, "a %-format width")
+        _check_width(precision, "a %-format precision")
+    check_size(len(text) + max(len(specs), 1) * weight(args), "a %-formatted string")
 
 
 def _check_width(number: str, what: str) -> None:
@@ -152,24 +159,46 @@ def _check_width(number: str, what: str) -> None:
 
 
 def _check_format_string(text: str, args: tuple, kwargs: dict) -> None:
-    """``str.format``: widths in the format specs, and what the arguments would render as."""
+    """``str.format``: widths in the format specs, and each field may show all the arguments
+    (``{0}{0}{0}`` repeats one)."""
+    fields = 0
     for _, field, spec, _ in Formatter().parse(text):
         if spec and "{" in spec:
             raise TemplateProblem("uses a nested {...} inside a format spec, which chat templates may not")
         for number in re.findall(r"\d+", spec or ""):
             _check_width(number, "a format width")
-    check_size(len(text) + weight(list(args)) + weight(kwargs), "a formatted string")
+        fields += field is not None
+    check_size(len(text) + fields * (weight(list(args)) + weight(kwargs)), "a formatted string")
+
+
+def _replace_size(text: str, old: Any, new: Any, count: Any = -1) -> int:
+    if not (isinstance(old, str) and isinstance(new, str)):
+        return len(text)  # str.replace refuses them itself
+    hits = text.count(old) if old else len(text) + 1
+    if isinstance(count, int) and count >= 0:
+        hits = min(hits, count)
+    return len(text) + hits * max(len(new) - len(old), 0)
+
+
+def _join_size(separator: Any, items: Any) -> int:
+    """``separator`` between ``items``; an iterator of unknown length counts as ``MAX_ITEMS``."""
+    n = len(items) if isinstance(items, (str, list, tuple, dict, set, frozenset)) else MAX_ITEMS
+    return weight(items) + len(str(separator)) * max(n - 1, 0)
 
 
 def _check_str_method(text: str, name: str, args: tuple, kwargs: dict) -> None:
+    """The string methods that can build more than they are given, checked before they run."""
     if name in _WIDTH_METHODS and args and isinstance(args[0], int):
         _check_width(str(max(args[0], 0)), f"a width in .{name}()")
     elif name == "expandtabs":
-        size = args[0] if args and isinstance(args[0], int) else 8
-        check_size(len(text) + text.count("\t") * max(size, 0), "an expanded string")
-    else:  # replace/join/translate...: each character may become all of the arguments
-        extra = weight(list(args)) + weight(kwargs)
-        check_size(len(text) * (1 + extra) + extra, f"a string with .{name}()")
+        size = args[0] if args and isinstance(args[0], int) else kwargs.get("tabsize", 8)
+        check_size(len(text) + text.count("\t") * (size if isinstance(size, int) else 0), "an expanded string")
+    elif name == "replace" and len(args) >= 2:
+        check_size(_replace_size(text, *args[:3]), "a string with .replace()")
+    elif name == "join" and args:
+        check_size(_join_size(text, args[0]), "a string with .join()")
+    elif name == "translate":  # each character may become the longest replacement
+        check_size(len(text) * max(weight(list(args)), 1), "a string with .translate()")
 
 
 def _filter_estimate(name: str, value: Any, args: tuple, kwargs: dict) -> int:
@@ -178,19 +207,24 @@ def _filter_estimate(name: str, value: Any, args: tuple, kwargs: dict) -> int:
         return args[i] if len(args) > i else kwargs.get(key, default)
 
     size = weight(value)
+    text = value if isinstance(value, str) else ""
     if name == "center":
         width = arg(0, "width", 80)
         return max(size, width if isinstance(width, int) else MAX_CHARS + 1)
     if name == "indent":
         width = arg(0, "width", 4)
         width = len(width) if isinstance(width, str) else width if isinstance(width, int) else MAX_CHARS + 1
-        lines = str(value).count("\n") + 1 if size <= MAX_CHARS else 1
-        return size + lines * max(width, 0)
+        return size + (text.count("\n") + 1) * max(width, 0)
+    if name == "replace" and isinstance(value, str):
+        return _replace_size(value, arg(0, "old", ""), arg(1, "new", ""), arg(2, "count", -1))
+    if name == "wordwrap":
+        width, wrap = arg(0, "width", 79), arg(2, "wrapstring", None) or "\n"
+        lines = size // width + 1 if isinstance(width, int) and width > 0 else size + 1
+        return size + lines * weight(wrap)
+    if name == "join":
+        return _join_size(arg(0, "d", ""), value)
     if name == "format" and isinstance(value, str):
-        _check_binop("%", value, list(args) + list(kwargs.values()))
-    if name in ("wordwrap", "replace", "join", "format"):
-        extra = weight(list(args)) + weight(kwargs)
-        return size * (1 + extra) + extra
+        _check_percent_format(value, list(args) + list(kwargs.values()))
     return size
 
 
@@ -251,9 +285,11 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             raise TemplateProblem(f"nests calls more than {MAX_DEPTH} deep (a macro that calls itself?)")
         _state.depth += 1
         try:
-            return super().call(__context, __obj, *args, **kwargs)
+            result = super().call(__context, __obj, *args, **kwargs)
         finally:
             _state.depth -= 1
+        check_size(weight(result), "a value from a call")
+        return result
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         tick()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -31,7 +32,9 @@ from lucidlm.peft.lora import (_as_lora, adapter_names, freeze_base, linear_modu
                                set_adapter)
 from lucidlm.peft.gpt2_names import from_gpt2_peft, gpt2_module_name, is_gpt2, tie_fused_qkv, to_gpt2_peft
 from lucidlm.peft.peft_format import (PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, from_peft_tensors, hf_module_name,
-                                      module_scaling, peft_config, read_peft_config, to_peft_tensors)
+                                      module_rank, module_scaling, peft_config, read_peft_config, to_peft_tensors)
+from lucidlm.validation import MAX_CONTEXT, MAX_WIDTH, Fields, read_json_object
+from lucidlm.weights.finite import check_finite
 
 _llama_module_name = hf_module_name
 from lucidlm.weights.checkpoint import atomic_save_safetensors, atomic_write_text
@@ -139,16 +142,35 @@ def _trained_norms(model: nn.Module) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------------------------------
 
 def read_meta(directory: Path) -> Optional[dict[str, Any]]:
-    path = directory / META_NAME
-    if not path.is_file():
+    """lucidlm_adapter.json (None when absent), its method and settings checked for type and
+    range; the sizes that depend on the base model are checked again when it is applied."""
+    fields = meta_fields(directory)
+    if fields is None:
         return None
-    try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise AdapterError(f"{path} is not valid JSON ({exc}).") from None
-    if meta.get("method") not in METHODS:
-        raise AdapterError(f"{path}: unknown method {meta.get('method')!r}; expected one of {', '.join(METHODS)}.")
+    meta = dict(fields.data)
+    meta["method"] = fields.str("method", choices=METHODS)
+    meta["base"] = dict(fields.object("base", default={}).data)
+    if meta["method"] == "adapter":
+        meta.update(bottleneck=fields.int("bottleneck", low=1, high=MAX_WIDTH),
+                    nonlinearity=fields.str("nonlinearity", default="gelu", choices=tuple(adapters.NONLINEARITIES)),
+                    train_norms=fields.bool("train_norms", default=False))
+    elif meta["method"] == "prefix":
+        meta.update(length=fields.int("length", low=1, high=MAX_CONTEXT),
+                    hidden=fields.int("hidden", default=None, low=1, high=MAX_WIDTH),
+                    frozen=fields.bool("frozen", default=False))
+    elif meta.get("adapter_name") is not None:
+        fields.str("adapter_name")
     return meta
+
+
+def meta_fields(directory: Path) -> Optional[Fields]:
+    path = directory / META_NAME
+    if not path.exists():
+        return None
+    return read_json_object(path, AdapterError, "lucidlm adapter file", fix=_FIX)
+
+
+_FIX = "fix it or save the adapter again (lucidlm finetune)"
 
 
 def load_adapter(model: nn.Module, directory: str | Path, name: str = "default",
@@ -179,9 +201,13 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise AdapterError(f"{path} is missing; the adapter directory is incomplete.")
     try:
-        return load_file(path)
+        tensors = load_file(path)
     except (SafetensorError, OSError, ValueError) as exc:
         raise AdapterError(f"{path} cannot be read ({exc}); the file is truncated or corrupted.") from None
+    # A NaN in an adapter never fails later: it silently turns every output (or a merge) into NaN.
+    check_finite(tensors, path, AdapterError, "The adapter is damaged or comes from a diverged training run; "
+                                              "train it again or use an earlier checkpoint.")
+    return tensors
 
 
 def _warn_if_other_base(model: nn.Module, meta: dict[str, Any], directory: Path) -> None:
@@ -200,6 +226,7 @@ def _load_lora(model: nn.Module, directory: Path, config: dict[str, Any], tensor
     if gpt2:
         modules = from_gpt2_peft(model, modules, source)
     known = set(linear_module_names(model))
+    _check_targets(config, {hf_module_name(n) for n in known}, directory / PEFT_CONFIG_NAME, model)
     for module, parts in modules.items():  # check everything before changing the model
         peft_key = f"base_model.model.{hf_module_name(module)}.lora_A.weight"
         if module not in known:
@@ -209,15 +236,19 @@ def _load_lora(model: nn.Module, directory: Path, config: dict[str, Any], tensor
                                f"the adapter belongs to a different base model.")
         linear = model.get_submodule(module)
         A, B = parts["lora_A"], parts["lora_B"]
-        r = A.shape[0]
+        r = module_rank(config, hf_module_name(module))  # adapter_config.json's r (or rank_pattern)
         for part, found, needed in (("lora_A", A, (r, linear.in_features)), ("lora_B", B, (linear.out_features, r))):
-            if A.ndim != 2 or B.ndim != 2 or tuple(found.shape) != needed:
+            if tuple(found.shape) != needed:
                 key = f"base_model.model.{hf_module_name(module)}.{part}.weight"
+                feature_dim = 1 if part == "lora_A" else 0  # A is (r, in), B is (out, r)
+                fits_layer = found.ndim == 2 and found.shape[feature_dim] == needed[feature_dim]
+                why = (f"its rank differs from r={r} in adapter_config.json" if fits_layer
+                       else "the adapter belongs to a different base model")
                 raise AdapterError(f"{source}: tensor {key!r} has shape {tuple(found.shape)} but {module} of this "
-                                   f"model needs {needed}; the adapter belongs to a different base model.")
+                                   f"model needs {needed}; {why}.")
     if name in adapter_names(model):
         raise AdapterError(f"the model already has a LoRA adapter named {name!r}; load this one under another name.")
-    dropout = float(config.get("lora_dropout", 0.0))
+    dropout = config["lora_dropout"]
     for module, parts in modules.items():
         A, B = parts["lora_A"], parts["lora_B"]
         layer = _as_lora(model, module)
@@ -232,12 +263,32 @@ def _load_lora(model: nn.Module, directory: Path, config: dict[str, Any], tensor
     set_adapter(model, name)
 
 
+def _check_targets(config: dict[str, Any], modules: set[str], path: Path, model: nn.Module) -> None:
+    """Each of target_modules must name a linear layer of this model (PEFT's rule: a list entry
+    is a full name or a name suffix, a string is a regex over full names), as PEFT requires."""
+    targets = config.get("target_modules")
+    if targets is None or targets == "all-linear":
+        return
+    entries = [targets] if isinstance(targets, str) else targets
+    for entry in entries:
+        if isinstance(targets, str):
+            found = any(re.fullmatch(entry, name) for name in modules)
+        else:
+            found = any(name == entry or name.endswith("." + entry) for name in modules)
+        if not found:
+            suffixes = sorted({n.rsplit(".", 1)[-1] for n in modules})
+            raise AdapterError(f"{path}: target_modules entry {entry!r} matches no linear layer of this model (its "
+                               f"layers: {', '.join(suffixes)}, in {model.config.n_layers} blocks); the adapter "
+                               f"belongs to a different base model or its config is wrong.")
+
+
 def _load_bottleneck(model: nn.Module, directory: Path, tensors: dict[str, torch.Tensor],
                      meta: dict[str, Any]) -> None:
     source = str(directory / PEFT_WEIGHTS_NAME)
     norms = {k[len("norms."):]: v for k, v in tensors.items() if k.startswith("norms.")}
     adapter_tensors = {k: v for k, v in tensors.items() if not k.startswith("norms.")}
-    adapters.add_adapters(model, int(meta["bottleneck"]), meta.get("nonlinearity", "gelu"))
+    meta_fields(directory).int("bottleneck", low=1, high=model.config.d_model)  # names the file and the field
+    adapters.add_adapters(model, meta["bottleneck"], meta["nonlinearity"])
     try:
         adapters.load_adapters_state(model, adapter_tensors, source)
         params = dict(model.named_parameters())
@@ -253,8 +304,7 @@ def _load_bottleneck(model: nn.Module, directory: Path, tensors: dict[str, torch
 
 def _load_prefix(model: nn.Module, directory: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
     source = str(directory / PEFT_WEIGHTS_NAME)
-    length = int(meta["length"])
-    encoder = prefix.add_prefix(model, length, hidden=meta.get("hidden") or None)
+    encoder = prefix.add_prefix(model, meta["length"], hidden=meta["hidden"], source=str(directory / META_NAME))
     if meta.get("frozen"):
         encoder.freeze()
     try:

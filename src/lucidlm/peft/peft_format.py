@@ -11,12 +11,13 @@ HF LLaMA module names map to ours one to one:
 
 from __future__ import annotations
 
-import json
+import functools
 import re
 from pathlib import Path
 from typing import Any, Optional
 
 from lucidlm.errors import AdapterError
+from lucidlm.validation import MAX_WIDTH, Fields, read_json_object
 
 PEFT_CONFIG_NAME = "adapter_config.json"
 PEFT_WEIGHTS_NAME = "adapter_model.safetensors"
@@ -88,32 +89,87 @@ def peft_config(r: int, alpha: float, dropout: float, targets: list[str],
 
 
 def read_peft_config(directory: Path) -> dict[str, Any]:
+    """adapter_config.json, every field lucidlm uses checked for type and range (and each
+    rank/alpha pattern compiled) before any tensor is read; AdapterError naming the field."""
     path = directory / PEFT_CONFIG_NAME
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.is_file() and not path.is_dir():
         raise AdapterError(f"{path} does not exist; an adapter directory needs {PEFT_CONFIG_NAME} and "
-                           f"{PEFT_WEIGHTS_NAME} (as written by lucidlm finetune or PEFT's save_pretrained).") from None
-    except json.JSONDecodeError as exc:
-        raise AdapterError(f"{path} is not valid JSON ({exc}).") from None
-    if config.get("peft_type") != "LORA":
-        raise AdapterError(f"{path}: peft_type is {config.get('peft_type')!r}; lucidlm reads PEFT files of "
-                           f"peft_type 'LORA' only.")
+                           f"{PEFT_WEIGHTS_NAME} (as written by lucidlm finetune or PEFT's save_pretrained).")
+    fields = read_json_object(path, AdapterError, "PEFT adapter config", fix=_FIX)
+    peft_type = fields.raw("peft_type", None)
+    if peft_type != "LORA":
+        raise AdapterError(f"{path}: peft_type is {peft_type!r}; lucidlm reads PEFT files of peft_type 'LORA' only.")
     for field, what in _UNSUPPORTED.items():
-        if config.get(field):
-            raise AdapterError(f"{path}: {what} ({field}={config[field]!r}) is not supported; lucidlm reads "
+        if fields.raw(field, None) not in (None, False, [], {}, ""):
+            raise AdapterError(f"{path}: {what} ({field}={fields.data[field]!r}) is not supported; lucidlm reads "
                                f"plain LoRA adapters.")
-    if config.get("bias", "none") != "none":
-        raise AdapterError(f"{path}: bias={config['bias']!r} trains base biases too; lucidlm reads bias='none' only.")
+    bias = fields.str("bias", default="none")
+    if bias != "none":
+        raise AdapterError(f"{path}: bias={bias!r} trains base biases too; lucidlm reads bias='none' only.")
+    config = dict(fields.data)
+    config.update(
+        r=fields.int("r", default=8, low=1, high=MAX_WIDTH),
+        lora_alpha=fields.float("lora_alpha", default=8.0),
+        lora_dropout=fields.float("lora_dropout", default=0.0, low=0.0, high=1.0, high_open=True),
+        use_rslora=fields.bool("use_rslora", default=False),
+        fan_in_fan_out=fields.bool("fan_in_fan_out", default=False),
+        target_modules=_target_modules(fields),
+        rank_pattern=_patterns(fields, "rank_pattern", lambda f, key: f.int(key, low=1, high=MAX_WIDTH)),
+        alpha_pattern=_patterns(fields, "alpha_pattern", lambda f, key: f.float(key)),
+    )
     return config
+
+
+_FIX = "fix the adapter config or save the adapter again (lucidlm finetune, or PEFT's save_pretrained)"
+
+
+def _target_modules(fields: Fields) -> Optional[str | list[str]]:
+    """PEFT allows a list of module names or one regular expression over full names."""
+    value = fields.raw("target_modules", None)
+    if value is None or isinstance(value, str) and value == "all-linear":
+        return value
+    if isinstance(value, str):
+        _compile(fields, "target_modules", value)
+        return value
+    return fields.list("target_modules", item=str)
+
+
+def _patterns(fields: Fields, key: str, value_of) -> dict[str, Any]:
+    """``{regex: value}`` of rank_pattern / alpha_pattern, each regex compiled as PEFT matches it."""
+    patterns = fields.object(key, default={})
+    for name in patterns.data:
+        _compile(fields, f"{key}[{name!r}]", name)
+    return {name: value_of(patterns, name) for name in patterns.data}
+
+
+@functools.lru_cache(maxsize=256)
+def _boundary_regex(pattern: str) -> re.Pattern:
+    return re.compile(rf"(.*\.)?({pattern})$")  # PEFT's get_pattern_key: a match at a name boundary
+
+
+def _compile(fields: Fields, where: str, pattern: str) -> None:
+    try:
+        _boundary_regex(pattern)
+    except (re.error, RecursionError, OverflowError) as exc:
+        fields.fail(f"{where}: {pattern!r} is not a valid regular expression ({exc})")
+
+
+def module_pattern(config: dict[str, Any], key: str, hf_name: str, default: Any) -> Any:
+    """The value of ``config[key]`` (rank_pattern / alpha_pattern) for one module, else ``default``."""
+    for pattern, value in (config.get(key) or {}).items():
+        if _boundary_regex(pattern).match(hf_name):
+            return value
+    return default
 
 
 def module_alpha(config: dict[str, Any], hf_name: str) -> float:
     """lora_alpha for one module, honouring PEFT's alpha_pattern (key matched at a name boundary)."""
-    for key, alpha in (config.get("alpha_pattern") or {}).items():
-        if re.match(rf"(.*\.)?{key}$", hf_name):
-            return float(alpha)
-    return float(config.get("lora_alpha", 8))
+    return float(module_pattern(config, "alpha_pattern", hf_name, config.get("lora_alpha", 8)))
+
+
+def module_rank(config: dict[str, Any], hf_name: str) -> int:
+    """r for one module, honouring PEFT's rank_pattern."""
+    return int(module_pattern(config, "rank_pattern", hf_name, config.get("r", 8)))
 
 
 def module_scaling(config: dict[str, Any], hf_name: str, r: int) -> float:

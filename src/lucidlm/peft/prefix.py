@@ -24,6 +24,7 @@ from torch import nn
 
 from lucidlm.errors import AdapterError
 from lucidlm.peft.lora import freeze_base
+from lucidlm.validation import MAX_CONTEXT, MAX_WIDTH, Fields, check_allocation
 
 
 class PrefixEncoder(nn.Module):
@@ -80,19 +81,24 @@ def prefix_encoder(model: nn.Module) -> Optional[PrefixEncoder]:
     return getattr(model, "prefix_encoder", None)
 
 
-def add_prefix(model: nn.Module, length: int = 16, hidden: Optional[int] = None) -> PrefixEncoder:
+def add_prefix(model: nn.Module, length: int = 16, hidden: Optional[int] = None,
+               source: str = "add_prefix") -> PrefixEncoder:
     """Give every attention layer ``length`` trainable prefix keys/values (through an MLP of
-    width ``hidden``, default d_model) and freeze the rest of the model."""
+    width ``hidden``, default d_model) and freeze the rest of the model. ``source`` names
+    where the sizes came from in errors (an adapter file)."""
     if getattr(model, "blocks", None) is None:
         raise AdapterError("prefix tuning needs a lucidlm Transformer (a model with .blocks).")
-    if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
-        raise AdapterError(f"prefix length={length!r} must be a positive integer (typical: 10-30).")
+    cfg = model.config
+    sizes = Fields({"length": length, "hidden": hidden}, source, AdapterError, fix="give a prefix length of typically 10-30 and a positive hidden size")
+    length = sizes.int("length", low=1, high=MAX_CONTEXT)
+    hidden = sizes.int("hidden", default=None, low=1, high=MAX_WIDTH) or cfg.d_model
     if prefix_encoder(model) is not None:
         raise AdapterError("the model already has a prefix; load a fresh base model to add a new one.")
-    cfg = model.config
-    hidden = hidden or cfg.d_model
-    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0:
-        raise AdapterError(f"prefix hidden size={hidden!r} must be a positive integer.")
+    # tokens + MLP (what trains) or keys/values (frozen): refuse before allocating either
+    count = prefix_parameter_count(cfg.d_model, cfg.n_layers, cfg.n_kv_heads * cfg.head_dim, length, hidden)
+    check_allocation(count * model.embed.weight.element_size(),
+                     f"{source}: a prefix of length={length} (hidden={hidden}) for {cfg.n_layers} layers",
+                     AdapterError, "use a shorter prefix (typical: 10-30 tokens)")
     freeze_base(model)
     encoder = PrefixEncoder(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.d_model, length, hidden)
     model.add_module("prefix_encoder", encoder.to(model.embed.weight.device, model.embed.weight.dtype))

@@ -152,7 +152,7 @@ class HFTokenizer(Tokenizer):
         if template is not None and not isinstance(template, str):
             raise TokenizerError(f"{source}: tokenizer.chat_template is {type(template).__name__}, not a string; "
                                  f"the file is corrupted. Convert the model again.")
-        tokenizer = cls(backend, add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)),
+        tokenizer = cls(backend, add_bos=checked.bool("tokenizer.ggml.add_bos_token", default=False),
                         bos_token=token_for("bos_token_id"), eos_token=token_for("eos_token_id"),
                         pad_token=token_for("padding_token_id"), unk_token=token_for("unknown_token_id"),
                         chat_template=template)
@@ -366,12 +366,17 @@ def _byte_level_backend(tokens: list[str], merges: list[str], source: str) -> tu
         # Control tokens may be stored in plain UTF-8; BPE looks tokens up in byte spelling.
         spelled = token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8"))
         vocab.setdefault(spelled, index)
+    pairs = [tuple(m.split(" ")) for m in merges]
+    for index, pair in enumerate(pairs):
+        if len(pair) != 2 or not all(pair):
+            raise TokenizerError(f"{source}: tokenizer.ggml.merges[{index}] is {merges[index][:60]!r}, not two tokens "
+                                 f"separated by one space; the file is corrupted. Convert the model again.")
     try:
-        pairs = [tuple(m.split(" ")) for m in merges]
         backend = Backend(BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="",
                               end_of_word_suffix="", fuse_unk=False))
     except Exception as exc:  # the Rust side rejects merges naming unknown tokens
-        raise TokenizerError(f"{source}: the vocabulary and merges do not form a BPE tokenizer ({exc}).") from None
+        detail = " ".join(str(exc).split())[:160]
+        raise TokenizerError(f"{source}: the vocabulary and merges do not form a BPE tokenizer ({detail}).") from None
     return backend, vocab
 
 

@@ -28,6 +28,7 @@ from lucidlm.training import checkpoint as ckpt
 from lucidlm.training.distributed import DistributedContext, barrier
 from lucidlm.training.resume_checks import DAMAGED, check_optimizer_state
 from lucidlm.weights.checkpoint import CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME
+from lucidlm.weights.finite import check_finite
 
 TRAINABLE_NAME = "trainable.safetensors"
 
@@ -132,6 +133,7 @@ class Checkpointer:
             tensors = load_file(str(source))
         except (SafetensorError, OSError) as exc:
             raise CheckpointError(f"{source} cannot be read ({exc}); {DAMAGED}.") from None
+        check_finite(tensors, source)  # a NaN weight would only train on as NaN
         self._load_weights(tensors, source)
         load_optimizer_state(self.model, self.optimizer, directory / ckpt.OPTIMIZER_NAME, self.ctx, state)
         trainer.load_state_dict(state)

@@ -100,7 +100,8 @@ def verify_checksums(directory: Path) -> None:
         if Path(name).name != name or name.startswith(".") or len(digest) != 64:
             raise CheckpointError(f"{path}: entry {name!r}: {digest!r} is not a file name and a SHA-256; {fix}.")
         if (directory / name).is_file():
-            verify_sha256(directory / name, digest, fix[0].upper() + fix[1:] + ".")
+            verify_sha256(directory / name, digest, f"Re-save the model, restore it from a good copy, or, if you "
+                                                    f"changed the file on purpose, delete {path.name}.")
 
 
 def load_model(directory: str | Path, dtype: torch.dtype = torch.float32,

@@ -12,19 +12,22 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Mapping, Union
+from typing import Mapping, Type, Union
 
 import numpy as np
 import torch
 
-from lucidlm.errors import WeightsError
+from lucidlm.errors import LucidLMError, WeightsError
 
 FIX = "The file is damaged or was saved from a diverged run; re-download, re-convert or re-save it from a good copy."
 
 
 class FiniteCheck:
-    def __init__(self, source: Union[str, Path]) -> None:
-        self.source = str(source)
+    """``error`` and ``fix`` say what a refusal raises and advises (an adapter file raises
+    AdapterError; a merged model says nothing was written)."""
+
+    def __init__(self, source: Union[str, Path], error: Type[LucidLMError] = WeightsError, fix: str = FIX) -> None:
+        self.source, self.error, self.fix = str(source), error, fix
         self._queued: list[tuple[str, torch.Tensor, str]] = []
         self._flags: list[torch.Tensor] = []
 
@@ -58,13 +61,14 @@ class FiniteCheck:
             flags = [bool(f) for f in self._flags]
         for ok, (name, values, what) in zip(flags, self._queued):
             if not ok:
-                raise WeightsError(f"{self.source}: tensor {name!r} holds {_count(values)} {what}. {FIX}")
+                raise self.error(f"{self.source}: tensor {name!r} holds {_count(values)} {what}. {self.fix}")
         self._queued.clear()
         self._flags.clear()
 
 
-def check_finite(tensors: Mapping[str, torch.Tensor], source: Union[str, Path]) -> None:
-    FiniteCheck(source).add_all(tensors).verify()
+def check_finite(tensors: Mapping[str, torch.Tensor], source: Union[str, Path],
+                 error: Type[LucidLMError] = WeightsError, fix: str = FIX) -> None:
+    FiniteCheck(source, error, fix).add_all(tensors).verify()
 
 
 def _count(values: torch.Tensor) -> str:

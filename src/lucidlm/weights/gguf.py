@@ -27,38 +27,16 @@ import numpy as np
 import torch
 
 from lucidlm.config import ModelConfig
-from lucidlm.errors import GGUFError, MissingTensorError, ShapeMismatchError, UnsupportedArchitectureError
+from lucidlm.errors import GGUFError
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
-from lucidlm.validation import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, Fields, check_allocation
 from lucidlm.weights.finite import FiniteCheck
+from lucidlm.weights.gguf_config import SUPPORTED_ARCHITECTURES, config_from_metadata, fit_to_tensors  # noqa: F401
+from lucidlm.weights.gguf_families import FAMILIES, gguf_tensors_check_name, our_name
 from lucidlm.weights.gguf_quants import EXACT, exact_float, exact_plain, finite_parts, native_scheme, plain_from_float
 from lucidlm.weights.state import load_into
 
 GGUF_MAGIC = b"GGUF"
-from lucidlm.weights.gguf_families import FAMILIES  # noqa: E402 - per-architecture data
-
-SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
-FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
-
-# Our name for each per-layer GGUF tensor (blk.N.<gguf> -> blocks.N.<ours>).
-LAYER_TENSORS = {
-    "attn_norm.weight": "ln1.weight",
-    "attn_q.weight": "attn.q_proj.weight",
-    "attn_k.weight": "attn.k_proj.weight",
-    "attn_v.weight": "attn.v_proj.weight",
-    "attn_output.weight": "attn.o_proj.weight",
-    "ffn_norm.weight": "ln2.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-GLOBAL_TENSORS = {
-    "token_embd.weight": "embed.weight",
-    "output_norm.weight": "ln_final.weight",
-    "output.weight": "unembed.weight",
-}
-
 
 @functools.lru_cache(maxsize=None)
 def supported_types() -> tuple[str, ...]:
@@ -123,128 +101,6 @@ def read_metadata(reader: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     return {key: value for key, value in reader.metadata.items() if key not in skip}
 
 
-METADATA_FIX = ("the file's metadata is corrupted or describes a model lucidlm cannot build; download or convert "
-                "the model again")
-
-
-def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
-    """The ModelConfig a GGUF's hyperparameters describe, each checked against sane bounds
-    (validation.py) so that no absurd value reaches an allocation."""
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedArchitectureError(
-            f"{source}: general.architecture={arch!r} is not supported; lucidlm can load GGUF models of "
-            f"architecture {', '.join(SUPPORTED_ARCHITECTURES)}."
-        )
-    prefix = f"{arch}."
-    fields = Fields({k[len(prefix):]: v for k, v in meta.items() if k.startswith(prefix)}, source, GGUFError,
-                    where=arch, fix=METADATA_FIX)
-
-    def fail(problem: str) -> None:
-        raise GGUFError(f"{source}: {problem}. {METADATA_FIX[0].upper()}{METADATA_FIX[1:]}.")
-
-    scaling = fields.raw("rope.scaling.type", "none")
-    if scaling != "none":
-        raise UnsupportedArchitectureError(
-            f"{source}: RoPE scaling {scaling!r} is not implemented in lucidlm; only unscaled RoPE is supported."
-        )
-    d_model = fields.int("embedding_length", low=1, high=MAX_WIDTH)
-    n_heads = fields.int("attention.head_count", low=1, high=MAX_HEADS)
-    n_kv_heads = fields.int("attention.head_count_kv", default=n_heads, low=1, high=n_heads)
-    if n_heads % n_kv_heads:
-        fail(f"{arch}.attention.head_count_kv={n_kv_heads} does not divide {arch}.attention.head_count={n_heads}")
-    rope_dims = fields.int("rope.dimension_count", default=None, low=1, high=MAX_WIDTH)
-    head_dim = fields.int("attention.key_length", default=rope_dims, low=1, high=MAX_WIDTH)
-    if head_dim is None:
-        if d_model % n_heads:
-            fail(f"{arch}.embedding_length={d_model} is not a multiple of {arch}.attention.head_count={n_heads}")
-        head_dim = d_model // n_heads
-    rope_dims = head_dim if rope_dims is None else rope_dims
-    if rope_dims != head_dim:
-        raise UnsupportedArchitectureError(
-            f"{source}: RoPE rotates {rope_dims} of {head_dim} head dimensions (partial rotary), which "
-            f"lucidlm does not implement."
-        )
-    if head_dim % 2 or n_heads * head_dim > MAX_WIDTH:
-        fail(f"{n_heads} heads of {head_dim} dimensions: RoPE needs an even head size, and at most {MAX_WIDTH} in all")
-    tokens = meta.get("tokenizer.ggml.tokens")
-    if tokens is not None and not isinstance(tokens, list):
-        fail(f"tokenizer.ggml.tokens is {type(tokens).__name__}, not a list of strings")
-    vocab = fields.int("vocab_size", default=len(tokens) if tokens else None, low=1, high=MAX_VOCAB)
-    if vocab is None:
-        raise GGUFError(f"{source}: neither {arch}.vocab_size nor tokenizer.ggml.tokens says the vocabulary size.")
-    family_fields = FAMILIES[arch].config_fields(fields, head_dim)
-    settings = dict(
-        name=arch,
-        vocab_size=vocab,
-        d_model=d_model,
-        n_layers=fields.int("block_count", low=1, high=MAX_LAYERS),
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        head_dim=head_dim,
-        d_mlp=fields.int("feed_forward_length", low=1, high=MAX_WIDTH),
-        max_seq_len=fields.int("context_length", default=2048, low=1, high=MAX_CONTEXT),
-        positions="rope",
-        rope_variant="half",  # Q/K rows are un-permuted on load (llama) or never were (gemma)
-        rope_theta=fields.float("rope.freq_base", default=10000.0, low=0.0, low_open=True),
-        norm="rms",
-        norm_eps=fields.float("attention.layer_norm_rms_epsilon", default=1e-5, low=0.0, high=1.0),
-        mlp="swiglu",
-        tie_embeddings=False,  # decided from the tensors by fit_to_tensors
-    )
-    return ModelConfig(**{**settings, **family_fields})
-
-
-def fit_to_tensors(reader: Any, config: ModelConfig, meta: dict[str, Any], source: str, float_weights: bool,
-                   model_cls: type[Transformer] = Transformer) -> ModelConfig:
-    """``config`` with the vocabulary and tied embeddings the tensors have, checked against the
-    file before anything is allocated: the layer count, every tensor's shape (on a model built
-    on the meta device, which holds no memory) and what the model will take in memory."""
-    by_name = {t.name: t for t in reader.tensors}
-    embed = by_name.get("token_embd.weight")
-    if embed is None or len(embed.shape) != 2:
-        raise MissingTensorError(f"{source}: the file has no 2-D token_embd.weight tensor; it is incomplete or "
-                                 f"not a model lucidlm can load.")
-    rows = int(embed.shape[1])  # GGUF order: [d_model, vocab]
-    tokens = meta.get("tokenizer.ggml.tokens") or []
-    if len(tokens) > rows:
-        raise GGUFError(f"{source}: tokenizer.ggml.tokens has {len(tokens)} tokens but token_embd.weight only "
-                        f"{rows} rows, so some token ids would have no embedding. {METADATA_FIX[0].upper()}"
-                        f"{METADATA_FIX[1:]}.")
-    layers = {int(p[1]) for p in (n.split(".", 2) for n in by_name) if p[0] == "blk" and p[1].isdigit()}
-    if layers != set(range(config.n_layers)):
-        found = f"tensors for layers 0..{max(layers)}" if layers else "no layer tensors"
-        raise GGUFError(f"{source}: {config.name}.block_count={config.n_layers} but the file has {found}. "
-                        f"{METADATA_FIX[0].upper()}{METADATA_FIX[1:]}.")
-    config = config.replace(tie_embeddings="output.weight" not in by_name, vocab_size=rows)
-    skeleton = model_cls.empty(config, "meta")
-    expected = {name: tuple(p.shape) for name, p in skeleton.state_dict().items()}
-    family = FAMILIES.get(config.name, FAMILIES["llama"])
-    present = set()
-    for tensor in reader.tensors:
-        ours = _our_name(tensor.name, family.extra_layer_tensors)
-        if ours is None or ours not in expected:
-            gguf_tensors_check_name(tensor, config, source)
-        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        if shape != expected[ours]:
-            raise ShapeMismatchError(f"{source}: tensor {tensor.name!r} has shape {shape}, but the metadata describes "
-                                     f"{expected[ours]}; the metadata and the weights do not belong together.")
-        if len(shape) == 1 and tensor.tensor_type.name not in FLOAT_TYPES:
-            raise GGUFError(f"{source}: vector {tensor.name!r} is stored as {tensor.tensor_type.name}; llama.cpp keeps "
-                            f"1-D tensors (norms) in float, so the file is corrupted. Convert the model again.")
-        present.add(ours)
-    missing = sorted(set(expected) - present - {"unembed.weight"})
-    if missing:
-        raise MissingTensorError(f"{source}: {len(missing)} tensor(s) the model needs are missing, e.g. "
-                                 f"{missing[:3]}; the file is incomplete or for a different architecture.")
-    buffers = sum(b.numel() * b.element_size() for b in skeleton.buffers())  # RoPE tables: from context_length
-    params = sum(p.numel() * 4 for p in skeleton.parameters()) if float_weights else 0
-    check_allocation(buffers + 2 * params, f"{source}: the model its metadata describes", GGUFError,
-                     f"check {config.name}.context_length ({config.max_seq_len}) and the layer sizes, or load it "
-                     f"quantized")
-    return config
-
-
 def dequantize_tensor(tensor: Any, source: str) -> torch.Tensor:
     """One reader tensor as float32, in the (out, in) orientation of its data."""
     from gguf import quants
@@ -272,7 +128,7 @@ def gguf_tensors(reader: Any, config: ModelConfig, source: str,
     out: dict[str, torch.Tensor] = {}
     check = FiniteCheck(source)
     for tensor in items:
-        ours = _our_name(tensor.name, family.extra_layer_tensors)
+        ours = our_name(tensor.name, family.extra_layer_tensors)
         if ours is None:
             gguf_tensors_check_name(tensor, config, source)
         weight = dequantize_tensor(tensor, source)
@@ -315,7 +171,7 @@ def gguf_quantized_tensors(reader: Any, config: ModelConfig, source: str, quanti
     layout: dict[str, dict[str, Any]] = {}
     check = FiniteCheck(source)
     for tensor in reader.tensors:
-        ours = _our_name(tensor.name, family.extra_layer_tensors)
+        ours = our_name(tensor.name, family.extra_layer_tensors)
         if ours is None:
             gguf_tensors_check_name(tensor, config, source)
         if not _queue_finite(check, tensor):  # a type we cannot read scales from: check its floats
@@ -348,26 +204,6 @@ def gguf_quantized_tensors(reader: Any, config: ModelConfig, source: str, quanti
         layout[module] = {"scheme": target[0], "group_size": target[1]}
     check.verify()
     return out, layout
-
-
-def gguf_tensors_check_name(tensor: Any, config: ModelConfig, source: str) -> None:
-    if tensor.name == "rope_freqs.weight":
-        raise UnsupportedArchitectureError(
-            f"{source}: the file carries rope_freqs.weight (Llama 3.1-style RoPE frequency scaling), "
-            f"which lucidlm does not implement."
-        )
-    raise GGUFError(f"{source}: tensor {tensor.name!r} has no place in a {config.name} model; the file "
-                    f"is for a different architecture.")
-
-
-def _our_name(gguf_name: str, extra_layer_tensors: Optional[dict[str, str]] = None) -> Optional[str]:
-    if gguf_name in GLOBAL_TENSORS:
-        return GLOBAL_TENSORS[gguf_name]
-    layer_tensors = {**LAYER_TENSORS, **(extra_layer_tensors or {})}
-    parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_tensors:
-        return f"blocks.{parts[1]}.{layer_tensors[parts[2]]}"
-    return None
 
 
 def tokenizer_from_metadata(meta: dict[str, Any], source: str) -> Any:

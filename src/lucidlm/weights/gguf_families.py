@@ -4,7 +4,8 @@ A GGUF names its family in ``general.architecture`` and stores hyperparameters u
 prefix (``gemma3.embedding_length``). Everything a family needs beyond LLaMA's layout is
 data here: extra tensors, config fields the file does not carry (llama.cpp hard-codes them
 per architecture, and so does transformers' GGUF loader, which is our reference), and
-whether llama.cpp's converter permuted the Q/K rows.
+whether llama.cpp's converter permuted the Q/K rows. The tensor names every family shares
+(``blk.N.attn_q.weight`` -> ``blocks.N.attn.q_proj.weight``) are here too.
 
 Gemma facts (llama.cpp ``convert_hf_to_gguf.py`` / ``src/llama-model.cpp``, transformers
 ``Gemma3TextConfig`` defaults):
@@ -18,7 +19,9 @@ Gemma facts (llama.cpp ``convert_hf_to_gguf.py`` / ``src/llama-model.cpp``, tran
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Optional
+
+from lucidlm.errors import GGUFError, UnsupportedArchitectureError
 
 # GGUF per-layer tensor -> our name below ``blocks.N.``, for tensors beyond LLaMA's set.
 GEMMA_LAYER_TENSORS = {
@@ -53,3 +56,44 @@ FAMILIES: dict[str, GGUFFamily] = {
     "llama": GGUFFamily(permuted_qk=True),
     "gemma3": GGUFFamily(permuted_qk=False, extra_layer_tensors=GEMMA_LAYER_TENSORS, config_fields=_gemma3_fields),
 }
+
+
+# Our name for each per-layer GGUF tensor (blk.N.<gguf> -> blocks.N.<ours>).
+LAYER_TENSORS = {
+    "attn_norm.weight": "ln1.weight",
+    "attn_q.weight": "attn.q_proj.weight",
+    "attn_k.weight": "attn.k_proj.weight",
+    "attn_v.weight": "attn.v_proj.weight",
+    "attn_output.weight": "attn.o_proj.weight",
+    "ffn_norm.weight": "ln2.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+GLOBAL_TENSORS = {
+    "token_embd.weight": "embed.weight",
+    "output_norm.weight": "ln_final.weight",
+    "output.weight": "unembed.weight",
+}
+
+
+def gguf_tensors_check_name(tensor: Any, config: Any, source: str) -> None:
+    """Refuse a tensor that has no place in the model (``our_name`` found none for it)."""
+    if tensor.name == "rope_freqs.weight":
+        raise UnsupportedArchitectureError(
+            f"{source}: the file carries rope_freqs.weight (Llama 3.1-style RoPE frequency scaling), "
+            f"which lucidlm does not implement."
+        )
+    raise GGUFError(f"{source}: tensor {tensor.name!r} has no place in a {config.name} model; the file "
+                    f"is for a different architecture.")
+
+
+def our_name(gguf_name: str, extra_layer_tensors: Optional[dict[str, str]] = None) -> Optional[str]:
+    """Our parameter name for a GGUF tensor name, or None when the model has none for it."""
+    if gguf_name in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[gguf_name]
+    layer_tensors = {**LAYER_TENSORS, **(extra_layer_tensors or {})}
+    parts = gguf_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_tensors:
+        return f"blocks.{parts[1]}.{layer_tensors[parts[2]]}"
+    return None

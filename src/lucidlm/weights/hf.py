@@ -142,11 +142,17 @@ def _llama_fields(hf: Fields) -> tuple[dict[str, Any], dict[str, str]]:
             f"{hf.source}: hidden_act={activation!r} is not supported for LLaMA; lucidlm's SwiGLU uses silu."
         )
     n_heads = hf.int("num_attention_heads", low=1, high=MAX_HEADS)
+    hidden, head_dim = hf.int("hidden_size", low=1, high=MAX_WIDTH), hf.int("head_dim", default=None, low=1, high=MAX_WIDTH)
+    if hidden % n_heads and head_dim is not None and head_dim * n_heads != hidden:
+        # (without head_dim ModelConfig refuses it; with one, heads x head_dim != hidden_size is
+        # legal in transformers, but not with a head count that does not divide hidden_size)
+        hf.fail(f"hidden_size={hidden} is not divisible by num_attention_heads={n_heads}, and "
+                f"num_attention_heads x head_dim={head_dim} is {n_heads * head_dim}, not hidden_size")
     values = dict(
         name="llama", vocab_size=hf.int("vocab_size", low=1, high=MAX_VOCAB),
         d_model=hf.int("hidden_size", low=1, high=MAX_WIDTH),
         n_layers=hf.int("num_hidden_layers", low=1, high=MAX_LAYERS), n_heads=n_heads,
-        n_kv_heads=hf.int("num_key_value_heads", default=n_heads, low=1, high=n_heads),
+        n_kv_heads=hf.int("num_key_value_heads", default=n_heads, low=1, high=MAX_HEADS),
         head_dim=hf.int("head_dim", default=None, low=1, high=MAX_WIDTH),
         d_mlp=hf.int("intermediate_size", low=1, high=MAX_WIDTH),
         max_seq_len=hf.int("max_position_embeddings", default=2048, low=1, high=MAX_CONTEXT),
@@ -251,16 +257,19 @@ def _to_our_names(model: Transformer, family: str, tensors: dict[str, torch.Tens
         tensors = {k if k.startswith("lm_head.") else f"transformer.{k}": v for k, v in tensors.items()}
     with torch.device("meta"):  # shapes only: no memory, no copies
         expected = {name: t.shape for name, t in hf_state_dict(Transformer(model.config)).items()}
+    names = _LLAMA_NAMES if family == "llama" else _GPT2_NAMES
+    sizes = ", ".join(f"{names[k]}={getattr(model.config, k)}" for k in ("vocab_size", "d_model", "n_layers", "n_heads",
+                                                                       "n_kv_heads", "head_dim", "d_mlp") if k in names)
     for name, shape in expected.items():
         if name not in tensors:
             raise MissingTensorError(
                 f"{source}: tensor {name!r} is missing (expected shape {tuple(shape)}); the checkpoint is "
-                f"incomplete or its config.json does not describe it."
+                f"incomplete or its config.json ({sizes}) does not describe it."
             )
         if tuple(tensors[name].shape) != tuple(shape):
             raise ShapeMismatchError(
                 f"{source}: tensor {name!r} has shape {tuple(tensors[name].shape)}, expected {tuple(shape)} "
-                f"from config.json; the weights and the config do not belong together."
+                f"from config.json ({sizes}); the weights and the config do not belong together."
             )
     return _llama_to_ours(model.config, tensors) if family == "llama" else _gpt2_to_ours(model.config, tensors)
 

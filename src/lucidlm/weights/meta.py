@@ -75,7 +75,7 @@ def config_from_params(params: Any, source: str, max_seq_len: int = 8192) -> Mod
     values = dict(
         name="llama", vocab_size=fields.int("vocab_size", low=1, high=MAX_VOCAB), d_model=dim,
         n_layers=fields.int("n_layers", low=1, high=MAX_LAYERS), n_heads=n_heads,
-        n_kv_heads=fields.int("n_kv_heads", default=n_heads, low=1, high=n_heads),
+        n_kv_heads=fields.int("n_kv_heads", default=n_heads, low=1, high=MAX_HEADS),
         max_seq_len=fields.int("max_seq_len", default=max_seq_len, low=1, high=MAX_CONTEXT), positions="rope",
         rope_variant="half", rope_theta=fields.float("rope_theta", default=10000.0, low=0.0, low_open=True),
         norm="rms", norm_eps=fields.float("norm_eps", default=1e-5, low=0.0, high=1.0), mlp="swiglu",
