@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from lucidlm.quantization.base import QuantizedLinear
 
 ROW_TILE = 16  # the CPU packing works on 16 output rows at a time
+TILE_CHUNK = 4096  # rows converted at once (a multiple of the packing's 64-row blocks)
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
@@ -42,6 +43,31 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     """(N, K/2) uint8 -> (N, K) uint8 codes in 0..15."""
     low, high = packed & 0x0F, packed >> 4
     return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)
+
+
+def cpu_tiles(packed: torch.Tensor, pad: int) -> torch.Tensor:
+    """(N, K/2) plain codes -> torch's CPU kernel tiles (N + pad, K/2), padding rows code 8.
+
+    The kernel wants its input as (N, K) int32: 4 bytes per weight where the plain layout has
+    half a byte (113 MB for SmolLM2's embedding). Its packing treats every block of at most
+    64 rows on its own (the vector width times 4), so converting TILE_CHUNK rows at a time
+    (a multiple of 64) gives the same bytes with a bounded int32 copy; a test checks the
+    equality against one call."""
+    N = packed.shape[0]
+    out: Optional[torch.Tensor] = None
+    for start in range(0, N + pad, TILE_CHUNK):
+        stop = min(start + TILE_CHUNK, N + pad)
+        codes = unpack_nibbles(packed[start:min(stop, N)]).to(torch.int32)  # (rows, K)
+        if codes.shape[0] < stop - start:  # the padded tail
+            codes = F.pad(codes, (0, 0, 0, stop - start - codes.shape[0]), value=8)
+        tiles = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # (rows, K/2) uint8
+        if out is None:
+            if stop == N + pad:  # one chunk: no copy
+                return tiles
+            out = torch.empty((N + pad, *tiles.shape[1:]), dtype=tiles.dtype)
+        out[start:stop] = tiles
+    assert out is not None
+    return out
 
 
 class Int4Linear(QuantizedLinear):
@@ -78,11 +104,9 @@ class Int4Linear(QuantizedLinear):
         self.uses_cpu_kernel = packed.device.type == "cpu"
         if self.uses_cpu_kernel:
             pad = -N % ROW_TILE
-            codes = unpack_nibbles(packed).to(torch.int32)  # (N, K)
             if pad:  # padding rows are never read back: the output is sliced to N
-                codes = F.pad(codes, (0, 0, 0, pad), value=8)
                 scales, zeros = F.pad(scales, (0, 0, 0, pad)), F.pad(zeros, (0, 0, 0, pad))
-            self.register_buffer("weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
+            self.register_buffer("weight_int4", cpu_tiles(packed, pad))
             self.register_buffer("scales_and_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).contiguous())
         else:
             self.register_buffer("weight_int4", packed.contiguous())

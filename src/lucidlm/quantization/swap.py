@@ -77,12 +77,12 @@ def quantize(model: nn.Module, scheme: str, group_size: Optional[int] = None, *,
     with torch.no_grad():
         if embeddings and isinstance(embed, nn.Embedding):
             plain = cls.quantize_weight(embed.weight.detach().float(), group_size, compute_dtype)
-            _set(model, "embed", QuantizedEmbedding(cls, plain, embed.embedding_dim, group_size, embed.weight.dtype))
+            set_module(model, "embed", QuantizedEmbedding(cls, plain, embed.embedding_dim, group_size, embed.weight.dtype))
             if tie and "unembed" in linears:
                 bias = linears.pop("unembed").bias
-                _set(model, "unembed", cls.from_plain(plain, embed.embedding_dim, group_size, bias, compute_dtype))
+                set_module(model, "unembed", cls.from_plain(plain, embed.embedding_dim, group_size, bias, compute_dtype))
         for name, linear in linears.items():
-            _set(model, name, cls.from_float(linear, group_size, name, compute_dtype))
+            set_module(model, name, cls.from_float(linear, group_size, name, compute_dtype))
     return model.eval()
 
 
@@ -117,13 +117,13 @@ def install_quantized(model: nn.Module, layout: Mapping[str, Mapping[str, Any]],
         if isinstance(old, (nn.Embedding, QuantizedEmbedding)):
             width = old.embedding_dim
             check_group_size(name, width, group_size, cls.scheme)
-            _set(model, name, QuantizedEmbedding(cls, plain, width, group_size, torch.float32))
+            set_module(model, name, QuantizedEmbedding(cls, plain, width, group_size, torch.float32))
         else:
             bias = tensors.get(f"{name}.bias")
             if bias is not None:
                 used.add(f"{name}.bias")
             check_group_size(name, old.in_features, group_size, cls.scheme)
-            _set(model, name, cls.from_plain(plain, old.in_features, group_size, bias, compute_dtype))
+            set_module(model, name, cls.from_plain(plain, old.in_features, group_size, bias, compute_dtype))
     if "unembed" in layout and "unembed" not in plain_of:
         spec, plain = layout["unembed"], plain_of.get("embed")
         if plain is None or layout.get("embed") != spec:
@@ -132,12 +132,12 @@ def install_quantized(model: nn.Module, layout: Mapping[str, Mapping[str, Any]],
         old = modules["unembed"]
         bias = tensors.get("unembed.bias")
         used.add("unembed.bias")
-        _set(model, "unembed", scheme_class(spec["scheme"]).from_plain(plain, old.in_features, spec["group_size"],
+        set_module(model, "unembed", scheme_class(spec["scheme"]).from_plain(plain, old.in_features, spec["group_size"],
                                                                       bias, compute_dtype))
     return {k: v for k, v in tensors.items() if k not in used}
 
 
-def _set(model: nn.Module, name: str, module: nn.Module) -> None:
+def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, module)

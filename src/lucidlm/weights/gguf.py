@@ -19,41 +19,17 @@ Two layout facts matter:
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import numpy as np
 import torch
 
-from lucidlm.config import ModelConfig
 from lucidlm.errors import GGUFError
-from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
-from lucidlm.weights.finite import FiniteCheck
 from lucidlm.weights.gguf_config import SUPPORTED_ARCHITECTURES, config_from_metadata, fit_to_tensors  # noqa: F401
-from lucidlm.weights.gguf_families import FAMILIES, gguf_tensors_check_name, our_name
-from lucidlm.weights.gguf_quants import EXACT, exact_float, exact_plain, finite_parts, native_scheme, plain_from_float
-from lucidlm.weights.state import load_into
+from lucidlm.weights.gguf_stream import plan, stream_into, supported_types  # noqa: F401 - supported_types: API
 
 GGUF_MAGIC = b"GGUF"
-
-@functools.lru_cache(maxsize=None)
-def supported_types() -> tuple[str, ...]:
-    """Tensor types we can dequantize: whatever ``gguf.quants`` implements (F32, F16, BF16,
-    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, the IQ types, ...), found by trying one block."""
-    import gguf
-    from gguf import quants
-
-    names = []
-    for kind in gguf.GGMLQuantizationType:
-        _, type_size = gguf.GGML_QUANT_SIZES[kind]
-        try:
-            quants.dequantize(np.zeros((1, type_size), dtype=np.uint8), kind)  # one block of zeros
-        except (NotImplementedError, ValueError, TypeError):
-            continue
-        names.append(kind.name)
-    return tuple(names)
 
 
 # --------------------------------------------------------------------------------------- reading
@@ -101,111 +77,6 @@ def read_metadata(reader: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     return {key: value for key, value in reader.metadata.items() if key not in skip}
 
 
-def dequantize_tensor(tensor: Any, source: str) -> torch.Tensor:
-    """One reader tensor as float32, in the (out, in) orientation of its data."""
-    from gguf import quants
-
-    name, kind = tensor.name, tensor.tensor_type
-    if kind.name in EXACT:  # the common types: same numbers as gguf.quants, computed in torch
-        return exact_float(tensor, kind.name)
-    try:
-        array = quants.dequantize(tensor.data, kind)
-    except NotImplementedError:
-        raise GGUFError(
-            f"{source}: tensor {name!r} has type {kind.name}, which lucidlm cannot dequantize. "
-            f"Supported types: {', '.join(supported_types())}. Re-quantize the model to one of these "
-            f"(e.g. llama-quantize ... Q8_0)."
-        ) from None
-    return torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
-
-
-def gguf_tensors(reader: Any, config: ModelConfig, source: str,
-                 progress: Optional[Callable[[Any], Any]] = None) -> dict[str, torch.Tensor]:
-    """All tensors of the file under our names, dequantized to float32 and with Q/K rows in
-    the ``half`` RoPE layout. ``progress`` wraps the tensor list (e.g. ``tqdm``)."""
-    items = reader.tensors if progress is None else progress(reader.tensors)
-    family = FAMILIES.get(config.name, FAMILIES["llama"])
-    out: dict[str, torch.Tensor] = {}
-    check = FiniteCheck(source)
-    for tensor in items:
-        ours = our_name(tensor.name, family.extra_layer_tensors)
-        if ours is None:
-            gguf_tensors_check_name(tensor, config, source)
-        weight = dequantize_tensor(tensor, source)
-        if not _queue_finite(check, tensor):
-            check.add(tensor.name, weight)
-        if not family.permuted_qk:
-            pass  # Q/K rows are already in the half layout
-        elif ours.endswith("q_proj.weight"):
-            weight = permute_qk_to_half(weight, config.n_heads)
-        elif ours.endswith("k_proj.weight"):
-            weight = permute_qk_to_half(weight, config.n_kv_heads)
-        out[ours] = weight
-    check.verify()
-    return out
-
-
-def _queue_finite(check: FiniteCheck, tensor: Any) -> bool:
-    """Queue the check of the values (or block scales) of ``tensor`` from its raw bytes:
-    cheaper than checking the dequantized floats. False for types whose blocks we cannot
-    read; the caller then checks the dequantized values."""
-    parts = finite_parts(tensor)
-    if parts is not None:
-        check.add(tensor.name, *parts)
-    return parts is not None
-
-
-def gguf_quantized_tensors(reader: Any, config: ModelConfig, source: str, quantize: str,
-                           group_size: Optional[int], scale_dtype: torch.dtype,
-                           ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
-    """(tensors, layout) with the matrices kept quantized: ``quantize="gguf"`` keeps each
-    tensor in the nearest lucidlm scheme to its own type (Q8_0 -> int8/32, Q4_0/Q4_1 ->
-    int4/32 exactly); "int8"/"int4" use that scheme everywhere, converting bit for bit where
-    the file's blocks already are that scheme and group size, and through float otherwise.
-    Float tensors (norms) come back as float32 under their names."""
-    from lucidlm.quantization import scheme_class
-    from lucidlm.quantization.base import check_group_size
-
-    family = FAMILIES.get(config.name, FAMILIES["llama"])
-    out: dict[str, torch.Tensor] = {}
-    layout: dict[str, dict[str, Any]] = {}
-    check = FiniteCheck(source)
-    for tensor in reader.tensors:
-        ours = our_name(tensor.name, family.extra_layer_tensors)
-        if ours is None:
-            gguf_tensors_check_name(tensor, config, source)
-        if not _queue_finite(check, tensor):  # a type we cannot read scales from: check its floats
-            check.add(tensor.name, dequantize_tensor(tensor, source))
-        kind = tensor.tensor_type.name
-        module = ours[: -len(".weight")]
-        is_matrix = len(tensor.shape) == 2  # norms (and Gemma's QK-norms) are vectors and stay float
-        if not is_matrix:
-            out[ours] = dequantize_tensor(tensor, source)
-            continue
-        if quantize == "gguf":
-            target = native_scheme(kind)
-        else:
-            target = (quantize, scheme_class(quantize).default_group_size if group_size is None else group_size)
-        if target is None:
-            out[ours] = dequantize_tensor(tensor, source)
-            continue
-        check_group_size(module, int(tensor.shape[0]), target[1], target[0])  # GGUF shape: [in, out]
-        if EXACT.get(kind) == target:
-            plain = exact_plain(tensor, kind, scale_dtype)
-        else:
-            plain = plain_from_float(dequantize_tensor(tensor, source), *target, scale_dtype)
-        n_heads = config.n_heads if module.endswith("q_proj") else config.n_kv_heads
-        for name, value in plain.items():
-            # Q/K rows back to the "half" layout: permuting output rows (codes with their row's
-            # scales) is exact for per-row and per-group quantization.
-            if family.permuted_qk and module.endswith(("q_proj", "k_proj")):
-                value = permute_qk_to_half(value, n_heads)
-            out[f"{module}.{name}"] = value
-        layout[module] = {"scheme": target[0], "group_size": target[1]}
-    check.verify()
-    return out, layout
-
-
 def tokenizer_from_metadata(meta: dict[str, Any], source: str) -> Any:
     """The file's tokenizer as an HFTokenizer, or None when the file carries none."""
     if "tokenizer.ggml.tokens" not in meta:
@@ -218,49 +89,32 @@ def tokenizer_from_metadata(meta: dict[str, Any], source: str) -> Any:
 # --------------------------------------------------------------------------------------- loading
 
 
-def read_gguf(path: str | Path, progress: Optional[Callable[[Any], Any]] = None
-              ) -> tuple[ModelConfig, dict[str, torch.Tensor], Any]:
-    """(config, float32 tensors under our names, tokenizer or None) from a GGUF file."""
-    source = str(path)
-    reader = open_gguf(path)
-    meta = read_metadata(reader)
-    config = fit_to_tensors(reader, config_from_metadata(meta, source), meta, source, float_weights=True)
-    tokenizer = tokenizer_from_metadata(meta, source)
-    return config, gguf_tensors(reader, config, source, progress), tokenizer
-
-
 def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
               progress: Optional[Callable[[Any], Any]] = None, quantize: Optional[str] = None,
               group_size: Optional[int] = None, model_cls: type[Transformer] = Transformer) -> Transformer:
     """A Transformer (or ``model_cls``, a subclass) with the GGUF file's weights and tokenizer.
 
     quantize=None: every tensor dequantized to float (``dtype``), exactly as ``gguf.quants``
-    does. quantize="gguf" | "int8" | "int4": matrices stay quantized (see
-    ``gguf_quantized_tensors``); ``dtype`` is then the residual stream's dtype.
-    The chat template, if the file has one, is ``model.tokenizer.chat_template``.
+    does. quantize="gguf": each matrix kept in the nearest lucidlm scheme to its own type
+    (Q8_0 -> int8/32, Q4_0/Q4_1 -> int4/32 exactly, K-quants their nearest); "int8"/"int4":
+    that scheme everywhere, bit for bit where the file's blocks already are that scheme and
+    group size, through float otherwise. ``dtype`` is then the residual stream's dtype, and
+    vectors (norms) stay float. The chat template, if the file has one, is
+    ``model.tokenizer.chat_template``. The tensors stream from the memory map into the model
+    one at a time (``gguf_stream.py``): the peak memory is the model plus one tensor.
     """
-    if quantize is None:
-        config, tensors, tokenizer = read_gguf(path, progress)
-        model = model_cls.empty(config, device)
-        load_into(model, tensors, path)
-        model.tokenizer = tokenizer
-        return model.to(dtype).eval()
+    if quantize not in (None, "gguf"):
+        from lucidlm.quantization import scheme_class
 
-    from lucidlm.quantization import DEFAULT_COMPUTE_DTYPE, install_quantized, scheme_class
-
-    if quantize != "gguf":
         scheme_class(quantize)  # an unknown name fails before any work
     source = str(path)
     reader = open_gguf(path)
     meta = read_metadata(reader)
-    config = fit_to_tensors(reader, config_from_metadata(meta, source), meta, source, float_weights=False,
-                            model_cls=model_cls)
+    config = fit_to_tensors(reader, config_from_metadata(meta, source), meta, source,
+                            float_weights=quantize is None, model_cls=model_cls)
     tokenizer = tokenizer_from_metadata(meta, source)
-    tensors, layout = gguf_quantized_tensors(reader, config, source, quantize, group_size, DEFAULT_COMPUTE_DTYPE)
-    if config.tie_embeddings and "embed" in layout:
-        layout["unembed"] = layout["embed"]  # one matrix: the unembedding is built from the same codes
-    model = model_cls.empty(config, device)
-    rest = install_quantized(model, layout, {k: v.to(device) for k, v in tensors.items()}, source)
-    load_into(model, rest, path)
+    planned = plan(reader, config, source, quantize, group_size)
+    model = stream_into(model_cls.skeleton(config), planned, source, dtype, device,
+                        release=getattr(reader, "release", lambda tensor: None), progress=progress)
     model.tokenizer = tokenizer
     return model.to(dtype).eval()

@@ -135,8 +135,9 @@ def fit_to_tensors(reader: Any, config: ModelConfig, meta: dict[str, Any], sourc
         raise MissingTensorError(f"{source}: {len(missing)} tensor(s) the model needs are missing, e.g. "
                                  f"{missing[:3]}; the file is incomplete or for a different architecture.")
     buffers = sum(b.numel() * b.element_size() for b in skeleton.buffers())  # RoPE tables: from context_length
+    # float32 at most; the weights stream in one at a time (gguf_stream.py), so they are held once
     params = sum(p.numel() * 4 for p in skeleton.parameters()) if float_weights else 0
-    check_allocation(buffers + 2 * params, f"{source}: the model its metadata describes", GGUFError,
+    check_allocation(buffers + params, f"{source}: the model its metadata describes", GGUFError,
                      f"check {config.name}.context_length ({config.max_seq_len}) and the layer sizes, or load it "
                      f"quantized")
     return config

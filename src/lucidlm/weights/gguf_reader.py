@@ -22,6 +22,7 @@ never a loop over a count of 2**64).
 from __future__ import annotations
 
 import math
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +124,19 @@ class GGUFFile:
         if self.pos + n_bytes > self.size:
             raise Truncated(f"{self.where}: {what} at byte {self.pos} needs {n_bytes} bytes, more than the "
                             f"{self.size - self.pos} left")
+
+    def release(self, tensor: Tensor) -> None:
+        """Let this process's copy of ``tensor``'s pages go (the OS keeps them cached, and a
+        later read maps them again). A loader calls it once it has converted a tensor, so
+        the file's pages do not pile up in the resident memory beside the converted model."""
+        mapped = getattr(self.map, "_mmap", None)  # the mmap.mmap behind np.memmap
+        if mapped is None or not hasattr(mapped, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return  # no madvise (Windows): the pages go when the reader is dropped
+        start = tensor.data_offset - tensor.data_offset % mmap.PAGESIZE
+        stop = min(tensor.data_offset + tensor.n_bytes + (-(tensor.data_offset + tensor.n_bytes) % mmap.PAGESIZE),
+                   len(self.map))
+        if stop > start:
+            mapped.madvise(mmap.MADV_DONTNEED, start, stop - start)
 
     def _unpack(self, buf: memoryview, fmt: str) -> tuple:
         size = struct.calcsize(fmt)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 
@@ -47,25 +47,34 @@ def load_into(model: Transformer, tensors: Mapping[str, torch.Tensor], source: s
     """Copy ``tensors`` (our names) into ``model``; every expected tensor must be there with
     the right shape. ``source`` names the file in error messages. Quantized modules are not
     touched (``quantization.install_quantized`` builds them first and hands over the rest)."""
+    expected = check_shapes(model, {name: tuple(t.shape) for name, t in tensors.items()}, source, strict_unexpected)
+    with torch.no_grad():
+        for name, param in expected.items():
+            param.copy_(tensors[name].to(param.dtype))
+
+
+def check_shapes(model: Transformer, shapes: Mapping[str, Sequence[int]], source: str | Path,
+                 strict_unexpected: bool = True) -> dict[str, torch.Tensor]:
+    """Refuse ``shapes`` (our names -> shape of what a file holds) unless they are exactly the
+    tensors ``model`` expects; returns those expected tensors by name. It needs shapes only, so
+    a streaming loader checks the whole file before converting anything (on a meta model)."""
     expected = float_tensors(model)
     for name, param in expected.items():
-        if name not in tensors:
+        if name not in shapes:
             raise MissingTensorError(
                 f"{source}: tensor {name!r} is missing (expected shape {tuple(param.shape)}). "
                 f"The file is incomplete or for a different architecture."
             )
-        found = tensors[name]
-        if tuple(found.shape) != tuple(param.shape):
+        found = tuple(shapes[name])
+        if found != tuple(param.shape):
             raise ShapeMismatchError(
-                f"{source}: tensor {name!r} has shape {tuple(found.shape)}, expected {tuple(param.shape)} "
+                f"{source}: tensor {name!r} has shape {found}, expected {tuple(param.shape)} "
                 f"for this config; the weights do not belong to this model configuration."
             )
-    unexpected = sorted(set(tensors) - set(expected) - {"unembed.weight"})
+    unexpected = sorted(set(shapes) - set(expected) - {"unembed.weight"})
     if unexpected and strict_unexpected:
         raise WeightsError(
             f"{source}: {len(unexpected)} tensor(s) the model has no place for, e.g. {unexpected[:5]}; "
             f"the weights are for a different architecture or config."
         )
-    with torch.no_grad():
-        for name, param in expected.items():
-            param.copy_(tensors[name].to(param.dtype))
+    return expected

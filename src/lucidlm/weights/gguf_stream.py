@@ -1,0 +1,242 @@
+"""A GGUF file's tensors into a model, one tensor at a time, straight to their final form.
+
+The model is built on the meta device (no storage, no init). Then, for each tensor of the
+file in turn: read its bytes from the memory map, convert them to what the model keeps
+(float weights in the model's dtype, or a quantized module's codes and scales), put them in
+place, let the file's pages go, next. Nothing holds the whole model twice: no float32 copy
+of every tensor before a cast, no dict of converted tensors before a copy, no float32 table
+behind a quantized embedding. Large tensors are converted in row chunks (a row's values
+never depend on another row, in any GGUF type or lucidlm scheme), so the float32 detour of
+SmolLM2's 49152 x 576 embedding is a few MB at a time instead of 113 MB.
+
+Everything that can be checked from the header (names, shapes, types, group sizes) is checked
+before the first tensor is converted.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Callable, Iterable, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from lucidlm.config import ModelConfig
+from lucidlm.errors import GGUFError
+from lucidlm.model.positions import permute_qk_to_half
+from lucidlm.model.transformer import Transformer
+from lucidlm.weights.finite import FiniteCheck
+from lucidlm.weights.gguf_families import FAMILIES, gguf_tensors_check_name, our_name
+from lucidlm.weights.gguf_quants import EXACT, FLOAT_TYPES, exact_float, exact_plain, finite_parts, native_scheme
+from lucidlm.weights.memory import TrimEvery, trim
+
+CHUNK_BYTES = 8 << 20  # float32 bytes converted at once for a large tensor
+
+
+@dataclass
+class Planned:
+    """One file tensor and where it goes: ``ours`` (parameter name), ``target`` (scheme,
+    group size) for a matrix kept quantized, None for float, ``heads`` when its rows are
+    llama.cpp's permuted Q/K rows (the head count to undo it with)."""
+
+    tensor: Any
+    ours: str
+    target: Optional[tuple[str, Optional[int]]]
+    heads: Optional[int]
+
+    @property
+    def module(self) -> str:
+        return self.ours.rsplit(".", 1)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def supported_types() -> tuple[str, ...]:
+    """Tensor types we can dequantize: whatever ``gguf.quants`` implements (F32, F16, BF16,
+    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, the IQ types, ...), found by trying one block."""
+    import gguf
+    from gguf import quants
+
+    names = []
+    for kind in gguf.GGMLQuantizationType:
+        _, type_size = gguf.GGML_QUANT_SIZES[kind]
+        try:
+            quants.dequantize(np.zeros((1, type_size), dtype=np.uint8), kind)  # one block of zeros
+        except (NotImplementedError, ValueError, TypeError):
+            continue
+        names.append(kind.name)
+    return tuple(names)
+
+
+# --------------------------------------------------------------------------------------- planning
+
+
+def plan(reader: Any, config: ModelConfig, source: str, quantize: Optional[str] = None,
+         group_size: Optional[int] = None) -> list[Planned]:
+    """Every tensor with its destination in a model of ``config`` (``gguf.fit_to_tensors``
+    has checked names and shapes), refusing an unsupported type or a group size that does
+    not fit before anything is converted."""
+    from lucidlm.quantization.base import check_group_size
+    from lucidlm.quantization.swap import scheme_class
+
+    family = FAMILIES.get(config.name, FAMILIES["llama"])
+    planned: list[Planned] = []
+    for tensor in reader.tensors:
+        ours = our_name(tensor.name, family.extra_layer_tensors)
+        if ours is None:
+            gguf_tensors_check_name(tensor, config, source)
+        kind = tensor.tensor_type.name
+        if kind not in FLOAT_TYPES and kind not in EXACT and kind not in supported_types():
+            raise _unsupported_type(tensor, source)
+        target = None
+        if quantize is not None and len(tensor.shape) == 2:  # norms (and Gemma's QK-norms) stay float
+            target = native_scheme(kind) if quantize == "gguf" else (
+                quantize, scheme_class(quantize).default_group_size if group_size is None else group_size)
+            if target is not None:  # GGUF shape: [in, out]
+                check_group_size(ours[: -len(".weight")], int(tensor.shape[0]), target[1], target[0])
+        heads = None
+        if family.permuted_qk and ours.endswith("q_proj.weight"):
+            heads = config.n_heads
+        elif family.permuted_qk and ours.endswith("k_proj.weight"):
+            heads = config.n_kv_heads
+        planned.append(Planned(tensor, ours, target, heads))
+    return planned
+
+
+def _unsupported_type(tensor: Any, source: str) -> GGUFError:
+    return GGUFError(
+        f"{source}: tensor {tensor.name!r} has type {tensor.tensor_type.name}, which lucidlm cannot dequantize. "
+        f"Supported types: {', '.join(supported_types())}. Re-quantize the model to one of these "
+        f"(e.g. llama-quantize ... Q8_0)."
+    )
+
+
+# --------------------------------------------------------------------------------------- converting
+
+
+def dequantize_tensor(tensor: Any, source: str) -> torch.Tensor:
+    """One reader tensor (or a row slice of one) as float32, in the (out, in) orientation
+    of its data, with exactly ``gguf.quants.dequantize``'s numbers."""
+    from gguf import quants
+
+    kind = tensor.tensor_type
+    if kind.name in EXACT:  # the common types: same numbers as gguf.quants, computed in torch
+        return exact_float(tensor, kind.name)
+    try:
+        array = quants.dequantize(tensor.data, kind)
+    except NotImplementedError:
+        raise _unsupported_type(tensor, source) from None
+    return torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
+
+
+def row_chunks(tensor: Any) -> Iterable[tuple[int, Any]]:
+    """(first row, the tensor restricted to a run of rows) covering ``tensor``, each run about
+    CHUNK_BYTES once in float32; a vector or a small matrix is one run."""
+    data = tensor.data
+    rows = int(data.shape[0]) if data.ndim > 1 else 1
+    per_row = 4 * int(np.prod(tensor.shape)) // rows  # float32 bytes of one row
+    step = max(1, CHUNK_BYTES // max(per_row, 1))
+    if data.ndim < 2 or rows <= step:
+        yield 0, tensor
+        return
+    for start in range(0, rows, step):
+        yield start, SimpleNamespace(name=tensor.name, tensor_type=tensor.tensor_type, data=data[start:start + step])
+
+
+def float_weight(item: Planned, source: str, dtype: torch.dtype) -> torch.Tensor:
+    """The tensor as float ``dtype``, Q/K rows in the half layout: float32 exactly as
+    ``gguf.quants`` gives it, then rounded once to ``dtype``."""
+    if item.heads is not None:  # Q/K: small, and the permutation mixes rows
+        return permute_qk_to_half(dequantize_tensor(item.tensor, source), item.heads).to(dtype)
+    out: Optional[torch.Tensor] = None
+    for start, part in row_chunks(item.tensor):
+        values = dequantize_tensor(part, source)  # (rows, K) float32
+        if part is item.tensor:
+            return values.to(dtype)
+        if out is None:
+            out = torch.empty((int(item.tensor.data.shape[0]), *values.shape[1:]), dtype=dtype)
+        out[start:start + values.shape[0]] = values
+    assert out is not None
+    return out
+
+
+def quantized_plain(item: Planned, source: str, scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The plain-layout tensors of ``item.target`` for a matrix: bit for bit from the file's
+    blocks where they already are that scheme and group size, else quantized from float32
+    one row chunk at a time (both schemes quantize each row on its own)."""
+    from lucidlm.quantization.swap import scheme_class
+
+    kind = item.tensor.tensor_type.name
+    scheme, group_size = item.target
+    if EXACT.get(kind) == item.target:
+        plain = exact_plain(item.tensor, kind, scale_dtype)
+    else:
+        cls = scheme_class(scheme)
+        parts = [cls.quantize_weight(dequantize_tensor(part, source), group_size, scale_dtype)
+                 for _, part in row_chunks(item.tensor)]
+        plain = parts[0] if len(parts) == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    if item.heads is not None:  # permuting output rows (codes with their row's scales) is exact
+        plain = {k: permute_qk_to_half(v, item.heads) for k, v in plain.items()}
+    return plain
+
+
+# --------------------------------------------------------------------------------------- loading
+
+
+def stream_into(model: Transformer, planned: list[Planned], source: str, dtype: torch.dtype,
+                device: str | torch.device, release: Callable[[Any], None] = lambda tensor: None,
+                progress: Optional[Callable[[Any], Any]] = None) -> Transformer:
+    """Fill ``model`` (a ``Transformer.skeleton``) with the planned tensors, one at a time;
+    ``release(tensor)`` is called once a tensor is converted (the reader drops its pages).
+    Every tensor's values (or block scales) are checked finite (``weights/finite.py``); the
+    model is returned only if all are."""
+    from lucidlm.quantization import DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding
+    from lucidlm.quantization.swap import scheme_class, set_module
+
+    modules = dict(model.named_modules())
+    check = FiniteCheck(source)
+    trims = TrimEvery()
+    with torch.no_grad():
+        for item in (planned if progress is None else progress(planned)):
+            raw = finite_parts(item.tensor)  # from the file's bytes: float values or f16 block scales
+            if raw is not None:
+                check.add(item.tensor.name, *raw)
+            if item.target is None:
+                weight = float_weight(item, source, dtype)
+                if raw is None:
+                    check.add(item.tensor.name, weight)
+                _set_tensor(model, item.ours, weight.to(device))
+            else:
+                if raw is None:  # a type whose blocks we cannot read: check its floats, now
+                    check.add(item.tensor.name, dequantize_tensor(item.tensor, source))
+                    check.verify()
+                scheme, group_size = item.target
+                cls = scheme_class(scheme)
+                plain = {k: v.to(device) for k, v in quantized_plain(item, source, DEFAULT_COMPUTE_DTYPE).items()}
+                old = modules[item.module]
+                if isinstance(old, nn.Embedding):
+                    set_module(model, item.module, QuantizedEmbedding(cls, plain, old.embedding_dim, group_size, dtype))
+                    if model.config.tie_embeddings:  # one matrix: the unembedding is built from the same codes
+                        set_module(model, "unembed", cls.from_plain(plain, old.embedding_dim, group_size))
+                else:
+                    set_module(model, item.module, cls.from_plain(plain, old.in_features, group_size))
+            release(item.tensor)
+            trims.step(_float32_bytes(item.tensor))
+    check.verify()
+    trim()
+    return model.materialize(device)  # the position tables; every weight is in place
+
+
+def _float32_bytes(tensor: Any) -> int:
+    return 4 * int(np.prod(tensor.shape))  # about what converting it allocated and freed
+
+
+def _set_tensor(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    module_name, _, leaf = name.rpartition(".")
+    module = model.get_submodule(module_name) if module_name else model
+    if leaf in module._parameters:
+        module._parameters[leaf] = nn.Parameter(value, requires_grad=module._parameters[leaf].requires_grad)
+    else:
+        module._buffers[leaf] = value
