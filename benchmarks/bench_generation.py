@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from timing import best_time
+
 RESULTS = Path(__file__).resolve().parent / "results" / "generation.json"
 SIDES = {
     "lucidlm fp32": {"kind": "ours", "dtype": "float32"},
@@ -47,15 +49,6 @@ def prompt_ids(n: int, seed: int = 0, vocab: int = 49152) -> list[int]:
     import random
     rng = random.Random(n * 1000 + seed)
     return [rng.randrange(100, vocab) for _ in range(n)]
-
-
-def best_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 # ------------------------------------------------------------------------------------ sides

@@ -19,20 +19,12 @@ import os
 import platform
 import shutil
 import tempfile
-import time
 from pathlib import Path
+
+from timing import best_time
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "integrity.json"
-
-
-def best(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:
@@ -59,12 +51,12 @@ def main() -> None:
 
     find_gguf("smollm2-135m")  # the stamp (the GGUF is older than the 2 s racy window)
     lucidlm.load("smollm2-135m")  # warm-up: imports, page cache
-    load = best(lambda: lucidlm.load("smollm2-135m"), max(3, args.repeats // 2))
+    load = best_time(lambda: lucidlm.load("smollm2-135m"), max(3, args.repeats // 2))
     rows = {
         "whole load, default bf16 (checks included)": load,
-        "NaN/inf check, all tensors": best(finite_check, args.repeats),
-        "SHA-256 of the GGUF (first load)": best(lambda: sha256_file(path), args.repeats),
-        "stamp lookup (every later load)": best(lambda: find_gguf("smollm2-135m"), args.repeats),
+        "NaN/inf check, all tensors": best_time(finite_check, args.repeats),
+        "SHA-256 of the GGUF (first load)": best_time(lambda: sha256_file(path), args.repeats),
+        "stamp lookup (every later load)": best_time(lambda: find_gguf("smollm2-135m"), args.repeats),
     }
     print(f"{'step':44s} {'ms':>9s} {'% of load':>10s}")
     for name, seconds in rows.items():

@@ -14,7 +14,6 @@ four part packages: ``pretrained_parts.py`` joins them once into ``<cache>/gguf/
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from lucidlm.cache_dir import cache_root
 from lucidlm.errors import GGUFError, LucidLMError
 from lucidlm.model.transformer import Transformer
 
@@ -143,10 +143,6 @@ def load_pretrained(name: str, dtype: Optional[torch.dtype] = None, device: str 
             return tqdm(tensors, desc=f"reading {gguf_path.name}", unit="tensor", leave=False)
     return load_gguf(gguf_path, dtype=dtype or torch.float32, device=device, progress=bar, quantize=quantize,
                      group_size=group_size, model_cls=model_cls)
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("LUCIDLM_CACHE") or Path.home() / ".cache" / "lucidlm").expanduser()
 
 
 def _remove_old_cache(name: str) -> None:

@@ -240,7 +240,7 @@ def test_a_refused_adapter_leaves_the_model_unchanged(files, tmp_path):
     assert method_of(model) is None and torch.equal(model(ids), before)
 
 
-# ----------------------------------------------------------------------------- the CLI: merge and generate
+# ----------------------------------------------------------------------------- the CLI: merge
 
 def test_cli_merge_refuses_a_nan_adapter_and_writes_nothing(files, tmp_path):
     path = copy(files, "lora", tmp_path)
@@ -263,10 +263,3 @@ def test_cli_merge_refuses_an_update_that_overflows(files, tmp_path):
     refused("merge", "--model", str(files["base"]), "--adapter", str(path), "--out", str(out), "--dtype", dtype,
             names=["q_proj", "infinite", "nothing was written"], watch=[path, out])
     assert not out.exists()
-
-
-def test_cli_generate_refuses_a_bad_adapter_file(files, tmp_path):
-    path = copy(files, "adapter", tmp_path / "b")
-    edit_json(path / "lucidlm_adapter.json", lambda m: {k: v for k, v in m.items() if k != "bottleneck"})
-    refused("generate", "--model", str(files["base"]), "--adapter", str(path), "hi",
-            names=["lucidlm_adapter\\.json", "'bottleneck' is missing"], watch=[path])

@@ -71,6 +71,12 @@ def test_stream_refuses_before_the_first_piece(model):
     api_refused(lambda: model.stream("\udcff"), TokenizerError, ["surrogate"])
 
 
+def test_a_huge_max_new_tokens_stops_at_the_context(model):
+    prompt = model.tokenizer.encode("Hello there")
+    result = model.generate(prompt, max_new_tokens=10 ** 18, temperature=0, stop_on_eos=False)
+    assert len(prompt) + len(result.token_ids) == model.config.max_seq_len and result.finish_reason == "length"
+
+
 def test_a_denormal_temperature_is_greedy_not_nan(model):
     # T -> 0 is the argmax in the limit; 1e-45 would overflow float32 logits / T to inf (NaN softmax).
     greedy = model.generate("Hello there", max_new_tokens=6, temperature=0).token_ids
@@ -113,6 +119,8 @@ INSPECT_CASES = [
     (lambda m: m.setup_kv_cache(-1), InputError, ["batch_size=-1"]),
     (lambda m: m.setup_kv_cache(10 ** 9), InputError, ["KV cache", "memory"]),
     (lambda m: m.setup_kv_cache(1, max_seq_len="x"), InputError, ["max_seq_len='x'"]),
+    (lambda m: m.to_tokens("Hi", prepend_bos="yes"), InputError, ["prepend_bos='yes'"]),
+    (lambda m: m.set_use_attn_result("no"), ConfigError, ["attn_result='no'"]),
 ]
 
 

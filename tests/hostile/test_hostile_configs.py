@@ -408,7 +408,6 @@ def test_memory_estimate_counts_what_the_model_allocates(kw):
 # ----------------------------------------------------------------------------- the CLI
 
 @pytest.mark.parametrize("field, value, names", [
-    ("rope_theta", "abc", ["config\\.json", "rope_theta", "'abc'"]),
     ("max_position_embeddings", 4e9, ["config\\.json", "max_position_embeddings", "4000000000"]),
 ])
 def test_cli_generate_refuses_a_bad_config_json(llama_template, tmp_path, field, value, names):

@@ -19,7 +19,7 @@ ReadLine = Callable[[str], str]
 
 
 def history_path() -> Path:
-    from lucidlm.pretrained import cache_root
+    from lucidlm.cache_dir import cache_root
 
     return cache_root() / "chat_history"
 

@@ -73,6 +73,8 @@ def to_tokens(model: nn.Module, text: Text, prepend_bos: Optional[bool] = None, 
     """Text -> ids (1, T); a list of texts -> (B, T_max) padded. On the model's device."""
     if padding_side not in ("left", "right"):
         raise InputError(f"padding_side={padding_side!r}: expected 'right' or 'left'.")
+    if not (prepend_bos is None or isinstance(prepend_bos, bool)):  # 1 == True, but "yes" is not a choice
+        raise InputError(f"prepend_bos={prepend_bos!r}: expected True, False or None (the tokenizer's habit).")
     texts = [text] if isinstance(text, str) else list(text) if isinstance(text, (list, tuple)) else None
     if texts is None or not all(isinstance(t, str) for t in texts):
         raise InputError(f"to_tokens takes a text or a list of texts, got {_shown(text)}.")
@@ -114,7 +116,7 @@ def to_string(model: nn.Module, ids: Any) -> Union[str, list[str]]:
     tokenizer = model_tokenizer(model)
     if isinstance(ids, torch.Tensor) and ids.ndim > 2:
         raise InputError(f"to_string takes ids of shape (T,) or (B, T), got {tuple(ids.shape)}.")
-    ids = _id_rows([ids] if isinstance(ids, int) and not isinstance(ids, bool) else ids, "to_string")
+    ids = _id_rows(ids, "to_string")
     if ids and isinstance(ids[0], list):
         return [tokenizer.decode(row) for row in ids]
     return tokenizer.decode(ids)
@@ -140,6 +142,8 @@ def _id_rows(ids: Any, caller: str) -> Any:
         if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
             raise InputError(f"{caller} takes integer token ids, got a tensor of dtype {ids.dtype}.")
         ids = ids.tolist()
+    if _is_id(ids):  # one id: a 0-d tensor (logits.argmax()), an int or a numpy integer
+        return [int(ids)]
     if isinstance(ids, (list, tuple)):
         if all(_is_id(i) for i in ids):
             return [int(i) for i in ids]

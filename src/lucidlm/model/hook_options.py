@@ -30,6 +30,10 @@ BLOCK_OPTIONS = {"split_qkv_input": ("hook_q_input", "hook_k_input", "hook_v_inp
 def set_hook_options(model: nn.Module, attn_result: Optional[bool] = None, split_qkv_input: Optional[bool] = None,
                      attn_in: Optional[bool] = None, mlp_in: Optional[bool] = None) -> None:
     """Turn opt-in hook points on or off in every block (None leaves an option as it is)."""
+    for option, on in (("attn_result", attn_result), ("split_qkv_input", split_qkv_input), ("attn_in", attn_in),
+                       ("mlp_in", mlp_in)):
+        if on is not None and not isinstance(on, bool):  # "no" is truthy: it would turn the hooks on
+            raise ConfigError(f"{option}={on!r}: pass True or False.")
     cfg = model.config
     if attn_in and cfg.n_kv_heads != cfg.n_heads:
         raise ConfigError(f"attn_in=True needs one key/value head per query head, but this model has "

@@ -11,7 +11,8 @@ A Hugging Face directory is ``config.json`` plus ``model.safetensors`` (or shard
 
 Both directions go through one table, ``hf_state_dict(model)``: the tensors a Hugging Face
 checkpoint of this model holds, by their Hugging Face names. Saving writes it; loading
-checks the file against its names and shapes, then inverts the mapping.
+checks the file against its names and shapes, then inverts the mapping. Reading and
+checking ``config.json`` itself is ``hf_config.py``.
 """
 
 from __future__ import annotations
@@ -28,30 +29,25 @@ from lucidlm.errors import (
     ConfigError,
     MissingTensorError,
     ShapeMismatchError,
-    UnsupportedArchitectureError,
     WeightsError,
 )
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
-from lucidlm.validation import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, Fields, read_json_object
+from lucidlm.validation import read_json_object
 from lucidlm.weights.checkpoint import atomic_save_safetensors, atomic_write_text
 from lucidlm.weights.finite import FiniteCheck
+from lucidlm.weights.hf_config import (CONFIG_NAME, GPT2_NAMES, LLAMA_NAMES, SUPPORTED, config_from_hf, hf_family,
+                                       read_hf_config)
 from lucidlm.weights.state import load_into, own_state_dict
 
-CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 TOKENIZER_NAME = "tokenizer.json"
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 
-# architecture class -> (family, model_type)
-SUPPORTED = {"LlamaForCausalLM": ("llama", "llama"), "GPT2LMHeadModel": ("gpt2", "gpt2")}
-_FAMILY_OF_MODEL_TYPE = {model_type: family for family, model_type in SUPPORTED.values()}
 _ARCHITECTURE_OF_FAMILY = {family: arch for arch, (family, _) in SUPPORTED.items()}
 
-_GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 _GPT2_ACTIVATION_NAMES = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
-_CONFIG_FIX = "correct that field in config.json, or re-download or re-export the model"
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
@@ -73,12 +69,6 @@ def is_hf_dir(path: str | Path) -> bool:
     return not isinstance(config, dict) or "model_type" in config or "architectures" in config
 
 
-def read_hf_config(path: str | Path) -> Fields:
-    """config.json of a Hugging Face directory as checked ``Fields`` (missing, truncated, not
-    UTF-8 or not an object: one ConfigError naming the file)."""
-    return read_json_object(Path(path) / CONFIG_NAME, ConfigError, "model config", fix=_CONFIG_FIX)
-
-
 def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
             model_cls: type[Transformer] = Transformer) -> Transformer:
     """A Transformer (or ``model_cls``, a subclass) with the weights of a Hugging Face LLaMA
@@ -92,120 +82,6 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | 
     load_into(model, _to_our_names(model, family, tensors, path), path)
     model.tokenizer = _load_tokenizer(path)
     return model.to(dtype).eval()
-
-
-def _fields(hf: dict[str, Any] | Fields, source: str | Path) -> Fields:
-    return hf if isinstance(hf, Fields) else Fields(hf, source, ConfigError, fix=_CONFIG_FIX)
-
-
-def hf_family(hf_config: dict[str, Any] | Fields, source: str | Path = CONFIG_NAME) -> str:
-    """``"llama"`` or ``"gpt2"`` from config.json's architectures / model_type."""
-    fields = _fields(hf_config, source)
-    architectures = fields.list("architectures", default=[], item=str)
-    model_type = fields.str("model_type", default=None)
-    for arch in architectures:
-        if arch in SUPPORTED:
-            return SUPPORTED[arch][0]
-    if not architectures and model_type in _FAMILY_OF_MODEL_TYPE:
-        return _FAMILY_OF_MODEL_TYPE[model_type]
-    found = architectures or [model_type]
-    raise UnsupportedArchitectureError(
-        f"{fields.source}: architecture {', '.join(map(str, found))} (model_type={model_type!r}) is not supported; "
-        f"lucidlm reads Hugging Face models of these architectures: {', '.join(SUPPORTED)}."
-    )
-
-
-def config_from_hf(hf: dict[str, Any] | Fields, source: str = CONFIG_NAME) -> ModelConfig:
-    """Our ModelConfig for a Hugging Face config.json (already parsed). Every field lucidlm
-    uses is checked for type and range under its config.json name before anything is built."""
-    fields = _fields(hf, source)
-    family = hf_family(fields)
-    values, names = _llama_fields(fields) if family == "llama" else _gpt2_fields(fields)
-    return ModelConfig.from_dict(values, source=fields.source, names=names, fix=_CONFIG_FIX)
-
-
-# our ModelConfig field -> config.json's name for it, so refusals name the file's field
-_LLAMA_NAMES = {"vocab_size": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
-                "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
-                "d_mlp": "intermediate_size", "max_seq_len": "max_position_embeddings", "rope_theta": "rope_theta",
-                "norm_eps": "rms_norm_eps", "attn_bias": "attention_bias", "mlp_bias": "mlp_bias",
-                "tie_embeddings": "tie_word_embeddings"}
-_GPT2_NAMES = {"vocab_size": "vocab_size", "d_model": "n_embd", "n_layers": "n_layer", "n_heads": "n_head",
-               "d_mlp": "n_inner", "max_seq_len": "n_positions", "norm_eps": "layer_norm_epsilon",
-               "tie_embeddings": "tie_word_embeddings"}
-
-
-def _llama_fields(hf: Fields) -> tuple[dict[str, Any], dict[str, str]]:
-    activation = hf.str("hidden_act", default="silu")
-    if activation != "silu":
-        raise UnsupportedArchitectureError(
-            f"{hf.source}: hidden_act={activation!r} is not supported for LLaMA; lucidlm's SwiGLU uses silu."
-        )
-    n_heads = hf.int("num_attention_heads", low=1, high=MAX_HEADS)
-    hidden, head_dim = hf.int("hidden_size", low=1, high=MAX_WIDTH), hf.int("head_dim", default=None, low=1, high=MAX_WIDTH)
-    if hidden % n_heads and head_dim is not None and head_dim * n_heads != hidden:
-        # (without head_dim ModelConfig refuses it; with one, heads x head_dim != hidden_size is
-        # legal in transformers, but not with a head count that does not divide hidden_size)
-        hf.fail(f"hidden_size={hidden} is not divisible by num_attention_heads={n_heads}, and "
-                f"num_attention_heads x head_dim={head_dim} is {n_heads * head_dim}, not hidden_size")
-    values = dict(
-        name="llama", vocab_size=hf.int("vocab_size", low=1, high=MAX_VOCAB),
-        d_model=hf.int("hidden_size", low=1, high=MAX_WIDTH),
-        n_layers=hf.int("num_hidden_layers", low=1, high=MAX_LAYERS), n_heads=n_heads,
-        n_kv_heads=hf.int("num_key_value_heads", default=n_heads, low=1, high=MAX_HEADS),
-        head_dim=hf.int("head_dim", default=None, low=1, high=MAX_WIDTH),
-        d_mlp=hf.int("intermediate_size", low=1, high=MAX_WIDTH),
-        max_seq_len=hf.int("max_position_embeddings", default=2048, low=1, high=MAX_CONTEXT),
-        positions="rope", rope_variant="half", rope_theta=_rope_theta(hf),
-        norm="rms", norm_eps=hf.float("rms_norm_eps", default=1e-6, low=0.0, high=1.0),
-        norm_position="pre", final_norm=True, mlp="swiglu", attn_bias=hf.bool("attention_bias", default=False),
-        mlp_bias=hf.bool("mlp_bias", default=False), tie_embeddings=hf.bool("tie_word_embeddings", default=False),
-    )
-    return values, _LLAMA_NAMES
-
-
-def _rope_theta(hf: Fields) -> float:
-    """transformers >= 5 keeps theta and scaling in ``rope_parameters``; older files have
-    ``rope_theta`` and ``rope_scaling`` at the top level. Only plain RoPE is implemented."""
-    parameters = hf.object("rope_parameters", default={})
-    scaling = hf.object("rope_scaling", default={})
-    scaling_type = scaling.str("rope_type", default=None) or scaling.str("type", default=None)
-    if scaling_type is None and scaling.data:
-        scaling.fail(f"field 'rope_scaling' is {dict(scaling.data)!r} but names no 'rope_type' (or 'type'), so "
-                     f"which RoPE scaling it means is unknown")
-    rope_type = next((t for t in (parameters.str("rope_type", default=None), scaling_type) if t not in (None, "default")),
-                     "default")
-    if rope_type != "default":
-        raise UnsupportedArchitectureError(
-            f"{hf.source}: RoPE scaling type {rope_type!r} is not implemented; lucidlm supports only plain "
-            f"RoPE (rope_type 'default'). Remove the scaling only if the model was trained without it."
-        )
-    top_level = hf.float("rope_theta", default=10000.0, low=0.0, low_open=True)  # checked even when unused
-    return parameters.float("rope_theta", default=top_level, low=0.0, low_open=True)
-
-
-def _gpt2_fields(hf: Fields) -> tuple[dict[str, Any], dict[str, str]]:
-    activation = hf.str("activation_function", default="gelu_new")
-    if activation not in _GPT2_ACTIVATIONS:
-        raise UnsupportedArchitectureError(
-            f"{hf.source}: activation_function={activation!r} is not supported; use one of "
-            f"{', '.join(_GPT2_ACTIVATIONS)}."
-        )
-    if hf.bool("scale_attn_by_inverse_layer_idx", default=False) or not hf.bool("scale_attn_weights", default=True):
-        raise UnsupportedArchitectureError(
-            f"{hf.source}: this GPT-2 variant scales attention differently (scale_attn_by_inverse_layer_idx / "
-            f"scale_attn_weights); lucidlm implements only the standard 1/sqrt(head_dim) scaling."
-        )
-    values = dict(
-        name="gpt2", vocab_size=hf.int("vocab_size", low=1, high=MAX_VOCAB), d_model=hf.int("n_embd", low=1, high=MAX_WIDTH),
-        n_layers=hf.int("n_layer", low=1, high=MAX_LAYERS), n_heads=hf.int("n_head", low=1, high=MAX_HEADS),
-        d_mlp=hf.int("n_inner", default=None, low=1, high=MAX_WIDTH),  # None: 4 * n_embd
-        max_seq_len=hf.int("n_positions", default=1024, low=1, high=MAX_CONTEXT), positions="learned",
-        norm="layer", norm_eps=hf.float("layer_norm_epsilon", default=1e-5, low=0.0, high=1.0), norm_position="pre",
-        final_norm=True, mlp=_GPT2_ACTIVATIONS[activation], attn_bias=True, attn_out_bias=True, mlp_bias=True,
-        norm_bias=True, tie_embeddings=hf.bool("tie_word_embeddings", default=True),
-    )
-    return values, _GPT2_NAMES
 
 
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
@@ -257,7 +133,7 @@ def _to_our_names(model: Transformer, family: str, tensors: dict[str, torch.Tens
         tensors = {k if k.startswith("lm_head.") else f"transformer.{k}": v for k, v in tensors.items()}
     with torch.device("meta"):  # shapes only: no memory, no copies
         expected = {name: t.shape for name, t in hf_state_dict(Transformer(model.config)).items()}
-    names = _LLAMA_NAMES if family == "llama" else _GPT2_NAMES
+    names = LLAMA_NAMES if family == "llama" else GPT2_NAMES
     sizes = ", ".join(f"{names[k]}={getattr(model.config, k)}" for k in ("vocab_size", "d_model", "n_layers", "n_heads",
                                                                        "n_kv_heads", "head_dim", "d_mlp") if k in names)
     for name, shape in expected.items():

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from lucidlm.cache_dir import cache_root
 from lucidlm.errors import WeightsError
 
 _BLOCK = 1 << 20
@@ -96,8 +97,6 @@ def write_stamp(stamp_path: Path, key: dict) -> None:
 
 def _stamp_path(path: Path, cache: Optional[Path]) -> Path:
     if cache is None:
-        from lucidlm.pretrained import cache_root
-
         cache = cache_root()
     name = hashlib.sha256(str(path).encode("utf-8", "surrogateescape")).hexdigest()[:32]
     return Path(cache) / STAMP_DIR / f"{name}.json"

@@ -1,0 +1,142 @@
+"""A Hugging Face ``config.json`` as our ModelConfig, every field lucidlm uses checked first.
+
+Each field is read through ``lucidlm.validation.Fields`` under its config.json name (type,
+range with the shared MAX_* bounds), then ModelConfig checks consistency and is told those
+names, so a refusal reads "config.json: field 'num_hidden_layers' is 1000000; expected ...".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lucidlm.config import ModelConfig
+from lucidlm.errors import ConfigError, UnsupportedArchitectureError
+from lucidlm.validation import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, Fields, read_json_object
+
+CONFIG_NAME = "config.json"
+# architecture class -> (family, model_type)
+SUPPORTED = {"LlamaForCausalLM": ("llama", "llama"), "GPT2LMHeadModel": ("gpt2", "gpt2")}
+_FAMILY_OF_MODEL_TYPE = {model_type: family for family, model_type in SUPPORTED.values()}
+_GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+_CONFIG_FIX = "correct that field in config.json, or re-download or re-export the model"
+
+
+def read_hf_config(path: str | Path) -> Fields:
+    """config.json of a Hugging Face directory as checked ``Fields`` (missing, truncated, not
+    UTF-8 or not an object: one ConfigError naming the file)."""
+    return read_json_object(Path(path) / CONFIG_NAME, ConfigError, "model config", fix=_CONFIG_FIX)
+
+
+def _fields(hf: dict[str, Any] | Fields, source: str | Path) -> Fields:
+    return hf if isinstance(hf, Fields) else Fields(hf, source, ConfigError, fix=_CONFIG_FIX)
+
+
+def hf_family(hf_config: dict[str, Any] | Fields, source: str | Path = CONFIG_NAME) -> str:
+    """``"llama"`` or ``"gpt2"`` from config.json's architectures / model_type."""
+    fields = _fields(hf_config, source)
+    architectures = fields.list("architectures", default=[], item=str)
+    model_type = fields.str("model_type", default=None)
+    for arch in architectures:
+        if arch in SUPPORTED:
+            return SUPPORTED[arch][0]
+    if not architectures and model_type in _FAMILY_OF_MODEL_TYPE:
+        return _FAMILY_OF_MODEL_TYPE[model_type]
+    found = architectures or [model_type]
+    raise UnsupportedArchitectureError(
+        f"{fields.source}: architecture {', '.join(map(str, found))} (model_type={model_type!r}) is not supported; "
+        f"lucidlm reads Hugging Face models of these architectures: {', '.join(SUPPORTED)}."
+    )
+
+
+def config_from_hf(hf: dict[str, Any] | Fields, source: str = CONFIG_NAME) -> ModelConfig:
+    """Our ModelConfig for a Hugging Face config.json (already parsed). Every field lucidlm
+    uses is checked for type and range under its config.json name before anything is built."""
+    fields = _fields(hf, source)
+    family = hf_family(fields)
+    values, names = _llama_fields(fields) if family == "llama" else _gpt2_fields(fields)
+    return ModelConfig.from_dict(values, source=fields.source, names=names, fix=_CONFIG_FIX)
+
+
+# our ModelConfig field -> config.json's name for it, so refusals name the file's field
+LLAMA_NAMES = {"vocab_size": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
+                "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+                "d_mlp": "intermediate_size", "max_seq_len": "max_position_embeddings", "rope_theta": "rope_theta",
+                "norm_eps": "rms_norm_eps", "attn_bias": "attention_bias", "mlp_bias": "mlp_bias",
+                "tie_embeddings": "tie_word_embeddings"}
+GPT2_NAMES = {"vocab_size": "vocab_size", "d_model": "n_embd", "n_layers": "n_layer", "n_heads": "n_head",
+               "d_mlp": "n_inner", "max_seq_len": "n_positions", "norm_eps": "layer_norm_epsilon",
+               "tie_embeddings": "tie_word_embeddings"}
+
+
+def _llama_fields(hf: Fields) -> tuple[dict[str, Any], dict[str, str]]:
+    activation = hf.str("hidden_act", default="silu")
+    if activation != "silu":
+        raise UnsupportedArchitectureError(
+            f"{hf.source}: hidden_act={activation!r} is not supported for LLaMA; lucidlm's SwiGLU uses silu."
+        )
+    n_heads = hf.int("num_attention_heads", low=1, high=MAX_HEADS)
+    hidden, head_dim = hf.int("hidden_size", low=1, high=MAX_WIDTH), hf.int("head_dim", default=None, low=1, high=MAX_WIDTH)
+    if hidden % n_heads and head_dim is not None and head_dim * n_heads != hidden:
+        # (without head_dim ModelConfig refuses it; with one, heads x head_dim != hidden_size is
+        # legal in transformers, but not with a head count that does not divide hidden_size)
+        hf.fail(f"hidden_size={hidden} is not divisible by num_attention_heads={n_heads}, and "
+                f"num_attention_heads x head_dim={head_dim} is {n_heads * head_dim}, not hidden_size")
+    values = dict(
+        name="llama", vocab_size=hf.int("vocab_size", low=1, high=MAX_VOCAB),
+        d_model=hf.int("hidden_size", low=1, high=MAX_WIDTH),
+        n_layers=hf.int("num_hidden_layers", low=1, high=MAX_LAYERS), n_heads=n_heads,
+        n_kv_heads=hf.int("num_key_value_heads", default=n_heads, low=1, high=MAX_HEADS),
+        head_dim=hf.int("head_dim", default=None, low=1, high=MAX_WIDTH),
+        d_mlp=hf.int("intermediate_size", low=1, high=MAX_WIDTH),
+        max_seq_len=hf.int("max_position_embeddings", default=2048, low=1, high=MAX_CONTEXT),
+        positions="rope", rope_variant="half", rope_theta=_rope_theta(hf),
+        norm="rms", norm_eps=hf.float("rms_norm_eps", default=1e-6, low=0.0, high=1.0),
+        norm_position="pre", final_norm=True, mlp="swiglu", attn_bias=hf.bool("attention_bias", default=False),
+        mlp_bias=hf.bool("mlp_bias", default=False), tie_embeddings=hf.bool("tie_word_embeddings", default=False),
+    )
+    return values, LLAMA_NAMES
+
+
+def _rope_theta(hf: Fields) -> float:
+    """transformers >= 5 keeps theta and scaling in ``rope_parameters``; older files have
+    ``rope_theta`` and ``rope_scaling`` at the top level. Only plain RoPE is implemented."""
+    parameters = hf.object("rope_parameters", default={})
+    scaling = hf.object("rope_scaling", default={})
+    scaling_type = scaling.str("rope_type", default=None) or scaling.str("type", default=None)
+    if scaling_type is None and scaling.data:
+        scaling.fail(f"field 'rope_scaling' is {dict(scaling.data)!r} but names no 'rope_type' (or 'type'), so "
+                     f"which RoPE scaling it means is unknown")
+    rope_type = next((t for t in (parameters.str("rope_type", default=None), scaling_type) if t not in (None, "default")),
+                     "default")
+    if rope_type != "default":
+        raise UnsupportedArchitectureError(
+            f"{hf.source}: RoPE scaling type {rope_type!r} is not implemented; lucidlm supports only plain "
+            f"RoPE (rope_type 'default'). Remove the scaling only if the model was trained without it."
+        )
+    top_level = hf.float("rope_theta", default=10000.0, low=0.0, low_open=True)  # checked even when unused
+    return parameters.float("rope_theta", default=top_level, low=0.0, low_open=True)
+
+
+def _gpt2_fields(hf: Fields) -> tuple[dict[str, Any], dict[str, str]]:
+    activation = hf.str("activation_function", default="gelu_new")
+    if activation not in _GPT2_ACTIVATIONS:
+        raise UnsupportedArchitectureError(
+            f"{hf.source}: activation_function={activation!r} is not supported; use one of "
+            f"{', '.join(_GPT2_ACTIVATIONS)}."
+        )
+    if hf.bool("scale_attn_by_inverse_layer_idx", default=False) or not hf.bool("scale_attn_weights", default=True):
+        raise UnsupportedArchitectureError(
+            f"{hf.source}: this GPT-2 variant scales attention differently (scale_attn_by_inverse_layer_idx / "
+            f"scale_attn_weights); lucidlm implements only the standard 1/sqrt(head_dim) scaling."
+        )
+    values = dict(
+        name="gpt2", vocab_size=hf.int("vocab_size", low=1, high=MAX_VOCAB), d_model=hf.int("n_embd", low=1, high=MAX_WIDTH),
+        n_layers=hf.int("n_layer", low=1, high=MAX_LAYERS), n_heads=hf.int("n_head", low=1, high=MAX_HEADS),
+        d_mlp=hf.int("n_inner", default=None, low=1, high=MAX_WIDTH),  # None: 4 * n_embd
+        max_seq_len=hf.int("n_positions", default=1024, low=1, high=MAX_CONTEXT), positions="learned",
+        norm="layer", norm_eps=hf.float("layer_norm_epsilon", default=1e-5, low=0.0, high=1.0), norm_position="pre",
+        final_norm=True, mlp=_GPT2_ACTIVATIONS[activation], attn_bias=True, attn_out_bias=True, mlp_bias=True,
+        norm_bias=True, tie_embeddings=hf.bool("tie_word_embeddings", default=True),
+    )
+    return values, GPT2_NAMES
