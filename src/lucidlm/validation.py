@@ -110,7 +110,10 @@ class Fields:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
-        if not isinstance(value, list) or (item is not None and not all(_is(v, item) for v in value)):
+        # The distinct item types, gathered in C: a 49,152-token vocabulary list is checked in
+        # a millisecond instead of a Python loop per item.
+        kinds = set(map(type, value)) if isinstance(value, list) and item is not None else set()
+        if not isinstance(value, list) or not all(_is_kind(k, item) for k in kinds):
             self._bad(key, value, f"a list{' of ' + item.__name__ + 's' if item else ''}")
         return value
 
@@ -279,8 +282,8 @@ def _human(n: Union[int, float]) -> str:
     return f"{n} B"
 
 
-def _is(value: Any, kind: type) -> bool:
-    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+def _is_kind(found: type, kind: type) -> bool:
+    return issubclass(found, kind) and not (kind is int and issubclass(found, bool))
 
 
 def _kind(value: Any) -> str:
