@@ -76,6 +76,11 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
             f"quantize={quantize!r} with an adapter: merge the adapter into the float model first "
             f"(lucidlm merge ...), then load the merged model with quantize={quantize!r}."
         )
+    if group_size is not None and quantize not in ("int8", "int4"):
+        raise QuantizationError(
+            f"group_size={group_size!r} only applies to quantize='int8' or 'int4' (quantize={quantize!r}): "
+            f"add quantize='int4' (or 'int8'), or leave group_size out."
+        )
     if adapter is not None and dtype is None:
         dtype = torch.float32  # adapters wrap float Linear layers: never the embedded model's quantized default
     dtype = resolve_dtype(dtype) if dtype is not None else None

@@ -290,3 +290,12 @@ def test_inspection_tools_refuse(model, call, error, names):
 def test_a_report_path_that_is_a_directory(model, tmp_path):
     api_refused(lambda: lens.write_report(model, "Hi", tmp_path), OutputError, [str(tmp_path), "is a directory"],
                 watch=[tmp_path])
+
+
+def test_group_size_without_an_int_scheme_is_refused_not_ignored():
+    import lucidlm
+    from lucidlm.errors import QuantizationError
+
+    for quantize in (None, "gguf"):
+        api_refused(lambda: lucidlm.load(group_size=64, quantize=quantize), QuantizationError,
+                    names=["group_size=64", "quantize='int4'"])
