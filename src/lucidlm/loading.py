@@ -168,12 +168,14 @@ def _load_base(source: str | Path, dtype: Optional[torch.dtype], device: str | t
 def _load_float(source: str | Path, name: str, path: Path, dtype: torch.dtype, device: str | torch.device,
                 seed: int, overrides: dict[str, Any]) -> LanguageModel:
     if path.is_dir():
-        from lucidlm.weights.checkpoint import is_checkpoint_dir, load_model
+        from lucidlm.weights.checkpoint import interrupted_checkpoint, is_checkpoint_dir, load_model
         from lucidlm.weights.hf import is_hf_dir, load_hf
         if is_checkpoint_dir(path):
             return load_model(path, dtype=dtype, device=device, model_cls=LanguageModel)
         if (path / "checkpoint").is_dir() and is_checkpoint_dir(path / "checkpoint"):
             return load_model(path / "checkpoint", dtype=dtype, device=device, model_cls=LanguageModel)
+        if not (path / "checkpoint").exists() and interrupted_checkpoint(path) is not None:
+            return load_model(interrupted_checkpoint(path), dtype=dtype, device=device, model_cls=LanguageModel)
         if is_hf_dir(path):
             return load_hf(path, dtype=dtype, device=device, model_cls=LanguageModel)
         from lucidlm.weights.meta import is_meta_dir, load_meta

@@ -32,13 +32,13 @@ from lucidlm.staging import owner_alive, owner_marker
 from lucidlm.training.kill_points import kill_point
 from lucidlm.training.resume_checks import check_optimizer_state
 from lucidlm.training.resume_checks import read_trainer_state as _read_checked_state
-from lucidlm.weights.checkpoint import CONFIG_NAME, WEIGHTS_NAME
+from lucidlm.weights.checkpoint import CONFIG_NAME, OLD_CHECKPOINT_PREFIX, WEIGHTS_NAME
 
 CHECKPOINT_DIR = "checkpoint"
 OPTIMIZER_NAME = "optimizer.safetensors"
 STATE_NAME = "trainer_state.json"
 TMP_PREFIX = ".checkpoint.tmp-"
-OLD_PREFIX = ".checkpoint.old-"
+OLD_PREFIX = OLD_CHECKPOINT_PREFIX
 
 
 # ----------------------------------------------------------------------------- RNG states

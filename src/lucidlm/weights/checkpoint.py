@@ -30,6 +30,16 @@ WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_NAME = "tokenizer.json"
 QUANTIZATION_NAME = "quantization.json"  # only for quantized models: which module has which scheme
 CHECKSUMS_NAME = "checksums.json"  # SHA-256 of the weights, written last: flipped bytes are found on load
+# A training run's previous checkpoint while a new one is swapped in (training/checkpoint.py)
+OLD_CHECKPOINT_PREFIX = ".checkpoint.old-"
+
+
+def interrupted_checkpoint(run_dir: Path) -> Path | None:
+    """The previous checkpoint of a run killed between the two renames that swap a new
+    checkpoint in (OUT/checkpoint gone, OUT/.checkpoint.old-* complete), read where it lies:
+    loading never moves a run's files (the next ``train --resume`` puts it back)."""
+    olds = [p for p in Path(run_dir).glob(f"{OLD_CHECKPOINT_PREFIX}*") if is_checkpoint_dir(p)]
+    return max(olds, key=lambda p: p.stat().st_mtime_ns) if olds else None
 
 
 def is_checkpoint_dir(path: Path) -> bool:
