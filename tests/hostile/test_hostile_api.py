@@ -299,3 +299,14 @@ def test_group_size_without_an_int_scheme_is_refused_not_ignored():
     for quantize in (None, "gguf"):
         api_refused(lambda: lucidlm.load(group_size=64, quantize=quantize), QuantizationError,
                     names=["group_size=64", "quantize='int4'"])
+
+
+def test_input_pos_without_a_cache_or_not_slots_is_refused():
+    from lucidlm.errors import InputError
+
+    model = lucidlm.load("shakespeare-char", random_init=True, seed=0)
+    ids = torch.tensor([[1, 2, 3]])
+    api_refused(lambda: model.run_with_cache(ids, input_pos=torch.arange(3)), InputError, names=["setup_kv_cache"])
+    model.setup_kv_cache(1, 16)
+    for bad in ("x", torch.arange(2), torch.tensor([0.0, 1.0, 2.0]), torch.tensor([-1, 0, 1])):
+        api_refused(lambda: model.run_with_cache(ids, input_pos=bad), InputError, names=["input_pos|slot"])

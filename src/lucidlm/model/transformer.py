@@ -176,10 +176,12 @@ class Transformer(nn.Module):
         """
         ids = self._check_ids(ids)
         B, T = ids.shape
-        if input_pos is not None and self.kv_caches is not None:
+        if input_pos is not None and self.kv_caches is None:
+            raise InputError("input_pos names KV-cache slots, but this model has no KV cache: call "
+                             "model.setup_kv_cache(batch_size, max_seq_len) first, or leave input_pos out.")
+        if input_pos is not None:
             input_pos = self._check_slots(input_pos, T)
         else:
-            input_pos = None
             self._check_length(T)
         if attention_mask is not None and (attention_mask.ndim != 2 or attention_mask.shape[0] != B):
             raise InputError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected ({B}, key positions).")
@@ -253,7 +255,11 @@ class Transformer(nn.Module):
         return ids.long()
 
     def _check_slots(self, input_pos: torch.Tensor, length: int) -> torch.Tensor:
-        input_pos = torch.as_tensor(input_pos, device=self.device)
+        try:
+            input_pos = torch.as_tensor(input_pos, device=self.device)
+        except (TypeError, ValueError, RuntimeError):
+            raise InputError(f"input_pos must be {length} integer cache slots (one per token), got "
+                             f"{type(input_pos).__name__} {input_pos!r:.40}.") from None
         if input_pos.shape != (length,) or input_pos.is_floating_point():
             raise InputError(f"input_pos must be {length} integer cache slots (one per token), got "
                              f"{tuple(input_pos.shape)} {input_pos.dtype}.")
