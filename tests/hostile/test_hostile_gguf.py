@@ -183,12 +183,7 @@ def test_layout_damage_names_what_runs_past_the_end(good, tmp_path):
         "first key 2**62 bytes long": (24, struct.pack("<Q", 1 << 62), r"metadata entry #0: a string of "
                                                                        r"4611686018427387904 bytes"),
     }
-    for name, (offset, raw, problem) in cases.items():
-        path = mutated(good, tmp_path, re.sub(r"\W+", "_", name) + ".gguf")
-        data = bytearray(path.read_bytes())
-        data[offset:offset + len(raw)] = raw
-        path.write_bytes(bytes(data))
-        api_refused(lambda: load_gguf(path), GGUFError, names=[path.name, problem])
+    _refuse_patched(good, tmp_path, cases)
     assert good.stat().st_size == size
 
 
@@ -206,12 +201,7 @@ def test_array_and_tensor_counts_beyond_the_file(good, tmp_path):
         "tensor dim 2**62": (int(first.field.offset) + sum(int(p.nbytes) for p in first.field.parts[:3]),
                              struct.pack("<Q", 1 << 62), r"spans bytes .*beyond the end of the file"),
     }
-    for name, (offset, raw, problem) in cases.items():
-        path = mutated(good, tmp_path, re.sub(r"\W+", "_", name) + ".gguf")
-        data = bytearray(path.read_bytes())
-        data[offset:offset + len(raw)] = raw
-        path.write_bytes(bytes(data))
-        api_refused(lambda: load_gguf(path), GGUFError, names=[path.name, problem])
+    _refuse_patched(good, tmp_path, cases)
 
 
 @pytest.mark.parametrize("alignment", [0, 3, 1 << 31])
@@ -359,3 +349,13 @@ def test_cli_commands_refuse_head_count_zero(good, tmp_path):
     refused("inspect", "--model", str(path), "hi", "--out", str(tmp_path / "r.html"), names=names, watch=[tmp_path])
     refused("convert", str(path), str(tmp_path / "out"), "--to", "hf", names=names, watch=[tmp_path])
     assert not (tmp_path / "out").exists() and not (tmp_path / "r.html").exists()
+
+
+def _refuse_patched(good, tmp_path, cases):
+    """Each case: a copy of ``good`` with ``raw`` written at ``offset``, refused naming ``problem``."""
+    for name, (offset, raw, problem) in cases.items():
+        path = mutated(good, tmp_path, re.sub(r"\W+", "_", name) + ".gguf")
+        data = bytearray(path.read_bytes())
+        data[offset:offset + len(raw)] = raw
+        path.write_bytes(bytes(data))
+        api_refused(lambda: load_gguf(path), GGUFError, names=[path.name, problem])
