@@ -100,18 +100,18 @@ def test_gguf_sampling_keys_are_read(tmp_path):
     assert found == {"temperature": pytest.approx(0.6), "top_k": 20, "top_p": pytest.approx(0.95)}
 
     bare = tmp_path / "named.gguf"  # no sampling keys: the table, by the model's own name
-    writer = gguf.GGUFWriter(str(bare), "llama")
-    writer.add_string(gguf.Keys.General.NAME, "SmolLM2 135M Instruct")
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    _gguf_named(bare, "SmolLM2 135M Instruct")
     assert sampling_defaults_for(bare) == {"temperature": 0.2, "top_p": 0.5}
     renamed = tmp_path / "SmolLM2-135M-Instruct.Q8_0.gguf"  # an unhelpful general.name: the file's name
-    writer = gguf.GGUFWriter(str(renamed), "llama")
-    writer.add_string(gguf.Keys.General.NAME, "Smollm2 135M 8k Lc100K Mix1 Ep2")
+    _gguf_named(renamed, "Smollm2 135M 8k Lc100K Mix1 Ep2")
+    assert sampling_defaults_for(renamed) == {"temperature": 0.2, "top_p": 0.5}
+
+
+def _gguf_named(path, name):
+    """A GGUF file with only ``general.name``: no tensors, no sampling keys."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_string(gguf.Keys.General.NAME, name)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    assert sampling_defaults_for(renamed) == {"temperature": 0.2, "top_p": 0.5}
