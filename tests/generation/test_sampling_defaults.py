@@ -109,6 +109,8 @@ def test_gguf_sampling_keys_are_read(tmp_path):
 
 def _gguf_named(path, name):
     """A GGUF file with only ``general.name``: no tensors, no sampling keys."""
+    import gguf
+
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_string(gguf.Keys.General.NAME, name)
     writer.write_header_to_file()
