@@ -30,7 +30,8 @@ from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
 from lucidlm.weights.finite import FiniteCheck
 from lucidlm.weights.gguf_families import FAMILIES, gguf_tensors_check_name, our_name
-from lucidlm.weights.gguf_quants import EXACT, FLOAT_TYPES, exact_float, exact_plain, finite_parts, native_scheme
+from lucidlm.weights.gguf_quants import (EXACT, FLOAT_TYPES, exact_codes, exact_float, exact_plain, finite_parts,
+                                         native_scheme)
 from lucidlm.weights.memory import TrimEvery, trim
 
 CHUNK_BYTES = 8 << 20  # float32 bytes converted at once for a large tensor
@@ -182,6 +183,17 @@ def quantized_plain(item: Planned, source: str, scale_dtype: torch.dtype) -> dic
     return plain
 
 
+def int4_from_blocks(item: Planned, device: str | torch.device) -> nn.Module:
+    """An Int4Linear from a Q4_0 / Q4_1 matrix's blocks, bit for bit, its codes unpacked once
+    (int32, what torch's CPU packing reads) instead of packed to nibbles and unpacked again."""
+    from lucidlm.quantization import DEFAULT_COMPUTE_DTYPE, Int4Linear
+
+    codes, scales, zeros = exact_codes(item.tensor, item.tensor.tensor_type.name, DEFAULT_COMPUTE_DTYPE)
+    if item.heads is not None:  # permuting output rows (codes with their row's scales) is exact
+        codes, scales, zeros = (permute_qk_to_half(t, item.heads) for t in (codes, scales, zeros))
+    return Int4Linear.from_codes(codes.to(device), scales.to(device), zeros.to(device), item.target[1])
+
+
 # --------------------------------------------------------------------------------------- loading
 
 
@@ -192,9 +204,6 @@ def stream_into(model: Transformer, planned: list[Planned], source: str, dtype: 
     ``release(tensor)`` is called once a tensor is converted (the reader drops its pages).
     Every tensor's values (or block scales) are checked finite (``weights/finite.py``); the
     model is returned only if all are."""
-    from lucidlm.quantization import DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding
-    from lucidlm.quantization.swap import scheme_class, set_module
-
     modules = dict(model.named_modules())
     check = FiniteCheck(source)
     trims = TrimEvery()
@@ -212,21 +221,32 @@ def stream_into(model: Transformer, planned: list[Planned], source: str, dtype: 
                 if raw is None:  # a type whose blocks we cannot read: check its floats, now
                     check.add(item.tensor.name, dequantize_tensor(item.tensor, source))
                     check.verify()
-                scheme, group_size = item.target
-                cls = scheme_class(scheme)
-                plain = {k: v.to(device) for k, v in quantized_plain(item, source, DEFAULT_COMPUTE_DTYPE).items()}
-                old = modules[item.module]
-                if isinstance(old, nn.Embedding):
-                    set_module(model, item.module, QuantizedEmbedding(cls, plain, old.embedding_dim, group_size, dtype))
-                    if model.config.tie_embeddings:  # one matrix: the unembedding is built from the same codes
-                        set_module(model, "unembed", cls.from_plain(plain, old.embedding_dim, group_size))
-                else:
-                    set_module(model, item.module, cls.from_plain(plain, old.in_features, group_size))
+                _place_quantized(model, modules[item.module], item, source, dtype, device)
             release(item.tensor)
             trims.step(_float32_bytes(item.tensor))
     check.verify()
     trim()
     return model.materialize(device)  # the position tables; every weight is in place
+
+
+def _place_quantized(model: Transformer, old: nn.Module, item: Planned, source: str, dtype: torch.dtype,
+                     device: str | torch.device) -> None:
+    """Swap ``old`` (the skeleton's Linear or Embedding) for its quantized module holding ``item``."""
+    from lucidlm.quantization import DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding
+    from lucidlm.quantization.swap import scheme_class, set_module
+
+    scheme, group_size = item.target
+    cls = scheme_class(scheme)
+    if scheme == "int4" and EXACT.get(item.tensor.tensor_type.name) == item.target and isinstance(old, nn.Linear):
+        set_module(model, item.module, int4_from_blocks(item, device))  # Q4 blocks: codes straight to the kernel
+        return
+    plain = {k: v.to(device) for k, v in quantized_plain(item, source, DEFAULT_COMPUTE_DTYPE).items()}
+    if isinstance(old, nn.Embedding):
+        set_module(model, item.module, QuantizedEmbedding(cls, plain, old.embedding_dim, group_size, dtype))
+        if model.config.tie_embeddings:  # one matrix: the unembedding is built from the same codes
+            set_module(model, "unembed", cls.from_plain(plain, old.embedding_dim, group_size))
+    else:
+        set_module(model, item.module, cls.from_plain(plain, old.in_features, group_size))
 
 
 def _float32_bytes(tensor: Any) -> int:
