@@ -72,7 +72,7 @@ def run_nanogpt(copy: Path, cfg: dict, env: dict) -> dict:
     before that iteration's ``loss.item()`` waits for the GPU; so iteration time is taken
     instead from when each log line arrives (printed right after that wait), the same
     clock as lucidlm's windows."""
-    flags = [f"--{k}={v}" for k, v in cfg.items() if k != "compile_mode"] + [f"--out_dir={copy / 'out'}"]
+    flags = [f"--{k}={v}" for k, v in cfg.items() if k not in ("compile_mode", "dtype")] + [f"--out_dir={copy / 'out'}"]
     proc = subprocess.Popen([sys.executable, "train.py", "config/train_shakespeare_char.py", *flags], cwd=copy,
                             env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -91,14 +91,18 @@ def run_nanogpt(copy: Path, cfg: dict, env: dict) -> dict:
             "iters_timed": len(per_iter), "val_loss": float(vals[-1][2]) if vals else None}
 
 
-VARIANTS = {"eager": (False, "default"), "compile": (True, "default"), "reduce-overhead": (True, "reduce-overhead"),
-            "max-autotune": (True, "max-autotune")}
+# name: (compile, compile mode, lucidlm --dtype). "auto" is float32 on CPU (nanoGPT's precision
+# there: its train.py never autocasts on CPU) and bf16 autocast on CUDA (as nanoGPT's GPU config).
+VARIANTS = {"eager": (False, "default", "auto"), "compile": (True, "default", "auto"),
+            "reduce-overhead": (True, "reduce-overhead", "auto"), "max-autotune": (True, "max-autotune", "auto"),
+            "bf16": (False, "default", "bfloat16"), "bf16-compile": (True, "default", "bfloat16")}
 
 
 def run_lucidlm(cfg: dict, env: dict, workdir: Path, variant: str) -> dict:
     out = Path(tempfile.mkdtemp(dir=workdir))
-    compile, mode = VARIANTS[variant]
-    args = [sys.executable, __file__, "--worker", json.dumps({**cfg, "compile": compile, "compile_mode": mode}),
+    compile, mode, dtype = VARIANTS[variant]
+    args = [sys.executable, __file__, "--worker",
+            json.dumps({**cfg, "compile": compile, "compile_mode": mode, "dtype": dtype}),
             "--out", str(out)]
     done = subprocess.run(args, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -141,7 +145,7 @@ def worker(cfg: dict, out: Path) -> None:
         warmup_iters=100, beta2=0.99, weight_decay=0.1, grad_clip=1.0, dropout=cfg["dropout"],
         eval_interval=cfg["eval_interval"], eval_iters=cfg["eval_iters"], log_interval=cfg["log_interval"],
         sample_tokens=0, progress=False, device=cfg["device"], compile=cfg["compile"],
-        compile_mode=cfg["compile_mode"]), callbacks=[windows])
+        compile_mode=cfg["compile_mode"], dtype=cfg["dtype"]), callbacks=[windows])
     (out / "bench_times.json").write_text(json.dumps({"windows": windows.windows, "val_loss": result.val_loss}))
 
 

@@ -22,12 +22,12 @@ multiplying with the identity (exact: small integers in bfloat16).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
-from lucidlm.quantization.base import QuantizedLinear
+from lucidlm.quantization.base import DEFAULT_COMPUTE_DTYPE, QuantizedLinear
 
 ROW_TILE = 16  # the CPU packing works on 16 output rows at a time
 TILE_CHUNK = 4096  # rows converted at once (a multiple of the packing's 64-row blocks)
@@ -46,21 +46,26 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 
 def cpu_tiles(packed: torch.Tensor, pad: int) -> torch.Tensor:
-    """(N, K/2) plain codes -> torch's CPU kernel tiles (N + pad, K/2), padding rows code 8.
+    """(N, K/2) plain codes -> torch's CPU kernel tiles (N + pad, K/2), padding rows code 8."""
+    return tiles_from_codes(lambda start, stop: unpack_nibbles(packed[start:stop]), packed.shape[0], pad)
+
+
+def tiles_from_codes(codes_of: Callable[[int, int], torch.Tensor], N: int, pad: int) -> torch.Tensor:
+    """The CPU kernel tiles (N + pad, K/2) of N rows whose codes (rows, K) in 0..15
+    ``codes_of(start, stop)`` gives, padding rows code 8.
 
     The kernel wants its input as (N, K) int32: 4 bytes per weight where the plain layout has
     half a byte (113 MB for SmolLM2's embedding). Its packing treats every block of at most
     64 rows on its own (the vector width times 4), so converting TILE_CHUNK rows at a time
     (a multiple of 64) gives the same bytes with a bounded int32 copy; a test checks the
     equality against one call."""
-    N = packed.shape[0]
     out: Optional[torch.Tensor] = None
     for start in range(0, N + pad, TILE_CHUNK):
         stop = min(start + TILE_CHUNK, N + pad)
-        codes = unpack_nibbles(packed[start:min(stop, N)]).to(torch.int32)  # (rows, K)
+        codes = codes_of(start, min(stop, N)).to(torch.int32)  # (rows, K); no copy if int32 already
         if codes.shape[0] < stop - start:  # the padded tail
             codes = F.pad(codes, (0, 0, 0, stop - start - codes.shape[0]), value=8)
-        tiles = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # (rows, K/2) uint8
+        tiles = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)  # (rows, K/2) uint8
         if out is None:
             if stop == N + pad:  # one chunk: no copy
                 return tiles
@@ -96,21 +101,42 @@ class Int4Linear(QuantizedLinear):
         scales, zeros = plain["scales"].float()[..., None], plain["zeros"].float()[..., None]  # (N, G, 1)
         return ((codes.reshape(N, K // g, g) - 8) * scales + zeros).reshape(N, K)
 
+    @classmethod
+    def from_codes(cls, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: Optional[int],
+                   compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> "Int4Linear":
+        """A module from unpacked codes (N, K) in 0..15 (int32 on CPU is what the kernel's
+        packing reads) and scales / zeros (N, G): a GGUF Q4 block map goes straight to the
+        tiles, without packing nibbles for the plain layout and unpacking them again."""
+        N, K = codes.shape
+        module = cls(K, N, False, group_size, compute_dtype)
+        if codes.device.type != "cpu":
+            module._install({"weight_int4": pack_nibbles(codes), "scales": scales, "zeros": zeros})
+        else:
+            module._install_cpu(lambda start, stop: codes[start:stop], N, scales, zeros)
+        return module
+
     def _install(self, plain: dict[str, torch.Tensor]) -> None:
         packed = plain["weight_int4"].to(torch.uint8)
+        if packed.device.type == "cpu":
+            self._install_cpu(lambda start, stop: unpack_nibbles(packed[start:stop]), packed.shape[0],
+                              plain["scales"], plain["zeros"])
+            return
+        self.uses_cpu_kernel = False
         scales = plain["scales"].to(self.compute_dtype).reshape(packed.shape[0], -1)
         zeros = plain["zeros"].to(self.compute_dtype).reshape(packed.shape[0], -1)
-        N = packed.shape[0]
-        self.uses_cpu_kernel = packed.device.type == "cpu"
-        if self.uses_cpu_kernel:
-            pad = -N % ROW_TILE
-            if pad:  # padding rows are never read back: the output is sliced to N
-                scales, zeros = F.pad(scales, (0, 0, 0, pad)), F.pad(zeros, (0, 0, 0, pad))
-            self.register_buffer("weight_int4", cpu_tiles(packed, pad))
-            self.register_buffer("scales_and_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).contiguous())
-        else:
-            self.register_buffer("weight_int4", packed.contiguous())
-            self.register_buffer("scales_and_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).contiguous())
+        self.register_buffer("weight_int4", packed.contiguous())
+        self.register_buffer("scales_and_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).contiguous())
+
+    def _install_cpu(self, codes_of: Callable[[int, int], torch.Tensor], N: int, scales: torch.Tensor,
+                     zeros: torch.Tensor) -> None:
+        self.uses_cpu_kernel = True
+        scales = scales.to(self.compute_dtype).reshape(N, -1)
+        zeros = zeros.to(self.compute_dtype).reshape(N, -1)
+        pad = -N % ROW_TILE
+        if pad:  # padding rows are never read back: the output is sliced to N
+            scales, zeros = F.pad(scales, (0, 0, 0, pad)), F.pad(zeros, (0, 0, 0, pad))
+        self.register_buffer("weight_int4", tiles_from_codes(codes_of, N, pad))
+        self.register_buffer("scales_and_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).contiguous())
 
     def plain_state(self) -> dict[str, torch.Tensor]:
         N = self.out_features

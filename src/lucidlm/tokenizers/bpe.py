@@ -14,8 +14,9 @@ Ids: 0..255 are the 256 single bytes (in ``byte_order``: identity for trained to
 GPT-2's own order for its files), id ``256 + r`` is the token made by merge ``r``, and the
 special tokens come last. So a merge's rank and the id it makes are the same number.
 
-Training (``BPETokenizer.train``) is seed 002's loop - merge the most common pair, repeat -
-over the chunk counts instead of the raw text, with pair counts updated incrementally.
+Training (``BPETokenizer.train``) checks its arguments here and runs the trainer in
+``bpe_trainer.py``: seed 002's loop - merge the most common pair, repeat - over the chunk
+counts instead of the raw text, with pair counts updated incrementally.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import heapq
 import json
 import warnings
-from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,8 @@ from typing import Any
 import regex
 
 from lucidlm.errors import TokenizerError
-from lucidlm.tokenizers.base import Tokenizer, split_on_special
+from lucidlm.tokenizers.base import Tokenizer
+from lucidlm.tokenizers.bpe_trainer import Pair, count_chunks, learn_merges, merge_pair
 
 ENDOFTEXT = "<|endoftext|>"
 
@@ -43,9 +44,6 @@ GPT2_SPLIT_PATTERN = (
 
 _ENCODE_CACHE_SIZE = 1 << 16  # chunks remembered; natural text repeats its words a lot
 _LONG_CHUNK = 200  # bytes; longer chunks take the O(n log n) merge path (same result)
-
-Pair = tuple[int, int]
-
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table, used by its ``encoder.json``/``vocab.bpe``.
@@ -66,21 +64,6 @@ def bytes_to_unicode() -> dict[int, str]:
             table[b] = chr(256 + extra)
             extra += 1
     return table
-
-
-def merge_pair(ids: list[int], pair: Pair, new_id: int) -> list[int]:
-    """Replace every non-overlapping occurrence of ``pair`` (left to right) by ``new_id``."""
-    out: list[int] = []
-    i, n = 0, len(ids)
-    first, second = pair
-    while i < n:
-        if i + 1 < n and ids[i] == first and ids[i + 1] == second:
-            out.append(new_id)
-            i += 2
-        else:
-            out.append(ids[i])
-            i += 1
-    return out
 
 
 class BPETokenizer(Tokenizer):
@@ -321,17 +304,8 @@ class BPETokenizer(Tokenizer):
                 f"use vocab_size >= {minimum}"
             )
         n_merges = vocab_size - 256 - len(special_tokens)
-        split_regex = regex.compile(pattern)
-
-        # Count each distinct chunk once: "the" occurs thousands of times but is one word.
-        chunk_counts: Counter[str] = Counter()
-        for _, piece, is_special in split_on_special(text, set(special_tokens)):
-            if not is_special:
-                chunk_counts.update(split_regex.findall(piece))
-        words = [list(chunk.encode("utf-8", errors="surrogatepass")) for chunk in chunk_counts]
-        freqs = list(chunk_counts.values())
-
-        merges = _learn_merges(words, freqs, n_merges, progress)
+        words, freqs = count_chunks(text, special_tokens, pattern)
+        merges = learn_merges(words, freqs, n_merges, progress)
         if len(merges) < n_merges:
             warnings.warn(
                 f"BPE training ran out of pairs after {len(merges)} of {n_merges} merges: "
@@ -342,72 +316,3 @@ class BPETokenizer(Tokenizer):
         specials = {name: 256 + len(merges) + i for i, name in enumerate(special_tokens)}
         eos = ENDOFTEXT if ENDOFTEXT in specials else None
         return cls(merges, specials, pattern=pattern, eos_token=eos)
-
-
-def _learn_merges(
-    words: list[list[int]], freqs: list[int], n_merges: int, progress: bool
-) -> list[Pair]:
-    """The merge loop. ``words[w]`` is distinct chunk w as ids, seen ``freqs[w]`` times.
-
-    Instead of recounting every pair after every merge (seed 002), keep:
-      pair_counts[p]  - occurrences of pair p in the corpus (weighted by chunk frequency)
-      where[p]        - ids of the chunks that contain p
-      heap            - (-count, left bytes, right bytes, pair): the best pair on top
-    A merge only rewrites the chunks in where[p], and only their pairs change count. Heap
-    entries are not removed when a count changes; a stale one is skipped when popped.
-    """
-    from tqdm.auto import tqdm  # local: only training needs it
-
-    vocab: list[bytes] = [bytes([b]) for b in range(256)]  # id -> bytes, grows per merge
-    pair_counts: defaultdict[Pair, int] = defaultdict(int)
-    where: defaultdict[Pair, set[int]] = defaultdict(set)
-    for w, (ids, freq) in enumerate(zip(words, freqs)):
-        for pair in zip(ids, ids[1:]):
-            pair_counts[pair] += freq
-            where[pair].add(w)
-
-    def entry(pair: Pair) -> tuple[int, bytes, bytes, Pair]:
-        return (-pair_counts[pair], vocab[pair[0]], vocab[pair[1]], pair)
-
-    heap = [entry(pair) for pair in pair_counts]
-    heapq.heapify(heap)
-
-    merges: list[Pair] = []
-    bar = tqdm(total=n_merges, desc="BPE merges", unit="merge", disable=not progress)
-    while len(merges) < n_merges and heap:
-        neg_count, _, _, pair = heapq.heappop(heap)
-        if pair_counts.get(pair, 0) != -neg_count:
-            continue  # stale entry: this pair's count changed after it was pushed
-        new_id = 256 + len(merges)
-        merges.append(pair)
-        vocab.append(vocab[pair[0]] + vocab[pair[1]])
-
-        changed: set[Pair] = set()
-        for w in where.pop(pair):
-            old = words[w]
-            new = merge_pair(old, pair, new_id)
-            words[w] = new
-            freq = freqs[w]
-            # Take the chunk's old pairs out and put its new ones in. Chunks are short, so
-            # redoing all of its pairs is simpler than, and about as fast as, a local diff.
-            old_pairs, new_pairs = Counter(zip(old, old[1:])), Counter(zip(new, new[1:]))
-            for p, n in old_pairs.items():
-                pair_counts[p] -= n * freq
-                changed.add(p)
-                if p not in new_pairs and p != pair:
-                    where[p].discard(w)
-            for p, n in new_pairs.items():
-                pair_counts[p] += n * freq
-                changed.add(p)
-                where[p].add(w)
-        changed.discard(pair)
-        del pair_counts[pair]
-        for p in changed:
-            if pair_counts[p] > 0:
-                heapq.heappush(heap, entry(p))
-            else:
-                del pair_counts[p]
-                where.pop(p, None)
-        bar.update(1)
-    bar.close()
-    return merges

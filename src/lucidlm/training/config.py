@@ -63,7 +63,8 @@ class LoopConfig:
     progress: bool = opt(True, "progress bar (only when stderr is a terminal)")
     seed: int = opt(1337, "random seed (weights, batches, dropout)", seed=True)
     device: str = opt("auto", "auto (CUDA if available, else CPU), cpu, cuda, cuda:N")
-    dtype: str = opt("auto", "auto: bf16 autocast on CUDA, fp32 on CPU", choices=DTYPES)
+    dtype: str = opt("auto", "auto: bf16 autocast on CUDA, fp32 on CPU; bfloat16: autocast on CPU "
+                               "too (2-3x faster where the CPU has AVX512-BF16 or AMX)", choices=DTYPES)
     compile: bool = opt(False, "torch.compile the training step: model, loss and backward (slow start, faster "
                                "steps)")
     compile_mode: str = opt("default", "torch.compile mode; reduce-overhead replays CUDA graphs (GPU)",

@@ -26,7 +26,9 @@ import torch
 
 from lucidlm.errors import GGUFError
 from lucidlm.model.transformer import Transformer
-from lucidlm.weights.gguf_config import SUPPORTED_ARCHITECTURES, config_from_metadata, fit_to_tensors  # noqa: F401
+from lucidlm.weights.gguf_config import (SUPPORTED_ARCHITECTURES, config_from_metadata, fit_skeleton,  # noqa: F401
+                                         fit_to_tensors)
+from lucidlm.weights.gguf_header_cache import cached_tokenizer
 from lucidlm.weights.gguf_stream import plan, stream_into, supported_types  # noqa: F401 - supported_types: API
 
 GGUF_MAGIC = b"GGUF"
@@ -110,11 +112,12 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: str 
     source = str(path)
     reader = open_gguf(path)
     meta = read_metadata(reader)
-    config = fit_to_tensors(reader, config_from_metadata(meta, source), meta, source,
-                            float_weights=quantize is None, model_cls=model_cls)
-    tokenizer = tokenizer_from_metadata(meta, source)
+    config, skeleton = fit_skeleton(reader, config_from_metadata(meta, source), meta, source,
+                                    float_weights=quantize is None, model_cls=model_cls)
+    # built once per header and process (gguf_header_cache.py); each model gets its own copy
+    tokenizer = cached_tokenizer(reader.header_digest, source, lambda: tokenizer_from_metadata(meta, source))
     planned = plan(reader, config, source, quantize, group_size)
-    model = stream_into(model_cls.skeleton(config), planned, source, dtype, device,
+    model = stream_into(skeleton, planned, source, dtype, device,
                         release=getattr(reader, "release", lambda tensor: None), progress=progress)
     model.tokenizer = tokenizer
     return model.to(dtype).eval()

@@ -97,6 +97,13 @@ def fit_to_tensors(reader: Any, config: ModelConfig, meta: dict[str, Any], sourc
     """``config`` with the vocabulary and tied embeddings the tensors have, checked against the
     file before anything is allocated: the layer count, every tensor's shape (on a model built
     on the meta device, which holds no memory) and what the model will take in memory."""
+    return fit_skeleton(reader, config, meta, source, float_weights, model_cls)[0]
+
+
+def fit_skeleton(reader: Any, config: ModelConfig, meta: dict[str, Any], source: str, float_weights: bool,
+                 model_cls: type[Transformer] = Transformer) -> tuple[ModelConfig, Transformer]:
+    """``fit_to_tensors``, and the meta-device model it checked the shapes on (``model_cls.skeleton``):
+    the loader streams the weights into that one instead of building the module tree twice."""
     by_name = {t.name: t for t in reader.tensors}
     embed = by_name.get("token_embd.weight")
     if embed is None or len(embed.shape) != 2:
@@ -114,7 +121,7 @@ def fit_to_tensors(reader: Any, config: ModelConfig, meta: dict[str, Any], sourc
         raise GGUFError(f"{source}: {config.name}.block_count={config.n_layers} but the file has {found}. "
                         f"{METADATA_FIX[0].upper()}{METADATA_FIX[1:]}.")
     config = config.replace(tie_embeddings="output.weight" not in by_name, vocab_size=rows)
-    skeleton = model_cls.empty(config, "meta")
+    skeleton = model_cls.skeleton(config)
     expected = {name: tuple(p.shape) for name, p in skeleton.state_dict().items()}
     family = FAMILIES.get(config.name, FAMILIES["llama"])
     present = set()
@@ -140,4 +147,4 @@ def fit_to_tensors(reader: Any, config: ModelConfig, meta: dict[str, Any], sourc
     check_allocation(buffers + params, f"{source}: the model its metadata describes", GGUFError,
                      f"check {config.name}.context_length ({config.max_seq_len}) and the layer sizes, or load it "
                      f"quantized")
-    return config
+    return config, skeleton

@@ -19,6 +19,7 @@ adds is measured in the tests. Float tensors (norms; F16/F32 matrices) stay floa
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, Optional
 
@@ -75,55 +76,76 @@ def _from_numpy(data: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(data)
 
 
-def _blocks(tensor: Any, n_rows: int, block_bytes: int) -> torch.Tensor:
-    """(N, K/32, block_bytes) uint8 view of the tensor's bytes (no copy of the mapped file)."""
-    data = np.asarray(tensor.data).reshape(n_rows, -1, block_bytes)
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+
+
+def _blocks(tensor: Any, type_name: str) -> torch.Tensor:
+    """(N, K/32, block bytes) uint8 view of the tensor's bytes (no copy of the mapped file)."""
+    data = np.asarray(tensor.data)
     with warnings.catch_warnings():  # a read-only map: we only ever read it (every use copies)
         warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(data)
+        return torch.from_numpy(data.reshape(data.shape[0], -1, BLOCK_BYTES[type_name]))
 
 
-def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
-    """The f16 stored at byte ``offset`` of each block, as float32 (N, G)."""
-    return blocks[..., offset:offset + 2].contiguous().view(torch.float16)[..., 0].float()
+def _scales(blocks: torch.Tensor, type_name: str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(d, m or None), float32 (N, G): the f16 fields at bytes 0 and 2 of each block, read
+    through one float16 view of the blocks (every block size is even)."""
+    halves = blocks.view(torch.float16)  # (N, G, block bytes / 2), strided reads below: no byte copies
+    return halves[..., 0].float(), (halves[..., 1].float() if type_name == "Q4_1" else None)
 
 
-def _parse(tensor: Any, type_name: str) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """(codes (N, K), d (N, G) float32, m (N, G) float32 or None) of a Q8_0 / Q4_0 / Q4_1
-    tensor; int4 codes are 0..15 in column order, int8 codes are signed."""
-    n_rows = int(tensor.data.shape[0])
+def _codes(blocks: torch.Tensor, type_name: str, dtype: torch.dtype, scratch: Any = None) -> torch.Tensor:
+    """(N, G, 32) codes of ``dtype``, in column order: Q8_0's signed bytes, Q4's nibbles 0..15
+    (byte i of a block holds column i in its low half and column i + 16 in its high half);
+    written into ``scratch.take(N * K, dtype)`` (``weights/memory.Scratch``) when given."""
+    shape = (*blocks.shape[:2], BLOCK)
+    codes = torch.empty(shape, dtype=dtype) if scratch is None else scratch.take(math.prod(shape), dtype).view(shape)
     if type_name == "Q8_0":
-        blocks = _blocks(tensor, n_rows, 34)  # (N, G, 34)
-        return blocks[..., 2:].contiguous().view(torch.int8).reshape(n_rows, -1), _f16(blocks, 0), None
-    header = 2 if type_name == "Q4_0" else 4
-    blocks = _blocks(tensor, n_rows, header + 16)  # (N, G, 18 | 20)
-    nibbles = blocks[..., header:]  # (N, G, 16)
-    codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).reshape(n_rows, -1)  # (N, K), block order
-    return codes, _f16(blocks, 0), (_f16(blocks, 2) if type_name == "Q4_1" else None)
+        codes.copy_(blocks[..., 2:].view(torch.int8))  # a copy: never a view of the map
+        return codes
+    nibbles = blocks[..., BLOCK_BYTES[type_name] - 16:]  # (N, G, 16)
+    codes[..., :16] = nibbles & 0x0F  # written straight into the output dtype: no uint8 (N, K) copy
+    codes[..., 16:] = nibbles >> 4
+    return codes
 
 
 def exact_plain(tensor: Any, type_name: str, scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Plain-layout tensors of our scheme for a Q8_0 / Q4_0 / Q4_1 tensor, bit for bit
     (scales rounded to ``scale_dtype``)."""
-    codes, d, m = _parse(tensor, type_name)
     if type_name == "Q8_0":
-        return {"weight_int8": codes, "scales": d.to(scale_dtype)}
+        blocks = _blocks(tensor, type_name)
+        codes, (d, _) = _codes(blocks, type_name, torch.int8), _scales(blocks, type_name)
+        return {"weight_int8": codes.reshape(blocks.shape[0], -1), "scales": d.to(scale_dtype)}
+    codes, scales, zeros = exact_codes(tensor, type_name, scale_dtype, torch.uint8)
+    return {"weight_int4": pack_nibbles(codes), "scales": scales, "zeros": zeros}
+
+
+def exact_codes(tensor: Any, type_name: str, scale_dtype: torch.dtype, dtype: torch.dtype = torch.int32,
+                scratch: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes (N, K) of ``dtype`` in 0..15, scales, zeros (N, G) in ``scale_dtype``) of a Q4_0 /
+    Q4_1 tensor in our int4 scheme, bit for bit: int32 codes are what torch's CPU tile
+    packing takes, so ``Int4Linear.from_codes`` skips packing into nibbles and out again."""
+    blocks = _blocks(tensor, type_name)
+    N = blocks.shape[0]
+    d, m = _scales(blocks, type_name)
     zeros = torch.zeros_like(d) if m is None else m + 8 * d  # (q - 8) d + zero = d q + m
-    return {"weight_int4": pack_nibbles(codes), "scales": d.to(scale_dtype), "zeros": zeros.to(scale_dtype)}
+    return _codes(blocks, type_name, dtype, scratch).reshape(N, -1), d.to(scale_dtype), zeros.to(scale_dtype)
 
 
-def exact_float(tensor: Any, type_name: str) -> torch.Tensor:
+def exact_float(tensor: Any, type_name: str, scratch: Any = None) -> torch.Tensor:
     """float32 (N, K) of a Q8_0 / Q4_0 / Q4_1 tensor with exactly ``gguf.quants.dequantize``'s
-    arithmetic (float32, multiply then add), computed with torch: ~20x faster."""
-    codes, d, m = _parse(tensor, type_name)
-    N, K = codes.shape
-    q = codes.reshape(N, -1, BLOCK).float()  # (N, G, 32)
+    arithmetic (float32, multiply then add), computed with torch in place (in ``scratch``'s
+    buffer when given): ~30x faster."""
+    blocks = _blocks(tensor, type_name)
+    N = blocks.shape[0]
+    d, m = _scales(blocks, type_name)
+    w = _codes(blocks, type_name, torch.float32, scratch)  # (N, G, 32)
     if type_name == "Q4_0":
-        q = q - 8
-    w = q * d[..., None]
+        w.sub_(8)
+    w.mul_(d[..., None])
     if m is not None:
-        w = w + m[..., None]
-    return w.reshape(N, K)
+        w.add_(m[..., None])
+    return w.reshape(N, -1)
 
 
 def plain_from_float(weight: torch.Tensor, scheme: str, group_size: Optional[int],

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from lucidlm.weights import gguf_header_cache as header_cache
+
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<?", 10: "<u8", 11: "<i8",
          12: "<f8"}
@@ -60,34 +62,12 @@ class GGUFFile:
         buf = memoryview(self.map)
         self.size = len(buf)
         self.pos, self.where = 0, "the header"
-        magic, version, n_tensors, n_kv = self._unpack(buf, "<4sIQQ")
-        if magic != b"GGUF":
-            raise GGUFFormatError(f"it starts with {magic!r}, not the magic bytes b'GGUF'")
-        if version not in VERSIONS:
-            raise UnsupportedVersion(version)
-        # each metadata entry takes >= 13 bytes (key length, type, one byte), each tensor info >= 24
-        self._need(n_kv * 13, f"{n_kv} metadata entries")
-        self._need(n_tensors * 24, f"{n_tensors} tensor infos")
-        self.metadata: dict[str, Any] = {}
-        for index in range(n_kv):
-            self.where = f"metadata entry #{index}" + (f" (after {key!r})" if index else "")
-            key = self._string(buf)
-            self.where = f"metadata key {key!r}"
-            if key in self.metadata:
-                raise GGUFFormatError(f"metadata key {key!r} appears twice")
-            (kind,) = self._unpack(buf, "<I")
-            self.metadata[key] = self._value(buf, kind, key)
-        infos = []
-        for index in range(n_tensors):
-            self.where = f"tensor info #{index}"
-            name = self._string(buf)
-            self.where = f"tensor {name!r}"
-            (n_dims,) = self._unpack(buf, "<I")
-            if not 1 <= n_dims <= MAX_DIMS:
-                raise GGUFFormatError(f"tensor {name!r} has {n_dims} dimensions; GGUF allows 1 to {MAX_DIMS}")
-            dims = [int(d) for d in self._unpack(buf, f"<{n_dims}Q")]
-            kind, offset = self._unpack(buf, "<IQ")
-            infos.append((name, dims, kind, offset))
+        entry = header_cache.lookup(self.path, buf)  # these very header bytes, parsed earlier in this process
+        if entry is None:
+            infos = self._parse_header(buf)
+            entry = header_cache.store(self.path, buf, self.pos, self.metadata, infos)
+        self.metadata = dict(entry.metadata)  # a caller's own dict (the values are never mutated)
+        infos, self.pos, self.header_digest = entry.infos, entry.header_len, entry.digest
         alignment = self.metadata.get("general.alignment", 32)
         if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0 or \
                 alignment & (alignment - 1) or alignment > 1 << 20:
@@ -119,6 +99,38 @@ class GGUFFile:
             else:  # one row of bytes per row of blocks, like GGUFReader
                 data = raw.reshape(*np_dims[:-1], np_dims[-1] // block * type_size)
             self.tensors.append(Tensor(name, qtype, np.array(dims, dtype=np.int64), data, data_offset, n_bytes))
+
+    def _parse_header(self, buf: memoryview) -> list[tuple[str, list[int], int, int]]:
+        """Fill ``self.metadata``; the tensor infos (name, dims, type id, offset), unchecked."""
+        magic, version, n_tensors, n_kv = self._unpack(buf, "<4sIQQ")
+        if magic != b"GGUF":
+            raise GGUFFormatError(f"it starts with {magic!r}, not the magic bytes b'GGUF'")
+        if version not in VERSIONS:
+            raise UnsupportedVersion(version)
+        # each metadata entry takes >= 13 bytes (key length, type, one byte), each tensor info >= 24
+        self._need(n_kv * 13, f"{n_kv} metadata entries")
+        self._need(n_tensors * 24, f"{n_tensors} tensor infos")
+        self.metadata: dict[str, Any] = {}
+        for index in range(n_kv):
+            self.where = f"metadata entry #{index}" + (f" (after {key!r})" if index else "")
+            key = self._string(buf)
+            self.where = f"metadata key {key!r}"
+            if key in self.metadata:
+                raise GGUFFormatError(f"metadata key {key!r} appears twice")
+            (kind,) = self._unpack(buf, "<I")
+            self.metadata[key] = self._value(buf, kind, key)
+        infos = []
+        for index in range(n_tensors):
+            self.where = f"tensor info #{index}"
+            name = self._string(buf)
+            self.where = f"tensor {name!r}"
+            (n_dims,) = self._unpack(buf, "<I")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise GGUFFormatError(f"tensor {name!r} has {n_dims} dimensions; GGUF allows 1 to {MAX_DIMS}")
+            dims = [int(d) for d in self._unpack(buf, f"<{n_dims}Q")]
+            kind, offset = self._unpack(buf, "<IQ")
+            infos.append((name, dims, kind, offset))
+        return infos
 
     def _need(self, n_bytes: int, what: str) -> None:
         if self.pos + n_bytes > self.size:
