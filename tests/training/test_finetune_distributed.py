@@ -50,6 +50,9 @@ for method in sys.argv[4].split(","):
 tune("lora", "dropout", lora_dropout=0.1)
 tune("lora", "resumed", lora_dropout=0.1, max_iters=2)
 tune("lora", "resumed", lora_dropout=0.1, resume=True)
+# One process's checkpoints (copied in by the test) continued by 2 processes.
+for method in ("lora", "full"):
+    tune(method, "grown-" + method, max_iters=8, resume=True)
 """
 
 
@@ -108,11 +111,17 @@ def test_distributed_finetuning_equals_one_process_and_resumes_in_one(single, st
     root = single
     script = root / "tune_all.py"
     script.write_text(SCRIPT)
+    for method in ("lora", "full"):
+        shutil.copytree(root / f"{method}-4", root / f"grown-{method}-{strategy}")
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(script), str(root), strategy, json.dumps(SETTINGS), ",".join(METHODS)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count(f"2 process(es), {strategy}") == len(METHODS) + 3
+    assert done.stdout.count(f"2 process(es), {strategy}") == len(METHODS) + 5
+    assert done.stdout.count("resuming a run of 1 process(es) with 2") == 2
+    for method in ("lora", "full"):  # 2 processes end where one process ends
+        grown, one = losses(root / f"grown-{method}-{strategy}"), losses(root / f"{method}-8")
+        assert len(grown) == 8 and max(abs(a - b) for a, b in zip(grown, one)) <= 1e-5, (method, grown, one)
     # A 2-process run resumed by 2 processes is bit-identical (every rank's dropout RNG restored).
     uninterrupted, resumed = root / f"dropout-{strategy}", root / f"resumed-{strategy}"
     assert losses(resumed) == losses(uninterrupted) and len(losses(resumed)) == 4
