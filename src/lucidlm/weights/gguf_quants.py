@@ -19,6 +19,7 @@ adds is measured in the tests. Float tensors (norms; F16/F32 matrices) stay floa
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, Optional
 
@@ -27,6 +28,7 @@ import torch
 
 from lucidlm.quantization import scheme_class
 from lucidlm.quantization.int4 import pack_nibbles
+from lucidlm.weights.ggml_types import quant_sizes
 
 BLOCK = 32
 EXACT = {"Q8_0": ("int8", BLOCK), "Q4_0": ("int4", BLOCK), "Q4_1": ("int4", BLOCK)}
@@ -53,8 +55,6 @@ def finite_parts(tensor: Any) -> Optional[tuple[torch.Tensor, str]]:
     """(values that must be finite, what they are) for a reader tensor: a float tensor's
     values, or a quantized tensor's block scales; None for types whose block layout is not
     listed here (the caller then checks the dequantized values)."""
-    import gguf
-
     name = tensor.tensor_type.name
     data = np.asarray(tensor.data)
     if name == "BF16":  # NumPy has no bfloat16: the reader gives bytes
@@ -63,7 +63,7 @@ def finite_parts(tensor: Any) -> Optional[tuple[torch.Tensor, str]]:
         return _from_numpy(data), "values"
     if name not in SCALE_OFFSETS:
         return None
-    type_size = gguf.GGML_QUANT_SIZES[tensor.tensor_type][1]
+    type_size = quant_sizes(tensor.tensor_type)[1]
     halves = _from_numpy(data.reshape(-1, type_size)).view(torch.float16)  # (n_blocks, bytes per block / 2)
     offsets = SCALE_OFFSETS[name]  # one scale, or two side by side
     return halves[:, offsets[0] // 2:offsets[-1] // 2 + 1], "block scales"  # a strided view: no copy
@@ -93,13 +93,16 @@ def _scales(blocks: torch.Tensor, type_name: str) -> tuple[torch.Tensor, Optiona
     return halves[..., 0].float(), (halves[..., 1].float() if type_name == "Q4_1" else None)
 
 
-def _codes(blocks: torch.Tensor, type_name: str, dtype: torch.dtype) -> torch.Tensor:
+def _codes(blocks: torch.Tensor, type_name: str, dtype: torch.dtype, scratch: Any = None) -> torch.Tensor:
     """(N, G, 32) codes of ``dtype``, in column order: Q8_0's signed bytes, Q4's nibbles 0..15
-    (byte i of a block holds column i in its low half and column i + 16 in its high half)."""
+    (byte i of a block holds column i in its low half and column i + 16 in its high half);
+    written into ``scratch.take(N * K, dtype)`` (``weights/memory.Scratch``) when given."""
+    shape = (*blocks.shape[:2], BLOCK)
+    codes = torch.empty(shape, dtype=dtype) if scratch is None else scratch.take(math.prod(shape), dtype).view(shape)
     if type_name == "Q8_0":
-        return blocks[..., 2:].view(torch.int8).to(dtype, copy=True)  # never a view of the map
+        codes.copy_(blocks[..., 2:].view(torch.int8))  # a copy: never a view of the map
+        return codes
     nibbles = blocks[..., BLOCK_BYTES[type_name] - 16:]  # (N, G, 16)
-    codes = torch.empty((*nibbles.shape[:2], BLOCK), dtype=dtype)
     codes[..., :16] = nibbles & 0x0F  # written straight into the output dtype: no uint8 (N, K) copy
     codes[..., 16:] = nibbles >> 4
     return codes
@@ -116,8 +119,8 @@ def exact_plain(tensor: Any, type_name: str, scale_dtype: torch.dtype) -> dict[s
     return {"weight_int4": pack_nibbles(codes), "scales": scales, "zeros": zeros}
 
 
-def exact_codes(tensor: Any, type_name: str, scale_dtype: torch.dtype,
-                dtype: torch.dtype = torch.int32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def exact_codes(tensor: Any, type_name: str, scale_dtype: torch.dtype, dtype: torch.dtype = torch.int32,
+                scratch: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(codes (N, K) of ``dtype`` in 0..15, scales, zeros (N, G) in ``scale_dtype``) of a Q4_0 /
     Q4_1 tensor in our int4 scheme, bit for bit: int32 codes are what torch's CPU tile
     packing takes, so ``Int4Linear.from_codes`` skips packing into nibbles and out again."""
@@ -125,16 +128,17 @@ def exact_codes(tensor: Any, type_name: str, scale_dtype: torch.dtype,
     N = blocks.shape[0]
     d, m = _scales(blocks, type_name)
     zeros = torch.zeros_like(d) if m is None else m + 8 * d  # (q - 8) d + zero = d q + m
-    return _codes(blocks, type_name, dtype).reshape(N, -1), d.to(scale_dtype), zeros.to(scale_dtype)
+    return _codes(blocks, type_name, dtype, scratch).reshape(N, -1), d.to(scale_dtype), zeros.to(scale_dtype)
 
 
-def exact_float(tensor: Any, type_name: str) -> torch.Tensor:
+def exact_float(tensor: Any, type_name: str, scratch: Any = None) -> torch.Tensor:
     """float32 (N, K) of a Q8_0 / Q4_0 / Q4_1 tensor with exactly ``gguf.quants.dequantize``'s
-    arithmetic (float32, multiply then add), computed with torch in place: ~30x faster."""
+    arithmetic (float32, multiply then add), computed with torch in place (in ``scratch``'s
+    buffer when given): ~30x faster."""
     blocks = _blocks(tensor, type_name)
     N = blocks.shape[0]
     d, m = _scales(blocks, type_name)
-    w = _codes(blocks, type_name, torch.float32)  # (N, G, 32)
+    w = _codes(blocks, type_name, torch.float32, scratch)  # (N, G, 32)
     if type_name == "Q4_0":
         w.sub_(8)
     w.mul_(d[..., None])

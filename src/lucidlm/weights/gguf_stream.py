@@ -32,7 +32,7 @@ from lucidlm.weights.finite import FiniteCheck
 from lucidlm.weights.gguf_families import FAMILIES, gguf_tensors_check_name, our_name
 from lucidlm.weights.gguf_quants import (EXACT, FLOAT_TYPES, exact_codes, exact_float, exact_plain, finite_parts,
                                          native_scheme)
-from lucidlm.weights.memory import TrimEvery, trim
+from lucidlm.weights.memory import Scratch, TrimEvery, trim
 
 CHUNK_BYTES = 8 << 20  # float32 bytes converted at once for a large tensor
 
@@ -117,14 +117,17 @@ def _unsupported_type(tensor: Any, source: str) -> GGUFError:
 # --------------------------------------------------------------------------------------- converting
 
 
-def dequantize_tensor(tensor: Any, source: str) -> torch.Tensor:
+def dequantize_tensor(tensor: Any, source: str, scratch: Optional[Scratch] = None) -> torch.Tensor:
     """One reader tensor (or a row slice of one) as float32, in the (out, in) orientation
-    of its data, with exactly ``gguf.quants.dequantize``'s numbers."""
-    from gguf import quants
-
+    of its data, with exactly ``gguf.quants.dequantize``'s numbers; in ``scratch``'s float32
+    buffer when given and the type allows (the caller copies it out before the next one)."""
     kind = tensor.tensor_type
     if kind.name in EXACT:  # the common types: same numbers as gguf.quants, computed in torch
-        return exact_float(tensor, kind.name)
+        return exact_float(tensor, kind.name, scratch)
+    if kind.name in ("F32", "F16"):  # gguf.quants: the values, or float16 cast to float32 (no gguf import)
+        return torch.from_numpy(np.array(tensor.data, dtype=np.float32, copy=True))
+    from gguf import quants
+
     try:
         array = quants.dequantize(tensor.data, kind)
     except NotImplementedError:
@@ -146,16 +149,18 @@ def row_chunks(tensor: Any) -> Iterable[tuple[int, Any]]:
         yield start, SimpleNamespace(name=tensor.name, tensor_type=tensor.tensor_type, data=data[start:start + step])
 
 
-def float_weight(item: Planned, source: str, dtype: torch.dtype) -> torch.Tensor:
+def float_weight(item: Planned, source: str, dtype: torch.dtype, scratch: Optional[Scratch] = None) -> torch.Tensor:
     """The tensor as float ``dtype``, Q/K rows in the half layout: float32 exactly as
-    ``gguf.quants`` gives it, then rounded once to ``dtype``."""
+    ``gguf.quants`` gives it, then rounded once to ``dtype``. With ``scratch`` and a dtype
+    other than float32, the float32 rows are computed in its buffer."""
     if item.heads is not None:  # Q/K: small, and the permutation mixes rows
         return permute_qk_to_half(dequantize_tensor(item.tensor, source), item.heads).to(dtype)
+    scratch = scratch if dtype != torch.float32 else None  # float32: the values are the weight itself
     out: Optional[torch.Tensor] = None
     for start, part in row_chunks(item.tensor):
-        values = dequantize_tensor(part, source)  # (rows, K) float32
+        values = dequantize_tensor(part, source, scratch)  # (rows, K) float32
         if part is item.tensor:
-            return values.to(dtype)
+            return values.to(dtype) if scratch is None else values.to(dtype, copy=True)
         if out is None:
             out = torch.empty((int(item.tensor.data.shape[0]), *values.shape[1:]), dtype=dtype)
         out[start:start + values.shape[0]] = values
@@ -163,7 +168,8 @@ def float_weight(item: Planned, source: str, dtype: torch.dtype) -> torch.Tensor
     return out
 
 
-def quantized_plain(item: Planned, source: str, scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def quantized_plain(item: Planned, source: str, scale_dtype: torch.dtype,
+                    scratch: Optional[Scratch] = None) -> dict[str, torch.Tensor]:
     """The plain-layout tensors of ``item.target`` for a matrix: bit for bit from the file's
     blocks where they already are that scheme and group size, else quantized from float32
     one row chunk at a time (both schemes quantize each row on its own)."""
@@ -175,7 +181,7 @@ def quantized_plain(item: Planned, source: str, scale_dtype: torch.dtype) -> dic
         plain = exact_plain(item.tensor, kind, scale_dtype)
     else:
         cls = scheme_class(scheme)
-        parts = [cls.quantize_weight(dequantize_tensor(part, source), group_size, scale_dtype)
+        parts = [cls.quantize_weight(dequantize_tensor(part, source, scratch), group_size, scale_dtype)
                  for _, part in row_chunks(item.tensor)]
         plain = parts[0] if len(parts) == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
     if item.heads is not None:  # permuting output rows (codes with their row's scales) is exact
@@ -183,12 +189,14 @@ def quantized_plain(item: Planned, source: str, scale_dtype: torch.dtype) -> dic
     return plain
 
 
-def int4_from_blocks(item: Planned, device: str | torch.device) -> nn.Module:
+def int4_from_blocks(item: Planned, device: str | torch.device, scratch: Optional[Scratch] = None) -> nn.Module:
     """An Int4Linear from a Q4_0 / Q4_1 matrix's blocks, bit for bit, its codes unpacked once
-    (int32, what torch's CPU packing reads) instead of packed to nibbles and unpacked again."""
+    (int32, what torch's CPU packing reads; in ``scratch``, which the packing copies out of)
+    instead of packed to nibbles and unpacked again."""
     from lucidlm.quantization import DEFAULT_COMPUTE_DTYPE, Int4Linear
 
-    codes, scales, zeros = exact_codes(item.tensor, item.tensor.tensor_type.name, DEFAULT_COMPUTE_DTYPE)
+    codes, scales, zeros = exact_codes(item.tensor, item.tensor.tensor_type.name, DEFAULT_COMPUTE_DTYPE,
+                                       scratch=scratch if torch.device(device).type == "cpu" else None)
     if item.heads is not None:  # permuting output rows (codes with their row's scales) is exact
         codes, scales, zeros = (permute_qk_to_half(t, item.heads) for t in (codes, scales, zeros))
     return Int4Linear.from_codes(codes.to(device), scales.to(device), zeros.to(device), item.target[1])
@@ -207,13 +215,14 @@ def stream_into(model: Transformer, planned: list[Planned], source: str, dtype: 
     modules = dict(model.named_modules())
     check = FiniteCheck(source)
     trims = TrimEvery()
+    scratch = Scratch()  # the float32 rows / int32 codes of one tensor at a time
     with torch.no_grad():
         for item in (planned if progress is None else progress(planned)):
             raw = finite_parts(item.tensor)  # from the file's bytes: float values or f16 block scales
             if raw is not None:
                 check.add(item.tensor.name, *raw)
             if item.target is None:
-                weight = float_weight(item, source, dtype)
+                weight = float_weight(item, source, dtype, scratch)
                 if raw is None:
                     check.add(item.tensor.name, weight)
                 _set_tensor(model, item.ours, weight.to(device))
@@ -221,7 +230,7 @@ def stream_into(model: Transformer, planned: list[Planned], source: str, dtype: 
                 if raw is None:  # a type whose blocks we cannot read: check its floats, now
                     check.add(item.tensor.name, dequantize_tensor(item.tensor, source))
                     check.verify()
-                _place_quantized(model, modules[item.module], item, source, dtype, device)
+                _place_quantized(model, modules[item.module], item, source, dtype, device, scratch)
             release(item.tensor)
             trims.step(_float32_bytes(item.tensor))
     check.verify()
@@ -230,7 +239,7 @@ def stream_into(model: Transformer, planned: list[Planned], source: str, dtype: 
 
 
 def _place_quantized(model: Transformer, old: nn.Module, item: Planned, source: str, dtype: torch.dtype,
-                     device: str | torch.device) -> None:
+                     device: str | torch.device, scratch: Scratch) -> None:
     """Swap ``old`` (the skeleton's Linear or Embedding) for its quantized module holding ``item``."""
     from lucidlm.quantization import DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding
     from lucidlm.quantization.swap import scheme_class, set_module
@@ -238,9 +247,9 @@ def _place_quantized(model: Transformer, old: nn.Module, item: Planned, source: 
     scheme, group_size = item.target
     cls = scheme_class(scheme)
     if scheme == "int4" and EXACT.get(item.tensor.tensor_type.name) == item.target and isinstance(old, nn.Linear):
-        set_module(model, item.module, int4_from_blocks(item, device))  # Q4 blocks: codes straight to the kernel
+        set_module(model, item.module, int4_from_blocks(item, device, scratch))  # Q4 blocks: straight to the kernel
         return
-    plain = {k: v.to(device) for k, v in quantized_plain(item, source, DEFAULT_COMPUTE_DTYPE).items()}
+    plain = {k: v.to(device) for k, v in quantized_plain(item, source, DEFAULT_COMPUTE_DTYPE, scratch).items()}
     if isinstance(old, nn.Embedding):
         set_module(model, item.module, QuantizedEmbedding(cls, plain, old.embedding_dim, group_size, dtype))
         if model.config.tie_embeddings:  # one matrix: the unembedding is built from the same codes
