@@ -47,7 +47,7 @@ def tune(method, out, **changes):
 for method in sys.argv[4].split(","):
     tune(method, method)
 # Resuming under torchrun: LoRA with dropout, stopped at step 2 and resumed, against 4 steps in one go.
-tune("lora", "dropout", lora_dropout=0.1)
+tune("lora", "dropout", lora_dropout=0.1, sample_tokens=4)  # samples must not move the training RNG
 tune("lora", "resumed", lora_dropout=0.1, max_iters=2)
 tune("lora", "resumed", lora_dropout=0.1, resume=True)
 # One process's checkpoints (copied in by the test) continued by 2 processes.
@@ -122,6 +122,11 @@ def test_distributed_finetuning_equals_one_process_and_resumes_in_one(single, st
     for method in ("lora", "full"):  # 2 processes end where one process ends
         grown, one = losses(root / f"grown-{method}-{strategy}"), losses(root / f"{method}-8")
         assert len(grown) == 8 and max(abs(a - b) for a, b in zip(grown, one)) <= 1e-5, (method, grown, one)
+    samples = [json.loads(line).get("sample") for line in (root / f"dropout-{strategy}" / "metrics.jsonl").open()]
+    if strategy == "ddp":  # rank 0 decodes its full replica
+        assert len(samples) == 3 and all(isinstance(text, str) and text for text in samples)
+    else:  # no rank holds the whole model: said once, not silently left out
+        assert samples == [None] * 3 and done.stdout.count("no samples under FSDP") == 1
     # A 2-process run resumed by 2 processes is bit-identical (every rank's dropout RNG restored).
     uninterrupted, resumed = root / f"dropout-{strategy}", root / f"resumed-{strategy}"
     assert losses(resumed) == losses(uninterrupted) and len(losses(resumed)) == 4
