@@ -6,19 +6,22 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from lucidlm.training import TrainConfig, train
 
 SHAKESPEARE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tinyshakespeare.txt"
 STEPS = 8
 
+SETTINGS = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, gradient_accumulation_steps=2, max_iters=STEPS,
+                lr_decay_iters=STEPS, warmup_iters=2, learning_rate=1e-2, min_lr=1e-3, eval_interval=4, eval_iters=2,
+                sample_tokens=0, progress=False)
 SCRIPT = """
 import sys, torch
 torch.set_num_threads(1)
 from lucidlm.training import TrainConfig, train
-train(TrainConfig(data=sys.argv[1], out_dir=sys.argv[2], n_layer=2, n_head=2, n_embd=32, block_size=16,
-                  batch_size=int(sys.argv[3]), gradient_accumulation_steps=2, max_iters={steps},
-                  lr_decay_iters={steps}, warmup_iters=2, learning_rate=1e-2, min_lr=1e-3, eval_interval=4,
-                  eval_iters=2, sample_tokens=0, progress=False))
-""".format(steps=STEPS)
+train(TrainConfig(data=sys.argv[1], out_dir=sys.argv[2], batch_size=int(sys.argv[3]), **{settings}))
+""".format(settings=SETTINGS)
 
 
 def losses(out: Path) -> list[float]:
@@ -51,3 +54,14 @@ def test_two_process_ddp_matches_single_process(tmp_path):
     single_metrics = [json.loads(line) for line in (single_out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in ddp_metrics] == [0, 4, 8]
     assert ddp_metrics[-1]["val_loss"] == pytest.approx(single_metrics[-1]["val_loss"], abs=1e-4)
+
+    # One process continues the 2-process run (same global batch of 8) as it continues its own.
+    more, threads = {**SETTINGS, "max_iters": STEPS + 2, "eval_interval": 2}, torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for out in (ddp_out, single_out):
+            train(TrainConfig(data=str(corpus), out_dir=str(out), batch_size=8, resume=True, **more))
+    finally:
+        torch.set_num_threads(threads)
+    assert len(losses(ddp_out)) == STEPS + 2
+    assert losses(ddp_out) == pytest.approx(losses(single_out), abs=1e-5)

@@ -33,7 +33,7 @@ _TO_HF = {("attn", "q_proj"): "c_attn", ("attn", "k_proj"): "c_attn", ("attn", "
 def is_gpt2(model: nn.Module) -> bool:
     """Whether the model's Hugging Face form is GPT2LMHeadModel (what its adapters load into)."""
     from lucidlm.errors import ConfigError
-    from lucidlm.weights.hf import export_family
+    from lucidlm.weights.hf_names import export_family
 
     try:
         return export_family(model.config) == "gpt2"

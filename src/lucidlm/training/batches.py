@@ -1,11 +1,18 @@
 """Where training batches come from: random windows of a token stream (pre-training, as
 nanoGPT), or whole examples in shuffled epochs (fine-tuning on a JSONL dataset).
 
-Both give the loop the same small interface: ``next()`` -> (inputs, targets) on the
-device for this rank, ``prefetch()`` to draw the following batch while the device works,
-``eval_batches(split, iters)``, and ``state_dict()`` for an exact resume. Every rank draws
-the same *global* batch and keeps its own rows, so N processes equal one process with an
-N times larger batch, and one saved state restores all of them.
+Both give the loop the same small interface: ``next()`` -> (inputs, targets, share): this
+rank's rows on the device, and the factor that turns the mean loss over this rank's counted
+tokens into its part of the mean over the global batch; ``prefetch()`` draws the following
+batch while the device works; ``eval_batches(split, iters)``; ``state_dict()`` for an exact
+resume. Every rank draws the same *global* batch and keeps its own rows, so N processes
+equal one process with an N times larger batch, and one saved state restores all of them.
+
+Why ``share``: DDP and FSDP average the ranks' gradients, which weighs every rank alike. When
+ranks count different numbers of tokens (examples of other lengths, masked prompts), that is
+not the mean over the global batch that one process takes. Scaling rank r's loss by
+``world * tokens_r / tokens_global`` makes the average exact; every rank computes it from the
+global batch it drew, without communication or a device read-back.
 """
 
 from __future__ import annotations
@@ -73,7 +80,7 @@ class Prefetching:
     """The prefetch protocol: ``_draw()`` makes one batch; the state saved is the one from
     before the batch held in advance was drawn, so a resume draws it again."""
 
-    def _draw(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _draw(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         raise NotImplementedError
 
     def _get_state(self) -> Any:
@@ -82,10 +89,10 @@ class Prefetching:
     def _set_state(self, state: Any) -> None:
         raise NotImplementedError
 
-    _held: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+    _held: Optional[tuple[torch.Tensor, torch.Tensor, float]] = None
     _state_before_held: Any = None
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         if self._held is None:
             self.prefetch()
         batch, self._held = self._held, None
@@ -115,10 +122,11 @@ class WindowBatches(Prefetching):
         self.generator = torch.Generator().manual_seed(seed)  # identical on every rank
         self.tokens_per_batch = batch_size * block_size
 
-    def _draw(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _draw(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         x, y = get_batch(self.splits["train"], self.batch_size * self.ctx.world_size, self.block_size,
                          self.generator)  # the global batch, (B * world, T)
-        return to_device(rank_slice(x, self.ctx), self.device), to_device(rank_slice(y, self.ctx), self.device)
+        # Every window counts all its tokens: each rank's share of the global mean is equal.
+        return to_device(rank_slice(x, self.ctx), self.device), to_device(rank_slice(y, self.ctx), self.device), 1.0
 
     def _get_state(self) -> str:
         return encode_rng_state(self.generator.get_state())
@@ -157,7 +165,7 @@ class ExampleBatches(Prefetching):
         generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
         return torch.randperm(len(self.splits["train"][0]), generator=generator)
 
-    def _draw(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _draw(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         n = len(self._order)
         start = self.position * self.global_batch
         rows = self._order[torch.arange(start, start + self.global_batch) % n]  # (B * world,)
@@ -166,8 +174,13 @@ class ExampleBatches(Prefetching):
             self.epoch, self.position = self.epoch + 1, 0
             self._order = self._permutation(self.epoch)
         ids, targets = self.splits["train"]
+        y = targets[rows]  # (B * world, L), on the CPU: counting here reads nothing back from a device
+        share = 1.0
+        if self.ctx.enabled:
+            counted = (y != IGNORE_INDEX).sum(dim=1)  # (B * world,) tokens with a loss, per example
+            share = self.ctx.world_size * int(rank_slice(counted, self.ctx).sum()) / max(int(counted.sum()), 1)
         return (to_device(rank_slice(ids[rows], self.ctx), self.device),
-                to_device(rank_slice(targets[rows], self.ctx), self.device))
+                to_device(rank_slice(y, self.ctx), self.device), share)
 
     def _get_state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}

@@ -56,6 +56,11 @@ class Sampler(Callback):
         # Decode prompt and continuation together: word tokens need the spaces between them.
         return self.tokenizer.decode(self.prompt_ids + list(result.token_ids))
 
+    def on_fit_start(self, trainer: Trainer) -> None:
+        if self.tokens > 0 and trainer.ctx.sharded:  # say so rather than leave the samples out silently
+            print("note: no samples under FSDP (each rank holds a shard, so one rank cannot decode); the saved "
+                  "model or adapter samples in one process (lucidlm generate).", flush=True)
+
     def on_evaluate(self, trainer: Trainer, record: dict[str, Any]) -> None:
         if self.tokens <= 0 or trainer.ctx.sharded:  # a sharded model cannot decode on one rank
             return

@@ -92,7 +92,7 @@ def _param_name(model: torch.nn.Module, param: torch.Tensor) -> str:
 class Checkpointer:
     def __init__(self, out_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  config: dict[str, Any], ctx: DistributedContext, payload: str = "model",
-                 export: Optional[Callable[[Path], None]] = None, identity: Optional[dict[str, str]] = None) -> None:
+                 export: Optional[Callable[[Path, dict[str, torch.Tensor]], None]] = None, identity: Optional[dict[str, str]] = None) -> None:
         self.out_dir, self.model, self.optimizer, self.config = Path(out_dir), model, optimizer, config
         self.ctx, self.payload, self.export = ctx, payload, export
         self.identity = identity  # the run's corpus, tokenizer and settings hashes (resume_checks.run_identity)
@@ -117,7 +117,7 @@ class Checkpointer:
             names = {n for n, p in model.named_parameters() if p.requires_grad}
             save_file({k: v.contiguous() for k, v in tensors.items() if k in names}, str(directory / TRAINABLE_NAME))
             if self.export is not None:
-                self.export(directory)
+                self.export(directory, tensors)
             return
         if getattr(model.config, "tie_embeddings", False):
             tensors = {k: v for k, v in tensors.items() if k != "unembed.weight"}

@@ -73,12 +73,15 @@ class LoopConfig:
     strategy: str = opt("auto", "under torchrun: ddp (replicas) or fsdp (sharded, FSDP2); auto = ddp",
                         choices=STRATEGIES)
     resume: bool = opt(False, "continue the run in --out from its checkpoint (same settings; --max-iters, "
-                              "evaluation and device may change)")
+                              "evaluation, device, strategy and, with the same global batch, the number of "
+                              "processes may change)")
 
-    # Settings that may change between a run and its resume (everything else must match).
+    # Settings that may change between a run and its resume (everything else must match). The
+    # strategy changes only how the same math is spread over processes; checkpoints are the same
+    # full files under each. batch_size may change with the process count (setup.check_same_settings).
     MAY_CHANGE = ("max_iters", "eval_interval", "eval_iters", "final_eval_iters", "log_interval", "sample_prompt",
                   "sample_tokens", "sample_temperature", "sample_top_p", "sample_seed", "progress", "device",
-                  "compile", "compile_mode", "fused_adamw", "resume", "out_dir", "epochs")
+                  "compile", "compile_mode", "fused_adamw", "resume", "out_dir", "epochs", "strategy")
 
     def __post_init__(self) -> None:
         check_fields(self)

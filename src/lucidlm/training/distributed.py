@@ -14,6 +14,7 @@ rank (one checkpoint restores all of them), and the run equals a single-process 
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 
@@ -70,6 +71,7 @@ def setup_distributed(device: str, strategy: str = "auto") -> DistributedContext
         backend = "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend=backend)
+        atexit.register(_destroy_process_group)
     return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device,
                               strategy="fsdp" if strategy == "fsdp" else "ddp")
 
@@ -110,6 +112,13 @@ def barrier(ctx: DistributedContext) -> None:
 
 
 def cleanup_distributed(ctx: DistributedContext) -> None:
-    if ctx.enabled and dist.is_initialized():
-        dist.barrier()
+    """The end of a recipe: every rank waits for the others. The process group stays up for
+    the next recipe of the same program (a sweep, pre-training then fine-tuning): torchrun's
+    rendezvous cannot be joined twice, so a group destroyed here could never be created again
+    (a second ``init_process_group`` waits forever). It is destroyed when the program exits."""
+    barrier(ctx)
+
+
+def _destroy_process_group() -> None:
+    if dist.is_initialized():
         dist.destroy_process_group()

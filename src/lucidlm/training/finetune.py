@@ -28,7 +28,8 @@ from lucidlm.training.checkpointer import TRAINABLE_NAME, Checkpointer
 from lucidlm.training.config import FinetuneConfig, command_line
 from lucidlm.training.data import corpus_files
 from lucidlm.training.distributed import barrier, cleanup_distributed, setup_distributed
-from lucidlm.training.resume_checks import check_same_data, corpus_sha256, fixed_settings, run_identity, tokenizer_sha256
+from lucidlm.training.resume_checks import (check_same_data, corpus_sha256, fixed_settings, run_identity,
+                                            tokenizer_sha256, weights_sha256)
 from lucidlm.training.step import wrap_model
 from lucidlm.training.loop import Callback, Trainer, TrainResult
 from lucidlm.training.setup import (autocast_dtype, check_same_settings, configure_optimizer, open_run,
@@ -56,6 +57,19 @@ def attach_method(model: torch.nn.Module, config: FinetuneConfig) -> str:
     return "every weight (full fine-tuning)"
 
 
+def unsharded_copy(model: torch.nn.Module, model_class: type, config: FinetuneConfig,
+                   tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """An FSDP-sharded model as one plain module on the CPU, from its gathered weights
+    (``checkpointer.full_model_state``, rank 0): what ``save_adapter`` reads, since the sharded
+    model's own parameters are pieces spread over the ranks. Built on the meta device, then
+    given the gathered tensors themselves: no second copy of the weights."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):  # the training RNG stays as it was
+        copy = model_class(model.config, tokenizer=model.tokenizer)
+        attach_method(copy, config)
+    copy.load_state_dict(tensors, strict=False, assign=True)
+    return copy
+
+
 def build_finetuning(config: FinetuneConfig, model: Any = None, callbacks: Sequence[Callback] = ()) -> Trainer:
     """Everything ``finetune`` runs, built (and restored, with ``resume``) but not started.
     ``model``: an already loaded base model (default: ``lucidlm.load(config.model)``)."""
@@ -68,7 +82,7 @@ def build_finetuning(config: FinetuneConfig, model: Any = None, callbacks: Seque
 
 
 def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Callback]) -> Trainer:
-    from lucidlm.peft import disable_adapters, save_adapter, trainable_parameters_report
+    from lucidlm.peft import disable_adapters, freeze_prefix, save_adapter, trainable_parameters_report
 
     if not config.data:
         raise ConfigError("no training data given; pass --data FILE.jsonl (or a .txt corpus).")
@@ -88,9 +102,14 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
     corpus_hash = corpus_sha256([data_path] if data_path.suffix == ".jsonl" and data_path.is_file()
                                 else corpus_files(data_path))
     tokenizer_hash = tokenizer_sha256(model.tokenizer)
-    if found is not None:  # before anything is written: the data and vocabulary must be the run's own
+    # Only the trained part is saved (full fine-tunes save the whole model): the frozen base
+    # must be the run's own too, or a resume would continue another model.
+    base_hash = weights_sha256(model) if payload == "trainable" else None
+    if found is not None:  # before anything is written: the data, vocabulary and base must be the run's own
         check_same_data(found[1], "corpus_sha256", corpus_hash, "the data", config.data, found[0])
         check_same_data(found[1], "tokenizer_sha256", tokenizer_hash, "the base model's tokenizer", base_name, found[0])
+        if base_hash is not None:
+            check_same_data(found[1], "base_sha256", base_hash, "the base model's weights", base_name, found[0])
     torch.manual_seed(config.seed)  # the same new weights on every rank
     description = attach_method(model, config)
     device = torch.device(ctx.device)
@@ -105,15 +124,21 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
     if found is not None:
         check_same_settings(run_config, saved_config, found[1], found[0], ctx)
     torch.manual_seed(config.seed + ctx.rank)
+    model_class = type(model)  # before FSDP swaps in its own subclass
     train_model = wrap_model(model, ctx, config.compile, config.compile_mode)
     optimizer = configure_optimizer(model, run_config, device, ctx.sharded)
 
-    def export(directory: Path) -> None:
-        save_adapter(model, directory, base_model_name_or_path=base_name)
+    def export(directory: Path, tensors: dict[str, torch.Tensor], final: bool = False) -> None:
+        """The adapter in its user-facing format (``final``: the prefix as fixed keys/values)."""
+        plain = unsharded_copy(model, model_class, config, tensors) if ctx.sharded else model
+        if final and config.method == "prefix":
+            freeze_prefix(plain)  # keep the keys/values, drop the training-only MLP
+        save_adapter(plain, directory, base_model_name_or_path=base_name)
 
     checkpointer = Checkpointer(out_dir, model, optimizer, saved_config, ctx, payload,
-                                export if payload == "trainable" and not ctx.sharded else None,
-                                run_identity(fixed_settings(run_config, saved_config), corpus_hash, tokenizer_hash))
+                                export if payload == "trainable" else None,
+                                run_identity(fixed_settings(run_config, saved_config), corpus_hash, tokenizer_hash,
+                                             base_hash))
     header = (f"{base_name}: {description}\n{trainable_parameters_report(model)}\n"
               f"{run_config.max_iters} steps of {run_config.batch_size * config.gradient_accumulation_steps * ctx.world_size}"
               f" sequences ({ctx.world_size} process(es), {ctx.strategy}), device {device}")
@@ -125,7 +150,7 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
                      command_line(config, "finetune", ctx.world_size, resume=True))]
     trainer = Trainer(model, data, optimizer, run_config, train_model=train_model, checkpointer=checkpointer,
                       callbacks=[*shown, *callbacks], ctx=ctx, autocast_dtype=autocast_dtype(config.dtype, device))
-    trainer.base_name = base_name
+    trainer.export = export
     if found is not None:
         checkpointer.restore(trainer, *found)
     if write_report is not None:  # written only once every check has passed
@@ -182,16 +207,18 @@ def _data(config: FinetuneConfig, model: Any, ctx: Any, out_dir: Path, resume: b
 
 def finetune(config: FinetuneConfig, model: Any = None, callbacks: Sequence[Callback] = ()) -> TrainResult:
     """Fine-tune as ``config`` says; the adapter (or model, for ``full``) is written to OUT."""
-    from lucidlm.peft import freeze_prefix, save_adapter
+    from lucidlm.training.checkpointer import full_model_state
 
     trainer = build_finetuning(config, model, callbacks)
+    ctx = trainer.ctx
     try:
         with writing(config.out_dir, "--out"):  # a full disk mid-run: one line naming OUT
             result = trainer.fit()
-            if trainer.ctx.is_main and not trainer.ctx.sharded and config.method != "full":
-                if config.method == "prefix":
-                    freeze_prefix(trainer.model)  # keep the keys/values, drop the training-only MLP
-                save_adapter(trainer.model, config.out_dir, base_model_name_or_path=trainer.base_name)
+            if config.method != "full":
+                # Under FSDP every rank takes part in gathering the weights; rank 0 writes.
+                tensors = full_model_state(trainer.model, ctx) if ctx.sharded else {}
+                if ctx.is_main:
+                    trainer.export(Path(config.out_dir), tensors, final=True)
         return result
     finally:
         cleanup_distributed(trainer.ctx)

@@ -117,7 +117,9 @@ class Trainer:
         for micro_step in range(accumulation):
             if cuda_graphs:  # a new replay may reuse the last one's output memory
                 torch.compiler.cudagraph_mark_step_begin()
-            x, y = self.data.next()  # (B, T) each, already on the device
+            # (B, T) each, on the device; a source may add its rank's share of the loss (batches.py)
+            x, y, *extra = self.data.next()
+            share = extra[0] if extra else 1.0
             last = micro_step == accumulation - 1
             # Under DDP, all-reduce gradients once per step, on the last micro-batch only.
             no_sync = getattr(self.train_model, "no_sync", None)
@@ -125,6 +127,8 @@ class Trainer:
             with sync:
                 with self.autocast():
                     loss = self.train_model(x, y) / accumulation  # model + masked cross-entropy
+                if share != 1.0:  # a Python float: no read-back
+                    loss = loss * share
                 self.data.prefetch()  # the next batch is read while the device computes
                 loss.backward()
             total += loss.detach()
@@ -222,8 +226,11 @@ class Trainer:
         self.best_val_loss = math.inf if best is None else float(best)
         self.train_losses = [float(x) for x in state.get("train_losses", [])][: self.step]
         self.data.load_state_dict(state["data"])
-        torch.set_rng_state(decode_rng_state(state["torch_rng"][self.ctx.rank]))  # checked when read
-        if self.device.type == "cuda" and state.get("cuda_rng"):
+        # One dropout RNG state per saved rank; a rank the saved run did not have (a resume with
+        # more processes, setup.check_same_settings) keeps its fresh seed.
+        if self.ctx.rank < len(state["torch_rng"]):
+            torch.set_rng_state(decode_rng_state(state["torch_rng"][self.ctx.rank]))  # checked when read
+        if self.device.type == "cuda" and self.ctx.rank < len(state.get("cuda_rng") or []):
             try:
                 torch.cuda.set_rng_state(decode_rng_state(state["cuda_rng"][self.ctx.rank]), self.device)
             except (RuntimeError, IndexError) as exc:

@@ -84,16 +84,30 @@ def open_run(out_dir: Path, resume: bool, ctx: DistributedContext,
 
 def check_same_settings(config: Any, current: dict[str, Any], state: dict[str, Any], directory: Path,
                         ctx: DistributedContext) -> None:
-    """A resumed run must be the run that was saved: same recipe settings, same process count."""
-    differences = config.differences(state.get("train_config", {}), current)
-    if state.get("world_size", 1) != ctx.world_size:
-        differences.append(f"world_size (processes): {state.get('world_size', 1)} -> {ctx.world_size}")
+    """A resumed run must be the run that was saved: same recipe settings, same global batch.
+    The process count may change if ``batch_size`` x processes stays the same: every rank draws
+    the same global batch (batches.py), so 1 process continues what 8 started, or the reverse."""
+    saved, saved_world = state.get("train_config", {}), state.get("world_size", 1)
+    saved_batch, batch = saved.get("batch_size"), current.get("batch_size")
+    regrouped = (saved_world != ctx.world_size and isinstance(saved_batch, int) and isinstance(batch, int)
+                 and saved_batch * saved_world == batch * ctx.world_size)
+    differences = config.differences(saved, {**current, "batch_size": saved_batch} if regrouped else current)
+    if saved_world != ctx.world_size and not regrouped:
+        total = saved_batch * saved_world if isinstance(saved_batch, int) else None
+        fits = total is not None and total % ctx.world_size == 0
+        differences.append(
+            f"global batch (batch_size x processes): {saved_batch} x {saved_world} -> {batch} x {ctx.world_size}"
+            + (f"; with {ctx.world_size} process(es) pass --batch-size {total // ctx.world_size}" if fits else ""))
     if differences:
         raise CheckpointError(
             f"cannot resume from {directory}: it was trained with different settings ({'; '.join(differences)}; "
             f"saved in {directory / ckpt.STATE_NAME}). "
             f"Resume with the original settings, or start a new run with another --out. The checkpoint is "
             f"left as it was.")
+    if regrouped and ctx.is_main:
+        print(f"resuming a run of {saved_world} process(es) with {ctx.world_size}: the same global batch of "
+              f"{batch * ctx.world_size} sequences, so the data continues exactly; dropout draws differ from "
+              f"an uninterrupted run.", flush=True)
 
 
 def configure_optimizer(model: torch.nn.Module, config: Any, device: torch.device,

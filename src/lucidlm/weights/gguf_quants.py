@@ -28,6 +28,7 @@ import torch
 
 from lucidlm.quantization import scheme_class
 from lucidlm.quantization.int4 import pack_nibbles
+from lucidlm.weights.ggml_types import quant_sizes
 
 BLOCK = 32
 EXACT = {"Q8_0": ("int8", BLOCK), "Q4_0": ("int4", BLOCK), "Q4_1": ("int4", BLOCK)}
@@ -54,8 +55,6 @@ def finite_parts(tensor: Any) -> Optional[tuple[torch.Tensor, str]]:
     """(values that must be finite, what they are) for a reader tensor: a float tensor's
     values, or a quantized tensor's block scales; None for types whose block layout is not
     listed here (the caller then checks the dequantized values)."""
-    import gguf
-
     name = tensor.tensor_type.name
     data = np.asarray(tensor.data)
     if name == "BF16":  # NumPy has no bfloat16: the reader gives bytes
@@ -64,7 +63,7 @@ def finite_parts(tensor: Any) -> Optional[tuple[torch.Tensor, str]]:
         return _from_numpy(data), "values"
     if name not in SCALE_OFFSETS:
         return None
-    type_size = gguf.GGML_QUANT_SIZES[tensor.tensor_type][1]
+    type_size = quant_sizes(tensor.tensor_type)[1]
     halves = _from_numpy(data.reshape(-1, type_size)).view(torch.float16)  # (n_blocks, bytes per block / 2)
     offsets = SCALE_OFFSETS[name]  # one scale, or two side by side
     return halves[:, offsets[0] // 2:offsets[-1] // 2 + 1], "block scales"  # a strided view: no copy

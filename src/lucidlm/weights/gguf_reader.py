@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from lucidlm.weights import gguf_header_cache as header_cache
+from lucidlm.weights.ggml_types import ggml_type, quant_sizes
 
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<?", 10: "<u8", 11: "<i8",
@@ -46,7 +47,7 @@ MAX_ARRAY_NESTING = 4    # arrays of arrays: real files use none
 @dataclass
 class Tensor:
     name: str
-    tensor_type: Any  # gguf.GGMLQuantizationType
+    tensor_type: Any  # ggml_types.GGMLType (or gguf.GGMLQuantizationType for a type newer than it)
     shape: np.ndarray  # GGUF order: fastest-varying dimension first
     data: np.ndarray
     data_offset: int
@@ -55,8 +56,6 @@ class Tensor:
 
 class GGUFFile:
     def __init__(self, path: str | Path) -> None:
-        import gguf
-
         self.path = Path(path)
         self.map = np.memmap(self.path, dtype=np.uint8, mode="r")
         buf = memoryview(self.map)
@@ -75,15 +74,18 @@ class GGUFFile:
         start = self.pos + (-self.pos % alignment)
         self.tensors: list[Tensor] = []
         seen = set()
+        # Views of a plain ndarray over the map: slicing np.memmap itself runs its Python
+        # __array_finalize__ (an overlap test) for every view, ~0.1 s over SmolLM2's tensors.
+        plain = self.map.view(np.ndarray)
         for name, dims, kind, offset in infos:
             if name in seen:
                 raise GGUFFormatError(f"tensor {name!r} appears twice")
             seen.add(name)
             try:
-                qtype = gguf.GGMLQuantizationType(kind)
+                qtype = ggml_type(kind)
             except ValueError:
                 raise UnknownTensorType(name, kind) from None
-            block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+            block, type_size = quant_sizes(qtype)
             if min(dims) < 1 or dims[0] % block:
                 raise GGUFFormatError(f"tensor {name!r} has dimensions {dims}; each must be >= 1 and the first a "
                                       f"multiple of {block} for type {qtype.name}")
@@ -93,7 +95,7 @@ class GGUFFile:
             if data_offset + n_bytes > self.size:
                 raise TensorOutOfBounds(name, data_offset, n_bytes, self.size)
             np_dims = tuple(reversed(dims))
-            raw = self.map[data_offset:data_offset + n_bytes]
+            raw = plain[data_offset:data_offset + n_bytes]
             if qtype.name in FLOAT_ARRAYS:
                 data = raw.view(FLOAT_ARRAYS[qtype.name]).reshape(np_dims)
             else:  # one row of bytes per row of blocks, like GGUFReader

@@ -121,11 +121,13 @@ def dequantize_tensor(tensor: Any, source: str, scratch: Optional[Scratch] = Non
     """One reader tensor (or a row slice of one) as float32, in the (out, in) orientation
     of its data, with exactly ``gguf.quants.dequantize``'s numbers; in ``scratch``'s float32
     buffer when given and the type allows (the caller copies it out before the next one)."""
-    from gguf import quants
-
     kind = tensor.tensor_type
     if kind.name in EXACT:  # the common types: same numbers as gguf.quants, computed in torch
         return exact_float(tensor, kind.name, scratch)
+    if kind.name in ("F32", "F16"):  # gguf.quants: the values, or float16 cast to float32 (no gguf import)
+        return torch.from_numpy(np.array(tensor.data, dtype=np.float32, copy=True))
+    from gguf import quants
+
     try:
         array = quants.dequantize(tensor.data, kind)
     except NotImplementedError:
