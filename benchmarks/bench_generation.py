@@ -56,9 +56,9 @@ SIDES = {
     "llama.cpp Q4_1": {"kind": "llama"},
 }
 PREFILL, PROMPT, NEW1, BATCH, NEW8 = 512, 16, 64, 8, 32
-# Not run by default: compiled bf16 decodes within noise of eager bf16 (README) and its compiles
-# cost minutes on 2 cores; name it in --sides to run it.
-OPTIONAL = ("lucidlm bf16 compiled",)
+# Not run by default: compiled bf16 decodes within noise of eager bf16, compiled gguf no faster
+# than eager (README), and each costs minutes of compiling on 2 cores; name them in --sides.
+OPTIONAL = ("lucidlm bf16 compiled", "lucidlm gguf compiled")
 METRICS = ("load", "first_token", "prefill512", "decode1", "decode8", "rss")
 
 

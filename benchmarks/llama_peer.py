@@ -31,6 +31,9 @@ def open_model(threads: int, n_seq: int = 8):
     cparams = lc.llama_context_default_params()
     cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = 1024, 512, 512
     cparams.n_seq_max = n_seq
+    # One KV cache shared by the sequences: split per sequence (the default), 1024 slots give
+    # each of 8 sequences 128 and the 512-token prefill fails to find room.
+    cparams.kv_unified = True
     cparams.n_threads = cparams.n_threads_batch = threads
     ctx = lc.llama_init_from_model(model, cparams)
     n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
