@@ -189,9 +189,10 @@ class Trainer:
                 "elapsed": time.perf_counter() - self._start, "eval_iters": iters,
             }
             self.best_val_loss = min(self.best_val_loss, losses["val"])
-        if self.ctx.is_main:
-            for callback in self.callbacks:
+        for callback in self.callbacks:  # a collective one (sampling a sharded model) runs on every rank
+            if self.ctx.is_main or (self.ctx.sharded and getattr(callback, "collective", False)):
                 callback.on_evaluate(self, record)
+        if self.ctx.is_main:
             self.metrics.append(record)
         self.last_eval_step = self.step
         self.train_time, self.tokens_seen = 0.0, 0
