@@ -86,11 +86,12 @@ class Int4Linear(QuantizedLinear):
         N, K = weight.shape
         g = group_size or Int4Linear.default_group_size
         grouped = weight.float().reshape(N, K // g, g)  # (N, G, g)
-        low, high = grouped.amin(-1), grouped.amax(-1)  # (N, G)
+        low, high = torch.aminmax(grouped, dim=-1)  # (N, G), one pass
         scales = ((high - low) / 15).to(scale_dtype)
         safe = scales.float().masked_fill(scales.float() == 0, 1.0)  # a constant group: all codes 8
         zeros = (low + 8 * scales.float()).to(scale_dtype)
-        q = torch.round((grouped - zeros.float()[..., None]) / safe[..., None] + 8).clamp_(0, 15)
+        # round((w - zero) / scale + 8), clamped: one temporary, the rest in place (same arithmetic)
+        q = (grouped - zeros.float()[..., None]).div_(safe[..., None]).add_(8).round_().clamp_(0, 15)
         return {"weight_int4": pack_nibbles(q.reshape(N, K)), "scales": scales, "zeros": zeros}
 
     @staticmethod

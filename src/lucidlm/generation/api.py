@@ -1,0 +1,234 @@
+"""Text generation: KV-cached sampling, streaming, batches and beam search.
+
+>>> result = generate(model, "Once upon a time", max_new_tokens=20, temperature=0)
+>>> result.text, result.token_ids, result.finish_reason
+>>> for piece in stream(model, "Hello", chat=True): print(piece, end="", flush=True)
+
+Rules every entry point follows:
+
+- ``prompt`` is text (encoded with ``model.tokenizer``) or a list of token ids. An empty
+  prompt starts from the tokenizer's BOS token; with no BOS token it is an error.
+- With ``context_overflow="stop"`` (the default) the prompt must fit the context window
+  (``config.max_seq_len``) and generation stops with ``finish_reason="length"`` after
+  ``max_new_tokens`` or when prompt + output fill the context, whichever comes first. With
+  ``"crop"`` it goes on, each token predicted from the last ``max_seq_len`` tokens (seed
+  003; what that means for the KV cache is in ``sliding.py``).
+- ``min_new_tokens``: EOS cannot be chosen before that many new tokens (HF's rule).
+- ``finish_reason`` is ``"eos"`` (the model ended; the EOS id is the last of ``token_ids``
+  but not part of ``text``), ``"stop"`` (a stop string appeared: ``text`` ends just before
+  it; ``token_ids`` still hold every generated token, the last one completing the stop
+  string) or ``"length"``.
+- ``text`` is what the output adds to the prompt: ``tokenizer.decode(prompt + token_ids)``
+  minus the prompt's text, for every tokenizer (a word-level one puts a space before each
+  word; a character split between the prompt and the output belongs to the output).
+- Sampling options left at ``None`` come from the model (``generation/defaults.py``: its
+  file, a per-model table, else temperature 1), the same in Python and on the command line.
+- ``temperature=0`` is greedy. ``seed`` seeds a private generator: same seed, same
+  output, and the global torch RNG is left alone.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional, Sequence, Union
+
+import torch
+
+from lucidlm.errors import GenerationError
+from lucidlm.generation.beam_search import beam_search
+from lucidlm.generation.decode import sample_rows
+from lucidlm.generation.defaults import apply_sampling_defaults
+from lucidlm.generation.request import (batch_rows, check_beams, fit_to_context, make_request, padding_id,
+                                        private_generator, prompt_ids)
+from lucidlm.generation.sliding import sample_with_crop
+from lucidlm.generation.streaming import TextAssembler
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]  # generated ids only
+    text: str  # their text (no EOS, cut before a stop string)
+    prompt_ids: list[int] = field(default_factory=list)
+    finish_reason: str = "length"  # "eos" | "stop" | "length"
+
+
+Prompt = Union[str, Sequence[int], torch.Tensor]
+Prompts = Union[Prompt, Sequence[str], Sequence[Sequence[int]]]
+
+
+def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
+             temperature: Optional[float] = None,
+             top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
+             repetition_penalty: Optional[float] = None, seed: Optional[int] = None,
+             stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True, num_beams: int = 1,
+             length_penalty: float = 1.0, min_new_tokens: int = 0, context_overflow: str = "stop",
+             chat: bool = False, **unknown: Any) -> Union[GenerationResult, list[GenerationResult]]:
+    """Continue ``prompt``; see the module docstring for the rules. ``chat=True`` wraps a
+    text prompt as one user message in the model's chat template.
+
+    One prompt (text, a list of ids, a 1-D tensor) gives one ``GenerationResult``; a batch (a
+    list of texts, a list of id lists, a 2-D tensor of shape (B, T)) gives a list of B results,
+    one per row, generated together (see ``generate_batch``)."""
+    options = {k: v for k, v in locals().items() if k not in ("model", "prompt", "unknown")}
+    if unknown:
+        make_request({k: v for k, v in {**options, **unknown}.items() if k != "chat"})  # refuses them by name, with the closest known option
+    rows = batch_rows(prompt)
+    if rows is not None:
+        if num_beams > 1:
+            raise GenerationError(f"beam search takes one prompt at a time, not a batch of {len(rows)}; "
+                                  f"loop over the prompts or use num_beams=1.")
+        if context_overflow != "stop":
+            raise GenerationError(f"context_overflow={context_overflow!r} works one prompt at a time, not with a batch "
+                                  f"of {len(rows)}; loop over the prompts.")
+        options.pop("num_beams"), options.pop("length_penalty"), options.pop("context_overflow")
+        return generate_batch(model, rows, **options)
+    runner = _Run(model, prompt, options)
+    for _ in runner.pieces():
+        pass
+    return runner.result
+
+
+def stream(model: Any, prompt: Prompt, **kwargs: Any) -> "TextStream":
+    """Like ``generate`` but yields text pieces as they are decoded. The pieces join to
+    exactly ``generate(...).text``: never half a UTF-8 character, never a stop string.
+    With ``num_beams > 1`` the whole text comes as one piece at the end. Once the pieces
+    run out, ``.result`` holds the ``GenerationResult`` (ids, finish reason)."""
+    rows = batch_rows(prompt)
+    if rows is not None:
+        raise GenerationError(f"stream takes one prompt, not a batch of {len(rows)}; use generate() for a batch.")
+    return TextStream(_Run(model, prompt, kwargs))  # validate now, not at the first next()
+
+
+class TextStream(Iterator[str]):
+    """The text pieces of one generation; ``result`` is set when they run out."""
+
+    def __init__(self, runner: "_Run") -> None:
+        self._runner = runner
+        self._pieces = runner.pieces()
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def close(self) -> None:
+        self._pieces.close()
+
+    @property
+    def result(self) -> Optional[GenerationResult]:
+        return self._runner.result
+
+
+def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int = 64,
+                   temperature: Optional[float] = None, top_k: Optional[int] = None, top_p: Optional[float] = None,
+                   min_p: Optional[float] = None, repetition_penalty: Optional[float] = None,
+                   seed: Optional[int] = None, stop: Optional[str | Sequence[str]] = None,
+                   stop_on_eos: bool = True, min_new_tokens: int = 0, chat: bool = False) -> list[GenerationResult]:
+    """Generate for several prompts in one batch (left-padded, one KV cache). Each row
+    stops on its own; greedy results equal one-prompt-at-a-time ``generate``."""
+    if isinstance(prompts, str) or len(prompts) == 0:
+        raise GenerationError("generate_batch takes a non-empty list of prompts; use generate() for one prompt.")
+    kwargs = {k: v for k, v in locals().items() if k not in ("model", "prompts", "chat")}
+    request = make_request(apply_sampling_defaults(model, kwargs))
+    request.use_tokenizer(model.tokenizer)
+    rows = [prompt_ids(model, p.tolist() if isinstance(p, torch.Tensor) else p, chat) for p in prompts]
+    max_new = fit_to_context(model, rows, request.max_new_tokens)
+    tokenizer = model.tokenizer
+    assemblers = [TextAssembler(tokenizer, request.stop, request.eos_ids, row) if tokenizer is not None else None
+                  for row in rows]
+    outputs: list[list[int]] = [[] for _ in rows]
+    reasons = ["length"] * len(rows)
+    finished = torch.zeros(len(rows), dtype=torch.bool)
+    pad_id = padding_id(tokenizer)
+    with closing(sample_rows(model, rows, max_new, request.settings, private_generator(model, request.seed),
+                             finished, pad_id, request.min_new_tokens, request.eos_ids)) as steps:
+        for next_ids in steps:
+            for i, token in enumerate(next_ids.tolist()):
+                if finished[i]:
+                    continue
+                outputs[i].append(token)
+                if assemblers[i] is not None:
+                    assemblers[i].add(token)
+                    if assemblers[i].stopped:
+                        reasons[i], finished[i] = "stop", True
+                if token in request.eos_ids:
+                    reasons[i], finished[i] = "eos", True
+    results = []
+    for row, out, reason, assembler in zip(rows, outputs, reasons, assemblers):
+        if assembler is not None:
+            assembler.finish()
+        results.append(GenerationResult(out, assembler.text if assembler else "", list(row), reason))
+    return results
+
+
+class _Run:
+    """One generation, driven by iterating ``pieces()``; ``result`` is set at the end."""
+
+    def __init__(self, model: Any, prompt: Any, kwargs: dict[str, Any]) -> None:
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("model", "prompt")}
+        chat = bool(kwargs.pop("chat", False))
+        self.model = model
+        self.request = make_request(apply_sampling_defaults(model, kwargs))
+        self.request.use_tokenizer(model.tokenizer)
+        self.prompt_ids = prompt_ids(model, prompt, chat)
+        self.crop = self.request.context_overflow == "crop"
+        if self.crop and self.request.num_beams > 1:
+            raise GenerationError("context_overflow='crop' works with sampling and greedy decoding, not beam search; "
+                                  "use num_beams=1 or context_overflow='stop'.")
+        self.max_new = self.request.max_new_tokens if self.crop else \
+            fit_to_context(model, [self.prompt_ids], self.request.max_new_tokens)
+        if self.request.num_beams > 1:
+            check_beams(model, self.request.num_beams, len(self.prompt_ids) + self.max_new)
+        tokenizer = model.tokenizer
+        if tokenizer is None and self.request.stop:
+            raise GenerationError("stop strings need a tokenizer to decode text, but model.tokenizer is None.")
+        self.assembler = (TextAssembler(tokenizer, self.request.stop, self.request.eos_ids, self.prompt_ids)
+                          if tokenizer is not None else None)
+        self.result: Optional[GenerationResult] = None
+
+    def pieces(self) -> Iterator[str]:
+        token_ids: list[int] = []
+        reason = "length"
+        assembler = self.assembler
+        if self.request.num_beams > 1:
+            token_ids, _ = beam_search(self.model, self.prompt_ids, num_beams=self.request.num_beams,
+                                       max_new_tokens=self.max_new, eos_ids=self.request.eos_ids,
+                                       length_penalty=self.request.length_penalty,
+                                       repetition_penalty=self.request.settings.repetition_penalty)
+            if token_ids and token_ids[-1] in self.request.eos_ids:
+                reason = "eos"
+            text = ""
+            if assembler is not None:
+                text = "".join(assembler.add(t) for t in token_ids) + assembler.finish()
+                reason = "stop" if assembler.stopped else reason
+            self.result = GenerationResult(token_ids, text, list(self.prompt_ids), reason)
+            if text:
+                yield text
+            return
+
+        finished = torch.zeros(1, dtype=torch.bool)
+        sampler = sample_with_crop if self.crop else lambda model, prompt, *rest: sample_rows(model, [prompt], *rest)
+        steps = sampler(self.model, self.prompt_ids, self.max_new, self.request.settings,
+                        private_generator(self.model, self.request.seed), finished, padding_id(self.model.tokenizer),
+                        self.request.min_new_tokens, self.request.eos_ids)
+        with closing(steps):
+            for next_ids in steps:
+                token = int(next_ids[0])
+                token_ids.append(token)
+                if token in self.request.eos_ids:
+                    reason = "eos"
+                    finished[0] = True
+                    break
+                if assembler is not None:
+                    piece = assembler.add(token)
+                    if piece:
+                        yield piece
+                    if assembler.stopped:
+                        reason = "stop"
+                        break
+        text = ""
+        if assembler is not None:
+            piece = assembler.finish()
+            if piece:
+                yield piece
+            text = assembler.text
+        self.result = GenerationResult(token_ids, text, list(self.prompt_ids), reason)

@@ -1,0 +1,206 @@
+"""A generation request, checked: every option ``generate``, ``stream`` and ``generate_batch``
+take is validated here (with the closest known name for a typo) before anything runs, and
+the prompt is turned into token ids the model can read.
+
+``check_options`` runs the same checks before a model is even loaded (the CLI does).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+
+from lucidlm.errors import GenerationError
+from lucidlm.generation.chat_template import encode_chat
+from lucidlm.generation.sampling import SamplingSettings
+from lucidlm.suggest import did_you_mean
+from lucidlm.validation import check_allocation, check_float, check_seed
+
+CONTEXT_OVERFLOW = ("stop", "crop")  # what happens when prompt + output fill max_seq_len
+
+
+@dataclass
+class Request:
+    """Everything ``generate`` was asked to do, validated."""
+
+    settings: SamplingSettings
+    max_new_tokens: int
+    stop: list[str]
+    eos_ids: list[int]
+    seed: Optional[int]
+    num_beams: int
+    length_penalty: float
+    stop_on_eos: bool
+    min_new_tokens: int = 0
+    context_overflow: str = "stop"
+
+    def use_tokenizer(self, tokenizer: Any) -> None:
+        self.eos_ids = eos_ids_of(tokenizer) if self.stop_on_eos else []
+
+
+
+def check_options(**kwargs: Any) -> None:
+    """Raise GenerationError for bad generation options, before any model is loaded."""
+    kwargs.pop("chat", None)
+    make_request(kwargs)
+
+
+def batch_rows(prompt: Any) -> Optional[list[Any]]:
+    """The rows of a batch of prompts, or None for a single prompt."""
+    if isinstance(prompt, torch.Tensor):
+        if prompt.ndim > 2:
+            raise GenerationError(f"a prompt tensor has shape (T,) or (B, T), not {tuple(prompt.shape)}.")
+        return [row.tolist() for row in prompt] if prompt.ndim == 2 else None
+    if isinstance(prompt, str) or not isinstance(prompt, Sequence) or len(prompt) == 0:
+        return None
+    kinds = {"text" if isinstance(p, str) else "ids" if isinstance(p, (Sequence, torch.Tensor)) else "id"
+             for p in prompt}
+    if kinds == {"id"}:
+        return None
+    if len(kinds) > 1:
+        raise GenerationError("a prompt list mixes token ids with texts or lists; give one prompt (text or a list "
+                              "of ids) or a batch (a list of texts, or a list of id lists).")
+    return list(prompt)
+
+
+def make_request(kwargs: dict[str, Any]) -> Request:
+    max_new = kwargs.get("max_new_tokens", 64)
+    if not is_int(max_new) or max_new < 0:
+        raise GenerationError(f"max_new_tokens={max_new!r} is invalid: use a whole number >= 0.")
+    num_beams = kwargs.get("num_beams", 1)
+    if not is_int(num_beams) or num_beams < 1:
+        raise GenerationError(f"num_beams={num_beams!r} is invalid: use 1 (no beam search) or more.")
+    known = {"max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "stop",
+             "stop_on_eos", "num_beams", "length_penalty", "min_new_tokens", "context_overflow"}
+    unknown = set(kwargs) - known
+    if unknown:
+        name = sorted(unknown)[0]
+        raise GenerationError(f"unknown generation option {name!r}; known: {', '.join(sorted(known | {'chat'}))}"
+                              f"{did_you_mean(name, known | {'chat'}) or '.'}")
+    temperature = kwargs.get("temperature")
+    settings = SamplingSettings(temperature=1.0 if temperature is None else temperature, top_k=kwargs.get("top_k"),
+                                top_p=kwargs.get("top_p"), min_p=kwargs.get("min_p"),
+                                repetition_penalty=kwargs.get("repetition_penalty"))
+    stop = stop_strings(kwargs.get("stop"))
+    min_new = kwargs.get("min_new_tokens", 0)
+    if not is_int(min_new) or min_new < 0:
+        raise GenerationError(f"min_new_tokens={min_new!r} is invalid: use a whole number >= 0 (EOS cannot end "
+                              f"generation before that many new tokens).")
+    if min_new > 0 and num_beams > 1:
+        raise GenerationError("min_new_tokens works with sampling and greedy decoding, not beam search (num_beams > 1).")
+    overflow = kwargs.get("context_overflow", "stop")
+    if not isinstance(overflow, str) or overflow not in CONTEXT_OVERFLOW:
+        raise GenerationError(f"context_overflow={overflow!r} is unknown; use one of {', '.join(CONTEXT_OVERFLOW)} "
+                              f"(stop: end at the context window; crop: keep going from its last max_seq_len tokens).")
+    seed = kwargs.get("seed")
+    if seed is not None:
+        check_seed(seed, "seed", GenerationError)
+    length_penalty = check_float(kwargs.get("length_penalty", 1.0), "length_penalty", GenerationError,
+                                 fix="the beam score is sum of log-probs / length ** length_penalty")
+    return Request(settings, max_new, stop, [], seed, num_beams, length_penalty,
+                    bool(kwargs.get("stop_on_eos", True)), min_new, overflow)
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def stop_strings(stop: Any) -> list[str]:
+    """``stop`` as a list of non-empty strings (one string is a list of one)."""
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, (list, tuple)) else None
+    if stop is None:
+        return []
+    if stops is None or not all(isinstance(s, str) and s for s in stops):
+        raise GenerationError(f"stop={stop!r} is invalid: give a non-empty string or a list of non-empty strings "
+                              f"(the texts that end generation).")
+    return list(stops)
+
+
+def prompt_ids(model: Any, prompt: Any, chat: bool) -> list[int]:
+    tokenizer = model.tokenizer
+    if chat:
+        if not isinstance(prompt, str):
+            raise GenerationError("chat=True needs a text prompt (the user's message), not token ids.")
+        return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise GenerationError("this model has no tokenizer (model.tokenizer is None): pass token ids, not text.")
+        ids = list(tokenizer.encode(prompt))
+    elif isinstance(prompt, torch.Tensor):
+        if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
+            raise GenerationError(f"a prompt tensor holds token ids, so it needs an integer dtype, not {prompt.dtype}; "
+                                  f"use ids.long().")
+        ids = [int(i) for i in prompt.reshape(-1).tolist()]
+    elif isinstance(prompt, (list, tuple)) and all(is_int(i) for i in prompt):
+        ids = [int(i) for i in prompt]
+    else:
+        raise GenerationError(f"prompt={shown(prompt)} is invalid: give text, a list of token ids (ints), a 1-D "
+                              f"integer tensor, or a batch of those.")
+    if not ids:
+        bos = getattr(tokenizer, "bos_id", None) if tokenizer is not None else None
+        if bos is None:
+            raise GenerationError("the prompt is empty and the tokenizer has no BOS token to start from; "
+                                  "give at least one token of prompt.")
+        ids = [bos]
+    vocab = model.config.vocab_size
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise GenerationError(f"prompt token id {bad[0]} is outside this model's vocabulary 0..{vocab - 1}.")
+    return ids
+
+
+def shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_beams(model: Any, num_beams: int, capacity: int) -> None:
+    """Refuse a beam count no model could use (more beams than tokens) or whose KV cache and
+    (beams, vocab) score tables would not fit in memory, before anything is allocated."""
+    config = model.config
+    if num_beams > config.vocab_size:
+        raise GenerationError(f"num_beams={num_beams} is more than this model's {config.vocab_size} tokens; beams "
+                              f"must be distinct sequences, so use at most {config.vocab_size} (4 to 8 is usual).")
+    kv = 2 * config.n_layers * config.n_kv_heads * config.head_dim * capacity * model.dtype.itemsize
+    check_allocation(num_beams * (kv + 4 * 4 * config.vocab_size), f"beam search with num_beams={num_beams}",
+                     GenerationError, "use fewer beams (4 to 8 is usual)")
+
+
+def fit_to_context(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int) -> int:
+    """max_new_tokens, cut so prompt + output fit the context; error if the prompt cannot."""
+    limit = model.config.max_seq_len
+    longest = max(len(r) for r in rows)
+    if longest > limit:
+        raise GenerationError(f"the prompt is {longest} tokens, longer than the model's context of {limit} tokens "
+                              f"(max_seq_len); shorten the prompt.")
+    return min(max_new_tokens, limit - longest)
+
+
+def eos_ids_of(tokenizer: Any) -> list[int]:
+    if tokenizer is None:
+        return []
+    ids = getattr(tokenizer, "eos_ids", None)  # tokenizers with several end tokens may list them all
+    if ids:
+        return [int(i) for i in ids]
+    eos = getattr(tokenizer, "eos_id", None)
+    return [] if eos is None else [int(eos)]
+
+
+def padding_id(tokenizer: Any) -> int:
+    for name in ("pad_id", "eos_id", "bos_id"):  # any valid id will do: padding is masked out
+        value = getattr(tokenizer, name, None) if tokenizer is not None else None
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def private_generator(model: Any, seed: Optional[int]) -> torch.Generator:
+    generator = torch.Generator(device=model.device)
+    if seed is None:
+        generator.seed()  # fresh entropy, without touching the global RNG
+    else:
+        generator.manual_seed(int(seed))
+    return generator
