@@ -1,4 +1,5 @@
-"""What a run shows and records, as loop callbacks (main process only).
+"""What a run shows and records, as loop callbacks (main process only; under FSDP the
+sampler runs on every rank, which decode together).
 
 - ``Sampler``      at each evaluation, continues a prompt with the sampling settings given
                    (temperature, top-p, seed); with a ``base`` context, the base model too

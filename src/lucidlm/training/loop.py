@@ -45,7 +45,8 @@ class TrainResult:
 
 
 class Callback:
-    """Hooks the loop calls on the main process; override the ones you need."""
+    """Hooks the loop calls on the main process; override the ones you need. A callback with
+    ``collective = True`` gets ``on_evaluate`` on every rank of a sharded (FSDP) run."""
 
     def on_fit_start(self, trainer: "Trainer") -> None: ...
     def on_log(self, trainer: "Trainer", losses: list[float]) -> None: ...
