@@ -38,21 +38,27 @@ SETTINGS = dict(rank=4, alpha=8.0, lora_dropout=0.0, targets="q,v,down", bottlen
 
 # One program trains every method in turn (the process group is made once and reused).
 SCRIPT = """
-import json, sys, torch
+import json, shlex, sys, torch
 torch.set_num_threads(1)
-from lucidlm.training.config import FinetuneConfig
+from lucidlm.cli import main
+from lucidlm.training.config import FinetuneConfig, command_line
 from lucidlm.training.finetune import finetune
 root, strategy, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 PROMPT = {prompt!r}
+def config(method, out, **changes):
+    return FinetuneConfig(model=root + "/base", data=root + "/qa.jsonl", out_dir=root + "/" + out + "-" + strategy,
+                          method=method, strategy=strategy, batch_size=2, **{**settings, **changes})
 def tune(method, out, **changes):
-    finetune(FinetuneConfig(model=root + "/base", data=root + "/qa.jsonl", out_dir=root + "/" + out + "-" + strategy,
-                            method=method, strategy=strategy, batch_size=2, **{**settings, **changes}))
+    finetune(config(method, out, **changes))
 for method in sys.argv[4].split(","):
     tune(method, method)
 # Resuming under torchrun: LoRA with dropout, stopped at step 2 and resumed, against 4 steps in one go.
 tune("lora", "dropout", lora_dropout=0.1, sample_tokens=4, sample_prompt=PROMPT)  # samples must not move the RNG
 tune("lora", "resumed", lora_dropout=0.1, max_iters=2)
-tune("lora", "resumed", lora_dropout=0.1, resume=True)
+# The resume goes through the command the run prints on Ctrl-C: lucidlm finetune under torchrun.
+words = shlex.split(command_line(config("lora", "resumed", lora_dropout=0.1), "finetune", 2, resume=True))
+assert words[:5] == ["torchrun", "--nproc_per_node", "2", "-m", "lucidlm"], words
+assert main(words[5:]) == 0
 # One process's checkpoints (copied in by the test) continued by 2 processes.
 for method in ("lora", "full"):
     tune(method, "grown-" + method, max_iters=8, resume=True)
@@ -122,6 +128,7 @@ def test_distributed_finetuning_equals_one_process_and_resumes_in_one(single, st
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count(f"2 process(es), {strategy}") == len(METHODS) + 5
     assert done.stdout.count("resuming a run of 1 process(es) with 2") == 2
+    assert done.stdout.count("done in") == 1  # the CLI's summary: rank 0's only
     for method in ("lora", "full"):  # 2 processes end where one process ends
         grown, one = losses(root / f"grown-{method}-{strategy}"), losses(root / f"{method}-8")
         assert len(grown) == 8 and max(abs(a - b) for a, b in zip(grown, one)) <= 1e-5, (method, grown, one)
