@@ -10,11 +10,21 @@ per side (load + 16 greedy tokens), so the bigger buffers of prefill 512 and bat
 count. "fresh first token" is the wall time of a new process that loads the model and prints
 one generated token (``python -m lucidlm generate`` for lucidlm's default).
 
-    python benchmarks/bench_generation.py [--threads 2] [--rounds 2] [--sides ...]
+The "compiled" sides call ``model.compile()`` (what ``--compile`` does): their child first
+runs one short generation at each shape it will time (batch 1, batch 8, prefill 512) and
+reports that time as "compile warm-up" (what a user's first answers cost); the timed runs
+come after. Their light and fresh-process runs would only time the compiler again, so RSS is
+that child's peak (compiler included) and fresh first token is not measured.
+
+    python benchmarks/bench_generation.py [--threads 2] [--rounds 2] [--sides ...] [--metrics ...]
+                                          [--budget-min 45]
 
 Metrics: load (in-process, warm page cache), prefill 512 tokens (one forward pass filling the
 KV cache), decode at batch 1 (16-token prompt, 64 greedy tokens, prefill included) and the
-aggregate at batch 8 (8 prompts of 16 tokens, 32 greedy tokens each), peak RSS.
+aggregate at batch 8 (8 prompts of 16 tokens, 32 greedy tokens each), peak RSS, fresh first
+token. ``--metrics`` keeps a subset (the others are skipped, not run). A round that would end
+past ``--budget-min`` (judged by the previous round's duration) is not started, so a run on
+a slow, shared machine ends in bounded time with at least one full round.
 Prints a table and writes benchmarks/results/generation.json.
 """
 
@@ -39,10 +49,17 @@ SIDES = {
     "lucidlm int8": {"kind": "ours", "quantize": "int8"},
     "lucidlm int4": {"kind": "ours", "quantize": "int4"},
     "lucidlm gguf": {"kind": "ours", "quantize": "gguf"},  # the file's own quants (Q4_1 + Q8_0 embedding)
+    "lucidlm bf16 compiled": {"kind": "ours", "dtype": "bfloat16", "compile": True},
+    "lucidlm int4 compiled": {"kind": "ours", "quantize": "int4", "compile": True},
+    "lucidlm gguf compiled": {"kind": "ours", "quantize": "gguf", "compile": True},
     "transformers fp32": {"kind": "hf"},
     "llama.cpp Q4_1": {"kind": "llama"},
 }
 PREFILL, PROMPT, NEW1, BATCH, NEW8 = 512, 16, 64, 8, 32
+# Not run by default: compiled bf16 decodes within noise of eager bf16 (README) and its compiles
+# cost minutes on 2 cores; name it in --sides to run it.
+OPTIONAL = ("lucidlm bf16 compiled",)
+METRICS = ("load", "first_token", "prefill512", "decode1", "decode8", "rss")
 
 
 def prompt_ids(n: int, seed: int = 0, vocab: int = 49152) -> list[int]:
@@ -59,13 +76,13 @@ def load_ours(spec: dict):
 
     import lucidlm
     dtype = getattr(torch, spec["dtype"]) if "dtype" in spec else None
-    return lucidlm.load("smollm2-135m", dtype=dtype, quantize=spec.get("quantize"))
+    return lucidlm.load("smollm2-135m", dtype=dtype, quantize=spec.get("quantize"), compile=spec.get("compile", False))
 
 
-def run_ours(spec: dict, repeats: int, light: bool) -> dict:
+def run_ours(spec: dict, repeats: int, light: bool, metrics: tuple[str, ...] = METRICS) -> dict:
     import torch
 
-    from lucidlm.generation import generate, generate_batch
+    from lucidlm.generation import DecodeSession, generate, generate_batch
 
     start = time.perf_counter()
     model = load_ours(spec)
@@ -74,32 +91,39 @@ def run_ours(spec: dict, repeats: int, light: bool) -> dict:
     if light:
         generate(model, ids16, max_new_tokens=16, temperature=0, stop_on_eos=False)
         return out
-    with torch.inference_mode():
-        ids = torch.tensor([prompt_ids(PREFILL)])
+    long_ids = prompt_ids(PREFILL)
+    prompts = [prompt_ids(PROMPT, seed=i) for i in range(BATCH)]
 
-        def prefill() -> None:
-            model.setup_kv_cache(1, max_seq_len=PREFILL + 1)
-            model(ids, input_pos=torch.arange(PREFILL), last_token_only=True)
-            model.clear_kv_cache()
-        prefill()
-        out["prefill512_tok_s"] = PREFILL / best_time(prefill, repeats)
+    def prefill() -> None:  # the prompt pass generation runs (compiled on a compiled side)
+        with DecodeSession(model, [long_ids], capacity=PREFILL + 1) as session:
+            session.prefill()
 
     def decode() -> None:
         result = generate(model, ids16, max_new_tokens=NEW1, temperature=0, stop_on_eos=False)
         assert len(result.token_ids) == NEW1
-    generate(model, ids16, max_new_tokens=8, temperature=0)
-    out["decode1_tok_s"] = NEW1 / best_time(decode, repeats)
-    prompts = [prompt_ids(PROMPT, seed=i) for i in range(BATCH)]
 
     def batch() -> None:
         results = generate_batch(model, prompts, max_new_tokens=NEW8, temperature=0, stop_on_eos=False)
         assert all(len(r.token_ids) == NEW8 for r in results)
-    generate_batch(model, prompts, max_new_tokens=4, temperature=0, stop_on_eos=False)
-    out["decode8_tok_s"] = BATCH * NEW8 / best_time(batch, repeats)
+
+    start = time.perf_counter()  # first calls: the compiler's warm-up on a compiled side
+    generate(model, ids16, max_new_tokens=8, temperature=0, stop_on_eos=False)
+    if "decode8" in metrics:
+        generate_batch(model, prompts, max_new_tokens=4, temperature=0, stop_on_eos=False)
+    if "prefill512" in metrics:
+        prefill()
+    if spec.get("compile"):
+        out["compile_s"] = time.perf_counter() - start
+    if "prefill512" in metrics:
+        out["prefill512_tok_s"] = PREFILL / best_time(prefill, repeats)
+    if "decode1" in metrics:
+        out["decode1_tok_s"] = NEW1 / best_time(decode, repeats)
+    if "decode8" in metrics:
+        out["decode8_tok_s"] = BATCH * NEW8 / best_time(batch, repeats)
     return out
 
 
-def run_hf(spec: dict, repeats: int, light: bool) -> dict:
+def run_hf(spec: dict, repeats: int, light: bool, metrics: tuple[str, ...] = METRICS) -> dict:
     import torch
     import transformers
 
@@ -121,36 +145,42 @@ def run_hf(spec: dict, repeats: int, light: bool) -> dict:
         if light:
             gen(ids16, 16)
             return out
-        ids = torch.tensor([prompt_ids(PREFILL)])
-        model(ids, use_cache=True, logits_to_keep=1)
-        out["prefill512_tok_s"] = PREFILL / best_time(lambda: model(ids, use_cache=True, logits_to_keep=1), repeats)
-        gen(ids16, 8)
-        out["decode1_tok_s"] = NEW1 / best_time(lambda: gen(ids16, NEW1), repeats)
-        batch = torch.tensor([prompt_ids(PROMPT, seed=i) for i in range(BATCH)])
-        gen(batch, 4)
-        out["decode8_tok_s"] = BATCH * NEW8 / best_time(lambda: gen(batch, NEW8), repeats)
+        if "prefill512" in metrics:
+            ids = torch.tensor([prompt_ids(PREFILL)])
+            model(ids, use_cache=True, logits_to_keep=1)
+            out["prefill512_tok_s"] = PREFILL / best_time(lambda: model(ids, use_cache=True, logits_to_keep=1),
+                                                          repeats)
+        if "decode1" in metrics:
+            gen(ids16, 8)
+            out["decode1_tok_s"] = NEW1 / best_time(lambda: gen(ids16, NEW1), repeats)
+        if "decode8" in metrics:
+            batch = torch.tensor([prompt_ids(PROMPT, seed=i) for i in range(BATCH)])
+            gen(batch, 4)
+            out["decode8_tok_s"] = BATCH * NEW8 / best_time(lambda: gen(batch, NEW8), repeats)
     return out
 
 
-def child(side: str, threads: int, repeats: int, light: bool) -> None:
+def child(side: str, threads: int, repeats: int, light: bool, metrics: tuple[str, ...]) -> None:
     spec = SIDES[side]
     if spec["kind"] == "llama":
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from llama_peer import run_llama_cpp
-        out = run_llama_cpp(threads, repeats, light, PREFILL, PROMPT, NEW1, BATCH, NEW8, prompt_ids)
+        out = run_llama_cpp(threads, repeats, light, PREFILL, PROMPT, NEW1, BATCH, NEW8, prompt_ids, metrics)
     else:
         import torch
         torch.set_num_threads(threads)
-        out = run_hf(spec, repeats, light) if spec["kind"] == "hf" else run_ours(spec, repeats, light)
+        run = run_hf if spec["kind"] == "hf" else run_ours
+        out = run(spec, repeats, light, metrics)
         out["threads"] = torch.get_num_threads()
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     print("RESULT " + json.dumps(out))
 
 
-def spawn(side: str, threads: int, repeats: int, light: bool = False) -> dict:
+def spawn(side: str, threads: int, repeats: int, light: bool = False, metrics: tuple[str, ...] = METRICS) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                OMP_NUM_THREADS=str(threads))
-    cmd = [sys.executable, __file__, "--child", side, "--threads", str(threads), "--repeats", str(repeats)]
+    cmd = [sys.executable, __file__, "--child", side, "--threads", str(threads), "--repeats", str(repeats),
+           "--metrics", *metrics]
     proc = subprocess.run(cmd + (["--light"] if light else []), capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -184,9 +214,19 @@ def best_of(runs: list[dict]) -> dict:
     return best
 
 
-ROWS = [("load, warm (s)", "load_s"), ("fresh first token (s)", "first_token_s"),
+ROWS = [("load, warm (s)", "load_s"), ("compile warm-up (s)", "compile_s"), ("fresh first token (s)", "first_token_s"),
         ("prefill 512 (tok/s)", "prefill512_tok_s"), ("decode b=1 (tok/s)", "decode1_tok_s"),
         ("decode b=8 aggr. (tok/s)", "decode8_tok_s"), ("peak RSS, b=1 (MB)", "rss_mb")]
+
+
+def table(sides: list[str], rows: list[tuple[str, str]], values: dict[str, dict[str, float]], fmt: str) -> str:
+    """One line per side, one column per metric (side names are too long for columns)."""
+    width = max(len(s) for s in sides) + 2
+    lines = [" " * width + "".join(f"{label:>{max(len(label), 9) + 2}}" for label, _ in rows)]
+    for side in sides:
+        cells = [fmt.format(values[side][key]) if key in values[side] else "-" for _, key in rows]
+        lines.append(f"{side:<{width}}" + "".join(f"{c:>{max(len(label), 9) + 2}}" for c, (label, _) in zip(cells, rows)))
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -194,45 +234,63 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="threads for every side")
     parser.add_argument("--repeats", type=int, default=2, help="timed repeats per measurement (best is kept)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs of all sides (best is kept)")
-    parser.add_argument("--sides", nargs="+", choices=list(SIDES), default=list(SIDES))
+    parser.add_argument("--sides", nargs="+", choices=list(SIDES), default=[s for s in SIDES if s not in OPTIONAL])
+    parser.add_argument("--metrics", nargs="+", choices=METRICS, default=list(METRICS),
+                        help="measure only these (default: all)")
+    parser.add_argument("--budget-min", type=float, default=45.0,
+                        help="start no round that would end later than this many minutes after the start")
     parser.add_argument("--child", choices=list(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--light", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    metrics = tuple(args.metrics)
     if args.child:
-        child(args.child, args.threads, args.repeats, args.light)
+        child(args.child, args.threads, args.repeats, args.light, metrics)
         return
 
+    began = time.perf_counter()
     sides = args.sides
+    light = {side: "rss" in metrics and not SIDES[side].get("compile") for side in sides}
     for side in sides:
-        spawn(side, args.threads, 1, light=True)  # warm the page cache
+        if light[side]:
+            spawn(side, args.threads, 1, light=True, metrics=metrics)  # warm the page cache
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     loads = []
+    round_s = 0.0
     for _ in range(args.rounds):
+        if runs[sides[0]] and time.perf_counter() - began + round_s > 60 * args.budget_min:
+            print(f"stopping after {len(runs[sides[0]])} round(s): another would pass --budget-min {args.budget_min}")
+            break
+        round_start = time.perf_counter()
         for side in sides:
             loads.append(os.getloadavg()[0])
-            run = spawn(side, args.threads, args.repeats)
-            run["rss_mb"] = spawn(side, args.threads, 1, light=True)["peak_rss_mb"]
-            if SIDES[side]["kind"] != "hf":
+            run = spawn(side, args.threads, args.repeats, metrics=metrics)
+            if light[side]:
+                run["rss_mb"] = spawn(side, args.threads, 1, light=True, metrics=metrics)["peak_rss_mb"]
+            elif "rss" in metrics:
+                run["rss_mb"] = run["peak_rss_mb"]  # compiled: the timed child's peak, compiler included
+            if "first_token" in metrics and SIDES[side]["kind"] != "hf" and not SIDES[side].get("compile"):
                 run["first_token_s"] = fresh_first_token(side, args.threads)
             runs[side].append(run)
+            print(f"  {side}: " + ", ".join(f"{k} {v:.2f}" for k, v in run.items() if isinstance(v, float)),
+                  flush=True)
+        round_s = time.perf_counter() - round_start
+    rounds = len(runs[sides[0]])
     results = {side: best_of(side_runs) for side, side_runs in runs.items()}
     peer = "llama.cpp Q4_1" if "llama.cpp Q4_1" in results else sides[-1]
-    print(f"\nSmolLM2-135M-Instruct (Q4_1 GGUF), CPU, {args.threads} threads, {args.rounds} alternating rounds; "
-          f"load average during the run {min(loads):.1f}..{max(loads):.1f}")
-    width = 13
-    print(f"{'metric':<26}" + "".join(f"{s[:width]:>{width + 1}}" for s in sides))
-    for label, key in ROWS:
-        print(f"{label:<26}" + "".join(f"{results[s].get(key, float('nan')):>{width + 1}.2f}" for s in sides))
-    print(f"\nratio to {peer} (> 1 = better than {peer})")
+    rows = [(label, key) for label, key in ROWS if any(key in r for r in results.values())]
+    print(f"\nSmolLM2-135M-Instruct (Q4_1 GGUF), CPU, {args.threads} threads, {rounds} alternating rounds "
+          f"({(time.perf_counter() - began) / 60:.0f} min); load average during the run "
+          f"{min(loads):.1f}..{max(loads):.1f}")
+    print(table(sides, rows, results, "{:.2f}"))
     ratios: dict[str, dict[str, float]] = {}
     for side in sides:
         ratios[side] = {}
-        for _, key in ROWS:
+        for _, key in rows:
             ours, theirs = results[side].get(key), results[peer].get(key)
             if ours and theirs:
                 ratios[side][key] = theirs / ours if key.endswith(("_s", "_mb")) else ours / theirs
-    for label, key in ROWS:
-        print(f"{label:<26}" + "".join(f"{ratios[s].get(key, float('nan')):>{width}.2f}x" for s in sides))
+    print(f"\nratio to {peer} (> 1 = better than {peer})")
+    print(table(sides, rows, ratios, "{:.2f}x"))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     import torch
     versions = {"torch": torch.__version__}
@@ -246,7 +304,7 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average_min_max": [min(loads),
                                                                                                    max(loads)]},
         "versions": versions,
-        "settings": {"threads": args.threads, "rounds": args.rounds, "repeats": args.repeats, "prefill": PREFILL,
+        "settings": {"threads": args.threads, "rounds": rounds, "metrics": list(metrics), "repeats": args.repeats, "prefill": PREFILL,
                      "decode_prompt": PROMPT, "decode_new_b1": NEW1, "batch": BATCH, "decode_new_b8": NEW8},
         "results": results, f"ratios_to_{peer}": ratios,
     }, indent=2) + "\n")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -81,7 +81,8 @@ class Runner:
 
 
 def run_llama_cpp(threads: int, repeats: int, light: bool, prefill: int, prompt: int, new1: int, batch: int,
-                  new8: int, prompt_ids: Callable[..., list[int]]) -> dict:
+                  new8: int, prompt_ids: Callable[..., list[int]],
+                  metrics: Sequence[str] = ("prefill512", "decode1", "decode8")) -> dict:
     import llama_cpp
 
     start = time.perf_counter()
@@ -105,13 +106,16 @@ def run_llama_cpp(threads: int, repeats: int, light: bool, prefill: int, prompt:
     def do_prefill() -> None:
         runner.clear()
         runner.decode([ids], [0], [True])
-    do_prefill()
-    out["prefill512_tok_s"] = prefill / best(do_prefill)
-    runner.greedy([ids16], 8)
-    out["decode1_tok_s"] = new1 / best(lambda: runner.greedy([ids16], new1))
-    prompts = [prompt_ids(prompt, seed=i) for i in range(batch)]
-    runner.greedy(prompts, 4)
-    out["decode8_tok_s"] = batch * new8 / best(lambda: runner.greedy(prompts, new8))
+    if "prefill512" in metrics:
+        do_prefill()
+        out["prefill512_tok_s"] = prefill / best(do_prefill)
+    if "decode1" in metrics:
+        runner.greedy([ids16], 8)
+        out["decode1_tok_s"] = new1 / best(lambda: runner.greedy([ids16], new1))
+    if "decode8" in metrics:
+        prompts = [prompt_ids(prompt, seed=i) for i in range(batch)]
+        runner.greedy(prompts, 4)
+        out["decode8_tok_s"] = batch * new8 / best(lambda: runner.greedy(prompts, new8))
     return out
 
 

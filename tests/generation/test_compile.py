@@ -3,6 +3,7 @@ the tokens eager decoding gives."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from generation_toys import fresh_dynamo, one_torch_thread, toy_model  # noqa: F
 import lucidlm
 from lucidlm import LanguageModel
 from lucidlm.cli import build_parser
+from lucidlm.errors import ConfigError
 
 SMOLLM2_PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):"]
 
@@ -68,3 +70,57 @@ def test_compiled_smollm2_greedy_equals_eager_fp32(smollm2):
     first = greedy(compiled_model, SMOLLM2_PROMPTS[0])
     print(f"compile warm-up (first generate): {time.perf_counter() - start:.1f} s")
     assert [first] + [greedy(compiled_model, p) for p in SMOLLM2_PROMPTS[1:]] == eager
+
+
+def _recorded_compile_kwargs(monkeypatch, model, **compile_args):
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
+    model.compile(**compile_args)
+    return calls  # [decode step's kwargs, prefill's kwargs]
+
+
+def test_cpu_compile_uses_the_chosen_inductor_options_unless_told_otherwise(monkeypatch):
+    model = toy_model(seed=1, model_cls=LanguageModel)
+    monkeypatch.setattr(LanguageModel, "CPU_INDUCTOR_OPTIONS", {"freezing": True})
+    decode, prefill = _recorded_compile_kwargs(monkeypatch, model)
+    assert decode["options"] == {"freezing": True} == prefill["options"]
+    assert "mode" not in decode and decode["dynamic"] is False and prefill["dynamic"] is True
+    decode, prefill = _recorded_compile_kwargs(monkeypatch, model, mode="max-autotune-no-cudagraphs")
+    assert decode["mode"] == "max-autotune-no-cudagraphs" and "options" not in decode and "mode" not in prefill
+    decode, _ = _recorded_compile_kwargs(monkeypatch, model, options={})  # torch's own defaults
+    assert "options" not in decode and decode["mode"] is None
+    decode, _ = _recorded_compile_kwargs(monkeypatch, model, options={"cpp_wrapper": True})
+    assert decode["options"] == {"cpp_wrapper": True}
+    decode, _ = _recorded_compile_kwargs(monkeypatch, model, backend="aot_eager")  # options are inductor's only
+    assert "options" not in decode and decode["backend"] == "aot_eager"
+
+
+@pytest.mark.parametrize("kwargs, names", [
+    (dict(mode="default", options={"freezing": True}), ["mode='default'", "not both"]),
+    (dict(options=["freezing"]), [r"\['freezing'\]", "dict"]),
+])
+def test_compile_refuses_bad_options(kwargs, names):
+    model = toy_model(model_cls=LanguageModel)
+    with pytest.raises(ConfigError) as error:
+        model.compile(**kwargs)
+    assert all(re.search(name, str(error.value)) for name in names) and not model.compiled
+
+
+@pytest.mark.slow
+def test_frozen_inductor_step_follows_new_caches_and_batches():
+    """Inductor with weights frozen into the step (``options={"freezing": True}``), on a tiny
+    model: greedy tokens
+    equal eager ones while the KV cache is replaced between calls (batch 1, batch 2, batch 1
+    again with a new prompt): the cache, written every step, must stay an input of the frozen
+    graph, not a constant. The prompt pass stays eager, so a decode step that read a stale
+    cache would continue the wrong prompt."""
+    model = toy_model(seed=5, max_seq_len=256, model_cls=LanguageModel, n_layers=1)
+    prompts = [[5, 6, 7, 8], list(range(40, 51))]
+
+    def calls():
+        return [greedy(model, prompts[0], 12),
+                [r.token_ids for r in model.generate(prompts, max_new_tokens=12, temperature=0, stop_on_eos=False)],
+                greedy(model, prompts[1], 12)]
+    eager = calls()
+    model.compile(prefill=False, options={"freezing": True})
+    assert calls() == eager

@@ -295,3 +295,36 @@ def test_finetune_resume_on_changed_examples_is_refused_before_any_write(tmp_pat
     examples.write_text("\n".join(reversed(lines)) + "\n")  # the same examples in another order
     api_refused(lambda: finetune(config(max_iters=4, resume=True)), CheckpointError,
                 names=[r"qa\.jsonl", "corpus_sha256"], watch=[tmp_path / "run"])
+
+
+def test_finetune_resume_on_other_base_weights_is_refused_before_any_write(tmp_path):
+    """A LoRA run saves only its adapter, so the base it was trained on is recorded by hash."""
+    from lucidlm.config import preset
+    from lucidlm.model.transformer import Transformer
+    from lucidlm.tokenizers import CharTokenizer
+    from lucidlm.training.config import FinetuneConfig
+    from lucidlm.training.finetune import finetune
+    from lucidlm.weights.checkpoint import save_model
+
+    tokenizer = CharTokenizer.train(ALPHABET)
+    torch.manual_seed(0)
+    base = Transformer(preset("llama", vocab_size=tokenizer.vocab_size, d_model=16, n_layers=1, n_heads=2,
+                              n_kv_heads=1, d_mlp=32, max_seq_len=32), tokenizer=tokenizer)
+    save_model(base, tmp_path / "model")
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("what is this? it is a test.\n" * 40)
+
+    def config(**overrides):
+        settings = dict(model=str(tmp_path / "model"), data=str(corpus), out_dir=str(tmp_path / "run"), rank=2,
+                        targets="q,v", batch_size=2, block_size=16, max_iters=2, lr_decay_iters=4, eval_interval=2,
+                        eval_iters=1, sample_tokens=0, progress=False)
+        return FinetuneConfig(**{**settings, **overrides})
+
+    finetune(config())
+    finetune(config(max_iters=3, resume=True))  # the same base resumes (no false alarm)
+    with torch.no_grad():
+        base.blocks[0].mlp.down_proj.weight[0, 0] += 1e-3  # one weight of a frozen matrix, same shapes
+    save_model(base, tmp_path / "model")
+    api_refused(lambda: finetune(config(max_iters=4, resume=True)), CheckpointError,
+                names=["base model's weights", "base_sha256"], watch=[tmp_path / "run"])
+

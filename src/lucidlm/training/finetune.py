@@ -28,7 +28,8 @@ from lucidlm.training.checkpointer import TRAINABLE_NAME, Checkpointer
 from lucidlm.training.config import FinetuneConfig, command_line
 from lucidlm.training.data import corpus_files
 from lucidlm.training.distributed import barrier, cleanup_distributed, setup_distributed
-from lucidlm.training.resume_checks import check_same_data, corpus_sha256, fixed_settings, run_identity, tokenizer_sha256
+from lucidlm.training.resume_checks import (check_same_data, corpus_sha256, fixed_settings, run_identity,
+                                            tokenizer_sha256, weights_sha256)
 from lucidlm.training.step import wrap_model
 from lucidlm.training.loop import Callback, Trainer, TrainResult
 from lucidlm.training.setup import (autocast_dtype, check_same_settings, configure_optimizer, open_run,
@@ -101,9 +102,14 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
     corpus_hash = corpus_sha256([data_path] if data_path.suffix == ".jsonl" and data_path.is_file()
                                 else corpus_files(data_path))
     tokenizer_hash = tokenizer_sha256(model.tokenizer)
-    if found is not None:  # before anything is written: the data and vocabulary must be the run's own
+    # Only the trained part is saved (full fine-tunes save the whole model): the frozen base
+    # must be the run's own too, or a resume would continue another model.
+    base_hash = weights_sha256(model) if payload == "trainable" else None
+    if found is not None:  # before anything is written: the data, vocabulary and base must be the run's own
         check_same_data(found[1], "corpus_sha256", corpus_hash, "the data", config.data, found[0])
         check_same_data(found[1], "tokenizer_sha256", tokenizer_hash, "the base model's tokenizer", base_name, found[0])
+        if base_hash is not None:
+            check_same_data(found[1], "base_sha256", base_hash, "the base model's weights", base_name, found[0])
     torch.manual_seed(config.seed)  # the same new weights on every rank
     description = attach_method(model, config)
     device = torch.device(ctx.device)
@@ -131,7 +137,8 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
 
     checkpointer = Checkpointer(out_dir, model, optimizer, saved_config, ctx, payload,
                                 export if payload == "trainable" else None,
-                                run_identity(fixed_settings(run_config, saved_config), corpus_hash, tokenizer_hash))
+                                run_identity(fixed_settings(run_config, saved_config), corpus_hash, tokenizer_hash,
+                                             base_hash))
     header = (f"{base_name}: {description}\n{trainable_parameters_report(model)}\n"
               f"{run_config.max_iters} steps of {run_config.batch_size * config.gradient_accumulation_steps * ctx.world_size}"
               f" sequences ({ctx.world_size} process(es), {ctx.strategy}), device {device}")

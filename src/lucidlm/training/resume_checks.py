@@ -4,7 +4,8 @@ to the same run.
 
 A run's identity is recorded when it starts and saved with every checkpoint:
 
-    trainer_state.json  "run": {"corpus_sha256", "tokenizer_sha256", "id"}
+    trainer_state.json  "run": {"corpus_sha256", "tokenizer_sha256", "id"}, and "base_sha256"
+                        (the frozen base weights) for a fine-tune that saves only its adapter
     optimizer.safetensors  metadata "run" (the same id) and "step"
 
 ``id`` hashes the settings that shape the trajectory (seed, widths, schedule...), the corpus
@@ -49,12 +50,27 @@ def tokenizer_sha256(tokenizer: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=True).encode()).hexdigest()
 
 
-def run_identity(fixed_settings: Mapping[str, Any], corpus: str, tokenizer: str) -> dict[str, str]:
-    """What ``trainer_state.json`` records under "run"."""
+def weights_sha256(model: torch.nn.Module) -> str:
+    """sha256 over every tensor of ``model``'s state (name, dtype, shape, bytes), in name order.
+    A fine-tune that trains an adapter stores only the adapter: resuming it on other base
+    weights would silently continue a different model."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().cpu().contiguous()
+        h.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
+        h.update(tensor.reshape(-1).view(torch.uint8).numpy())  # the bytes as stored, no copy
+    return h.hexdigest()
+
+
+def run_identity(fixed_settings: Mapping[str, Any], corpus: str, tokenizer: str,
+                 base: Optional[str] = None) -> dict[str, str]:
+    """What ``trainer_state.json`` records under "run" (``base``: the frozen base weights' sha256,
+    for fine-tunes that save only what they train)."""
     text = json.dumps({"settings": dict(fixed_settings), "corpus": corpus, "tokenizer": tokenizer},
                       sort_keys=True, default=str)
-    return {"corpus_sha256": corpus, "tokenizer_sha256": tokenizer,
-            "id": hashlib.sha256(text.encode()).hexdigest()}
+    identity = {"corpus_sha256": corpus, "tokenizer_sha256": tokenizer,
+                "id": hashlib.sha256(text.encode()).hexdigest()}
+    return identity if base is None else {**identity, "base_sha256": base}
 
 
 def check_same_data(state: Mapping[str, Any], key: str, current: str, what: str, source: Any,
@@ -91,7 +107,7 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
         _bad(path, "data", sampler, "the batch sampler's state (an RNG state or an object)")
     fields.object("train_config", default={})
     run = fields.object("run", default={})
-    for key in ("corpus_sha256", "tokenizer_sha256", "id"):
+    for key in ("corpus_sha256", "tokenizer_sha256", "id", "base_sha256"):
         run.str(key, default=None)
     torch_states = fields.list("torch_rng", item=str)
     if not torch_states:
@@ -190,4 +206,4 @@ def fixed_settings(config: Any, saved_config: Mapping[str, Any]) -> dict[str, An
 
 
 __all__ = ["check_cpu_rng_state", "check_optimizer_state", "check_same_data", "corpus_sha256", "fixed_settings",
-           "read_trainer_state", "run_identity", "tokenizer_sha256"]
+           "read_trainer_state", "run_identity", "tokenizer_sha256", "weights_sha256"]
