@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 import lucidlm
 from lucidlm.config import preset
 from lucidlm.errors import CheckpointError
+from lucidlm.generation import generate
 from lucidlm.model.transformer import Transformer
 from lucidlm.tokenizers import CharTokenizer
 from lucidlm.training.config import FinetuneConfig
@@ -28,6 +29,7 @@ from lucidlm.weights.checkpoint import save_model
 
 METHODS = ("lora", "adapter", "prefix", "full")
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ?.:\n"
+PROMPT = "what is xx?"
 # 4 of the 8 steps the schedule is laid out for: the rest is run by the one-process resume.
 SETTINGS = dict(rank=4, alpha=8.0, lora_dropout=0.0, targets="q,v,down", bottleneck=8, prefix_length=4,
                 gradient_accumulation_steps=2, max_iters=4, lr_decay_iters=8, warmup_iters=2, learning_rate=1e-2,
@@ -36,24 +38,31 @@ SETTINGS = dict(rank=4, alpha=8.0, lora_dropout=0.0, targets="q,v,down", bottlen
 
 # One program trains every method in turn (the process group is made once and reused).
 SCRIPT = """
-import json, sys, torch
+import json, shlex, sys, torch
 torch.set_num_threads(1)
-from lucidlm.training.config import FinetuneConfig
+from lucidlm.cli import main
+from lucidlm.training.config import FinetuneConfig, command_line
 from lucidlm.training.finetune import finetune
 root, strategy, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+PROMPT = {prompt!r}
+def config(method, out, **changes):
+    return FinetuneConfig(model=root + "/base", data=root + "/qa.jsonl", out_dir=root + "/" + out + "-" + strategy,
+                          method=method, strategy=strategy, batch_size=2, **{**settings, **changes})
 def tune(method, out, **changes):
-    finetune(FinetuneConfig(model=root + "/base", data=root + "/qa.jsonl", out_dir=root + "/" + out + "-" + strategy,
-                            method=method, strategy=strategy, batch_size=2, **{**settings, **changes}))
+    finetune(config(method, out, **changes))
 for method in sys.argv[4].split(","):
     tune(method, method)
 # Resuming under torchrun: LoRA with dropout, stopped at step 2 and resumed, against 4 steps in one go.
-tune("lora", "dropout", lora_dropout=0.1, sample_tokens=4)  # samples must not move the training RNG
+tune("lora", "dropout", lora_dropout=0.1, sample_tokens=4, sample_prompt=PROMPT)  # samples must not move the RNG
 tune("lora", "resumed", lora_dropout=0.1, max_iters=2)
-tune("lora", "resumed", lora_dropout=0.1, resume=True)
+# The resume goes through the command the run prints on Ctrl-C: lucidlm finetune under torchrun.
+words = shlex.split(command_line(config("lora", "resumed", lora_dropout=0.1), "finetune", 2, resume=True))
+assert words[:5] == ["torchrun", "--nproc_per_node", "2", "-m", "lucidlm"], words
+assert main(words[5:]) == 0
 # One process's checkpoints (copied in by the test) continued by 2 processes.
 for method in ("lora", "full"):
     tune(method, "grown-" + method, max_iters=8, resume=True)
-"""
+""".replace("{prompt!r}", repr(PROMPT))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -119,20 +128,23 @@ def test_distributed_finetuning_equals_one_process_and_resumes_in_one(single, st
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count(f"2 process(es), {strategy}") == len(METHODS) + 5
     assert done.stdout.count("resuming a run of 1 process(es) with 2") == 2
+    assert done.stdout.count("done in") == 1  # the CLI's summary: rank 0's only
     for method in ("lora", "full"):  # 2 processes end where one process ends
         grown, one = losses(root / f"grown-{method}-{strategy}"), losses(root / f"{method}-8")
         assert len(grown) == 8 and max(abs(a - b) for a, b in zip(grown, one)) <= 1e-5, (method, grown, one)
-    samples = [json.loads(line).get("sample") for line in (root / f"dropout-{strategy}" / "metrics.jsonl").open()]
-    if strategy == "ddp":  # rank 0 decodes its full replica
-        assert len(samples) == 3 and all(isinstance(text, str) and text for text in samples)
-    else:  # no rank holds the whole model: said once, not silently left out
-        assert samples == [None] * 3 and done.stdout.count("no samples under FSDP") == 1
+    # Samples at each evaluation, FSDP included (every rank decodes, gathering the whole model):
+    # at step 0 LoRA's B is zero, so tuned and base continue the prompt as the base model does here.
+    base = lucidlm.load(str(root / "base"))
+    records = [json.loads(line) for line in (root / f"dropout-{strategy}" / "metrics.jsonl").open()]
+    expected = PROMPT + base.tokenizer.decode(list(generate(base, base.tokenizer.encode(PROMPT), max_new_tokens=4,
+                                                            temperature=0.0).token_ids))
+    assert [r["step"] for r in records] == [0, 2, 4] and records[0]["sample"] == expected
+    assert all(r["base_sample"] == expected and r["sample"].startswith(PROMPT) for r in records)
     # A 2-process run resumed by 2 processes is bit-identical (every rank's dropout RNG restored).
     uninterrupted, resumed = root / f"dropout-{strategy}", root / f"resumed-{strategy}"
     assert losses(resumed) == losses(uninterrupted) and len(losses(resumed)) == 4
     adapter, reference = (load_file(str(d / "checkpoint" / "trainable.safetensors")) for d in (resumed, uninterrupted))
     assert adapter.keys() == reference.keys() and all(torch.equal(adapter[k], reference[k]) for k in adapter)
-    base = lucidlm.load(str(root / "base"))
     ids = torch.tensor([base.tokenizer.encode("what is xxx? yy")])  # (1, T)
     with torch.no_grad():
         base_logits = base.forward(ids)  # (1, T, V)

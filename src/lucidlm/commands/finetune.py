@@ -39,11 +39,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lucidlm.training.distributed import is_main_process
     from lucidlm.training.finetune import finetune
 
     config = config_from_args(FinetuneConfig, args)
     start = time.perf_counter()
     result = finetune(config)
+    if not is_main_process():  # under torchrun, one summary (rank 0's), not one per process
+        return 130 if result.interrupted else 0
     out_dir = Path(config.out_dir)
     model_flag = f" --model {config.model}" if config.model is not None else ""
     val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"

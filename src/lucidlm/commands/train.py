@@ -36,12 +36,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lucidlm.training.distributed import is_main_process
     from lucidlm.training.pretrain import pretrain
 
     result = pretrain(config_from_args(TrainConfig, args))
     if result.interrupted:
         return 130
-    if result.val_loss is not None:
+    if result.val_loss is not None and is_main_process():  # under torchrun, rank 0's summary only
         print(f"done: step {result.step}, val loss {result.val_loss:.4f}; model in {result.checkpoint} "
               f"(try: lucidlm generate \"...\" --model {args.out_dir})")
     return 0

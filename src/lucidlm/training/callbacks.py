@@ -1,4 +1,5 @@
-"""What a run shows and records, as loop callbacks (main process only).
+"""What a run shows and records, as loop callbacks (main process only; under FSDP the
+sampler runs on every rank, which decode together).
 
 - ``Sampler``      at each evaluation, continues a prompt with the sampling settings given
                    (temperature, top-p, seed); with a ``base`` context, the base model too
@@ -22,6 +23,7 @@ import torch
 
 from lucidlm.training.kill_points import kill_point
 from lucidlm.training.loop import Callback, Trainer, TrainResult
+from lucidlm.training.step import unsharded
 
 METRICS_NAME = "metrics.jsonl"
 PLOT_NAME = "loss.png"
@@ -33,6 +35,8 @@ class Sampler(Callback):
     ``base``: a context manager factory under which the model is the untuned base (e.g.
     ``peft.disable_adapters``); the base sample is taken once and shown beside each tuned one.
     """
+
+    collective = True  # under FSDP every rank runs it: the ranks decode in step, rank 0 records
 
     def __init__(self, prompt_ids: Sequence[int], tokens: int, tokenizer: Any, temperature: float = 0.0,
                  top_p: Optional[float] = None, seed: int = 0,
@@ -56,18 +60,14 @@ class Sampler(Callback):
         # Decode prompt and continuation together: word tokens need the spaces between them.
         return self.tokenizer.decode(self.prompt_ids + list(result.token_ids))
 
-    def on_fit_start(self, trainer: Trainer) -> None:
-        if self.tokens > 0 and trainer.ctx.sharded:  # say so rather than leave the samples out silently
-            print("note: no samples under FSDP (each rank holds a shard, so one rank cannot decode); the saved "
-                  "model or adapter samples in one process (lucidlm generate).", flush=True)
-
     def on_evaluate(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        if self.tokens <= 0 or trainer.ctx.sharded:  # a sharded model cannot decode on one rank
+        if self.tokens <= 0:
             return
-        if self.base is not None and self.base_text is None:
-            with self.base():
-                self.base_text = self.sample(trainer.model)
-        record["sample"] = self.sample(trainer.model)
+        with unsharded(trainer.model, trainer.ctx):  # FSDP: each rank gathers the whole model
+            if self.base is not None and self.base_text is None:
+                with self.base():
+                    self.base_text = self.sample(trainer.model)
+            record["sample"] = self.sample(trainer.model)
         if self.base_text is not None:
             record["base_sample"] = self.base_text
 

@@ -51,6 +51,11 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
 
 
+def is_main_process() -> bool:
+    """Rank 0 of a torchrun launch, or the only process: the one that prints a run's summary."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def setup_distributed(device: str, strategy: str = "auto") -> DistributedContext:
     """Join the process group if torchrun launched us; pick this rank's device.
     ``strategy``: auto | ddp (a full replica per rank) | fsdp (FSDP2 shards)."""

@@ -45,7 +45,8 @@ class TrainResult:
 
 
 class Callback:
-    """Hooks the loop calls on the main process; override the ones you need."""
+    """Hooks the loop calls on the main process; override the ones you need. A callback with
+    ``collective = True`` gets ``on_evaluate`` on every rank of a sharded (FSDP) run."""
 
     def on_fit_start(self, trainer: "Trainer") -> None: ...
     def on_log(self, trainer: "Trainer", losses: list[float]) -> None: ...
@@ -189,9 +190,10 @@ class Trainer:
                 "elapsed": time.perf_counter() - self._start, "eval_iters": iters,
             }
             self.best_val_loss = min(self.best_val_loss, losses["val"])
-        if self.ctx.is_main:
-            for callback in self.callbacks:
+        for callback in self.callbacks:  # a collective one (sampling a sharded model) runs on every rank
+            if self.ctx.is_main or (self.ctx.sharded and getattr(callback, "collective", False)):
                 callback.on_evaluate(self, record)
+        if self.ctx.is_main:
             self.metrics.append(record)
         self.last_eval_step = self.step
         self.train_time, self.tokens_seen = 0.0, 0

@@ -11,7 +11,8 @@ gather the sharded weights), so the checked ``forward`` runs there.
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
@@ -51,3 +52,23 @@ def wrap_model(model: nn.Module, ctx: DistributedContext, compile: bool = False,
         device_ids = [torch.device(ctx.device).index] if ctx.device.startswith("cuda") else None
         step = DistributedDataParallel(step, device_ids=device_ids)
     return step
+
+
+@contextlib.contextmanager
+def unsharded(model: nn.Module, ctx: DistributedContext) -> Iterator[None]:
+    """Under FSDP, every rank holds the whole model while inside (for decoding, whose
+    ``step`` calls bypass the root module's gathering hooks); a collective: every rank must
+    enter together. Elsewhere it does nothing."""
+    if not ctx.sharded:
+        yield
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
