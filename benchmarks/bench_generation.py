@@ -206,11 +206,16 @@ def fresh_first_token(side: str, threads: int) -> float:
     return time.perf_counter() - start
 
 
+def lower_is_better(key: str) -> bool:
+    """Seconds and megabytes: less is better; tokens per second (``*_tok_s``): more is."""
+    return key.endswith(("_s", "_mb")) and not key.endswith("_tok_s")
+
+
 def best_of(runs: list[dict]) -> dict:
     best = dict(runs[0])
     for key in best:
         values = [r[key] for r in runs if key in r]
-        best[key] = min(values) if key.endswith(("_s", "_mb")) else max(values)
+        best[key] = min(values) if lower_is_better(key) else max(values)
     return best
 
 
@@ -288,7 +293,7 @@ def main() -> None:
         for _, key in rows:
             ours, theirs = results[side].get(key), results[peer].get(key)
             if ours and theirs:
-                ratios[side][key] = theirs / ours if key.endswith(("_s", "_mb")) else ours / theirs
+                ratios[side][key] = theirs / ours if lower_is_better(key) else ours / theirs
     print(f"\nratio to {peer} (> 1 = better than {peer})")
     print(table(sides, rows, ratios, "{:.2f}x"))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
