@@ -26,7 +26,7 @@ from lucidlm.training.batches import ExampleBatches, WindowBatches
 from lucidlm.training.callbacks import Console, MetricsLog, Sampler
 from lucidlm.training.checkpointer import TRAINABLE_NAME, Checkpointer
 from lucidlm.training.config import FinetuneConfig, command_line
-from lucidlm.training.data import corpus_files
+from lucidlm.training.corpus import corpus_files
 from lucidlm.training.distributed import barrier, cleanup_distributed, setup_distributed
 from lucidlm.training.resume_checks import (check_same_data, corpus_sha256, fixed_settings, run_identity,
                                             tokenizer_sha256, weights_sha256)

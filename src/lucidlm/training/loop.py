@@ -9,6 +9,9 @@ optimizer, a checkpointer and callbacks (progress bar, metrics file and plot, sa
 No step reads a value back from the device: losses stay tensors until every
 ``log_interval`` steps (or an evaluation), when they are read in one go, so the host
 keeps queueing work ahead of a GPU. The next batch is drawn while the forward pass runs.
+
+Beside it: ``loop_contract.py`` (the ``Callback`` hooks and the ``TrainResult``, re-exported
+here) and ``trainer_state.py`` (what of the loop a checkpoint keeps for an exact resume).
 """
 
 from __future__ import annotations
@@ -17,43 +20,19 @@ import contextlib
 import math
 import signal
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
 
-from lucidlm.training.distributed import DistributedContext, any_rank, gather_rng_states
+from lucidlm.training.distributed import DistributedContext, any_rank
 from lucidlm.training.interrupt import install_interrupt_handler
 from lucidlm.training.kill_points import kill_point
+from lucidlm.training.loop_contract import Callback, TrainResult
 from lucidlm.training.loss import masked_cross_entropy
 from lucidlm.training.schedule import get_lr
 from lucidlm.training.step import TrainStep
-
-
-@dataclass
-class TrainResult:
-    step: int
-    train_losses: list[float]  # one per optimizer step, since step 0 of the run (resumes included)
-    train_loss: Optional[float]  # of the last evaluation
-    val_loss: Optional[float]
-    best_val_loss: float
-    checkpoint: Optional[Path]
-    interrupted: bool = False
-    elapsed: float = 0.0
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-
-
-class Callback:
-    """Hooks the loop calls on the main process; override the ones you need. A callback with
-    ``collective = True`` gets ``on_evaluate`` on every rank of a sharded (FSDP) run."""
-
-    def on_fit_start(self, trainer: "Trainer") -> None: ...
-    def on_log(self, trainer: "Trainer", losses: list[float]) -> None: ...
-    def on_eval_start(self, trainer: "Trainer", batches: int) -> None: ...  # up to this many batches
-    def on_eval_batch(self, trainer: "Trainer") -> None: ...
-    def on_evaluate(self, trainer: "Trainer", record: dict[str, Any]) -> None: ...
-    def on_fit_end(self, trainer: "Trainer", result: TrainResult) -> None: ...
+from lucidlm.training.trainer_state import load_trainer_state, trainer_state
 
 
 class Trainer:
@@ -201,43 +180,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """Everything besides weights and optimizer that an exact resume needs. Collective
-        under torchrun (every rank's dropout RNG is gathered): every rank must call it."""
-        self.flush_losses()
-        from lucidlm.training.checkpoint import encode_rng_state
-
-        torch_states = gather_rng_states(torch.get_rng_state(), self.ctx)
-        state = {
-            "step": self.step, "last_eval_step": self.last_eval_step, "world_size": self.ctx.world_size,
-            "best_val_loss": self.best_val_loss if math.isfinite(self.best_val_loss) else None,
-            "train_losses": self.train_losses, "data": self.data.state_dict(),
-            "torch_rng": [encode_rng_state(s) for s in torch_states], "torch_version": torch.__version__,
-        }
-        if self.device.type == "cuda":
-            cuda_states = gather_rng_states(torch.cuda.get_rng_state(self.device), self.ctx)
-            state["cuda_rng"] = [encode_rng_state(s) for s in cuda_states]
-        return state
+        """Everything besides weights and optimizer that an exact resume needs (trainer_state.py).
+        Collective under torchrun: every rank must call it."""
+        return trainer_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from lucidlm.errors import CheckpointError
-        from lucidlm.training.checkpoint import decode_rng_state
-        from lucidlm.training.resume_checks import DAMAGED
-
-        self.step, self.last_eval_step = int(state["step"]), int(state.get("last_eval_step", -1))
-        best = state.get("best_val_loss")
-        self.best_val_loss = math.inf if best is None else float(best)
-        self.train_losses = [float(x) for x in state.get("train_losses", [])][: self.step]
-        self.data.load_state_dict(state["data"])
-        # One dropout RNG state per saved rank; a rank the saved run did not have (a resume with
-        # more processes, setup.check_same_settings) keeps its fresh seed.
-        if self.ctx.rank < len(state["torch_rng"]):
-            torch.set_rng_state(decode_rng_state(state["torch_rng"][self.ctx.rank]))  # checked when read
-        if self.device.type == "cuda" and self.ctx.rank < len(state.get("cuda_rng") or []):
-            try:
-                torch.cuda.set_rng_state(decode_rng_state(state["cuda_rng"][self.ctx.rank]), self.device)
-            except (RuntimeError, IndexError) as exc:
-                raise CheckpointError(f"trainer_state.json: field 'cuda_rng' is not a CUDA RNG state of this "
-                                      f"device ({exc}); {DAMAGED}.") from None
+        load_trainer_state(self, state)
 
     def save_checkpoint(self) -> Optional[Path]:
         return self.checkpointer.save(self) if self.checkpointer is not None else None

@@ -26,7 +26,8 @@ from lucidlm.training.batches import WindowBatches
 from lucidlm.training.callbacks import Console, MetricsLog, Sampler
 from lucidlm.training.checkpointer import Checkpointer
 from lucidlm.training.config import TrainConfig, command_line
-from lucidlm.training.data import check_enough_data, corpus_files, prepare_data
+from lucidlm.training.corpus import corpus_files
+from lucidlm.training.data import check_enough_data, prepare_data
 from lucidlm.training.distributed import barrier, cleanup_distributed, setup_distributed
 from lucidlm.training.resume_checks import (DAMAGED, check_same_data, corpus_sha256, fixed_settings, run_identity,
                                             tokenizer_sha256)

@@ -1,0 +1,44 @@
+"""What the training loop promises the code around it: the ``Callback`` hooks it calls and
+the ``TrainResult`` it returns.
+
+They live apart from ``loop.py`` so that recipes and callbacks (``callbacks.py``,
+``pretrain.py``, ``finetune.py``) can name the contract without reading the loop itself;
+``loop.py`` re-exports both, so ``from lucidlm.training.loop import Callback`` still works.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+# ``trainer`` below is the running ``loop.Trainer``; it is typed ``Any`` (as in interrupt.py)
+# because loop.py imports this module, and the contract must not import the loop back.
+
+
+@dataclass
+class TrainResult:
+    step: int
+    train_losses: list[float]  # one per optimizer step, since step 0 of the run (resumes included)
+    train_loss: Optional[float]  # of the last evaluation
+    val_loss: Optional[float]
+    best_val_loss: float
+    checkpoint: Optional[Path]
+    interrupted: bool = False
+    elapsed: float = 0.0
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Callback:
+    """Hooks the loop calls on the main process; override the ones you need. A callback with
+    ``collective = True`` gets ``on_evaluate`` on every rank of a sharded (FSDP) run."""
+
+    def on_fit_start(self, trainer: Any) -> None: ...
+    def on_log(self, trainer: Any, losses: list[float]) -> None: ...
+    def on_eval_start(self, trainer: Any, batches: int) -> None: ...  # up to this many batches
+    def on_eval_batch(self, trainer: Any) -> None: ...
+    def on_evaluate(self, trainer: Any, record: dict[str, Any]) -> None: ...
+    def on_fit_end(self, trainer: Any, result: TrainResult) -> None: ...
+
+
+__all__ = ["Callback", "TrainResult"]
