@@ -53,6 +53,21 @@ def shared_dir() -> Path:
     return SHARED
 
 
+# -- one torch thread for a module of tiny training runs ------------------------------------
+# Opt in per module with ``pytestmark = pytest.mark.usefixtures("one_thread")``: tiny models
+# run fastest on one thread, and on a busy 2-core machine two threads wait on each other at
+# every op. Module-scoped, so the module's own module-scoped fixtures build under it too.
+
+@pytest.fixture(scope="module")
+def one_thread():
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # -- the embedded pretrained model and its transformers reference, loaded once per run ------
 # Several test modules compare against these; loading transformers' GGUF reader costs
 # ~15 s each time, so they are session-scoped. Tests must leave them as they found them

@@ -26,12 +26,7 @@ from lucidlm.weights.checkpoint import save_model
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ?.:\n"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny runs on one torch thread
 
 
 @pytest.fixture(scope="module")

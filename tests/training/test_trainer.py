@@ -18,14 +18,7 @@ from lucidlm.training import checkpoint as ckpt
 SHAKESPEARE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models run fastest on one thread, and a busy 2-core machine makes two threads
-    # wait on each other at every op.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny runs on one torch thread
 
 
 @pytest.fixture(scope="module")
