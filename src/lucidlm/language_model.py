@@ -21,6 +21,7 @@ from torch import nn
 from lucidlm.config import ModelConfig
 from lucidlm.errors import ConfigError
 from lucidlm.generation import GenerationResult, TextStream, generate, stream
+from lucidlm.generation.compiled import CompiledSteps
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, run_with_hooks
 from lucidlm.inspect.tokens import to_str_tokens, to_string, to_tokens
 from lucidlm.model.hook_options import set_hook_options
@@ -50,9 +51,7 @@ class LanguageModel(Transformer):
 
     def __init__(self, config: ModelConfig, tokenizer: Any = None) -> None:
         super().__init__(config, tokenizer)
-        self._compiled_decode: Optional[Callable[..., torch.Tensor]] = None
-        self._compiled_prefill: Optional[Callable[..., torch.Tensor]] = None
-        self._cuda_graphs = False
+        self._compiled: Optional[CompiledSteps] = None
         self._kept_caches: list[nn.ModuleList] = []  # compiled: the cache outlives one generate call
 
     # ------------------------------------------------------------------ compiled decoding
@@ -89,39 +88,35 @@ class LanguageModel(Transformer):
         if options is not None and not isinstance(options, dict):
             raise ConfigError(f"compile(options={options!r}): give a dict of inductor settings, e.g. "
                               f"{{'freezing': True}}, or {{}} for torch's defaults.")
-        self._cuda_graphs = mode == "reduce-overhead" or (mode is None and self.device.type == "cuda")
+        cuda_graphs = mode == "reduce-overhead" or (mode is None and self.device.type == "cuda")
         if mode is None and self.device.type == "cuda":
             mode = "reduce-overhead"
         if mode is None and options is None and self.device.type == "cpu":
             options = dict(self.CPU_INDUCTOR_OPTIONS)
-        inductor = {"options": options} if options and backend == "inductor" else {}  # options are inductor's
-        self._compiled_decode = torch.compile(self.step, backend=backend, fullgraph=True, dynamic=False,
-                                              **(inductor or {"mode": mode}))
-        # The prompt pass changes shape with every prompt: no CUDA graph for it, hence no mode.
-        self._compiled_prefill = (torch.compile(self.step, backend=backend, fullgraph=True, dynamic=True, **inductor)
-                                  if prefill else None)
+        self._compiled = CompiledSteps(self, mode, options, backend, prefill, cuda_graphs)
         return self
 
     @property
     def compiled(self) -> bool:
-        return self._compiled_decode is not None
+        return self._compiled is not None
 
     def prefill_step(self, ids: torch.Tensor, input_pos: torch.Tensor,
                      attention_mask: Optional[torch.Tensor] = None, last_token_only: bool = True) -> torch.Tensor:
         """Generation's prompt pass: ``Transformer.step``, compiled if ``compile()`` was called."""
-        run = self._compiled_prefill or self.step
+        run = self._compiled.prefill_step() if self._compiled is not None else self.step
         return run(ids, input_pos, attention_mask, None, last_token_only)
 
     def decode_step(self, ids: torch.Tensor, input_pos: torch.Tensor,
                     attention_mask: Optional[torch.Tensor] = None, last_token_only: bool = True) -> torch.Tensor:
         """Generation's one-token step: ``Transformer.step``, compiled if ``compile()`` was called."""
-        if self._compiled_decode is None:
+        if self._compiled is None:
             return self.step(ids, input_pos, attention_mask, None, last_token_only)
-        if self._cuda_graphs:
+        run = self._compiled.decode_step()
+        if self._compiled.cuda_graphs and run is not self.step:
             torch.compiler.cudagraph_mark_step_begin()  # a new step: the last one's outputs may be reused
             # The graph writes its output into the same memory every replay: hand out a copy.
-            return self._compiled_decode(ids, input_pos, attention_mask, None, last_token_only).clone()
-        return self._compiled_decode(ids, input_pos, attention_mask, None, last_token_only)
+            return run(ids, input_pos, attention_mask, None, last_token_only).clone()
+        return run(ids, input_pos, attention_mask, None, last_token_only)
 
     def setup_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None,
                        dtype: Optional[torch.dtype] = None) -> None:

@@ -3,17 +3,20 @@ the tokens eager decoding gives."""
 
 from __future__ import annotations
 
+import copy
 import re
 import time
 
 import pytest
 import torch
+from torch._inductor import list_mode_options
 from generation_toys import fresh_dynamo, one_torch_thread, toy_model  # noqa: F401 (autouse fixtures)
 
 import lucidlm
 from lucidlm import LanguageModel
 from lucidlm.cli import build_parser
 from lucidlm.errors import ConfigError
+from lucidlm.generation.compiled import keep_input_guards
 
 SMOLLM2_PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):"]
 
@@ -80,19 +83,97 @@ def _recorded_compile_kwargs(monkeypatch, model, **compile_args):
 
 
 def test_cpu_compile_uses_the_chosen_inductor_options_unless_told_otherwise(monkeypatch):
+    """The decode step gets the inductor options (a mode becomes torch's own options for it)
+    plus the guard filter; the prefill gets the options alone. Every step is isolated."""
     model = toy_model(seed=1, model_cls=LanguageModel)
     monkeypatch.setattr(LanguageModel, "CPU_INDUCTOR_OPTIONS", {"freezing": True})
+    slim = {"guard_filter_fn": keep_input_guards}
     decode, prefill = _recorded_compile_kwargs(monkeypatch, model)
-    assert decode["options"] == {"freezing": True} == prefill["options"]
+    assert decode["options"] == {"freezing": True, **slim} and prefill["options"] == {"freezing": True}
     assert "mode" not in decode and decode["dynamic"] is False and prefill["dynamic"] is True
+    assert decode["isolate_recompiles"] and prefill["isolate_recompiles"]
     decode, prefill = _recorded_compile_kwargs(monkeypatch, model, mode="max-autotune-no-cudagraphs")
-    assert decode["mode"] == "max-autotune-no-cudagraphs" and "options" not in decode and "mode" not in prefill
+    assert decode["options"] == {**list_mode_options("max-autotune-no-cudagraphs", False), **slim}
+    assert decode["options"]["max_autotune"] and "options" not in prefill and "mode" not in prefill
     decode, _ = _recorded_compile_kwargs(monkeypatch, model, options={})  # torch's own defaults
-    assert "options" not in decode and decode["mode"] is None
+    assert decode["options"] == slim and "mode" not in decode
     decode, _ = _recorded_compile_kwargs(monkeypatch, model, options={"cpp_wrapper": True})
-    assert decode["options"] == {"cpp_wrapper": True}
+    assert decode["options"] == {"cpp_wrapper": True, **slim}
     decode, _ = _recorded_compile_kwargs(monkeypatch, model, backend="aot_eager")  # options are inductor's only
-    assert "options" not in decode and decode["backend"] == "aot_eager"
+    assert decode["options"] == slim and decode["backend"] == "aot_eager"
+
+
+def test_guard_filter_drops_module_guards_and_keeps_inputs_and_cache():
+    """What the filter keeps, on the guards dynamo really produced for a tiny model's decode step."""
+    model = toy_model(seed=2, model_cls=LanguageModel, n_layers=1)
+    entries = []
+
+    def record(found):
+        entries.extend(found)
+        return keep_input_guards(found)
+
+    model.compile(backend="aot_eager", prefill=False)
+    model._compiled.decode = torch.compile(model.step, backend="aot_eager", fullgraph=True, dynamic=False,
+                                           options={"guard_filter_fn": record})
+    greedy(model, [5, 6, 7], 3)
+    kept = {e.name for e, keep in zip(entries, keep_input_guards(entries)) if keep}
+    dropped = {e.name for e, keep in zip(entries, keep_input_guards(entries)) if not keep}
+    assert {"ids", "input_pos"} <= kept and any("kv_caches" in name for name in kept)
+    assert any("blocks" in name for name in dropped) and not any(name.startswith("self._modules['kv_caches']") for name in dropped)
+
+
+def test_compiled_decoding_follows_hooks_and_adapters():
+    """The decode step keeps no guards on the model's modules, so lucidlm checks the model
+    itself: hooks attached (through a hook point or torch) run, and run live, a hook removed
+    stops running, and an adapter added after compile() is compiled in, never skipped."""
+    from torch._dynamo.testing import CompileCounter
+
+    from lucidlm.peft import add_lora
+
+    model = toy_model(seed=4, max_seq_len=128, model_cls=LanguageModel)
+    prompt = [5, 6, 7, 8]
+    plain = greedy(model, prompt, 12)
+    hook_point = model.blocks[0].hook_resid_post
+
+    def flip(x, hook):
+        return -x
+    hook_point.add_hook(flip)
+    flipped = greedy(model, prompt, 12)
+    hook_point.remove_hooks()
+    assert flipped != plain
+
+    counter = CompileCounter()
+    model.compile(backend=counter, prefill=False)
+    assert greedy(model, prompt, 12) == plain and counter.frame_count == 1
+    hook_point.add_hook(flip)
+    assert greedy(model, prompt, 12) == flipped
+    hook_point.remove_hooks()
+    assert greedy(model, prompt, 12) == plain and counter.frame_count == 1  # the same graph again
+    handle = model.blocks[0].register_forward_hook(lambda module, args, out: -out)
+    assert greedy(model, prompt, 12) == flipped
+    handle.remove()
+    assert greedy(model, prompt, 12) == plain and counter.frame_count == 1
+
+    # A hook attached between two steps of one stream takes effect from the next step on.
+    pieces = model.stream(prompt, max_new_tokens=12, temperature=0, stop_on_eos=False)
+    next(iter(pieces))
+    hook_point.add_hook(flip)
+    list(pieces)
+    hook_point.remove_hooks()
+    assert pieces.result.token_ids[0] == plain[0] and pieces.result.token_ids != plain
+
+    eager = copy.deepcopy(model)
+    eager._compiled = None
+    for m in (model, eager):
+        torch.manual_seed(9)
+        add_lora(m, r=4, targets=("o_proj", "down_proj"))
+        with torch.no_grad():
+            for name, param in m.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(std=0.5, generator=torch.Generator().manual_seed(len(name)))
+    adapted = greedy(eager, prompt, 12)
+    assert adapted != plain and not eager.compiled
+    assert greedy(model, prompt, 12) == adapted and counter.frame_count == 2  # compiled again, with the adapter
 
 
 @pytest.mark.parametrize("kwargs, names", [

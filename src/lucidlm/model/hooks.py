@@ -22,6 +22,10 @@ HookFn = Callable[[torch.Tensor, "HookPoint"], Optional[torch.Tensor]]
 
 
 class HookPoint(nn.Module):
+    # Bumped whenever any hook point gains or loses a function: a compiled decode loop reads
+    # it once per step to notice hooks attached mid-generation (generation/compiled.py).
+    version = 0
+
     def __init__(self) -> None:
         super().__init__()
         self.fns: list[HookFn] = []
@@ -32,12 +36,14 @@ class HookPoint(nn.Module):
         if dir not in ("fwd", "bwd"):
             raise HookError(f"hook direction {dir!r} at {self.name!r}: expected 'fwd' or 'bwd'.")
         (self.fns if dir == "fwd" else self.bwd_fns).append(fn)
+        HookPoint.version += 1
 
     def remove_hooks(self, dir: str = "both") -> None:
         if dir in ("fwd", "both"):
             self.fns.clear()
         if dir in ("bwd", "both"):
             self.bwd_fns.clear()
+        HookPoint.version += 1
 
     @property
     def active(self) -> bool:
