@@ -31,7 +31,7 @@ def check_and_complete(cfg: Any) -> None:
     hang, max_seq_len=4e9 would ask for TBs of rotary tables). Refusals name where the values
     came from: "ModelConfig" for Python code, or the file a loader read them from, under that
     file's own field names (``ModelConfig.from_dict(names=...)``)."""
-    source, names, fix = cfg._origin
+    source, _, fix = cfg._origin
     name = cfg._name
     check = Fields({name(f.name): getattr(cfg, f.name) for f in dataclasses.fields(cfg)}, source,
                    ConfigError, fix=fix)
