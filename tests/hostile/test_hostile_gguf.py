@@ -239,6 +239,8 @@ def write_with_tokenizer(good: Path, path: Path, **fields) -> Path:
 
 BAD_TOKENIZERS = {
     "merge without a space": ({"merges": (["ab", "c d"], V.ARRAY)}, r"merges\[0\] is 'ab', not two tokens"),
+    "merge with an empty side": ({"merges": (["c d", "ef "], V.ARRAY)}, r"merges\[1\] is 'ef ', not two tokens"),
+    "merge with two spaces": ({"merges": (["c d", "a  b"], V.ARRAY)}, r"merges\[1\] is 'a  b', not two tokens"),
     "merges of numbers": ({"merges": ([1, 2], V.ARRAY)}, r"'tokenizer\.ggml\.merges' is \[1, 2\]; expected a list of strs"),
     "tokens of numbers": ({"tokens": (list(range(261)), V.ARRAY)}, r"tokenizer\.ggml\.tokens' is \[0, 1"),
     "token types too short": ({"token_type": ([3, 1], V.ARRAY)}, r"token_type has 2 entries for 261 tokens"),

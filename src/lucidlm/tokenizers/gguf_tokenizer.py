@@ -120,18 +120,21 @@ def _byte_level_backend(tokens: list[str], merges: list[str], source: str) -> tu
     from tokenizers import Tokenizer as Backend
     from tokenizers.models import BPE
 
+    # The loops below run over ~50k tokens and merges in a fresh process before its first token,
+    # so they are written as C-level passes (join, zip, map) where one would do.
     spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
-    vocab: dict[str, int] = {}
-    for index, token in enumerate(tokens):
-        # Control tokens may be stored in plain UTF-8; BPE looks tokens up in byte spelling.
-        spelled = token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8"))
-        vocab.setdefault(spelled, index)
+    spelled = tokens
+    if not set("".join(tokens)) <= alphabet:  # some token, e.g. a control token, is stored in plain UTF-8:
+        # BPE looks tokens up in byte spelling
+        spelled = [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")) for t in tokens]
+    # a spelling listed twice keeps its first id: reversed, the first id is the last one written
+    vocab = dict(zip(reversed(spelled), range(len(spelled) - 1, -1, -1)))
     pairs = [tuple(m.split(" ")) for m in merges]
-    for index, pair in enumerate(pairs):
-        if len(pair) != 2 or not all(pair):
-            raise TokenizerError(f"{source}: tokenizer.ggml.merges[{index}] is {merges[index][:60]!r}, not two tokens "
-                                 f"separated by one space; the file is corrupted. Convert the model again.")
+    if list(map(len, pairs)).count(2) != len(pairs) or not all(map(all, pairs)):  # two non-empty parts each
+        index = next(i for i, pair in enumerate(pairs) if len(pair) != 2 or not all(pair))
+        raise TokenizerError(f"{source}: tokenizer.ggml.merges[{index}] is {merges[index][:60]!r}, not two tokens "
+                             f"separated by one space; the file is corrupted. Convert the model again.")
     try:
         backend = Backend(BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="",
                               end_of_word_suffix="", fuse_unk=False))
