@@ -87,7 +87,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if extras:
         _subparser(parser, args.command).unrecognized(extras)
     code = _run(args)
-    if as_program and args.command in FAST_EXIT:
+    # not under a profiler or tracer (cProfile, coverage): they write their results after main returns
+    if as_program and args.command in FAST_EXIT and sys.getprofile() is None and sys.gettrace() is None:
         _leave_now(code)
     return code
 

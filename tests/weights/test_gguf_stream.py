@@ -111,6 +111,26 @@ def test_exact_blocks_keep_their_codes_when_chunked(tmp_path, tiny_chunks):
     assert np.array_equal(got, codes)
 
 
+def test_thread_count_changes_no_number_and_is_restored(tmp_path, monkeypatch):
+    """Small tensors convert on one thread (SERIAL_ELEMENTS): the weights are those of a load
+    on torch's threads, and torch's thread count is the caller's again afterwards."""
+    path, _, _ = quantized_file(tmp_path, Q.Q4_1)
+    caller = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        monkeypatch.setattr(gguf_stream, "SERIAL_ELEMENTS", 0)  # every tensor on torch's threads
+        threaded = load_gguf(path, dtype=torch.bfloat16)
+        assert torch.get_num_threads() == 2
+        monkeypatch.setattr(gguf_stream, "SERIAL_ELEMENTS", 1 << 62)  # every tensor on one thread
+        serial = load_gguf(path, dtype=torch.bfloat16)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(caller)
+    assert threaded.state_dict().keys() == serial.state_dict().keys()
+    for name, value in threaded.state_dict().items():
+        assert torch.equal(value, serial.state_dict()[name]), name
+
+
 @pytest.mark.parametrize("rows", [16, 64, 200 + 8, 4096 + 144])
 def test_cpu_tiles_in_chunks_equal_one_call(monkeypatch, rows):
     codes = torch.randint(0, 16, (rows, 96), generator=torch.Generator().manual_seed(rows), dtype=torch.uint8)

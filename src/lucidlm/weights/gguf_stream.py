@@ -15,10 +15,11 @@ before the first tensor is converted.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -35,6 +36,12 @@ from lucidlm.weights.gguf_quants import (EXACT, FLOAT_TYPES, exact_codes, exact_
 from lucidlm.weights.memory import Scratch, TrimEvery, trim
 
 CHUNK_BYTES = 8 << 20  # float32 bytes converted at once for a large tensor
+# A tensor with fewer elements than this converts on one thread: at most a few tens of ms of
+# work, which threads could shorten only on an idle machine. Each torch op is a parallel
+# region (a load runs ~1,500 of them), and when other processes hold the cores every region
+# waits for a descheduled thread. Measured for SmolLM2 (largest tensor 28M elements) on 2
+# cores at load average 3: a warm load took 2.2-5.4 s on 2 threads, 0.4-0.6 s on one.
+SERIAL_ELEMENTS = 1 << 25
 
 
 @dataclass
@@ -216,8 +223,10 @@ def stream_into(model: Transformer, planned: list[Planned], source: str, dtype: 
     check = FiniteCheck(source)
     trims = TrimEvery()
     scratch = Scratch()  # the float32 rows / int32 codes of one tensor at a time
-    with torch.no_grad():
+    threads = torch.get_num_threads()
+    with torch.no_grad(), _restoring_threads(threads):
         for item in (planned if progress is None else progress(planned)):
+            torch.set_num_threads(1 if int(np.prod(item.tensor.shape)) < SERIAL_ELEMENTS else threads)
             raw = finite_parts(item.tensor)  # from the file's bytes: float values or f16 block scales
             if raw is not None:
                 check.add(item.tensor.name, *raw)
@@ -236,6 +245,14 @@ def stream_into(model: Transformer, planned: list[Planned], source: str, dtype: 
     check.verify()
     trim()
     return model.materialize(device)  # the position tables; every weight is in place
+
+
+@contextlib.contextmanager
+def _restoring_threads(threads: int) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _place_quantized(model: Transformer, old: nn.Module, item: Planned, source: str, dtype: torch.dtype,
