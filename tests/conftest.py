@@ -53,6 +53,44 @@ def shared_dir() -> Path:
     return SHARED
 
 
+# -- one torch thread for a module of tiny training runs ------------------------------------
+# Opt in per module with ``pytestmark = pytest.mark.usefixtures("one_thread")``: tiny models
+# run fastest on one thread, and on a busy 2-core machine two threads wait on each other at
+# every op. Module-scoped, so the module's own module-scoped fixtures build under it too.
+
+@pytest.fixture(scope="module")
+def one_thread():
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def ctrl_c_after_step(monkeypatch):
+    """``ctrl_c_after_step(n)``: the Trainer receives a real SIGINT (Ctrl-C) right after its
+    optimizer step n, delivered to the handler it installs. ``monkeypatch.undo()`` disarms it."""
+
+    def arm(step: int) -> None:
+        import signal
+
+        from lucidlm.training import Trainer
+
+        original = Trainer.train_step
+
+        def step_then_ctrl_c(self):
+            loss = original(self)
+            if self.step == step:
+                os.kill(os.getpid(), signal.SIGINT)  # delivered to the trainer's handler
+            return loss
+
+        monkeypatch.setattr(Trainer, "train_step", step_then_ctrl_c)
+
+    return arm
+
+
 # -- the embedded pretrained model and its transformers reference, loaded once per run ------
 # Several test modules compare against these; loading transformers' GGUF reader costs
 # ~15 s each time, so they are session-scoped. Tests must leave them as they found them

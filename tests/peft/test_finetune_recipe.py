@@ -26,12 +26,7 @@ from lucidlm.weights.checkpoint import save_model
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ?.:\n"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny runs on one torch thread
 
 
 @pytest.fixture(scope="module")
@@ -158,25 +153,14 @@ def test_epochs_set_the_number_of_steps(base, tmp_path):
     assert result.step == 18 and len(result.train_losses) == 18
 
 
-def test_ctrl_c_names_the_command_that_continues_the_run(base, tmp_path, monkeypatch, capsys):
+def test_ctrl_c_names_the_command_that_continues_the_run(base, tmp_path, monkeypatch, capsys, ctrl_c_after_step):
     """The interrupt message's command, run as printed, resumes the run and finishes it."""
     import argparse
-    import os
     import shlex
-    import signal
 
     from lucidlm.commands import finetune as finetune_command
-    from lucidlm.training import Trainer
 
-    original = Trainer.train_step
-
-    def step_then_ctrl_c(self):
-        loss = original(self)
-        if self.step == 3:
-            os.kill(os.getpid(), signal.SIGINT)  # delivered to the trainer's handler
-        return loss
-
-    monkeypatch.setattr(Trainer, "train_step", step_then_ctrl_c)
+    ctrl_c_after_step(3)
     stopped = finetune(config(base, tmp_path / "run dir"))
     assert stopped.interrupted and stopped.step == 3
     lines = capsys.readouterr().out.splitlines()

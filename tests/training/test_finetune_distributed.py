@@ -65,12 +65,7 @@ for method in ("lora", "full"):
 """.replace("{prompt!r}", repr(PROMPT))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny runs on one torch thread
 
 
 def config(root: Path, method: str, out: Path, **overrides) -> FinetuneConfig:

@@ -2,7 +2,6 @@
 
 import argparse
 import json
-import os
 import signal
 from pathlib import Path
 
@@ -12,20 +11,13 @@ from safetensors.torch import load_file
 
 import lucidlm
 from lucidlm.errors import CheckpointError, DataError
-from lucidlm.training import TrainConfig, Trainer, build_pretraining, train
+from lucidlm.training import TrainConfig, build_pretraining, train
 from lucidlm.training import checkpoint as ckpt
 
 SHAKESPEARE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models run fastest on one thread, and a busy 2-core machine makes two threads
-    # wait on each other at every op.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny runs on one torch thread
 
 
 @pytest.fixture(scope="module")
@@ -164,16 +156,8 @@ def test_too_small_corpus_is_refused(tmp_path):
         train(tiny(small, tmp_path / "run"))
 
 
-def test_ctrl_c_saves_a_checkpoint_and_resume_is_exact(corpus, tmp_path, monkeypatch, full_runs):
-    original = Trainer.train_step
-
-    def step_then_ctrl_c(self):
-        loss = original(self)
-        if self.step == 3:
-            os.kill(os.getpid(), signal.SIGINT)  # delivered to the trainer's handler
-        return loss
-
-    monkeypatch.setattr(Trainer, "train_step", step_then_ctrl_c)
+def test_ctrl_c_saves_a_checkpoint_and_resume_is_exact(corpus, tmp_path, monkeypatch, full_runs, ctrl_c_after_step):
+    ctrl_c_after_step(3)
     stopped = train(tiny(corpus, tmp_path))
     assert stopped.interrupted and stopped.step == 3
     assert json.loads((tmp_path / "checkpoint" / "trainer_state.json").read_text())["step"] == 3

@@ -28,43 +28,40 @@ def _limit(matrix: np.ndarray) -> float:
     return float(np.abs(matrix).max()) or 1.0
 
 
+def _layer_heatmap(matrix: np.ndarray, columns: Sequence[str], xlabel: str, inches_per_column: float, title: str,
+                   metric_label: str, path: Optional[PathLike]) -> Figure:
+    """One (layers, columns) heatmap on a zero-centred scale, a row per layer."""
+    layers = matrix.shape[0]
+    fig = Figure(figsize=(min(3 + inches_per_column * len(columns), 16), min(2 + 0.25 * layers, 14)))
+    ax = fig.subplots()
+    limit = _limit(matrix)
+    image = _draw_heatmap(ax, matrix, [str(i) for i in range(layers)], columns, cmap="RdBu_r", vmin=-limit,
+                          vmax=limit)
+    fig.colorbar(image, ax=ax, label=metric_label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("layer")
+    ax.set_title(title)
+    save_figure(fig, path)
+    return fig
+
+
 def plot_patching_layer_pos(results: torch.Tensor, tokens: Optional[Sequence[str]] = None,
                             title: str = "Activation patching: residual stream", metric_label: str = "metric",
                             path: Optional[PathLike] = None) -> Figure:
     """(layers, pos) results, e.g. get_act_patch_resid_pre: a row per layer, a column per token."""
     matrix = _matrix(results, 2, "plot_patching_layer_pos")
-    layers, T = matrix.shape
+    T = matrix.shape[1]
     columns = list(tokens) if tokens is not None else [str(i) for i in range(T)]
     if len(columns) != T:
         raise InputError(f"got {len(columns)} token labels for patching results over {T} positions.")
-    fig = Figure(figsize=(min(3 + 0.7 * T, 16), min(2 + 0.25 * layers, 14)))
-    ax = fig.subplots()
-    limit = _limit(matrix)
-    image = _draw_heatmap(ax, matrix, [str(i) for i in range(layers)], columns, cmap="RdBu_r", vmin=-limit, vmax=limit)
-    fig.colorbar(image, ax=ax, label=metric_label)
-    ax.set_xlabel("position")
-    ax.set_ylabel("layer")
-    ax.set_title(title)
-    save_figure(fig, path)
-    return fig
+    return _layer_heatmap(matrix, columns, "position", 0.7, title, metric_label, path)
 
 
 def plot_patching_layer_head(results: torch.Tensor, title: str = "Activation patching: attention heads",
                              metric_label: str = "metric", path: Optional[PathLike] = None) -> Figure:
     """(layers, heads) results, e.g. get_act_patch_attn_head_out_all_pos."""
     matrix = _matrix(results, 2, "plot_patching_layer_head")
-    layers, heads = matrix.shape
-    fig = Figure(figsize=(min(3 + 0.45 * heads, 16), min(2 + 0.25 * layers, 14)))
-    ax = fig.subplots()
-    limit = _limit(matrix)
-    image = _draw_heatmap(ax, matrix, [str(i) for i in range(layers)], [str(h) for h in range(heads)],
-                          cmap="RdBu_r", vmin=-limit, vmax=limit)
-    fig.colorbar(image, ax=ax, label=metric_label)
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.set_title(title)
-    save_figure(fig, path)
-    return fig
+    return _layer_heatmap(matrix, [str(h) for h in range(matrix.shape[1])], "head", 0.45, title, metric_label, path)
 
 
 def plot_patching_every(results: torch.Tensor, panel_titles: Sequence[str] = ("output (z)", "query", "key", "value",

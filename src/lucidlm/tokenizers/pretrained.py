@@ -11,7 +11,9 @@ places describe one:
 
 ``HFTokenizer.from_gguf_fields`` rebuilds the first the way transformers does
 (``transformers/integrations/gguf/gguf_tokenizer_mapping.py``), so the ids are the ones
-transformers gives for the same file; ``HFTokenizer.from_file`` reads the second.
+transformers gives for the same file; ``HFTokenizer.from_file`` reads the second. Building
+the backend from each source lives in its own module (``gguf_tokenizer.py``, ``hf_files.py``);
+this one holds the tokenizer itself: encoding, decoding to bytes, and saving.
 """
 
 from __future__ import annotations
@@ -24,34 +26,10 @@ from typing import Any, Optional
 from lucidlm.errors import TokenizerError
 from lucidlm.tokenizers.base import AllowedSpecial, Tokenizer, check_text
 from lucidlm.tokenizers.bpe import bytes_to_unicode
+from lucidlm.tokenizers.gguf_tokenizer import (  # noqa: F401  (re-exported: this module was their home)
+    PRE_TOKENIZER_SPLITS, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, tokenizer_from_gguf_fields)
+from lucidlm.tokenizers.hf_files import tokenizer_from_file
 from lucidlm.tokenizers.regex_safety import check_backend_regexes
-from lucidlm.validation import Fields
-
-# llama.cpp's token_type values (llama_token_type in llama.h)
-TOKEN_TYPE_CONTROL = 3
-TOKEN_TYPE_USER_DEFINED = 4
-
-# Pre-tokenizer regexes by GGUF ``tokenizer.ggml.pre`` name, as transformers maps them.
-# Names not listed (``gpt2``, ``smollm``, ``default``...) get GPT-2's own regex, which is
-# what the ByteLevel pre-tokenizer applies by itself.
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_GPT4O_SPLIT = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-PRE_TOKENIZER_SPLITS: dict[str, str] = {
-    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe", "pixtral"), _LLAMA3_SPLIT),
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2_SPLIT),
-    **dict.fromkeys(("gpt-4o", "llama4"), _GPT4O_SPLIT),
-}
 
 _BYTE_DECODER = {char: byte for byte, char in bytes_to_unicode().items()}
 
@@ -94,111 +72,16 @@ class HFTokenizer(Tokenizer):
 
     @classmethod
     def from_gguf_fields(cls, fields: dict[str, Any], source: str = "GGUF file") -> "HFTokenizer":
-        """Build from GGUF metadata (``tokenizer.ggml.*`` keys, decoded to Python values)."""
-        from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
-
-        checked = Fields(fields, source, TokenizerError, fix="the file's tokenizer metadata is corrupted; convert "
-                                                             "the model again")
-        kind = fields.get("tokenizer.ggml.model")
-        arch = str(fields.get("general.architecture", ""))
-        tokens: list[str] = checked.list("tokenizer.ggml.tokens", default=[], item=str)
-        merges: list[str] = checked.list("tokenizer.ggml.merges", default=[], item=str)
-        types: list[int] = checked.list("tokenizer.ggml.token_type", default=[1] * len(tokens), item=int)
-        if len(types) != len(tokens):
-            raise TokenizerError(f"{source}: tokenizer.ggml.token_type has {len(types)} entries for "
-                                 f"{len(tokens)} tokens; the file is corrupted. Convert the model again.")
-        if not tokens:
-            raise TokenizerError(f"{source}: tokenizer.ggml.tokens is missing or empty; the file has no tokenizer.")
-        if kind == "gpt2":
-            backend, vocab = _byte_level_backend(tokens, merges, source)
-            split = PRE_TOKENIZER_SPLITS.get(fields.get("tokenizer.ggml.pre", ""))
-            if split is None:
-                backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-            else:
-                backend.pre_tokenizer = pre_tokenizers.Sequence([
-                    pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-                ])
-            backend.decoder = decoders.ByteLevel()
-            alphabet = set(bytes_to_unicode().values())
-        elif kind == "llama" and arch.startswith("gemma"):
-            from lucidlm.tokenizers.sentencepiece import gemma_backend
-
-            backend, vocab = gemma_backend(tokens)
-            alphabet = None  # every token is a real one: no byte-alphabet check for control tokens
-        else:
-            raise TokenizerError(
-                f"{source}: tokenizer.ggml.model={kind!r} (architecture {arch!r}) is not supported; lucidlm "
-                f"builds byte-level BPE ('gpt2') tokenizers and Gemma's sentencepiece ('llama' in a gemma "
-                f"file) from GGUF metadata. Load the model's tokenizer.json with HFTokenizer.from_file instead."
-            )
-
-        # A "control" token outside the byte alphabet is a llama.cpp mislabel (transformers skips it too).
-        control = [t for t, kind_ in zip(tokens, types)
-                   if kind_ == TOKEN_TYPE_CONTROL and (alphabet is None or set(t) <= alphabet)]
-        user = [t for t, kind_ in zip(tokens, types) if kind_ == TOKEN_TYPE_USER_DEFINED and t in vocab]
-        backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
-        backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
-
-        def token_for(key: str) -> Optional[str]:
-            token_id = checked.int(f"tokenizer.ggml.{key}", default=None)
-            if token_id is None:
-                return None
-            if not 0 <= int(token_id) < len(tokens):
-                raise TokenizerError(f"{source}: tokenizer.ggml.{key}={token_id} is outside the vocabulary "
-                                     f"of {len(tokens)} tokens.")
-            return tokens[int(token_id)]
-
-        template = fields.get("tokenizer.chat_template")
-        if template is not None and not isinstance(template, str):
-            raise TokenizerError(f"{source}: tokenizer.chat_template is {type(template).__name__}, not a string; "
-                                 f"the file is corrupted. Convert the model again.")
-        tokenizer = cls(backend, add_bos=checked.bool("tokenizer.ggml.add_bos_token", default=False),
-                        bos_token=token_for("bos_token_id"), eos_token=token_for("eos_token_id"),
-                        pad_token=token_for("padding_token_id"), unk_token=token_for("unknown_token_id"),
-                        chat_template=template)
-        tokenizer.chat_template_source = f"{source} (tokenizer.chat_template)"
-        tokenizer.source = source
-        return tokenizer
+        """Build from GGUF metadata (``tokenizer.ggml.*`` keys, decoded to Python values); see
+        ``gguf_tokenizer.py``."""
+        return tokenizer_from_gguf_fields(cls, fields, source)
 
     @classmethod
     def from_file(cls, path: str | Path, config_path: Optional[str | Path] = None) -> "HFTokenizer":
         """Read a Hugging Face ``tokenizer.json``. Roles (bos/eos/pad), add_bos and the chat
-        template come from ``tokenizer_config.json`` beside it (or ``config_path``) if present."""
-        from tokenizers import Tokenizer as Backend
-
-        path = Path(path)
-        if not path.is_file():
-            raise TokenizerError(f"tokenizer file {path} does not exist.")
-        try:
-            backend = Backend.from_file(str(path))
-        except Exception as exc:
-            raise TokenizerError(f"{path} is not a Hugging Face tokenizer.json ({exc}).") from None
-        check_backend_regexes(backend, str(path))
-        config_path = Path(config_path) if config_path else path.with_name("tokenizer_config.json")
-        config = _read_tokenizer_config(config_path) if config_path.exists() else {}
-
-        def role(name: str) -> Optional[str]:
-            value = config.get(name)
-            if isinstance(value, dict):  # {"content": "<s>", ...}, transformers' AddedToken form
-                value = value.get("content")
-            return value if isinstance(value, str) and backend.token_to_id(value) is not None else None
-
-        bos = role("bos_token")
-        add_bos = Fields(config, config_path, TokenizerError).bool("add_bos_token", default=None)
-        if add_bos is None:  # no config: does the file's post-processor put a token first?
-            with_special = backend.encode("a", add_special_tokens=True).ids
-            without = backend.encode("a", add_special_tokens=False).ids
-            add_bos = len(with_special) > len(without) and with_special[1:] == without[:len(with_special) - 1]
-            if add_bos and bos is None:
-                bos = backend.id_to_token(with_special[0])
-        backend.post_processor = None  # BOS is added by encode(), never twice
-        tokenizer = cls(backend, add_bos=bool(add_bos), bos_token=bos, eos_token=role("eos_token"),
-                        pad_token=role("pad_token"), unk_token=role("unk_token"),
-                        chat_template=_chat_template(config, config_path))
-        tokenizer.chat_template_source = f"{config_path} (chat_template)"
-        tokenizer.source = str(path)
-        return tokenizer
+        template come from ``tokenizer_config.json`` beside it (or ``config_path``) if present;
+        see ``hf_files.py``."""
+        return tokenizer_from_file(cls, path, config_path)
 
     # ----------------------------------------------------------------- Tokenizer interface
 
@@ -329,63 +212,6 @@ class HFTokenizer(Tokenizer):
 
     def __repr__(self) -> str:
         return f"HFTokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, eos={self.eos_token!r})"
-
-
-def _read_tokenizer_config(path: Path) -> dict[str, Any]:
-    """``tokenizer_config.json`` as a JSON object, or one line naming the file and the problem."""
-    from lucidlm.validation import read_json_object
-
-    return dict(read_json_object(path, TokenizerError, "tokenizer config",
-                                 fix="fix or replace it with the model's original tokenizer_config.json").data)
-
-
-def _chat_template(config: dict[str, Any], path: Path) -> Optional[str]:
-    """The config's chat template: a string, or transformers' list of named templates (the
-    "default" one is used, as ``apply_chat_template`` does)."""
-    fields = Fields(config, path, TokenizerError, fix="fix or replace the tokenizer config")
-    value = fields.raw("chat_template", None)
-    if value is None or isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        fields.str("chat_template")  # refuses it: "expected a string"
-    named = fields.list("chat_template", item=dict)
-    templates = {}
-    for i, entry in enumerate(named):
-        entry_fields = Fields(entry, path, TokenizerError, where=f"chat_template[{i}]", fix=fields.fix)
-        templates[entry_fields.str("name")] = entry_fields.str("template")
-    if "default" not in templates:
-        raise TokenizerError(f"{path}: chat_template lists templates {sorted(templates)} but none is named "
-                             f"'default', the one a chat uses. Name one of them 'default'.")
-    return templates["default"]
-
-
-def _byte_level_backend(tokens: list[str], merges: list[str], source: str) -> tuple[Any, dict[str, int]]:
-    """A BPE backend over GPT-2's byte alphabet (no pre-tokenizer or decoder yet)."""
-    from tokenizers import Tokenizer as Backend
-    from tokenizers.models import BPE
-
-    # The loops below run over ~50k tokens and merges in a fresh process before its first token,
-    # so they are written as C-level passes (join, zip, map) where one would do.
-    spelling = bytes_to_unicode()
-    alphabet = set(spelling.values())
-    spelled = tokens
-    if not set("".join(tokens)) <= alphabet:  # some token, e.g. a control token, is stored in plain UTF-8:
-        # BPE looks tokens up in byte spelling
-        spelled = [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")) for t in tokens]
-    # a spelling listed twice keeps its first id: reversed, the first id is the last one written
-    vocab = dict(zip(reversed(spelled), range(len(spelled) - 1, -1, -1)))
-    pairs = [tuple(m.split(" ")) for m in merges]
-    if list(map(len, pairs)).count(2) != len(pairs) or not all(map(all, pairs)):  # two non-empty parts each
-        index = next(i for i, pair in enumerate(pairs) if len(pair) != 2 or not all(pair))
-        raise TokenizerError(f"{source}: tokenizer.ggml.merges[{index}] is {merges[index][:60]!r}, not two tokens "
-                             f"separated by one space; the file is corrupted. Convert the model again.")
-    try:
-        backend = Backend(BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="",
-                              end_of_word_suffix="", fuse_unk=False))
-    except Exception as exc:  # the Rust side rejects merges naming unknown tokens
-        detail = " ".join(str(exc).split())[:160]
-        raise TokenizerError(f"{source}: the vocabulary and merges do not form a BPE tokenizer ({detail}).") from None
-    return backend, vocab
 
 
 def _decoder_steps(backend: Any) -> list[dict[str, Any]]:

@@ -52,30 +52,41 @@ def _llama_to_ours(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[s
     return {ours: tensors[theirs] for ours, theirs in _llama_names(cfg).items() if theirs in tensors}
 
 
-def _gpt2_to_ours(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {
-        "embed.weight": tensors["transformer.wte.weight"],
-        "pos_embed.weight": tensors["transformer.wpe.weight"],
-        "ln_final.weight": tensors["transformer.ln_f.weight"],
-        "ln_final.bias": tensors["transformer.ln_f.bias"],
-    }
+def _gpt2_names(cfg: ModelConfig) -> list[tuple[str, str, str]]:
+    """Every GPT-2 tensor as (our name, Hugging Face name, layout), in Hugging Face's order; both
+    directions (``_gpt2_to_ours`` and ``_gpt2_from_ours``) read this one table. layout:
+    ``"same"``; ``"conv1d"`` (a weight stored (in, out), the transpose of ``nn.Linear``'s; a
+    Conv1D bias is ``"same"``); ``"qkv"`` (``c_attn``: our q, k and v projections side by side,
+    ``{}`` in our name standing for q, k or v; its weight is Conv1D too)."""
+    rows = [("embed.weight", "transformer.wte.weight", "same"), ("pos_embed.weight", "transformer.wpe.weight", "same"),
+            ("ln_final.weight", "transformer.ln_f.weight", "same"), ("ln_final.bias", "transformer.ln_f.bias", "same")]
     if not cfg.tie_embeddings:
-        out["unembed.weight"] = tensors["lm_head.weight"]
+        rows.append(("unembed.weight", "lm_head.weight", "same"))
     for i in range(cfg.n_layers):
         ours, theirs = f"blocks.{i}", f"transformer.h.{i}"
         for a, b in (("ln1", "ln_1"), ("ln2", "ln_2")):
-            out[f"{ours}.{a}.weight"] = tensors[f"{theirs}.{b}.weight"]
-            out[f"{ours}.{a}.bias"] = tensors[f"{theirs}.{b}.bias"]
-        # Conv1D stores (in, out): transpose to nn.Linear's (out, in). c_attn is [q | k | v].
-        qkv_weight = tensors[f"{theirs}.attn.c_attn.weight"].t()  # (3d, d)
-        qkv_bias = tensors[f"{theirs}.attn.c_attn.bias"]  # (3d,)
-        for p, weight, bias in zip("qkv", qkv_weight.chunk(3, dim=0), qkv_bias.chunk(3, dim=0)):
-            out[f"{ours}.attn.{p}_proj.weight"] = weight
-            out[f"{ours}.attn.{p}_proj.bias"] = bias
+            rows += [(f"{ours}.{a}.{kind}", f"{theirs}.{b}.{kind}", "same") for kind in ("weight", "bias")]
+        rows += [(f"{ours}.attn.{{}}_proj.{kind}", f"{theirs}.attn.c_attn.{kind}", "qkv")
+                 for kind in ("weight", "bias")]
         for ours_name, theirs_name in (("attn.o_proj", "attn.c_proj"), ("mlp.up_proj", "mlp.c_fc"),
                                        ("mlp.down_proj", "mlp.c_proj")):
-            out[f"{ours}.{ours_name}.weight"] = tensors[f"{theirs}.{theirs_name}.weight"].t()
-            out[f"{ours}.{ours_name}.bias"] = tensors[f"{theirs}.{theirs_name}.bias"]
+            rows.append((f"{ours}.{ours_name}.weight", f"{theirs}.{theirs_name}.weight", "conv1d"))
+            rows.append((f"{ours}.{ours_name}.bias", f"{theirs}.{theirs_name}.bias", "same"))
+    return rows
+
+
+def _gpt2_to_ours(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for ours, theirs, layout in _gpt2_names(cfg):
+        tensor = tensors[theirs]
+        if layout == "same":
+            out[ours] = tensor
+        elif layout == "conv1d":
+            out[ours] = tensor.t()  # (in, out) -> nn.Linear's (out, in)
+        else:  # c_attn is [q | k | v]: weight (d, 3d) -> three (d, d); bias (3d,) -> three (d,)
+            fused = tensor.t() if theirs.endswith(".weight") else tensor
+            for p, part in zip("qkv", fused.chunk(3, dim=0)):
+                out[ours.format(p)] = part
     return out
 
 
@@ -167,30 +178,21 @@ def _llama_has_bias(cfg: ModelConfig, hf_name: str) -> bool:
 
 
 def _gpt2_from_ours(cfg: ModelConfig, ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    def bias_of(name: str, size: int) -> torch.Tensor:
-        # GPT-2 always has biases; a model trained without them gets exact zeros.
-        return ours.get(f"{name}.bias", ours["embed.weight"].new_zeros(size))
+    def tensor(name: str) -> torch.Tensor:
+        if not name.endswith(".bias"):
+            return ours[name]
+        # GPT-2 always has biases; a model trained without them gets exact zeros (the length
+        # of the weight's first dimension: d for norms, the output width for projections).
+        size = ours[name[: -len(".bias")] + ".weight"].shape[0]
+        return ours.get(name, ours["embed.weight"].new_zeros(size))
 
-    d = cfg.d_model
-    out = {
-        "transformer.wte.weight": ours["embed.weight"],
-        "transformer.wpe.weight": ours["pos_embed.weight"],
-        "transformer.ln_f.weight": ours["ln_final.weight"],
-        "transformer.ln_f.bias": bias_of("ln_final", d),
-    }
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = ours["unembed.weight"]
-    for i in range(cfg.n_layers):
-        ours_prefix, theirs = f"blocks.{i}", f"transformer.h.{i}"
-        for a, b in (("ln1", "ln_1"), ("ln2", "ln_2")):
-            out[f"{theirs}.{b}.weight"] = ours[f"{ours_prefix}.{a}.weight"]
-            out[f"{theirs}.{b}.bias"] = bias_of(f"{ours_prefix}.{a}", d)
-        attn = f"{ours_prefix}.attn"
-        out[f"{theirs}.attn.c_attn.weight"] = torch.cat(
-            [ours[f"{attn}.{p}_proj.weight"] for p in "qkv"], dim=0).t().contiguous()  # (d, 3d)
-        out[f"{theirs}.attn.c_attn.bias"] = torch.cat([bias_of(f"{attn}.{p}_proj", d) for p in "qkv"])
-        for ours_name, theirs_name, size in (("attn.o_proj", "attn.c_proj", d), ("mlp.up_proj", "mlp.c_fc", cfg.d_mlp),
-                                             ("mlp.down_proj", "mlp.c_proj", d)):
-            out[f"{theirs}.{theirs_name}.weight"] = ours[f"{ours_prefix}.{ours_name}.weight"].t().contiguous()
-            out[f"{theirs}.{theirs_name}.bias"] = bias_of(f"{ours_prefix}.{ours_name}", size)
+    out = {}
+    for name, theirs, layout in _gpt2_names(cfg):
+        if layout == "same":
+            out[theirs] = tensor(name)
+        elif layout == "conv1d":
+            out[theirs] = tensor(name).t().contiguous()  # nn.Linear's (out, in) -> (in, out)
+        else:  # c_attn: [q | k | v], weight (d, 3d), bias (3d,)
+            fused = torch.cat([tensor(name.format(p)) for p in "qkv"], dim=0)
+            out[theirs] = fused.t().contiguous() if theirs.endswith(".weight") else fused
     return out

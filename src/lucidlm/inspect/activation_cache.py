@@ -1,0 +1,124 @@
+"""``ActivationCache``: what ``run_with_cache`` recorded, by hook name, read-only; it also
+answers TransformerLens shorthand (``cache["pattern", 0]``) and offers TransformerLens's
+residual-stream analyses (``inspect/resid.py``) as methods.
+
+Kept apart from the runners in ``cache.py`` (which re-exports it): reading a cache does not
+need to know how one is recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Optional, Union
+
+import torch
+from torch import nn
+
+from lucidlm.errors import HookError, InputError
+from lucidlm.inspect import resid
+from lucidlm.inspect.hook_names import full_hook_name, unknown_hook_error
+
+
+class ActivationCache(Mapping):
+    """Activations by hook name, read-only. Also answers TransformerLens shorthand:
+    ``cache["pattern", 0]``, ``cache["resid_post", -1]``, ``cache["scale", 2, "ln1"]``,
+    ``cache["embed"]``."""
+
+    def __init__(self, activations: dict[str, torch.Tensor], model: nn.Module, has_batch_dim: bool = True) -> None:
+        self._acts = activations
+        self.model = model
+        self.has_batch_dim = has_batch_dim
+
+    # -- Mapping --
+    def __getitem__(self, key: Union[str, tuple]) -> torch.Tensor:
+        name = self.full_name(key)
+        if name not in self._acts:
+            if name in self.model.hook_points():
+                raise HookError(
+                    f"hook {name!r} exists but was not cached: it was left out by names_filter "
+                    f"(or did not run). Cached: {len(self._acts)} hooks."
+                )
+            raise unknown_hook_error(name, list(self._acts) or list(self.model.hook_points()))
+        return self._acts[name]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self._acts
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._acts)
+
+    def __len__(self) -> int:
+        return len(self._acts)
+
+    def __repr__(self) -> str:
+        return f"ActivationCache({len(self)} activations: {', '.join(list(self._acts)[:4])}, ...)"
+
+    @property
+    def n_layers(self) -> int:
+        return self.model.config.n_layers
+
+    def full_name(self, key: Union[str, tuple]) -> str:
+        """``("pattern", 0)`` -> ``"blocks.0.attn.hook_pattern"``; full names pass through."""
+        return full_hook_name(key, self.n_layers)
+
+    # -- conveniences --
+    def to(self, device: Union[str, torch.device]) -> "ActivationCache":
+        from lucidlm.devices import resolve_device
+        device = resolve_device(device)
+        return ActivationCache({k: v.to(device) for k, v in self._acts.items()}, self.model, self.has_batch_dim)
+
+    def remove_batch_dim(self) -> "ActivationCache":
+        if not self.has_batch_dim:
+            return self
+        batch = {v.shape[0] for v in self._acts.values()}
+        if batch != {1}:
+            raise InputError(f"remove_batch_dim needs a batch of 1, but the cached batch size is {sorted(batch)}.")
+        return ActivationCache({k: v[0] for k, v in self._acts.items()}, self.model, has_batch_dim=False)
+
+    # -- residual-stream analyses (TransformerLens's, same numbers; see inspect/resid.py) --
+    def accumulated_resid(self, layer: Optional[int] = None, incl_mid: bool = False, apply_ln: bool = False,
+                          pos_slice: Any = None, mlp_input: bool = False, return_labels: bool = False) -> Any:
+        """The stream at each block's input, stacked: (n, [B,] T, d); see resid.accumulated_resid."""
+        return resid.accumulated_resid(self, layer, incl_mid, apply_ln, pos_slice, mlp_input, return_labels)
+
+    stack_residual = accumulated_resid
+
+    def decompose_resid(self, layer: Optional[int] = None, mlp_input: bool = False, mode: str = "all",
+                        apply_ln: bool = False, pos_slice: Any = None, incl_embeds: bool = True,
+                        return_labels: bool = False) -> Any:
+        """The stream at ``layer``'s input split into what wrote it; see resid.decompose_resid."""
+        return resid.decompose_resid(self, layer, mlp_input, mode, apply_ln, pos_slice, incl_embeds, return_labels)
+
+    def stack_head_results(self, layer: int = -1, return_labels: bool = False, incl_remainder: bool = False,
+                           pos_slice: Any = None, apply_ln: bool = False) -> Any:
+        """Each head's output, (L * nh, [B,] T, d) labelled "L0H0"...; see resid.stack_head_results."""
+        return resid.stack_head_results(self, layer, return_labels, incl_remainder, pos_slice, apply_ln)
+
+    def apply_ln_to_stack(self, residual_stack: torch.Tensor, layer: Optional[int] = None, mlp_input: bool = False,
+                          pos_slice: Any = None, batch_slice: Any = None, has_batch_dim: bool = True,
+                          recompute_ln: bool = False) -> torch.Tensor:
+        """Scale a stack by ``layer``'s cached norm scale; see resid.apply_ln_to_stack."""
+        return resid.apply_ln_to_stack(self, residual_stack, layer, mlp_input, pos_slice, batch_slice,
+                                       has_batch_dim, recompute_ln)
+
+    def logit_attrs(self, residual_stack: torch.Tensor, tokens: Any, incorrect_tokens: Any = None,
+                    pos_slice: Any = None, batch_slice: Any = None, has_batch_dim: bool = True) -> torch.Tensor:
+        """Direct logit attribution of each component; see resid.logit_attrs."""
+        return resid.logit_attrs(self, residual_stack, tokens, incorrect_tokens, pos_slice, batch_slice,
+                                 has_batch_dim)
+
+    def apply_ln_final(self, resid_stream: torch.Tensor) -> torch.Tensor:
+        """The model's final norm applied to any residual-stream tensor (..., d); identity
+        for models without one (post-norm blocks end in their own norm)."""
+        if not isinstance(resid_stream, torch.Tensor):
+            raise InputError(f"apply_ln_final takes a residual-stream tensor (..., d_model), got "
+                             f"{type(resid_stream).__name__}.")
+        ln_final = self.model.ln_final
+        if ln_final is None:
+            return resid_stream
+        param = next(ln_final.parameters())
+        with torch.no_grad():
+            return ln_final(resid_stream.to(param.device, param.dtype))
+
+
+__all__ = ["ActivationCache"]

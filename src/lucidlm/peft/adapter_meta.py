@@ -1,0 +1,66 @@
+"""``lucidlm_adapter.json``, the file every adapter directory holds beside its tensors: the
+method (lora | adapter | prefix), its settings, and who the base model was, so that a
+mismatch can be named in an error message.
+
+Read by saving (``files.py``) and loading (``adapter_loading.py``) alike, so it lives apart
+from both; ``files.py`` re-exports these names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from torch import nn
+
+from lucidlm.errors import AdapterError
+from lucidlm.peft import adapters
+from lucidlm.validation import MAX_CONTEXT, MAX_WIDTH, Fields, read_json_object
+
+META_NAME = "lucidlm_adapter.json"
+METHODS = ("lora", "adapter", "prefix")
+
+
+def base_identity(model: nn.Module) -> dict[str, Any]:
+    """Enough about the base model to tell a user which one an adapter belongs to."""
+    cfg = model.config.to_dict()
+    digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+    keys = ("name", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_mlp")
+    return {"config_sha256": digest, **{k: cfg[k] for k in keys}}
+
+
+def read_meta(directory: Path) -> Optional[dict[str, Any]]:
+    """lucidlm_adapter.json (None when absent), its method and settings checked for type and
+    range; the sizes that depend on the base model are checked again when it is applied."""
+    fields = meta_fields(directory)
+    if fields is None:
+        return None
+    meta = dict(fields.data)
+    meta["method"] = fields.str("method", choices=METHODS)
+    meta["base"] = dict(fields.object("base", default={}).data)
+    if meta["method"] == "adapter":
+        meta.update(bottleneck=fields.int("bottleneck", low=1, high=MAX_WIDTH),
+                    nonlinearity=fields.str("nonlinearity", default="gelu", choices=tuple(adapters.NONLINEARITIES)),
+                    train_norms=fields.bool("train_norms", default=False))
+    elif meta["method"] == "prefix":
+        meta.update(length=fields.int("length", low=1, high=MAX_CONTEXT),
+                    hidden=fields.int("hidden", default=None, low=1, high=MAX_WIDTH),
+                    frozen=fields.bool("frozen", default=False))
+    elif meta.get("adapter_name") is not None:
+        fields.str("adapter_name")
+    return meta
+
+
+def meta_fields(directory: Path) -> Optional[Fields]:
+    path = directory / META_NAME
+    if not path.exists():
+        return None
+    return read_json_object(path, AdapterError, "lucidlm adapter file", fix=_FIX)
+
+
+_FIX = "fix it or save the adapter again (lucidlm finetune)"
+
+
+__all__ = ["META_NAME", "METHODS", "base_identity", "meta_fields", "read_meta"]

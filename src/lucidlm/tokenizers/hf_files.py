@@ -1,0 +1,87 @@
+"""A pretrained tokenizer read from Hugging Face files: ``tokenizer.json`` (the backend, spelled
+out in full) and ``tokenizer_config.json`` beside it (the bos/eos/pad/unk roles, whether BOS
+is added, and the chat template, a string or transformers' list of named templates).
+
+``HFTokenizer.from_file`` (``pretrained.py``) calls ``tokenizer_from_file``, handing it the
+class to build (this module does not import ``pretrained.py``, which imports it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from lucidlm.errors import TokenizerError
+from lucidlm.tokenizers.regex_safety import check_backend_regexes
+from lucidlm.validation import Fields
+
+
+def tokenizer_from_file(cls: Any, path: str | Path, config_path: Optional[str | Path] = None) -> Any:
+    """An ``HFTokenizer`` (``cls``) reading a Hugging Face ``tokenizer.json``. Roles (bos/eos/pad),
+    add_bos and the chat template come from ``tokenizer_config.json`` beside it (or
+    ``config_path``) if present; ``HFTokenizer.from_file`` calls this."""
+    from tokenizers import Tokenizer as Backend
+
+    path = Path(path)
+    if not path.is_file():
+        raise TokenizerError(f"tokenizer file {path} does not exist.")
+    try:
+        backend = Backend.from_file(str(path))
+    except Exception as exc:
+        raise TokenizerError(f"{path} is not a Hugging Face tokenizer.json ({exc}).") from None
+    check_backend_regexes(backend, str(path))
+    config_path = Path(config_path) if config_path else path.with_name("tokenizer_config.json")
+    config = _read_tokenizer_config(config_path) if config_path.exists() else {}
+
+    def role(name: str) -> Optional[str]:
+        value = config.get(name)
+        if isinstance(value, dict):  # {"content": "<s>", ...}, transformers' AddedToken form
+            value = value.get("content")
+        return value if isinstance(value, str) and backend.token_to_id(value) is not None else None
+
+    bos = role("bos_token")
+    add_bos = Fields(config, config_path, TokenizerError).bool("add_bos_token", default=None)
+    if add_bos is None:  # no config: does the file's post-processor put a token first?
+        with_special = backend.encode("a", add_special_tokens=True).ids
+        without = backend.encode("a", add_special_tokens=False).ids
+        add_bos = len(with_special) > len(without) and with_special[1:] == without[:len(with_special) - 1]
+        if add_bos and bos is None:
+            bos = backend.id_to_token(with_special[0])
+    backend.post_processor = None  # BOS is added by encode(), never twice
+    tokenizer = cls(backend, add_bos=bool(add_bos), bos_token=bos, eos_token=role("eos_token"),
+                    pad_token=role("pad_token"), unk_token=role("unk_token"),
+                    chat_template=_chat_template(config, config_path))
+    tokenizer.chat_template_source = f"{config_path} (chat_template)"
+    tokenizer.source = str(path)
+    return tokenizer
+
+
+def _read_tokenizer_config(path: Path) -> dict[str, Any]:
+    """``tokenizer_config.json`` as a JSON object, or one line naming the file and the problem."""
+    from lucidlm.validation import read_json_object
+
+    return dict(read_json_object(path, TokenizerError, "tokenizer config",
+                                 fix="fix or replace it with the model's original tokenizer_config.json").data)
+
+
+def _chat_template(config: dict[str, Any], path: Path) -> Optional[str]:
+    """The config's chat template: a string, or transformers' list of named templates (the
+    "default" one is used, as ``apply_chat_template`` does)."""
+    fields = Fields(config, path, TokenizerError, fix="fix or replace the tokenizer config")
+    value = fields.raw("chat_template", None)
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        fields.str("chat_template")  # refuses it: "expected a string"
+    named = fields.list("chat_template", item=dict)
+    templates = {}
+    for i, entry in enumerate(named):
+        entry_fields = Fields(entry, path, TokenizerError, where=f"chat_template[{i}]", fix=fields.fix)
+        templates[entry_fields.str("name")] = entry_fields.str("template")
+    if "default" not in templates:
+        raise TokenizerError(f"{path}: chat_template lists templates {sorted(templates)} but none is named "
+                             f"'default', the one a chat uses. Name one of them 'default'.")
+    return templates["default"]
+
+
+__all__ = ["tokenizer_from_file"]
