@@ -9,41 +9,28 @@ are never split. ``encode(text, allowed_special=...)`` decides whether such a st
 the input is that one id (allowed) or ordinary text (not allowed): the same choice
 tiktoken offers, because text scraped from the web can contain ``<|endoftext|>`` on purpose
 or by accident.
+
+This file is the ``Tokenizer`` base class and the registry ``load_tokenizer`` dispatches on;
+what ``encode`` accepts (the text, ``allowed_special``) and cutting special tokens out of
+text live in ``encode_input.py``, and reading the JSON file back in ``tokenizer_file.py``.
 """
 
 from __future__ import annotations
 
 import json
 import operator
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 from lucidlm.errors import TokenizerError
-from lucidlm.validation import first_surrogate
-
-# True: every special token is recognised; False or an empty set: none is; a set: only those.
-# "all" is accepted as a synonym of True so tiktoken-style calls work unchanged.
-AllowedSpecial = Union[bool, set[str], frozenset[str], str]
-
-FORMAT_VERSION = 1
+from lucidlm.tokenizers.encode_input import (  # noqa: F401  (check_text re-exported: this module was its home)
+    AllowedSpecial, allowed_special_set, check_text, compile_special_regex, split_on_special)
+from lucidlm.tokenizers.tokenizer_file import FORMAT_VERSION, read_tokenizer_json
 
 # type name written in the JSON file -> class; filled in by Tokenizer.__init_subclass__
 _TOKENIZER_TYPES: dict[str, type["Tokenizer"]] = {}
-
-
-def check_text(text: object) -> None:
-    """Refuse what no tokenizer can encode: a non-str, or a str holding a lone surrogate (Python
-    makes those from bytes that were not UTF-8, e.g. argv or a file read with surrogateescape)."""
-    if not isinstance(text, str):
-        raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
-    at = first_surrogate(text)
-    if at is not None:
-        raise TokenizerError(f"the text is not valid Unicode: a lone surrogate {text[at]!r} at character {at} "
-                             f"(usually a byte that was not UTF-8); decode the input as UTF-8 (e.g. "
-                             f"errors='replace') or remove it.")
 
 
 class Tokenizer(ABC):
@@ -72,9 +59,7 @@ class Tokenizer(ABC):
                     f"{sorted(self.special_tokens)}; add it to special_tokens or pass None"
                 )
         self.bos_token, self.eos_token, self.pad_token = bos_token, eos_token, pad_token
-        # Longest first so that a special token which is a prefix of another never wins.
-        names = sorted(self.special_tokens, key=len, reverse=True)
-        self._special_regex = re.compile("|".join(map(re.escape, names))) if names else None
+        self._special_regex = compile_special_regex(self.special_tokens)
 
     # ----------------------------------------------------------------- abstract core
 
@@ -154,7 +139,7 @@ class Tokenizer(ABC):
     @classmethod
     def load(cls, path: str | Path) -> "Tokenizer":
         """Read a file written by ``save``. On a subclass, the file must be of that type."""
-        data = _read_tokenizer_json(path)
+        data = read_tokenizer_json(path, sorted(_TOKENIZER_TYPES))
         target = _TOKENIZER_TYPES.get(data["type"])
         if target is None:
             raise TokenizerError(
@@ -202,22 +187,7 @@ class Tokenizer(ABC):
             yield token_id
 
     def _allowed_special_set(self, allowed_special: AllowedSpecial) -> set[str]:
-        if allowed_special is True or allowed_special == "all":
-            return set(self.special_tokens)
-        if allowed_special is False:
-            return set()
-        if isinstance(allowed_special, str):  # a lone name would iterate by characters
-            raise TokenizerError(
-                f"allowed_special={allowed_special!r}: pass True, False, 'all' or a set "
-                f"of special token names"
-            )
-        unknown = set(allowed_special) - set(self.special_tokens)
-        if unknown:
-            raise TokenizerError(
-                f"allowed_special names {sorted(unknown)}, which are not special tokens of "
-                f"this tokenizer; known: {sorted(self.special_tokens)}"
-            )
-        return set(allowed_special)
+        return allowed_special_set(allowed_special, self.special_tokens)
 
     def _split_on_special(
         self, text: str, allowed_special: AllowedSpecial
@@ -228,52 +198,6 @@ class Tokenizer(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab_size={self.vocab_size})"
-
-
-def split_on_special(
-    text: str, allowed: set[str], special_regex: re.Pattern[str] | None = None
-) -> Iterator[tuple[int, str, bool]]:
-    """Cut the special tokens named in ``allowed`` out of ``text``.
-
-    Yields (start offset, piece, is_special) covering ``text`` in order; pieces between
-    specials may be empty. ``special_regex`` may match more names than ``allowed`` (a
-    tokenizer compiles it once for all its specials); the others stay plain text.
-    """
-    if special_regex is None:
-        names = sorted(allowed, key=len, reverse=True)  # longest first: no prefix wins
-        special_regex = re.compile("|".join(map(re.escape, names))) if names else None
-    if not allowed or special_regex is None:
-        yield 0, text, False
-        return
-    pos = 0
-    for match in special_regex.finditer(text):
-        if match.group() not in allowed:
-            continue
-        yield pos, text[pos : match.start()], False
-        yield match.start(), match.group(), True
-        pos = match.end()
-    yield pos, text[pos:], False
-
-
-def _read_tokenizer_json(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise TokenizerError(f"tokenizer file {path} does not exist; save one with .save()")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise TokenizerError(f"{path} is not a JSON tokenizer file: {err}") from err
-    if not isinstance(data, dict) or "type" not in data:
-        raise TokenizerError(
-            f"{path} has no \"type\" field, so it was not written by a lucidlm tokenizer's "
-            f"save(); known types are {sorted(_TOKENIZER_TYPES)}"
-        )
-    if data.get("version", FORMAT_VERSION) > FORMAT_VERSION:
-        raise TokenizerError(
-            f"{path} has format version {data['version']}, newer than this lucidlm "
-            f"understands ({FORMAT_VERSION}); upgrade lucidlm"
-        )
-    return data
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import regex
 
-from lucidlm.tokenizers.base import split_on_special
+from lucidlm.tokenizers.encode_input import split_on_special
 
 Pair = tuple[int, int]
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lucidlm.errors import TokenizerError
-from lucidlm.tokenizers.base import AllowedSpecial, Tokenizer, check_text
+from lucidlm.tokenizers.base import Tokenizer
+from lucidlm.tokenizers.encode_input import AllowedSpecial, check_text
 from lucidlm.tokenizers.gpt2_files import bytes_to_unicode
 from lucidlm.tokenizers.gguf_tokenizer import (  # noqa: F401  (re-exported: this module was their home)
     PRE_TOKENIZER_SPLITS, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, tokenizer_from_gguf_fields)

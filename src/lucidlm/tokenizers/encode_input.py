@@ -1,0 +1,85 @@
+"""What ``Tokenizer.encode`` accepts and how special tokens are cut out of the text first.
+
+``check_text`` refuses what no tokenizer can encode (a non-str, a lone surrogate).
+``allowed_special`` decides whether a special token's name in the text is that one id or
+ordinary text (tiktoken's choice, because scraped text can hold ``<|endoftext|>``):
+``allowed_special_set`` turns the argument into names, and ``split_on_special`` cuts those
+names out of the text. Shared by every tokenizer (``base.py``, ``pretrained.py``) and by the
+BPE trainer, which must never merge across a special token.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from typing import Union
+
+from lucidlm.errors import TokenizerError
+from lucidlm.validation import first_surrogate
+
+# True: every special token is recognised; False or an empty set: none is; a set: only those.
+# "all" is accepted as a synonym of True so tiktoken-style calls work unchanged.
+AllowedSpecial = Union[bool, set[str], frozenset[str], str]
+
+
+def check_text(text: object) -> None:
+    """Refuse what no tokenizer can encode: a non-str, or a str holding a lone surrogate (Python
+    makes those from bytes that were not UTF-8, e.g. argv or a file read with surrogateescape)."""
+    if not isinstance(text, str):
+        raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
+    at = first_surrogate(text)
+    if at is not None:
+        raise TokenizerError(f"the text is not valid Unicode: a lone surrogate {text[at]!r} at character {at} "
+                             f"(usually a byte that was not UTF-8); decode the input as UTF-8 (e.g. "
+                             f"errors='replace') or remove it.")
+
+
+def allowed_special_set(allowed_special: AllowedSpecial, special_tokens: dict[str, int]) -> set[str]:
+    """The special token names ``allowed_special`` lets ``encode`` turn into their ids."""
+    if allowed_special is True or allowed_special == "all":
+        return set(special_tokens)
+    if allowed_special is False:
+        return set()
+    if isinstance(allowed_special, str):  # a lone name would iterate by characters
+        raise TokenizerError(
+            f"allowed_special={allowed_special!r}: pass True, False, 'all' or a set "
+            f"of special token names"
+        )
+    unknown = set(allowed_special) - set(special_tokens)
+    if unknown:
+        raise TokenizerError(
+            f"allowed_special names {sorted(unknown)}, which are not special tokens of "
+            f"this tokenizer; known: {sorted(special_tokens)}"
+        )
+    return set(allowed_special)
+
+
+def compile_special_regex(names: Iterable[str]) -> re.Pattern[str] | None:
+    """One regex matching any of ``names``, or None for no names. Longest first, so that a
+    special token which is a prefix of another never wins."""
+    ordered = sorted(names, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, ordered))) if ordered else None
+
+
+def split_on_special(
+    text: str, allowed: set[str], special_regex: re.Pattern[str] | None = None
+) -> Iterator[tuple[int, str, bool]]:
+    """Cut the special tokens named in ``allowed`` out of ``text``.
+
+    Yields (start offset, piece, is_special) covering ``text`` in order; pieces between
+    specials may be empty. ``special_regex`` may match more names than ``allowed`` (a
+    tokenizer compiles it once for all its specials); the others stay plain text.
+    """
+    if special_regex is None:
+        special_regex = compile_special_regex(allowed)
+    if not allowed or special_regex is None:
+        yield 0, text, False
+        return
+    pos = 0
+    for match in special_regex.finditer(text):
+        if match.group() not in allowed:
+            continue
+        yield pos, text[pos : match.start()], False
+        yield match.start(), match.group(), True
+        pos = match.end()
+    yield pos, text[pos:], False
