@@ -125,7 +125,17 @@ def test_non_utf8_token_names_the_token(good, tmp_path):
     data = bytearray(path.read_bytes())
     data[token_offset(path, 200)] = 0xFF  # the first byte of token 200's text
     path.write_bytes(bytes(data))
-    api_refused(lambda: load_gguf(path), GGUFError, names=[r"tokenizer\.ggml\.tokens\[\d+\] is not UTF-8"])
+    api_refused(lambda: load_gguf(path), GGUFError, names=[r"tokenizer\.ggml\.tokens\[200\] is not UTF-8"])
+
+
+def test_string_past_the_end_names_the_string(good, tmp_path):
+    path = mutated(good, tmp_path)
+    data = bytearray(path.read_bytes())
+    start = token_offset(path, 200) - 8  # token 200's length field
+    data[start:start + 8] = struct.pack("<Q", len(data))
+    path.write_bytes(bytes(data))
+    api_refused(lambda: load_gguf(path), GGUFError,
+                names=[rf"string 200 of \d+ at byte {start} runs past the end of the file"])
 
 
 U32, I32 = V.UINT32, V.INT32

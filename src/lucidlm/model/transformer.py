@@ -15,10 +15,11 @@ import torch
 from torch import nn
 
 from lucidlm.config import ModelConfig
-from lucidlm.errors import InputError, SequenceTooLongError, TokenIdError
+from lucidlm.errors import InputError
 from lucidlm.validation import check_allocation, check_int
 from lucidlm.model.block import Block
 from lucidlm.model.hooks import HookPoint
+from lucidlm.model.input_checks import check_ids, check_length, check_slots
 from lucidlm.model.kv_cache import KVCache
 from lucidlm.model.masks import attention_mask_for, fit_key_mask, positions_of, sliding_window_mask
 from lucidlm.model.norms import make_norm
@@ -174,15 +175,15 @@ class Transformer(nn.Module):
 
         The checks read the ids (and slots) back once; ``step`` is the same pass without them.
         """
-        ids = self._check_ids(ids)
+        ids = check_ids(ids, self.config.vocab_size, self.device)  # (B, T) long, ids in range
         B, T = ids.shape
         if input_pos is not None and self.kv_caches is None:
             raise InputError("input_pos names KV-cache slots, but this model has no KV cache: call "
                              "model.setup_kv_cache(batch_size, max_seq_len) first, or leave input_pos out.")
         if input_pos is not None:
-            input_pos = self._check_slots(input_pos, T)
+            input_pos = check_slots(input_pos, T, self.device, self._context_limit(), self.config.max_seq_len)
         else:
-            self._check_length(T)
+            check_length(T, self._context_limit(), self.config.max_seq_len)
         if attention_mask is not None and (attention_mask.ndim != 2 or attention_mask.shape[0] != B):
             raise InputError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected ({B}, key positions).")
         return self.step(ids, input_pos, attention_mask, position_ids, last_token_only, prefix_kv)
@@ -228,56 +229,11 @@ class Transformer(nn.Module):
         cap = self.config.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    # ------------------------------------------------------------------ input checks (API boundary)
-    def _check_ids(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
-        if not isinstance(ids, torch.Tensor):
-            if not isinstance(ids, (list, tuple)):
-                raise InputError(f"token ids must be a tensor or a list of ints, got {type(ids).__name__}.")
-            try:  # no dtype: a list of floats must stay float and be refused below, not truncated
-                ids = torch.tensor(ids, device=self.device)
-            except (TypeError, ValueError, RuntimeError):  # strings, ragged rows, None inside
-                raise InputError(f"token ids must be a list of ints (or of equal-length lists of ints), got "
-                                 f"{str(ids)[:60]}.") from None
-        if ids.ndim == 1:
-            ids = ids[None]
-        if ids.ndim != 2 or ids.shape[1] == 0:
-            raise InputError(f"expected token ids of shape (batch, seq_len) with seq_len >= 1, got {tuple(ids.shape)}.")
-        if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            raise InputError(f"token ids must be an integer tensor, got dtype {ids.dtype}.")
-        low, high = ids.aminmax()
-        low, high = int(low), int(high)  # one read-back, here at the boundary, not in ``step``
-        if low < 0 or high >= self.config.vocab_size:
-            bad = low if low < 0 else high
-            raise TokenIdError(
-                f"token id {bad} is out of range: this model's vocabulary has ids 0..{self.config.vocab_size - 1} "
-                f"(vocab_size={self.config.vocab_size}). Encode text with the model's own tokenizer."
-            )
-        return ids.long()
-
-    def _check_slots(self, input_pos: torch.Tensor, length: int) -> torch.Tensor:
-        try:
-            input_pos = torch.as_tensor(input_pos, device=self.device)
-        except (TypeError, ValueError, RuntimeError):
-            raise InputError(f"input_pos must be {length} integer cache slots (one per token), got "
-                             f"{type(input_pos).__name__} {input_pos!r:.40}.") from None
-        if input_pos.shape != (length,) or input_pos.is_floating_point():
-            raise InputError(f"input_pos must be {length} integer cache slots (one per token), got "
-                             f"{tuple(input_pos.shape)} {input_pos.dtype}.")
-        low, high = input_pos.aminmax()
-        if int(low) < 0:
-            raise InputError(f"input_pos has slot {int(low)}; cache slots count from 0.")
-        self._check_length(int(high) + 1)
-        return input_pos.long()
-
-    def _check_length(self, length: int) -> None:
+    # ------------------------------------------------------------------ input checks (model/input_checks.py)
+    def _context_limit(self) -> int:
+        """The most tokens a pass can hold: the context window, or the KV cache if shorter."""
         limit = self.config.max_seq_len
-        if self.kv_caches is not None:
-            limit = min(limit, self.kv_caches[0].max_seq_len)
-        if length > limit:
-            raise SequenceTooLongError(
-                f"sequence of {length} tokens is longer than the context window of {limit} tokens "
-                f"(max_seq_len={self.config.max_seq_len}); shorten the prompt or max_new_tokens."
-            )
+        return min(limit, self.kv_caches[0].max_seq_len) if self.kv_caches is not None else limit
 
     # ------------------------------------------------------------------ KV cache
     def setup_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None,

@@ -1,8 +1,10 @@
 """Parameter-efficient fine-tuning: train a few new numbers, keep the base model frozen.
 
 - ``lora.py``      LoRA: low-rank updates W + (alpha/r) B A, several named adapters, merge/unmerge
+  (the layer is ``lora_linear.py``, choosing layers ``lora_targets.py``)
 - ``adapters.py``  Houlsby bottleneck adapters after attention and MLP outputs
 - ``prefix.py``    prefix tuning: trained keys/values every attention layer can see
+- ``trainable.py`` freezing the base and counting trainable parameters (every method)
 - ``files.py``     save/load adapters (LoRA in Hugging Face PEFT's format, see ``peft_format.py``)
 
     model = lucidlm.load()

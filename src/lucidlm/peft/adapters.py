@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lucidlm.errors import AdapterError
-from lucidlm.peft.lora import freeze_base
+from lucidlm.peft.trainable import freeze_base
 
 ADAPTED_OUTPUTS = ("attn.o_proj", "mlp.down_proj")
 NONLINEARITIES = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu, "tanh": torch.tanh}

@@ -6,115 +6,30 @@ Because B starts at zero the adapted model starts out *equal* to the base model,
 A and B (r * (in + out) numbers per layer) are trained. After training, ``merge`` folds the
 update into W (W + scale * B @ A) so inference costs nothing extra; ``unmerge`` takes it out.
 
-``LoRALinear`` is an ``nn.Linear`` that keeps the base ``weight``/``bias`` under their usual
-names (so loaders, hooks and ``state_dict`` names of the base are unchanged) and holds any
-number of named adapters beside them; one is active at a time.
+This file is the model-level half: attach adapters to the layers ``targets`` names, switch,
+merge, unload, and take an adapter's state dict. The per-layer module is ``LoRALinear``
+(``lora_linear.py``), target matching is ``lora_targets.py``, and freezing/counting shared by
+every method is ``trainable.py``; their names are re-exported here so older imports keep working.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lucidlm.errors import AdapterError
-from lucidlm.peft.gpt2_names import GPT2_TARGETS, is_gpt2, tie_fused_qkv
+from lucidlm.peft.gpt2_names import is_gpt2, tie_fused_qkv
+from lucidlm.peft.lora_linear import LoRALinear
+from lucidlm.peft.lora_targets import (  # noqa: F401  (some re-exported: this module was their home)
+    SHORT_TARGETS, expand_targets, linear_module_names, match_targets)
+from lucidlm.peft.trainable import (  # noqa: F401  (re-exported: this module was their home)
+    count_parameters, freeze_base, trainable_parameters_report)
 
-# What a user may type instead of the full module name (``--targets q,v``).
-SHORT_TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
-                 "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
 LORA_INITS = ("kaiming", "gaussian")
 
-
-class LoRALinear(nn.Linear):
-    """A frozen ``nn.Linear`` plus named low-rank adapters (``lora_A[name]``, ``lora_B[name]``)."""
-
-    def __init__(self, base: nn.Linear) -> None:
-        nn.Module.__init__(self)
-        self.in_features, self.out_features = base.in_features, base.out_features
-        self.weight = base.weight  # the same Parameter objects: tying and names survive
-        self.bias = base.bias
-        self.lora_A = nn.ParameterDict()  # name -> (r, in)
-        self.lora_B = nn.ParameterDict()  # name -> (out, r)
-        self.scaling: dict[str, float] = {}
-        self.lora_dropout: dict[str, float] = {}
-        self.active_adapter: Optional[str] = None
-        self.merged_adapter: Optional[str] = None  # the adapter currently folded into weight
-        self.disabled = False  # True: behave exactly like the base layer
-
-    def add_adapter(self, name: str, r: int, alpha: float, dropout: float = 0.0, init: str = "kaiming") -> None:
-        if name in self.lora_A:
-            raise AdapterError(f"this layer already has a LoRA adapter named {name!r}; pick another name.")
-        device, dtype = self.weight.device, self.weight.dtype
-        dtype = dtype if dtype.is_floating_point else torch.float32
-        A = torch.empty(r, self.in_features, device=device, dtype=dtype)
-        if init == "kaiming":  # PEFT's default: the same init nn.Linear gives its weight
-            nn.init.kaiming_uniform_(A, a=math.sqrt(5))
-        else:  # the LoRA paper's Gaussian (PEFT: std = 1/r)
-            nn.init.normal_(A, std=1.0 / r)
-        self.lora_A[name] = nn.Parameter(A)
-        self.lora_B[name] = nn.Parameter(torch.zeros(self.out_features, r, device=device, dtype=dtype))
-        self.scaling[name] = alpha / r
-        self.lora_dropout[name] = float(dropout)
-        if self.active_adapter is None:
-            self.active_adapter = name
-
-    def rank(self, name: str) -> int:
-        return self.lora_A[name].shape[0]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight, self.bias)  # (..., out)
-        name = self.active_adapter
-        if self.disabled or name is None or self.merged_adapter is not None:
-            return out
-        A, B = self.lora_A[name], self.lora_B[name]
-        dropped = F.dropout(x, self.lora_dropout[name], self.training) if self.lora_dropout[name] > 0 else x
-        update = F.linear(F.linear(dropped.to(A.dtype), A), B)  # (..., r) -> (..., out)
-        return out + (update * self.scaling[name]).to(out.dtype)
-
-    # -- merging: fold the update into W, in float32 (a bf16 merge drifts) --
-    def delta_weight(self, name: str) -> torch.Tensor:
-        """scale * B @ A in float32, (out, in)."""
-        return (self.lora_B[name].float() @ self.lora_A[name].float()) * self.scaling[name]
-
-    def merge(self) -> None:
-        if self.merged_adapter is not None:
-            raise AdapterError(f"LoRA adapter {self.merged_adapter!r} is already merged into this layer; "
-                               f"call unmerge() before merging again.")
-        if self.active_adapter is None:
-            raise AdapterError("this layer has no LoRA adapter to merge.")
-        with torch.no_grad():
-            merged = self.weight.float() + self.delta_weight(self.active_adapter)
-            self.weight.copy_(merged.to(self.weight.dtype))
-        self.merged_adapter = self.active_adapter
-
-    def unmerge(self) -> None:
-        if self.merged_adapter is None:
-            raise AdapterError("no LoRA adapter is merged into this layer; nothing to unmerge.")
-        with torch.no_grad():
-            restored = self.weight.float() - self.delta_weight(self.merged_adapter)
-            self.weight.copy_(restored.to(self.weight.dtype))
-        self.merged_adapter = None
-
-    def as_linear(self) -> nn.Linear:
-        """A plain nn.Linear holding the (possibly merged) base weights."""
-        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
-        linear.weight, linear.bias = self.weight, self.bias
-        return linear
-
-    def extra_repr(self) -> str:
-        adapters = ", ".join(f"{n}(r={self.rank(n)}, scale={self.scaling[n]:g})" for n in self.lora_A)
-        return (f"in_features={self.in_features}, out_features={self.out_features}, adapters=[{adapters}], "
-                f"active={self.active_adapter!r}, merged={self.merged_adapter!r}")
-
-
-# ---------------------------------------------------------------------------------------
-# Model-level: choose layers, attach, switch, merge.
-# ---------------------------------------------------------------------------------------
 
 def lora_layers(model: nn.Module) -> Iterator[tuple[str, LoRALinear]]:
     for name, module in model.named_modules():
@@ -127,52 +42,6 @@ def adapter_names(model: nn.Module) -> list[str]:
     for _, layer in lora_layers(model):
         names.update(dict.fromkeys(layer.lora_A))
     return list(names)
-
-
-def linear_module_names(model: nn.Module) -> list[str]:
-    """Names of the linear layers LoRA may target (the output head is not one of them)."""
-    return [name for name, module in model.named_modules()
-            if isinstance(module, nn.Linear) and name != "unembed" and name]
-
-
-def expand_targets(targets: str | Iterable[str]) -> list[str]:
-    """``"q,v"`` or ``["q_proj", "v"]`` -> ``["q_proj", "v_proj"]``; "all-linear" stays as is."""
-    if isinstance(targets, str):
-        targets = [t for t in targets.split(",")] if "," in targets else [targets]
-    expanded = [SHORT_TARGETS.get(t.strip(), t.strip()) for t in targets if t.strip()]
-    if not expanded:
-        raise AdapterError("no LoRA target modules given; name some, e.g. q_proj,v_proj or all-linear.")
-    return expanded
-
-
-def match_targets(model: nn.Module, targets: str | Iterable[str]) -> list[str]:
-    """Module names matched by ``targets``, with PEFT's rule: a plain name matches a module
-    whose name is it or ends with ``.`` + it (``q_proj`` -> ``blocks.3.attn.q_proj``); an
-    entry with regex characters must match the whole module name (``blocks\\.[0-3]\\.attn\\..*``)."""
-    candidates = linear_module_names(model)
-    patterns = expand_targets(targets)
-    if patterns == ["all-linear"]:
-        return candidates
-    if any(p in GPT2_TARGETS for p in patterns) and is_gpt2(model):  # GPT-2's names: c_attn, c_proj, c_fc
-        patterns = [q for p in patterns for q in GPT2_TARGETS.get(p, [p])]
-    chosen: list[str] = []
-    for pattern in patterns:
-        if re.fullmatch(r"[\w.]+", pattern):
-            found = [n for n in candidates if n == pattern or n.endswith("." + pattern)]
-        else:
-            try:
-                regex = re.compile(pattern)
-            except re.error as exc:
-                raise AdapterError(f"LoRA target {pattern!r} is not a valid regular expression ({exc}).") from None
-            found = [n for n in candidates if regex.fullmatch(n)]
-        if not found:
-            suffixes = sorted({n.rsplit(".", 1)[-1] for n in candidates})
-            raise AdapterError(
-                f"LoRA target {pattern!r} matches no linear layer of this model. Linear layers are named: "
-                f"{', '.join(suffixes)} (or use all-linear, or a regex over full names like blocks.0.attn.q_proj)."
-            )
-        chosen.extend(n for n in found if n not in chosen)
-    return [n for n in candidates if n in chosen]  # in model order
 
 
 def add_lora(model: nn.Module, name: str = "default", r: int = 8, alpha: float = 16, dropout: float = 0.0,
@@ -289,26 +158,3 @@ def lora_state_dict(model: nn.Module, name: str) -> dict[str, torch.Tensor]:
             state[f"{module_name}.lora_A"] = layer.lora_A[name].detach()
             state[f"{module_name}.lora_B"] = layer.lora_B[name].detach()
     return state
-
-
-# ---------------------------------------------------------------------------------------
-# Shared by every method: freezing and counting.
-# ---------------------------------------------------------------------------------------
-
-def freeze_base(model: nn.Module) -> None:
-    """Stop gradients for every parameter; each method then switches its own ones back on."""
-    for param in model.parameters():
-        param.requires_grad_(False)
-
-
-def count_parameters(model: nn.Module) -> tuple[int, int]:
-    """(trainable, all), each shared parameter (a tied embedding) counted once."""
-    params = list(model.parameters())  # parameters() already yields a shared tensor once
-    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
-
-
-def trainable_parameters_report(model: nn.Module) -> str:
-    """The line PEFT's ``print_trainable_parameters`` prints."""
-    trainable, total = count_parameters(model)
-    return (f"trainable params: {trainable:,d} || all params: {total:,d} || "
-            f"trainable%: {100 * trainable / max(total, 1):.4f}")

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lucidlm.errors import AdapterError
-from lucidlm.peft.lora import freeze_base
+from lucidlm.peft.trainable import freeze_base
 from lucidlm.validation import MAX_CONTEXT, MAX_WIDTH, Fields, check_allocation
 
 

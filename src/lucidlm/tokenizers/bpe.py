@@ -16,13 +16,12 @@ special tokens come last. So a merge's rank and the id it makes are the same num
 
 Training (``BPETokenizer.train``) checks its arguments here and runs the trainer in
 ``bpe_trainer.py``: seed 002's loop - merge the most common pair, repeat - over the chunk
-counts instead of the raw text, with pair counts updated incrementally.
+counts instead of the raw text, with pair counts updated incrementally. Reading OpenAI's
+GPT-2 files is ``gpt2_files.py``; the O(n log n) merge for long chunks is ``bpe_heap_merge.py``.
 """
 
 from __future__ import annotations
 
-import heapq
-import json
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,9 +31,10 @@ import regex
 
 from lucidlm.errors import TokenizerError
 from lucidlm.tokenizers.base import Tokenizer
+from lucidlm.tokenizers.bpe_heap_merge import merge_by_heap
 from lucidlm.tokenizers.bpe_trainer import Pair, count_chunks, learn_merges, merge_pair
-
-ENDOFTEXT = "<|endoftext|>"
+from lucidlm.tokenizers.gpt2_files import (  # noqa: F401  (bytes_to_unicode re-exported: this module was its home)
+    ENDOFTEXT, bytes_to_unicode, read_gpt2_files)
 
 # GPT-2's pre-tokenizer (openai/gpt-2 encoder.py). \p{L} letters, \p{N} numbers; the
 # "\s+(?!\S)" branch leaves the last space of a run to start the next word (" dog").
@@ -44,26 +44,6 @@ GPT2_SPLIT_PATTERN = (
 
 _ENCODE_CACHE_SIZE = 1 << 16  # chunks remembered; natural text repeats its words a lot
 _LONG_CHUNK = 200  # bytes; longer chunks take the O(n log n) merge path (same result)
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table, used by its ``encoder.json``/``vocab.bpe``.
-
-    Printable Latin-1 bytes map to themselves; the other 68 (control bytes, space, ...)
-    map to chr(256), chr(257), ... in byte order. That is why a leading space shows as "Ġ"
-    (chr(256 + 32)) in GPT-2's files.
-    """
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    table = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
 
 
 class BPETokenizer(Tokenizer):
@@ -158,38 +138,8 @@ class BPETokenizer(Tokenizer):
         return ids
 
     def _merge_long(self, ids: list[int]) -> list[int]:
-        """Same result as the loop in ``_encode_chunk``, in O(n log n) instead of O(n^2).
-
-        A long chunk (a base64 blob, a DNA string) makes rescanning every pair after every
-        merge quadratic. Here a heap holds (merge id, position) for every mergeable pair
-        and the tokens form a linked list. Popping in (id, position) order merges the
-        earliest-learned pair first and its occurrences left to right - exactly what the
-        simple loop does - because a merge only creates pairs with larger ids.
-        """
-        merge_id = self._merge_id
-        n = len(ids)
-        tokens: list[int | None] = list(ids)  # None: merged into its left neighbour
-        next_pos = list(range(1, n + 1))  # n means "no next token"
-        prev_pos = list(range(-1, n - 1))  # -1 means "no previous token"
-        pairs = enumerate(zip(ids, ids[1:]))
-        heap = [(merge_id[pair], i) for i, pair in pairs if pair in merge_id]
-        heapq.heapify(heap)
-        while heap:
-            new_id, i = heapq.heappop(heap)
-            j = next_pos[i]
-            if tokens[i] is None or j == n or merge_id.get((tokens[i], tokens[j])) != new_id:
-                continue  # stale: a neighbour changed since this entry was pushed
-            tokens[i], tokens[j] = new_id, None
-            next_pos[i] = next_pos[j]
-            if next_pos[j] < n:
-                prev_pos[next_pos[j]] = i
-            # The new token makes new pairs with its neighbours on both sides.
-            left, right = prev_pos[i], next_pos[i]
-            if left >= 0 and (tokens[left], new_id) in merge_id:
-                heapq.heappush(heap, (merge_id[(tokens[left], new_id)], left))
-            if right < n and (new_id, tokens[right]) in merge_id:
-                heapq.heappush(heap, (merge_id[(new_id, tokens[right])], i))
-        return [t for t in tokens if t is not None]
+        """Same result as the loop in ``_encode_chunk``, in O(n log n) (``bpe_heap_merge.py``)."""
+        return merge_by_heap(ids, self._merge_id)
 
     def _token_bytes(self, token_id: int) -> bytes:
         return self._vocab[token_id]
@@ -225,49 +175,9 @@ class BPETokenizer(Tokenizer):
     ) -> "BPETokenizer":
         """Build GPT-2's tokenizer from OpenAI's ``encoder.json`` and ``vocab.bpe``.
 
-        In those files tokens are written through ``bytes_to_unicode`` (a space is "Ġ");
-        ``vocab.bpe`` lists the merges in rank order after a ``#version`` line.
+        ``gpt2_files.py`` reads the two files and checks that they agree.
         """
-        for path in (encoder_json, vocab_bpe):
-            if not Path(path).is_file():
-                raise TokenizerError(f"GPT-2 tokenizer file {path} does not exist")
-        encoder: dict[str, int] = json.loads(Path(encoder_json).read_text(encoding="utf-8"))
-        lines = Path(vocab_bpe).read_text(encoding="utf-8").split("\n")
-        if lines and lines[0].startswith("#version"):
-            lines = lines[1:]
-        merge_lines = [line for line in lines if line.strip()]
-
-        byte_decoder = {ch: b for b, ch in bytes_to_unicode().items()}
-        # ids 0..255 must be the single bytes: that is what makes "id = 256 + rank" hold
-        try:
-            id_to_token = {i: tok for tok, i in encoder.items()}
-            byte_order = [byte_decoder[id_to_token[i]] for i in range(256)]
-        except KeyError as err:
-            raise TokenizerError(
-                f"{encoder_json}: ids 0..255 are not GPT-2's 256 single-byte tokens ({err})"
-            ) from err
-
-        merges: list[Pair] = []
-        for rank, line in enumerate(merge_lines):
-            left, right = line.split(" ")
-            try:
-                pair = (encoder[left], encoder[right])
-                made = encoder[left + right]
-            except KeyError as err:
-                raise TokenizerError(
-                    f"{vocab_bpe} line {rank + 2} ({line!r}) uses token {err} that is not in "
-                    f"{encoder_json}; are the two files from the same model?"
-                ) from None
-            if made != 256 + rank:
-                raise TokenizerError(
-                    f"{vocab_bpe} line {rank + 2}: merge {line!r} makes id {made} in "
-                    f"{encoder_json}, expected {256 + rank}; the files do not match"
-                )
-            merges.append(pair)
-
-        specials = {tok: i for tok, i in encoder.items() if i >= 256 + len(merges)}
-        if ENDOFTEXT not in specials:
-            raise TokenizerError(f"{encoder_json} has no {ENDOFTEXT!r} after the merges")
+        merges, specials, byte_order = read_gpt2_files(encoder_json, vocab_bpe)
         # GPT-2 uses <|endoftext|> both to start and to end documents; it has no pad token.
         return cls(
             merges, specials, byte_order=byte_order, bos_token=ENDOFTEXT, eos_token=ENDOFTEXT

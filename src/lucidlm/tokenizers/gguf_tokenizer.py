@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from lucidlm.errors import TokenizerError
-from lucidlm.tokenizers.bpe import bytes_to_unicode
+from lucidlm.tokenizers.gpt2_files import bytes_to_unicode
 from lucidlm.validation import Fields
 
 # llama.cpp's token_type values (llama_token_type in llama.h)

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from lucidlm.errors import TokenizerError
 from lucidlm.tokenizers.base import AllowedSpecial, Tokenizer, check_text
-from lucidlm.tokenizers.bpe import bytes_to_unicode
+from lucidlm.tokenizers.gpt2_files import bytes_to_unicode
 from lucidlm.tokenizers.gguf_tokenizer import (  # noqa: F401  (re-exported: this module was their home)
     PRE_TOKENIZER_SPLITS, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, tokenizer_from_gguf_fields)
 from lucidlm.tokenizers.hf_files import tokenizer_from_file

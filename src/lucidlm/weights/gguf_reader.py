@@ -180,22 +180,26 @@ class GGUFFile:
             return values.tolist()
         if item == STRING:
             self._need(count * 8, f"an array of {count} strings")
+            # The hot loop of a fresh load (SmolLM2: 98k strings): one bounds check per string;
+            # a length field past the end makes unpack_from raise struct.error.
             strings, pos, size = [], self.pos, self.size
-            unpack = struct.Struct("<Q").unpack_from
-            for index in range(count):
-                if pos + 8 > size:
-                    break
-                (length,) = unpack(buf, pos)
-                if pos + 8 + length > size:
-                    break
-                try:
-                    strings.append(str(buf[pos + 8:pos + 8 + length], "utf-8"))
-                except UnicodeDecodeError:
-                    _utf8(buf[pos + 8:pos + 8 + length], f"{key}[{index}]")  # raises, naming the entry
-                pos += 8 + length
-            else:
-                self.pos = pos
-                return strings
+            unpack, append = struct.Struct("<Q").unpack_from, strings.append
+            try:
+                for _ in range(count):
+                    (length,) = unpack(buf, pos)
+                    start = pos + 8
+                    pos = start + length
+                    if pos > size:
+                        pos = start - 8  # the string that runs past the end, named below
+                        break
+                    append(str(buf[start:pos], "utf-8"))
+                else:
+                    self.pos = pos
+                    return strings
+            except struct.error:
+                pass
+            except UnicodeDecodeError:
+                _utf8(buf[start:pos], f"{key}[{len(strings)}]")  # raises, naming the entry
             self.pos = pos
             raise Truncated(f"{self.where}: string {len(strings)} of {count} at byte {pos} runs past the end of "
                             f"the file")
