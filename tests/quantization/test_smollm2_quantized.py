@@ -1,9 +1,10 @@
 """Quantized SmolLM2-135M against its exact float32 self (the parity-tested path).
 
 - perplexity on a held-out slice of tinyshakespeare (the last 40,000 characters, which no
-  lucidlm training recipe or test trains on): int8 in groups of 32 within 1 % of float32;
-  int4 (groups of 32, requantized from the dequantized weights) and the GGUF's own quants
-  (Q4_1 layers, Q8_0 embedding, kept exactly) within the bounds measured below;
+  lucidlm training recipe or test trains on): int8, per output channel and in groups of 32,
+  within 1 % of float32; int4 (groups of 32, requantized from the dequantized weights) and
+  the GGUF's own quants (Q4_1 layers, Q8_0 embedding, kept exactly) within the bounds
+  measured below;
 - greedy decoding: along float32's own greedy continuation of each parity prompt, the
   quantized model picks the same token wherever float32's top-2 logit margin exceeds 0.1
   (where the margin is smaller the two tokens are a near tie that rounding may flip).
@@ -20,12 +21,17 @@ import lucidlm
 
 pytestmark = pytest.mark.slow
 
-# Measured (float32 ppl 21.38 on the slice): int8 group 32 -0.63 %, int4 group 32 +3.5 %,
-# gguf +0.11 % (bf16 weights +0.05 %). int8 per output channel is +1.8 % here and is not
-# held to 1 %: this model's float weights are Q4_1's 4-bit grid with a scale per 32 inputs,
-# which one scale per row cannot follow; int4 in groups of 64 is +32 % for the same reason.
-PPL_BOUNDS = {("int8", 32): 0.01, ("int4", 32): 0.05, ("gguf", None): 0.01}
-WINDOW, WINDOWS = 256, 2
+# Measured 2026-11-23 on the first 16 windows (4,096 tokens; float32 ppl 47.5), with the
+# same figures on all 49 windows of the slice in brackets: int8 per output channel +0.65 %
+# (+0.74 %), int8 group 32 -0.09 % (-0.18 %), int4 group 32 +5.95 % (+6.2 %), gguf -0.03 %
+# (-0.02 %). Per-window log-loss differences scatter (standard error of the 49-window mean:
+# 0.12 % for int8 per channel, 0.4 % for int4), so two windows (what this test used to read)
+# could not resolve a 1 % bound: they gave int8 per channel +1.8 % and int4 +3.5 %.
+# Choosing each row's int8 scale to minimise its squared error (a clip-ratio search) lowered
+# the weights' error but not the perplexity (+0.76 % on 49 windows), so the scheme stays absmax.
+PPL_BOUNDS = {("int8", None): 0.01, ("int8", 32): 0.01, ("int4", 32): 0.08, ("gguf", None): 0.01}
+WINDOW, WINDOWS = 256, 16
+BATCH = 4  # windows per forward: bounds the (B, T, 49152) float32 logits to ~200 MB
 MARGIN = 0.1
 NEW_TOKENS = 12
 
@@ -51,10 +57,13 @@ def heldout_ids(smollm2, shared_dir) -> torch.Tensor:
 
 
 def perplexity(model, ids: torch.Tensor) -> float:
-    with torch.no_grad():
-        logits = model(ids).float()  # (B, T, V)
-    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-    return math.exp(loss.item())
+    total = 0.0
+    for batch in ids.split(BATCH):  # (b, T) each
+        with torch.no_grad():
+            logits = model(batch).float()  # (b, T, V)
+        total += torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                   batch[:, 1:].reshape(-1), reduction="sum").item()
+    return math.exp(total / (ids.shape[0] * (ids.shape[1] - 1)))
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +75,7 @@ def float_ppl(smollm2, heldout_ids) -> float:
 def test_perplexity_within_bound(smollm2, heldout_ids, float_ppl, scheme, group_size):
     model = lucidlm.load("smollm2-135m", quantize=scheme, group_size=group_size)
     ppl = perplexity(model, heldout_ids)
-    assert 5 < float_ppl < 40  # the slice is English the model can read
+    assert 5 < float_ppl < 80  # the slice is English the model can read
     assert abs(ppl / float_ppl - 1) < PPL_BOUNDS[scheme, group_size], (scheme, ppl, float_ppl)
 
 
