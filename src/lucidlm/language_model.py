@@ -13,7 +13,7 @@ Every function also takes a bare ``Transformer`` (``lucidlm.generation.generate(
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from torch import nn

@@ -103,23 +103,26 @@ class CompiledSteps:
                                       **({"options": prefill_options} if prefill_options else {}))
                         if prefill else step)
         self.fingerprint = structure_fingerprint(self.model)
-        self.hooked = has_hooks(self.model)
+        self._look_for_hooks()
+
+    def _look_for_hooks(self) -> None:
         self.hook_count = hook_counter()
+        self.hooked = has_hooks(self.model)
 
     def check(self) -> None:
         """Before a generation: compile again if the model changed since the trace."""
-        self.hook_count = hook_counter()
-        self.hooked = has_hooks(self.model)
         if structure_fingerprint(self.model) != self.fingerprint:
             self._build()
+        else:
+            self._look_for_hooks()
 
     def decode_step(self) -> Callable[..., torch.Tensor]:
         """The callable for this step: compiled, or eager while the model has hooks."""
-        if hook_counter() != self.hook_count:  # a hook was attached since the last look
-            self.hook_count = hook_counter()
-            self.hooked = has_hooks(self.model)
-        elif self.hooked:  # hooks may have been removed since: look again (hooked runs are eager anyway)
-            self.hooked = has_hooks(self.model)
+        # A hook attached since the last look moves a counter; a hook removed from a hooked
+        # model may not (torch's handles), so a hooked model looks again each step (it runs
+        # eagerly anyway, and the walk is cheap beside an eager step).
+        if self.hooked or hook_counter() != self.hook_count:
+            self._look_for_hooks()
         return self.model.step if self.hooked else self.decode
 
     def prefill_step(self) -> Callable[..., torch.Tensor]:
