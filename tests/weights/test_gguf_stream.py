@@ -26,6 +26,7 @@ from gguf import GGMLQuantizationType as Q
 from test_gguf import N_HEADS, N_KV, SCALE_OFFSETS, quantized_file
 
 import lucidlm.quantization.int4 as int4
+import lucidlm.weights.gguf_fill as gguf_fill
 import lucidlm.weights.gguf_stream as gguf_stream
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.quantization import Int4Linear, Int8Linear
@@ -111,24 +112,30 @@ def test_exact_blocks_keep_their_codes_when_chunked(tmp_path, tiny_chunks):
     assert np.array_equal(got, codes)
 
 
-def test_thread_count_changes_no_number_and_is_restored(tmp_path, monkeypatch):
-    """Small tensors convert on one thread (SERIAL_ELEMENTS): the weights are those of a load
-    on torch's threads, and torch's thread count is the caller's again afterwards."""
+def test_worker_count_changes_no_number_and_threads_are_restored(tmp_path, monkeypatch):
+    """Tensors convert on several worker threads at once (gguf_fill.py): the weights are
+    those of a load on one worker, in every layout, and torch's thread count is the caller's
+    again afterwards."""
     path, _, _ = quantized_file(tmp_path, Q.Q4_1)
     caller = torch.get_num_threads()
     torch.set_num_threads(2)
+    seen = []
+    real = gguf_fill.ThreadPoolExecutor
+    monkeypatch.setattr(gguf_fill, "ThreadPoolExecutor", lambda n, **kw: seen.append(n) or real(n, **kw))
     try:
-        monkeypatch.setattr(gguf_stream, "SERIAL_ELEMENTS", 0)  # every tensor on torch's threads
-        threaded = load_gguf(path, dtype=torch.bfloat16)
-        assert torch.get_num_threads() == 2
-        monkeypatch.setattr(gguf_stream, "SERIAL_ELEMENTS", 1 << 62)  # every tensor on one thread
-        serial = load_gguf(path, dtype=torch.bfloat16)
-        assert torch.get_num_threads() == 2
+        for kwargs in ({"dtype": torch.bfloat16}, {"quantize": "int4"}, {"quantize": "int8"}):
+            monkeypatch.setattr(gguf_fill, "MAX_WORKERS", 1)
+            serial = load_gguf(path, **kwargs)
+            assert torch.get_num_threads() == 2
+            monkeypatch.setattr(gguf_fill, "MAX_WORKERS", 4)
+            threaded = load_gguf(path, **kwargs)
+            assert torch.get_num_threads() == 2
+            assert threaded.state_dict().keys() == serial.state_dict().keys()
+            for name, value in threaded.state_dict().items():
+                assert torch.equal(value, serial.state_dict()[name]), (kwargs, name)
     finally:
         torch.set_num_threads(caller)
-    assert threaded.state_dict().keys() == serial.state_dict().keys()
-    for name, value in threaded.state_dict().items():
-        assert torch.equal(value, serial.state_dict()[name]), name
+    assert seen == [1, 2] * 3  # MAX_WORKERS caps torch's thread count, not the other way round
 
 
 @pytest.mark.parametrize("rows", [16, 64, 200 + 8, 4096 + 144])

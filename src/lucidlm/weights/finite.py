@@ -10,6 +10,7 @@ nothing in the model's forward pass. Only on a failure are the bad values counte
 
 from __future__ import annotations
 
+import threading
 import warnings
 from pathlib import Path
 from typing import Mapping, Type, Union
@@ -30,6 +31,7 @@ class FiniteCheck:
         self.source, self.error, self.fix = str(source), error, fix
         self._queued: list[tuple[str, torch.Tensor, str]] = []
         self._flags: list[torch.Tensor] = []
+        self._lock = threading.Lock()
 
     def add(self, name: str, values: Union[torch.Tensor, np.ndarray], what: str = "values") -> None:
         """Queue tensor ``name`` (``what`` says which part of it ``values`` are, e.g. "block scales")."""
@@ -39,12 +41,14 @@ class FiniteCheck:
                 values = torch.from_numpy(values)
         if not values.is_floating_point() or values.numel() == 0:
             return  # integer codes are always finite
-        self._queued.append((name, values, what))
         # min and max in one reduction: NaN propagates into both, an infinity is one of them.
         # ~40x faster on CPU than isfinite(values).all(), which builds a boolean copy.
         # (A strided view, e.g. the scales inside quantized blocks, is copied first: reductions
         # over strided half-precision views are slow on CPU.)
-        self._flags.append(torch.isfinite(torch.stack(torch.aminmax(values.contiguous()))).all())
+        flag = torch.isfinite(torch.stack(torch.aminmax(values.contiguous()))).all()
+        with self._lock:  # loaders add from several threads (gguf_fill.py); each pair stays together
+            self._queued.append((name, values, what))
+            self._flags.append(flag)
 
     def add_all(self, tensors: Mapping[str, torch.Tensor]) -> "FiniteCheck":
         for name, tensor in tensors.items():

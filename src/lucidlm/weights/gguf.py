@@ -29,7 +29,8 @@ from lucidlm.model.transformer import Transformer
 from lucidlm.weights.gguf_config import (SUPPORTED_ARCHITECTURES, config_from_metadata, fit_skeleton,  # noqa: F401
                                          fit_to_tensors)
 from lucidlm.weights.gguf_header_cache import cached_tokenizer
-from lucidlm.weights.gguf_stream import plan, stream_into, supported_types  # noqa: F401 - supported_types: API
+from lucidlm.weights.gguf_fill import stream_into
+from lucidlm.weights.gguf_stream import plan, supported_types  # noqa: F401 - supported_types: API
 
 GGUF_MAGIC = b"GGUF"
 
@@ -103,7 +104,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: str 
     group size, through float otherwise. ``dtype`` is then the residual stream's dtype, and
     vectors (norms) stay float. The chat template, if the file has one, is
     ``model.tokenizer.chat_template``. The tensors stream from the memory map into the model
-    one at a time (``gguf_stream.py``): the peak memory is the model plus one tensor.
+    a few at a time (``gguf_fill.py``): the peak memory is the model plus a few tensors.
     """
     if quantize not in (None, "gguf"):
         from lucidlm.quantization import scheme_class

@@ -1,11 +1,11 @@
-"""A GGUF file's tensors into a model, one tensor at a time, straight to their final form.
+"""A GGUF file's tensors, planned and converted straight to their final form.
 
-The model is built on the meta device (no storage, no init). Then, for each tensor of the
-file in turn: read its bytes from the memory map, convert them to what the model keeps
-(float weights in the model's dtype, or a quantized module's codes and scales), put them in
-place, let the file's pages go, next. Nothing holds the whole model twice: no float32 copy
-of every tensor before a cast, no dict of converted tensors before a copy, no float32 table
-behind a quantized embedding. Large tensors are converted in row chunks (a row's values
+The model is built on the meta device (no storage, no init). Then each tensor of the file is
+read from the memory map and converted to what the model keeps (float weights in the model's
+dtype, or a quantized module's codes and scales); ``gguf_fill.py`` puts them in place,
+several tensors at a time, and lets the file's pages go. Nothing holds the whole model
+twice: no float32 copy of every tensor before a cast, no dict of converted tensors before a
+copy, no float32 table behind a quantized embedding. Large tensors are converted in row chunks (a row's values
 never depend on another row, in any GGUF type or lucidlm scheme), so the float32 detour of
 SmolLM2's 49152 x 576 embedding is a few MB at a time instead of 113 MB.
 
@@ -15,11 +15,10 @@ before the first tensor is converted.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Iterable, Optional
 
 import numpy as np
 import torch
@@ -28,20 +27,12 @@ from torch import nn
 from lucidlm.config import ModelConfig
 from lucidlm.errors import GGUFError
 from lucidlm.model.positions import permute_qk_to_half
-from lucidlm.model.transformer import Transformer
-from lucidlm.weights.finite import FiniteCheck
 from lucidlm.weights.gguf_families import FAMILIES, gguf_tensors_check_name, our_name
 from lucidlm.weights.gguf_quants import (EXACT, FLOAT_TYPES, exact_codes, exact_float, exact_plain, finite_parts,
                                          native_scheme)
-from lucidlm.weights.memory import Scratch, TrimEvery, trim
+from lucidlm.weights.memory import Scratch
 
 CHUNK_BYTES = 8 << 20  # float32 bytes converted at once for a large tensor
-# A tensor with fewer elements than this converts on one thread: at most a few tens of ms of
-# work, which threads could shorten only on an idle machine. Each torch op is a parallel
-# region (a load runs ~1,500 of them), and when other processes hold the cores every region
-# waits for a descheduled thread. Measured for SmolLM2 (largest tensor 28M elements) on 2
-# cores at load average 3: a warm load took 2.2-5.4 s on 2 threads, 0.4-0.6 s on one.
-SERIAL_ELEMENTS = 1 << 25
 
 
 @dataclass
@@ -207,82 +198,3 @@ def int4_from_blocks(item: Planned, device: str | torch.device, scratch: Optiona
     if item.heads is not None:  # permuting output rows (codes with their row's scales) is exact
         codes, scales, zeros = (permute_qk_to_half(t, item.heads) for t in (codes, scales, zeros))
     return Int4Linear.from_codes(codes.to(device), scales.to(device), zeros.to(device), item.target[1])
-
-
-# --------------------------------------------------------------------------------------- loading
-
-
-def stream_into(model: Transformer, planned: list[Planned], source: str, dtype: torch.dtype,
-                device: str | torch.device, release: Callable[[Any], None] = lambda tensor: None,
-                progress: Optional[Callable[[Any], Any]] = None) -> Transformer:
-    """Fill ``model`` (a ``Transformer.skeleton``) with the planned tensors, one at a time;
-    ``release(tensor)`` is called once a tensor is converted (the reader drops its pages).
-    Every tensor's values (or block scales) are checked finite (``weights/finite.py``); the
-    model is returned only if all are."""
-    modules = dict(model.named_modules())
-    check = FiniteCheck(source)
-    trims = TrimEvery()
-    scratch = Scratch()  # the float32 rows / int32 codes of one tensor at a time
-    threads = torch.get_num_threads()
-    with torch.no_grad(), _restoring_threads(threads):
-        for item in (planned if progress is None else progress(planned)):
-            torch.set_num_threads(1 if int(np.prod(item.tensor.shape)) < SERIAL_ELEMENTS else threads)
-            raw = finite_parts(item.tensor)  # from the file's bytes: float values or f16 block scales
-            if raw is not None:
-                check.add(item.tensor.name, *raw)
-            if item.target is None:
-                weight = float_weight(item, source, dtype, scratch)
-                if raw is None:
-                    check.add(item.tensor.name, weight)
-                _set_tensor(model, item.ours, weight.to(device))
-            else:
-                if raw is None:  # a type whose blocks we cannot read: check its floats, now
-                    check.add(item.tensor.name, dequantize_tensor(item.tensor, source))
-                    check.verify()
-                _place_quantized(model, modules[item.module], item, source, dtype, device, scratch)
-            release(item.tensor)
-            trims.step(_float32_bytes(item.tensor))
-    check.verify()
-    trim()
-    return model.materialize(device)  # the position tables; every weight is in place
-
-
-@contextlib.contextmanager
-def _restoring_threads(threads: int) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _place_quantized(model: Transformer, old: nn.Module, item: Planned, source: str, dtype: torch.dtype,
-                     device: str | torch.device, scratch: Scratch) -> None:
-    """Swap ``old`` (the skeleton's Linear or Embedding) for its quantized module holding ``item``."""
-    from lucidlm.quantization import DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding
-    from lucidlm.quantization.swap import scheme_class, set_module
-
-    scheme, group_size = item.target
-    cls = scheme_class(scheme)
-    if scheme == "int4" and EXACT.get(item.tensor.tensor_type.name) == item.target and isinstance(old, nn.Linear):
-        set_module(model, item.module, int4_from_blocks(item, device, scratch))  # Q4 blocks: straight to the kernel
-        return
-    plain = {k: v.to(device) for k, v in quantized_plain(item, source, DEFAULT_COMPUTE_DTYPE, scratch).items()}
-    if isinstance(old, nn.Embedding):
-        set_module(model, item.module, QuantizedEmbedding(cls, plain, old.embedding_dim, group_size, dtype))
-        if model.config.tie_embeddings:  # one matrix: the unembedding is built from the same codes
-            set_module(model, "unembed", cls.from_plain(plain, old.embedding_dim, group_size))
-    else:
-        set_module(model, item.module, cls.from_plain(plain, old.in_features, group_size))
-
-
-def _float32_bytes(tensor: Any) -> int:
-    return 4 * int(np.prod(tensor.shape))  # about what converting it allocated and freed
-
-
-def _set_tensor(model: nn.Module, name: str, value: torch.Tensor) -> None:
-    module_name, _, leaf = name.rpartition(".")
-    module = model.get_submodule(module_name) if module_name else model
-    if leaf in module._parameters:
-        module._parameters[leaf] = nn.Parameter(value, requires_grad=module._parameters[leaf].requires_grad)
-    else:
-        module._buffers[leaf] = value

@@ -1,0 +1,143 @@
+"""Filling a model skeleton with a GGUF file's planned tensors, several tensors at a time.
+
+Converting one tensor (Q4_1 blocks to bfloat16 rows, or to int4 tiles) is a chain of small
+torch ops. Run on torch's own threads, every op is a parallel region that waits for all of
+them, and a loaded machine deschedules one of them in almost every region: measured for
+SmolLM2 on 2 cores at load average 3, a warm load took 2.2-5.4 s on 2 threads, 0.4-0.6 s
+on one. So each op runs on one thread, and ``workers`` Python threads convert whole
+tensors side by side instead (torch releases the GIL inside its ops): on a quiet machine
+they keep the cores busy, and on a loaded one a descheduled worker holds up only its own
+tensor.
+
+A worker queues each tensor's finiteness check (``weights/finite.py``) and lets the file's
+pages go; the calling thread puts the converted tensors in place, in the file's order, and
+hands freed memory back (``weights/memory.py``). The workers never change the model.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+from torch import nn
+
+from lucidlm.model.transformer import Transformer
+from lucidlm.weights.finite import FiniteCheck
+from lucidlm.weights.gguf_quants import EXACT
+from lucidlm.weights.gguf_stream import (Planned, dequantize_tensor, float_weight, int4_from_blocks,
+                                         quantized_plain)
+from lucidlm.weights.memory import Scratch, TrimEvery, trim
+
+MAX_WORKERS = 8  # beyond this, a load is bound by memory bandwidth, not by cores
+
+
+def stream_into(model: Transformer, planned: list[Planned], source: str, dtype: torch.dtype,
+                device: str | torch.device, release: Callable[[Any], None] = lambda tensor: None,
+                progress: Optional[Callable[[Any], Any]] = None) -> Transformer:
+    """Fill ``model`` (a ``Transformer.skeleton``) with the planned tensors; ``release(tensor)``
+    is called once a tensor is converted (the reader drops its pages). As many tensors as
+    torch has threads (at most ``MAX_WORKERS``) are converted at once. Every tensor's values
+    (or block scales) are checked finite; the model is returned only if all are."""
+    threads = torch.get_num_threads()
+    workers = max(1, min(threads, MAX_WORKERS))
+    check = FiniteCheck(source)
+    trims = TrimEvery()
+    local = threading.local()  # each worker's Scratch: the float32 rows / int32 codes of its tensor
+
+    def convert(item: Planned) -> list[tuple[str, Any]]:
+        with torch.no_grad():  # grad mode is per thread
+            if not hasattr(local, "scratch"):
+                local.scratch = Scratch()
+            finite, placements = _convert(model, item, source, dtype, device, local.scratch)
+            check.add(item.tensor.name, *finite)  # before the release: the scales are read from the map
+            release(item.tensor)
+            return placements
+
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="lucidlm-load")
+    try:
+        with torch.no_grad(), _one_thread_per_op(threads):
+            results = _in_order(pool, convert, planned, ahead=workers)
+            for item, placements in zip(planned if progress is None else progress(planned), results):
+                for name, value in placements:
+                    _place(model, name, value)
+                trims.step(_float32_bytes(item.tensor))
+    finally:  # on an error (or Ctrl-C), tensors not started yet are not converted for nothing
+        pool.shutdown(wait=True, cancel_futures=True)
+    check.verify()
+    trim()
+    return model.materialize(device)  # the position tables; every weight is in place
+
+
+def _in_order(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list[Any], ahead: int) -> Iterator[Any]:
+    """``fn(item)`` for each item, in order, with at most ``ahead`` conversions in flight:
+    workers running far ahead of the placing would hold many converted tensors'
+    temporaries at once."""
+    pending: collections.deque = collections.deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) > ahead:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+@contextlib.contextmanager
+def _one_thread_per_op(threads: int) -> Iterator[None]:
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _convert(model: Transformer, item: Planned, source: str, dtype: torch.dtype, device: str | torch.device,
+             scratch: Scratch) -> tuple[tuple[Any, str], list[tuple[str, Any]]]:
+    """((values to check finite, what they are), [(parameter or module name, its new value)])
+    for one planned tensor; reads the model's skeleton, changes nothing."""
+    from lucidlm.quantization import DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding
+    from lucidlm.quantization.swap import scheme_class
+    from lucidlm.weights.gguf_quants import finite_parts
+
+    raw = finite_parts(item.tensor)  # from the file's bytes: float values or f16 block scales
+    if item.target is None:
+        weight = float_weight(item, source, dtype, scratch)
+        return (raw or (weight, "values")), [(item.ours, weight.to(device))]
+    finite = raw or (torch.zeros(0), "values")  # empty: nothing to queue
+    if raw is None:  # a type whose blocks we cannot read: check its floats now, before quantizing them
+        FiniteCheck(source).add_all({item.tensor.name: dequantize_tensor(item.tensor, source)}).verify()
+    scheme, group_size = item.target
+    old = model.get_submodule(item.module)
+    if scheme == "int4" and EXACT.get(item.tensor.tensor_type.name) == item.target and isinstance(old, nn.Linear):
+        return finite, [(item.module, int4_from_blocks(item, device, scratch))]  # Q4 blocks: straight to the kernel
+    cls = scheme_class(scheme)
+    plain = {k: v.to(device) for k, v in quantized_plain(item, source, DEFAULT_COMPUTE_DTYPE, scratch).items()}
+    if isinstance(old, nn.Embedding):
+        placements: list[tuple[str, Any]] = [
+            (item.module, QuantizedEmbedding(cls, plain, old.embedding_dim, group_size, dtype))]
+        if model.config.tie_embeddings:  # one matrix: the unembedding is built from the same codes
+            placements.append(("unembed", cls.from_plain(plain, old.embedding_dim, group_size)))
+        return finite, placements
+    return finite, [(item.module, cls.from_plain(plain, old.in_features, group_size))]
+
+
+def _place(model: nn.Module, name: str, value: Any) -> None:
+    """A module replaces the skeleton's module ``name``; a tensor becomes parameter (or
+    buffer) ``name``."""
+    module_name, _, leaf = name.rpartition(".")
+    parent = model.get_submodule(module_name) if module_name else model
+    if isinstance(value, nn.Module):
+        setattr(parent, leaf, value)
+    elif leaf in parent._parameters:
+        parent._parameters[leaf] = nn.Parameter(value, requires_grad=parent._parameters[leaf].requires_grad)
+    else:
+        parent._buffers[leaf] = value
+
+
+def _float32_bytes(tensor: Any) -> int:
+    import numpy as np
+
+    return 4 * int(np.prod(tensor.shape))  # about what converting it allocated and freed
