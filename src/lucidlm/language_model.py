@@ -60,14 +60,10 @@ class LanguageModel(Transformer):
     # 0.56 ms of a 7 ms int4 step (cProfile, 2026-11-23). The decode step's own guards and the
     # structure check (generation/compiled.py) already pin those shapes, so the checks are off:
     # 128 -> 136 tok/s median, 133 -> 150 best (int4, 2 threads, same process, quiet machine).
-    # Left off: ``freezing`` (weights folded in as constants, ~5 % more) would miss later
+    # Measured before and left off: ``freezing`` (weights folded in as constants) and
+    # ``cpp_wrapper`` gave no clear win for a 100 s compile, and frozen weights would miss later
     # in-place edits (a merged adapter).
     CPU_INDUCTOR_OPTIONS: dict[str, Any] = {"size_asserts": False, "alignment_asserts": False}
-    # The decode step alone also gets a C++ wrapper: its graph calls ~350 kernels per token,
-    # and calling them from C++ instead of Python's wrapper saves ~0.3 ms of a 7 ms int4 step
-    # (6.96 -> 6.60 ms best, 7.87 -> 7.56 median; same process, 2026-11-23). The prefill keeps
-    # the Python wrapper: it is bound by its matmuls, and it compiles faster.
-    CPU_DECODE_OPTIONS: dict[str, Any] = {"cpp_wrapper": True}
 
     def compile(self, mode: Optional[str] = None, *, backend: Any = "inductor", prefill: bool = True,
                 options: Optional[dict[str, Any]] = None) -> "LanguageModel":
@@ -98,10 +94,9 @@ class LanguageModel(Transformer):
         cuda_graphs = mode == "reduce-overhead" or (mode is None and self.device.type == "cuda")
         if mode is None and self.device.type == "cuda":
             mode = "reduce-overhead"
-        decode_options: dict[str, Any] = {}
         if mode is None and options is None and self.device.type == "cpu":
-            options, decode_options = dict(self.CPU_INDUCTOR_OPTIONS), dict(self.CPU_DECODE_OPTIONS)
-        self._compiled = CompiledSteps(self, mode, options, backend, prefill, cuda_graphs, decode_options)
+            options = dict(self.CPU_INDUCTOR_OPTIONS)
+        self._compiled = CompiledSteps(self, mode, options, backend, prefill, cuda_graphs)
         return self
 
     @property
