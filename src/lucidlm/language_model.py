@@ -45,9 +45,13 @@ class LanguageModel(Transformer):
     either class loads into the other.
     """
 
-    # Compiled, the cache length is rounded up to a multiple of this, so prompts of similar
-    # length share one compiled decode step (and one CUDA graph) instead of recompiling.
-    CACHE_BUCKET = 256
+    # Compiled, the cache length is rounded up to a power of two, at least this, so prompts
+    # of similar length share one compiled decode step (and one CUDA graph) instead of
+    # recompiling. Every step attends over the whole cache, so a cache much longer than the
+    # text costs time: with multiples of 256, batch-8 decoding of 48 tokens took 22.5 ms a
+    # step against 17.5 ms in a 64-slot cache (int4, 2 threads). Powers of two also keep a
+    # growing chat to one new compile per doubling (8 sizes up to 8,192 tokens).
+    CACHE_MIN = 64
 
     def __init__(self, config: ModelConfig, tokenizer: Any = None) -> None:
         super().__init__(config, tokenizer)
@@ -60,9 +64,10 @@ class LanguageModel(Transformer):
     # 0.56 ms of a 7 ms int4 step (cProfile, 2026-11-23). The decode step's own guards and the
     # structure check (generation/compiled.py) already pin those shapes, so the checks are off:
     # 128 -> 136 tok/s median, 133 -> 150 best (int4, 2 threads, same process, quiet machine).
-    # Measured before and left off: ``freezing`` (weights folded in as constants) and
-    # ``cpp_wrapper`` gave no clear win for a 100 s compile, and frozen weights would miss later
-    # in-place edits (a merged adapter).
+    # Measured and left off (int4 SmolLM2, 2 threads, 2026-11-23): ``cpp_wrapper`` (kernels
+    # called from C++) takes 4-5 % off a step but adds 36 s to a cold compile (52.8 -> 88.9
+    # s); ``freezing`` (weights folded in as constants) ~2 % for a 74 s warm-up and 110 MB
+    # more, and frozen weights would miss later in-place edits (a merged adapter).
     CPU_INDUCTOR_OPTIONS: dict[str, Any] = {"size_asserts": False, "alignment_asserts": False}
 
     def compile(self, mode: Optional[str] = None, *, backend: Any = "inductor", prefill: bool = True,
@@ -123,12 +128,13 @@ class LanguageModel(Transformer):
 
     def setup_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None,
                        dtype: Optional[torch.dtype] = None) -> None:
-        """``Transformer.setup_kv_cache``; compiled, the length is bucketed and the previous
-        cache is reused when it fits, so the compiled step (and its CUDA graph) stays valid."""
+        """``Transformer.setup_kv_cache``; compiled, the length is rounded up to a power of two
+        (``CACHE_MIN`` at least) and the previous cache is reused when it has that size, so
+        the compiled step (and its CUDA graph) stays valid."""
         if not self.compiled:
             return super().setup_kv_cache(batch_size, max_seq_len, dtype)
         wanted = max_seq_len or self.config.max_seq_len
-        wanted = min(-(-wanted // self.CACHE_BUCKET) * self.CACHE_BUCKET, self.config.max_seq_len)
+        wanted = min(max(self.CACHE_MIN, 1 << (wanted - 1).bit_length()), self.config.max_seq_len)
         dtype = dtype or self.dtype
         for caches in self._kept_caches:
             cache = caches[0]

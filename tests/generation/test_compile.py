@@ -205,3 +205,21 @@ def test_frozen_inductor_step_follows_new_caches_and_batches():
     eager = calls()
     model.compile(prefill=False, options={"freezing": True})
     assert calls() == eager
+
+
+@pytest.mark.parametrize("wanted, max_seq_len, expected", [(1, 512, 64), (64, 512, 64), (65, 512, 128), (80, 512, 128),
+                                                           (300, 512, 512), (300, 400, 400), (None, 400, 400)])
+def test_compiled_cache_length_is_a_power_of_two_from_64_up_to_the_context(wanted, max_seq_len, expected):
+    """Every step attends over the whole cache: a short generation gets a short cache, and a
+    growing conversation reuses each size until it doubles."""
+    model = toy_model(seed=6, max_seq_len=max_seq_len, model_cls=LanguageModel)
+    model.setup_kv_cache(2, wanted)
+    assert model.kv_caches[0].max_seq_len == (wanted or max_seq_len)  # eager: exactly what was asked
+    model.clear_kv_cache()
+    model.compile(backend="aot_eager")
+    model.setup_kv_cache(2, wanted)
+    assert [cache.max_seq_len for cache in model.kv_caches] == [expected] * model.config.n_layers
+    kept = model.kv_caches
+    model.clear_kv_cache()
+    model.setup_kv_cache(2, expected)  # rounds to the same size: the same cache, reused
+    assert model.kv_caches is kept
