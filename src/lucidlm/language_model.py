@@ -24,6 +24,7 @@ from lucidlm.generation import GenerationResult, TextStream, generate, stream
 from lucidlm.generation.compiled import CompiledSteps
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, run_with_hooks
 from lucidlm.inspect.tokens import to_str_tokens, to_string, to_tokens
+from lucidlm.model.fused import fuse_projections
 from lucidlm.model.hook_options import set_hook_options
 from lucidlm.model.hooks import HookFn
 from lucidlm.model.transformer import Transformer
@@ -101,6 +102,7 @@ class LanguageModel(Transformer):
             mode = "reduce-overhead"
         if mode is None and options is None and self.device.type == "cpu":
             options = dict(self.CPU_INDUCTOR_OPTIONS)
+        fuse_projections(self)  # fewer, larger matmuls where the layers allow it (model/fused.py)
         self._compiled = CompiledSteps(self, mode, options, backend, prefill, cuda_graphs)
         return self
 

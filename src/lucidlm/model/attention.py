@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lucidlm.config import ModelConfig
+from lucidlm.model.fused import FusedLinear
 from lucidlm.model.hook_options import head_results, per_head_linear
 from lucidlm.model.hooks import HookPoint
 from lucidlm.model.kv_cache import KVCache
@@ -41,6 +42,7 @@ class Attention(nn.Module):
         self.rope_variant = cfg.rope_variant if cfg.positions == "rope" else None
         self.use_explicit = False  # force the explicit path (e.g. to compare the two)
         self.use_attn_result = False  # hook each head's output (hook_options.py)
+        self.fused_qkv: Optional[FusedLinear] = None  # q/k/v as one matmul, where it can be (fused.py)
         # Gemma 3 / Qwen 3: RMSNorm over each head's query and key (one weight shared by the
         # heads), before RoPE, so the scores stay bounded whatever the projections learn.
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
@@ -71,9 +73,14 @@ class Attention(nn.Module):
         these are (B, T, n_kv, d), one input per head."""
         B, T = x.shape[:2]
         if key_input is None:
-            q = self.hook_q(self.q_proj(x).view(B, T, self.n_heads, self.head_dim))
-            k = self.hook_k(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim))
-            v = self.hook_v(self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim))
+            fused = self.fused_qkv
+            if fused is not None and fused.serves(self.q_proj, self.k_proj, self.v_proj):
+                q, k, v = fused(x)  # (B, T, q_dim), (B, T, kv_dim) x 2
+            else:
+                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q = self.hook_q(q.view(B, T, self.n_heads, self.head_dim))
+            k = self.hook_k(k.view(B, T, self.n_kv_heads, self.head_dim))
+            v = self.hook_v(v.view(B, T, self.n_kv_heads, self.head_dim))
         else:
             q = self.hook_q(per_head_linear(self.q_proj, x, self.n_heads, self.head_dim))
             k = self.hook_k(per_head_linear(self.k_proj, key_input, self.n_kv_heads, self.head_dim))

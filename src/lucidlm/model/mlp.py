@@ -3,11 +3,14 @@ LLaMA's SwiGLU (silu gate) or Gemma's GeGLU (gelu_tanh gate)."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lucidlm.config import ModelConfig
+from lucidlm.model.fused import FusedLinear
 from lucidlm.model.hooks import HookPoint
 
 ACTIVATIONS = {
@@ -22,6 +25,7 @@ class MLP(nn.Module):
         super().__init__()
         self.kind = cfg.mlp
         self.gate_activation = {"swiglu": F.silu, "geglu": ACTIVATIONS["gelu_tanh"]}.get(cfg.mlp)
+        self.fused_gate_up: Optional[FusedLinear] = None  # gate and up as one matmul, where it can be (fused.py)
         if self.gate_activation is not None:
             self.gate_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
             self.hook_pre_linear = HookPoint()  # (B, T, d_mlp): the ungated branch
@@ -32,8 +36,12 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_activation is not None:
-            gate = self.hook_pre(self.gate_proj(x))
-            hidden = self.hook_post(self.gate_activation(gate) * self.hook_pre_linear(self.up_proj(x)))
+            fused = self.fused_gate_up
+            if fused is not None and fused.serves(self.gate_proj, self.up_proj):
+                gate, up = fused(x)  # (B, T, d_mlp) each
+            else:
+                gate, up = self.gate_proj(x), self.up_proj(x)
+            hidden = self.hook_post(self.gate_activation(self.hook_pre(gate)) * self.hook_pre_linear(up))
         else:
             hidden = self.hook_post(ACTIVATIONS[self.kind](self.hook_pre(self.up_proj(x))))
         return self.down_proj(hidden)

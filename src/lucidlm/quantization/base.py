@@ -59,6 +59,7 @@ class QuantizedLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.group_size = group_size
         self.compute_dtype = compute_dtype
+        self.installs = 0  # bumped whenever the weights are replaced (model/fused.py watches it)
         self.bias: Optional[torch.Tensor]
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from lucidlm.quantization.base import DEFAULT_COMPUTE_DTYPE, QuantizedLinear
 
 ROW_TILE = 16  # the CPU packing works on 16 output rows at a time
+PACK_BLOCK = 64  # ... and lays out each block of 64 rows on its own (32 on AVX2: a divisor)
 TILE_CHUNK = 4096  # rows converted at once (a multiple of the packing's 64-row blocks)
 
 
@@ -116,7 +117,33 @@ class Int4Linear(QuantizedLinear):
             module._install_cpu(lambda start, stop: codes[start:stop], N, scales, zeros)
         return module
 
+    @classmethod
+    def concatenated(cls, parts: tuple["Int4Linear", ...]) -> Optional["Int4Linear"]:
+        """One module computing ``parts`` side by side (outputs concatenated), for
+        ``model/fused.py``; each part then reads its rows of the fused tiles as a view, so
+        the codes are not stored twice. Only for CPU-kernel parts whose row counts are whole
+        packing blocks (each part's tiles are then a row slice of the whole's) with the same
+        input, groups and compute dtype and no bias; else None."""
+        first = parts[0]
+        if not all(p.uses_cpu_kernel and p.bias is None and p.out_features % PACK_BLOCK == 0
+                   and (p.in_features, p.group_size, p.compute_dtype) == (first.in_features, first.group_size,
+                                                                            first.compute_dtype)
+                   for p in parts):
+            return None
+        fused = cls(first.in_features, sum(p.out_features for p in parts), False, first.group_size,
+                    first.compute_dtype)
+        fused.uses_cpu_kernel = True
+        tiles = torch.cat([p.weight_int4 for p in parts])  # (sum N, K/2): block-aligned, so rows stay put
+        fused.register_buffer("weight_int4", tiles)
+        fused.register_buffer("scales_and_zeros", torch.cat([p.scales_and_zeros for p in parts], dim=1).contiguous())
+        start = 0
+        for p in parts:  # same bytes, now shared: no install, the fused path stays valid
+            p.weight_int4 = tiles[start:start + p.out_features]
+            start += p.out_features
+        return fused
+
     def _install(self, plain: dict[str, torch.Tensor]) -> None:
+        self.installs += 1
         packed = plain["weight_int4"].to(torch.uint8)
         if packed.device.type == "cpu":
             self._install_cpu(lambda start, stop: unpack_nibbles(packed[start:stop]), packed.shape[0],
@@ -130,6 +157,7 @@ class Int4Linear(QuantizedLinear):
 
     def _install_cpu(self, codes_of: Callable[[int, int], torch.Tensor], N: int, scales: torch.Tensor,
                      zeros: torch.Tensor) -> None:
+        self.installs += 1
         self.uses_cpu_kernel = True
         scales = scales.to(self.compute_dtype).reshape(N, -1)
         zeros = zeros.to(self.compute_dtype).reshape(N, -1)

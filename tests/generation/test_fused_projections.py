@@ -1,0 +1,98 @@
+"""Fused q/k/v and gate/up kernels (model/fused.py): one matmul per group, exactly the
+parts' outputs, saved as the parts, and dropped for the parts whenever they change."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from generation_toys import toy_model
+
+import lucidlm
+from lucidlm.language_model import LanguageModel
+from lucidlm.model.fused import FusedLinear, fuse_projections
+from lucidlm.quantization import Int4Linear
+from lucidlm.quantization.swap import set_module
+
+WIDE = dict(d_model=128, n_heads=4, n_kv_heads=2, multiple_of=64)  # q 128, k/v 64, mlp 384: whole packing blocks
+
+
+def int4_toy(seed: int) -> LanguageModel:
+    return lucidlm.quantize(toy_model(seed=seed, model_cls=LanguageModel, **WIDE), "int4")
+
+
+def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids)
+
+
+IDS = torch.randint(3, 200, (2, 11), generator=torch.Generator().manual_seed(0))
+
+
+def test_fused_int4_projections_are_the_parts_exactly_and_share_their_codes():
+    model = int4_toy(1)
+    unfused = copy.deepcopy(model)
+    assert fuse_projections(model) == 2 * model.config.n_layers  # q/k/v and gate/up in every block
+    assert fuse_projections(model) == 0  # idempotent: kernels that still serve are kept
+    attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
+    assert isinstance(attn.fused_qkv, FusedLinear) and attn.fused_qkv.widths == [128, 64, 64]
+    assert torch.equal(logits(model, IDS), logits(unfused, IDS))  # same kernel, same rows: bit for bit
+    # Checkpoints hold the parts only, unchanged.
+    assert model.state_dict().keys() == unfused.state_dict().keys()
+    for name, value in unfused.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+    # No second copy of the codes: every part reads its rows of the fused tiles.
+    for fused, parts in ((attn.fused_qkv, (attn.q_proj, attn.k_proj, attn.v_proj)),
+                         (mlp.fused_gate_up, (mlp.gate_proj, mlp.up_proj))):
+        storage = fused.kernel.weight_int4.untyped_storage().data_ptr()
+        assert all(p.weight_int4.untyped_storage().data_ptr() == storage for p in parts)
+
+
+def test_parts_that_change_are_run_instead_of_the_fused_kernel():
+    model = int4_toy(2)
+    fuse_projections(model)
+    other = int4_toy(3)
+    # A torch hook on a part runs, and sees the part's own output.
+    seen = []
+    handle = model.blocks[1].attn.k_proj.register_forward_hook(lambda m, i, out: seen.append(out.shape))
+    unfused = copy.deepcopy(model)
+    assert torch.equal(logits(model, IDS), logits(unfused, IDS)) and seen == [(2, 11, 64)] * 2
+    handle.remove()
+    # Weights loaded from another model replace the parts' codes: the fused kernel is stale.
+    model.load_state_dict(other.state_dict())
+    assert torch.equal(logits(model, IDS), logits(other, IDS))
+    assert not model.blocks[0].attn.fused_qkv.serves(*(model.blocks[0].attn.get_submodule(n)
+                                                      for n in ("q_proj", "k_proj", "v_proj")))
+    assert fuse_projections(model) == 2 * model.config.n_layers  # fused again from the new codes
+    assert torch.equal(logits(model, IDS), logits(other, IDS))
+    # A part swapped for another module: that module runs.
+    set_module(model, "blocks.0.mlp.up_proj", copy.deepcopy(other.blocks[0].mlp.up_proj))
+    set_module(other, "blocks.0.mlp.up_proj", copy.deepcopy(other.blocks[0].mlp.up_proj))
+    assert torch.equal(logits(model, IDS), logits(other, IDS))
+
+
+def test_layers_that_cannot_be_fused_are_left_alone():
+    float_model = toy_model(seed=4, model_cls=LanguageModel, **WIDE)
+    assert fuse_projections(float_model) == 0 and float_model.blocks[0].attn.fused_qkv is None
+    narrow = lucidlm.quantize(toy_model(seed=4, model_cls=LanguageModel), "int4")  # k/v 32 rows: not a whole block
+    assert narrow.blocks[0].attn.k_proj.out_features % 64 != 0
+    assert Int4Linear.concatenated((narrow.blocks[0].attn.q_proj, narrow.blocks[0].attn.k_proj)) is None
+    fuse_projections(narrow)
+    assert narrow.blocks[0].attn.fused_qkv is None
+    assert torch.equal(logits(narrow, IDS), logits(copy.deepcopy(narrow), IDS))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager"])
+def test_compiled_fused_steps_follow_weights_loaded_after_compile(backend):
+    """compile() fuses; a state dict loaded afterwards re-installs the parts, which the
+    structure check sees (their ``installs``), so the next generation re-traces on the parts."""
+    model, other = int4_toy(5), int4_toy(6)
+    eager = [model.generate([5, 6, 7], max_new_tokens=12, temperature=0, stop_on_eos=False).token_ids,
+             other.generate([5, 6, 7], max_new_tokens=12, temperature=0, stop_on_eos=False).token_ids]
+    assert eager[0] != eager[1]
+    model.compile(backend=backend)
+    assert model.blocks[0].attn.fused_qkv is not None
+    assert model.generate([5, 6, 7], max_new_tokens=12, temperature=0, stop_on_eos=False).token_ids == eager[0]
+    model.load_state_dict(other.state_dict())
+    assert model.generate([5, 6, 7], max_new_tokens=12, temperature=0, stop_on_eos=False).token_ids == eager[1]
