@@ -38,6 +38,10 @@ def test_fused_int4_projections_are_the_parts_exactly_and_share_their_codes():
     attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
     assert isinstance(attn.fused_qkv, FusedLinear) and attn.fused_qkv.widths == [128, 64, 64]
     assert torch.equal(logits(model, IDS), logits(unfused, IDS))  # same kernel, same rows: bit for bit
+    _, cache = model.run_with_cache(IDS)  # every hook point sees what it saw before fusing
+    _, reference = unfused.run_with_cache(IDS)
+    assert cache.keys() == reference.keys() and "blocks.0.attn.hook_k" in cache and "blocks.1.mlp.hook_pre" in cache
+    assert all(torch.equal(cache[name], reference[name]) for name in reference.keys())
     # Checkpoints hold the parts only, unchanged.
     assert model.state_dict().keys() == unfused.state_dict().keys()
     for name, value in unfused.state_dict().items():
