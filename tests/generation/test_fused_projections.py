@@ -100,3 +100,15 @@ def test_compiled_fused_steps_follow_weights_loaded_after_compile(backend):
     assert model.generate([5, 6, 7], max_new_tokens=12, temperature=0, stop_on_eos=False).token_ids == eager[0]
     model.load_state_dict(other.state_dict())
     assert model.generate([5, 6, 7], max_new_tokens=12, temperature=0, stop_on_eos=False).token_ids == eager[1]
+
+
+def test_load_fuses_a_quantized_model_and_leaves_a_float_one():
+    int4 = lucidlm.load("llama", random_init=True, quantize="int4", n_layers=1, d_model=128, n_heads=4,
+                        n_kv_heads=2, multiple_of=64, vocab_size=300, max_seq_len=64)
+    assert isinstance(int4.blocks[0].attn.fused_qkv, FusedLinear) and isinstance(int4.blocks[0].mlp.fused_gate_up,
+                                                                              FusedLinear)
+    assert fuse_projections(int4) == 0  # already fused
+    float_model = lucidlm.load("llama", random_init=True, n_layers=1, d_model=128, n_heads=4, n_kv_heads=2,
+                               multiple_of=64, vocab_size=300, max_seq_len=64)
+    assert float_model.blocks[0].attn.fused_qkv is None and float_model.blocks[0].mlp.fused_gate_up is None
+
