@@ -143,12 +143,12 @@ class Int4Linear(QuantizedLinear):
         return fused
 
     def _install(self, plain: dict[str, torch.Tensor]) -> None:
-        self.installs += 1
         packed = plain["weight_int4"].to(torch.uint8)
         if packed.device.type == "cpu":
             self._install_cpu(lambda start, stop: unpack_nibbles(packed[start:stop]), packed.shape[0],
                               plain["scales"], plain["zeros"])
             return
+        self.installs += 1  # (the CPU path counts in _install_cpu)
         self.uses_cpu_kernel = False
         scales = plain["scales"].to(self.compute_dtype).reshape(packed.shape[0], -1)
         zeros = plain["zeros"].to(self.compute_dtype).reshape(packed.shape[0], -1)

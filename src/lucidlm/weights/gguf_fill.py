@@ -127,11 +127,14 @@ def _convert(model: Transformer, item: Planned, source: str, dtype: torch.dtype,
 def _place(model: nn.Module, name: str, value: Any) -> None:
     """A module replaces the skeleton's module ``name``; a tensor becomes parameter (or
     buffer) ``name``."""
+    from lucidlm.quantization.swap import set_module
+
+    if isinstance(value, nn.Module):
+        set_module(model, name, value)
+        return
     module_name, _, leaf = name.rpartition(".")
     parent = model.get_submodule(module_name) if module_name else model
-    if isinstance(value, nn.Module):
-        setattr(parent, leaf, value)
-    elif leaf in parent._parameters:
+    if leaf in parent._parameters:
         parent._parameters[leaf] = nn.Parameter(value, requires_grad=parent._parameters[leaf].requires_grad)
     else:
         parent._buffers[leaf] = value
