@@ -111,10 +111,12 @@ class LanguageModel(Transformer):
         return self._compiled is not None
 
     def prefill_step(self, ids: torch.Tensor, input_pos: torch.Tensor,
-                     attention_mask: Optional[torch.Tensor] = None, last_token_only: bool = True) -> torch.Tensor:
-        """Generation's prompt pass: ``Transformer.step``, compiled if ``compile()`` was called."""
+                     attention_mask: Optional[torch.Tensor] = None, last_token_only: bool = True,
+                     new_cache: bool = False) -> torch.Tensor:
+        """Generation's prompt pass: ``Transformer.step``, compiled if ``compile()`` was called
+        (``new_cache``: see ``Transformer.step``)."""
         run = self._compiled.prefill_step() if self._compiled is not None else self.step
-        return run(ids, input_pos, attention_mask, None, last_token_only)
+        return run(ids, input_pos, attention_mask, None, last_token_only, None, new_cache)
 
     def decode_step(self, ids: torch.Tensor, input_pos: torch.Tensor,
                     attention_mask: Optional[torch.Tensor] = None, last_token_only: bool = True) -> torch.Tensor:

@@ -75,8 +75,9 @@ class ScriptedModel(torch.nn.Module):
         logits[..., token] = 10.0
         return logits
 
-    def step(self, ids, input_pos=None, attention_mask=None, last_token_only=False):
-        """What generation calls: the forward pass without input checks."""
+    def step(self, ids, input_pos=None, attention_mask=None, last_token_only=False, new_cache=False):
+        """What generation calls: the forward pass without input checks (new_cache changes
+        nothing here: the script ignores the keys)."""
         return self(ids, attention_mask=attention_mask, input_pos=input_pos, last_token_only=last_token_only)
 
 

@@ -142,3 +142,49 @@ def test_hooks_can_replace_activations_and_cost_nothing_unused() -> None:
     assert not torch.allclose(changed, base)
     torch.testing.assert_close(model(ids), base)
     assert all(not h.active for h in model.hook_points().values())
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["no padding", "left padding"])
+@torch.no_grad()
+def test_a_new_cache_prefill_attends_over_the_prompt_only_and_changes_no_number(model: Transformer,
+                                                                                   padded: bool) -> None:
+    """``step(..., new_cache=True)`` (generation's prompt pass) scores T keys per query instead
+    of the whole cache, and its logits, and the cache it leaves for decoding, are those of
+    the plain forward pass."""
+    ids = ids_for(model, batch=2, length=12)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    if padded:
+        mask[1, :4] = 0
+    model.setup_kv_cache(batch_size=2, max_seq_len=40)
+    patterns = []
+    hook = model.blocks[0].attn.hook_pattern
+    hook.add_hook(lambda t, hook: patterns.append(tuple(t.shape)))
+    prefill = model.step(ids[:, :11], torch.arange(11), mask[:, :11] if padded else None, new_cache=True)
+    hook.remove_hooks()
+    last = model.step(ids[:, 11:], torch.tensor([11]), mask if padded else None)
+    model.clear_kv_cache()
+    assert patterns == [(2, model.config.n_heads, 11, 11)]  # not (..., 40): the unwritten slots are skipped
+    full = model(ids, attention_mask=mask if padded else None)
+    first_real = 4 if padded else 0  # a padding query's logits mean nothing
+    torch.testing.assert_close(prefill[0], full[0, :11])
+    torch.testing.assert_close(prefill[1, first_real:], full[1, first_real:11])
+    torch.testing.assert_close(last, full[:, 11:])
+
+
+@torch.no_grad()
+def test_a_new_cache_prefill_keeps_sliding_windows_and_prefixes() -> None:
+    """The same with a sliding-window model (keys past the window hidden) and a prefix (every
+    query sees it first): against the plain forward pass of the same model."""
+    from lucidlm.peft import add_prefix
+
+    torch.manual_seed(0)
+    model = Transformer(preset("llama", n_heads=4, n_kv_heads=2, sliding_window=5, **SMALL)).eval()
+    add_prefix(model, length=3, hidden=8)
+    torch.nn.init.normal_(model.prefix_encoder.to_kv.weight)
+    ids = ids_for(model, batch=2, length=14)
+    full = model(ids)
+    model.setup_kv_cache(batch_size=2, max_seq_len=32)
+    prefill = model.step(ids[:, :13], torch.arange(13), new_cache=True)
+    last = model.step(ids[:, 13:], torch.tensor([13]))
+    model.clear_kv_cache()
+    torch.testing.assert_close(torch.cat([prefill, last], dim=1), full)

@@ -76,7 +76,7 @@ class DecodeSession:
         """Run the prompt; logits (B, V) for the first new token."""
         slots = torch.arange(self.prompt_len, device=self.prompt_ids.device)  # (L,)
         logits = self._prefill(self.prompt_ids, input_pos=slots, attention_mask=self.attention_mask,
-                               last_token_only=True)
+                               last_token_only=True, new_cache=True)  # the cache was just set up
         self.next_slot = self.prompt_len
         return logits[:, -1].float()  # (B, V)
 

@@ -64,10 +64,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: Optional[RopeCosSin], mask: Optional[torch.Tensor],
                 kv_cache: Optional[KVCache] = None, input_pos: Optional[torch.Tensor] = None,
                 prefix_kv: Optional[torch.Tensor] = None, key_input: Optional[torch.Tensor] = None,
-                value_input: Optional[torch.Tensor] = None) -> torch.Tensor:
+                value_input: Optional[torch.Tensor] = None, kv_len: Optional[int] = None) -> torch.Tensor:
         """x: (B, T, d). rope: the rotation for these positions (RoPE models), else None.
-        mask: (B, 1, T, S) bool, True = may attend, or None for plain causal (no cache).
+        mask: (B, 1, T, S) bool, True = may attend, or None for plain causal over the keys.
         kv_cache, input_pos: this layer's cache and the (T,) slots to write, or None.
+        kv_len: attend over the cache's first kv_len slots only (S = kv_len), or all of it.
         prefix_kv: (2, n_kv, P, hd) keys and values every query sees first (prefix tuning).
         key_input, value_input: with split inputs (hook_options.py), x is (B, T, nh, d) and
         these are (B, T, n_kv, d), one input per head."""
@@ -93,7 +94,7 @@ class Attention(nn.Module):
 
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hd)
         if kv_cache is not None and input_pos is not None:
-            k, v = kv_cache.update(input_pos, k, v)  # (B, n_kv, S, hd)
+            k, v = kv_cache.update(input_pos, k, v, kv_len)  # (B, n_kv, S, hd)
         if prefix_kv is not None:
             P = prefix_kv.shape[-2]
             prefix_k, prefix_v = (t.to(k.dtype).expand(B, -1, -1, -1) for t in prefix_kv)  # (B, n_kv, P, hd)

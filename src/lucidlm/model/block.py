@@ -48,11 +48,11 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: Optional[RopeCosSin] = None, mask: Optional[torch.Tensor] = None,
                 kv_cache: Optional[KVCache] = None, input_pos: Optional[torch.Tensor] = None,
-                prefix_kv: Optional[torch.Tensor] = None) -> torch.Tensor:
+                prefix_kv: Optional[torch.Tensor] = None, kv_len: Optional[int] = None) -> torch.Tensor:
         """x: (B, T, d) -> (B, T, d). The other arguments go to attention (see Attention.forward)."""
         x = self.hook_resid_pre(x)
         q_in, k_in, v_in = self._attn_inputs(x)
-        attn_out = self.attn(q_in, rope, mask, kv_cache, input_pos, prefix_kv, k_in, v_in)
+        attn_out = self.attn(q_in, rope, mask, kv_cache, input_pos, prefix_kv, k_in, v_in, kv_len)
         attn_out = self.hook_attn_out(self.dropout(self.ln1_post(attn_out)))  # ln1_post: Gemma's, else identity
         if self.pre_norm:
             x = self.hook_resid_mid(x + attn_out)

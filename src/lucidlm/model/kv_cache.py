@@ -7,6 +7,8 @@ shapes never change, nothing is reallocated and nothing is read back while decod
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -27,13 +29,16 @@ class KVCache(nn.Module):
     def max_seq_len(self) -> int:
         return self.k.shape[2]
 
-    def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: Optional[int] = None,
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (B, n_kv, T, hd) at slots ``input_pos`` (T,); return the whole cache,
-        (B, n_kv, max_seq_len, hd). Slots not written yet hold stale values: the caller's
-        mask hides them (``masks.attention_mask_for``). Same shapes every step, no read-back."""
+        (B, n_kv, max_seq_len, hd), or its first ``length`` slots. Slots not written yet hold
+        stale values: the caller's mask hides them (``masks.attention_mask_for``). Same shapes
+        every step, no read-back."""
         self.k.index_copy_(2, input_pos, k.to(self.k.dtype))
         self.v.index_copy_(2, input_pos, v.to(self.v.dtype))
+        if length is not None and length < self.max_seq_len:
+            return self.k[:, :, :length], self.v[:, :, :length]  # (B, n_kv, length, hd)
         return self.k, self.v
 
     def reorder(self, beam_idx: torch.Tensor) -> None:

@@ -190,20 +190,28 @@ class Transformer(nn.Module):
 
     def step(self, ids: torch.Tensor, input_pos: Optional[torch.Tensor] = None,
              attention_mask: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None,
-             last_token_only: bool = False, prefix_kv: Optional[torch.Tensor] = None) -> torch.Tensor:
+             last_token_only: bool = False, prefix_kv: Optional[torch.Tensor] = None,
+             new_cache: bool = False) -> torch.Tensor:
         """``forward`` without the input checks: ids (B, T) long and in range, input_pos (T,)
         inside the cache. Shapes depend only on the arguments' shapes and nothing is read back
         to the host, so a decode step is the same graph every time: generation runs this,
-        and this is what ``torch.compile`` compiles."""
+        and this is what ``torch.compile`` compiles.
+
+        new_cache: the caller promises that input_pos is 0..T-1 and the cache holds nothing
+        else (a prompt's prefill). The queries then attend over those T slots only, not the
+        whole cache: a compiled cache is rounded up to a power of two, and a 513-token prompt
+        would otherwise score 1024 keys per query (twice the attention time)."""
         B, T = ids.shape
         cached = input_pos is not None and self.kv_caches is not None
-        key_len = self.kv_caches[0].max_seq_len if cached else T
+        key_len = self.kv_caches[0].max_seq_len if cached and not new_cache else T
         query_slots = input_pos if cached else torch.arange(T, device=ids.device)  # (T,)
         keys_real = fit_key_mask(attention_mask, key_len)  # (B, S) bool, or None
         if position_ids is None:
             position_ids = positions_of(query_slots, keys_real, B)  # (B, T)
-        # Without a cache or padding, SDPA's built-in causal mask is exact and fastest.
-        mask = attention_mask_for(query_slots, key_len, keys_real) if cached or keys_real is not None else None
+        # Keys that are exactly the queries, with no padding: SDPA's built-in causal mask is
+        # exact and fastest. Otherwise the mask hides unwritten slots and padding.
+        keys_are_queries = not cached or new_cache
+        mask = None if keys_are_queries and keys_real is None else attention_mask_for(query_slots, key_len, keys_real)
 
         x = self.hook_embed(self.embed(ids))  # (B, T, d)
         if self.config.scale_embeddings:  # Gemma: sqrt(d_model), rounded to the activations' dtype
@@ -220,7 +228,8 @@ class Transformer(nn.Module):
         caches = self.kv_caches if cached else [None] * len(self.blocks)
         for i, (block, cache) in enumerate(zip(self.blocks, caches)):
             x = block(x, rope_local if block.local else rope, local_mask if block.local else mask, cache,
-                      input_pos if cached else None, prefix_kv[i] if prefix_kv is not None else None)
+                      input_pos if cached else None, prefix_kv[i] if prefix_kv is not None else None,
+                      key_len if cached else None)
         if last_token_only:
             x = x[:, -1:]
         if self.ln_final is not None:
