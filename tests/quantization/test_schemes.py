@@ -15,6 +15,7 @@ import lucidlm
 from lucidlm.config import preset
 from lucidlm.errors import QuantizationError
 from lucidlm.quantization import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear, quantize
+from lucidlm.quantization.int4 import DEQUANTIZE_ROWS, tile_rows
 
 
 def bf16_round(x: np.ndarray) -> np.ndarray:
@@ -70,6 +71,54 @@ def test_packed_weights_dequantize_to_the_numpy_reference(cls, group):
     # The plain layout rebuilds the same module.
     again = cls.from_plain(q.plain_state(), 256, group, linear.bias.detach())
     assert torch.equal(again(x), q(x))
+
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_int4_tiles_read_back_by_shifts_equal_the_numpy_reference_and_the_kernels_own(group):
+    """Rows in whole tile blocks: the codes come back from torch's tiles by views and shifts
+    (``codes_from_tiles``), and the float matrix they give is the NumPy reference's and,
+    bit for bit, what the kernel itself multiplies by (its product with the identity)."""
+    assert tile_rows() is not None, "torch's CPU int4 tile order changed: codes_from_tiles needs a look"
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(256, 3 * tile_rows(), bias=False)
+    q = Int4Linear.from_float(linear, group)
+    assert q.tile_block == tile_rows()
+    expected = ref_int4(linear.weight.detach().numpy(), group)
+    np.testing.assert_array_equal(q.dequantize().numpy(), expected)
+    np.testing.assert_array_equal(q.dequantized_tiles().float().numpy(), bf16_round(expected))
+    eye = torch.eye(256, dtype=torch.bfloat16)
+    kernel_view = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, q.weight_int4, group, q.scales_and_zeros).t()
+    assert torch.equal(q.dequantized_tiles(), kernel_view)
+
+
+def test_compiled_int4_matmuls_dequantize_for_prompts_and_keep_the_kernel_for_decoding():
+    """Inside torch.compile, DEQUANTIZE_ROWS rows or more go through F.linear on the unpacked
+    weights, fewer through torch's int4 kernel; eagerly always the kernel. Both give the
+    reference product to bfloat16 accuracy."""
+    torch.manual_seed(2)
+    linear = torch.nn.Linear(256, 192, bias=False)
+    q = Int4Linear.from_float(linear, 32)
+    expected = torch.from_numpy(ref_int4(linear.weight.detach().numpy(), 32)).double()
+    seen: list[set] = []
+
+    def recording_backend(gm, example_inputs):
+        seen.append({str(node.target) for node in gm.graph.nodes if node.op == "call_function"})
+        return gm.forward
+
+    for rows, dequantizes in ((DEQUANTIZE_ROWS - 1, False), (DEQUANTIZE_ROWS, True), (300, True)):
+        x = torch.randn(rows, 256)
+        torch._dynamo.reset()
+        seen.clear()
+        compiled = torch.compile(q, backend=recording_backend, fullgraph=True)(x)
+        kernel_used = any("_weight_int4pack_mm_for_cpu" in target for target in seen[0])
+        assert kernel_used != dequantizes, (rows, seen[0])
+        want = x.bfloat16().double() @ expected.T
+        torch.testing.assert_close(compiled.double(), want, atol=2e-2, rtol=1e-2)
+        torch.testing.assert_close(q(x).double(), want, atol=2e-2, rtol=1e-2)  # eager: the kernel
+    torch._dynamo.reset()
+    inductor = torch.compile(q, fullgraph=True)(x)  # the real compiler, 300 rows
+    torch.testing.assert_close(inductor.double(), x.bfloat16().double() @ expected.T, atol=2e-2, rtol=1e-2)
+    torch._dynamo.reset()
 
 
 def test_int4_plain_layout_is_low_nibble_first():

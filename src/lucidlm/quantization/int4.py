@@ -14,14 +14,28 @@ nibble and column 2i + 1 in the high nibble; ``scales`` and ``zeros`` (out, grou
 compute dtype.
 
 Kernel layout on CPU: ``torch.ops.aten._convert_weight_to_int4pack_for_cpu`` tiles the codes
-in an opaque order (rows padded to a multiple of 16) for ``_weight_int4pack_mm_for_cpu``,
-which takes ``scales_and_zeros`` (groups, out, 2). Elsewhere the codes stay plain and are
-dequantized for ``F.linear``. The plain codes are recovered from the tiles when saving by
-multiplying with the identity (exact: small integers in bfloat16).
+(rows padded to a multiple of 16) for ``_weight_int4pack_mm_for_cpu``, which takes
+``scales_and_zeros`` (groups, out, 2). Elsewhere the codes stay plain and are dequantized for
+``F.linear``. torch does not document the tile order; on the CPUs seen so far it is blocks of
+64 rows (32 with AVX2), each block stored as (in, 32) bytes whose low nibbles are the block's
+first 32 rows and high nibbles its last 32. ``tile_rows`` checks that on a probe once per
+process; where it holds, the codes are read back from the tiles by shifts and views
+(``codes_from_tiles``), and where it does not, by multiplying with the identity (exact: small
+integers in bfloat16, but K times the work).
+
+Which kernel multiplies: torch's int4 kernel is made for few rows (decoding: 1-8 tokens) and
+its time grows with every row; oneDNN's bfloat16 matmul is not. Inside ``torch.compile``, a
+matmul over ``DEQUANTIZE_ROWS`` rows or more (a prompt) unpacks the tiles to a bfloat16 matrix,
+which inductor fuses into one pass, then calls ``F.linear``: SmolLM2's 120 layer matrices at
+512 rows, 2 threads, 363 -> 207 ms (2026-11-23). The dequantized weights equal the kernel's
+own bit for bit (a test checks it); only the summation order differs. Eagerly the unpacking
+is ~8 separate passes (~2 ms per 3072x576 matrix) and saves nothing below ~512 rows, so eager
+matmuls always use the kernel.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 import torch
@@ -32,6 +46,7 @@ from lucidlm.quantization.base import DEFAULT_COMPUTE_DTYPE, QuantizedLinear
 ROW_TILE = 16  # the CPU packing works on 16 output rows at a time
 PACK_BLOCK = 64  # ... and lays out each block of 64 rows on its own (32 on AVX2: a divisor)
 TILE_CHUNK = 4096  # rows converted at once (a multiple of the packing's 64-row blocks)
+DEQUANTIZE_ROWS = 128  # compiled matmuls with this many rows or more dequantize (module docstring)
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
@@ -49,6 +64,33 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 def cpu_tiles(packed: torch.Tensor, pad: int) -> torch.Tensor:
     """(N, K/2) plain codes -> torch's CPU kernel tiles (N + pad, K/2), padding rows code 8."""
     return tiles_from_codes(lambda start, stop: unpack_nibbles(packed[start:stop]), packed.shape[0], pad)
+
+
+def codes_from_tiles(tiles: torch.Tensor, block: int) -> torch.Tensor:
+    """torch's CPU tiles (N, K/2) uint8 -> the codes (N, K) uint8, for the tile order the
+    module docstring describes with ``block`` rows per block (N a multiple of it)."""
+    N, half = tiles.shape
+    t = tiles.view(N // block, 2 * half, block // 2)  # (blocks, K, block/2): byte j of column k
+    halves = torch.stack([t & 0x0F, t >> 4], dim=1)  # (blocks, 2, K, block/2): rows j and block/2 + j
+    return halves.transpose(2, 3).reshape(N, 2 * half)  # (N, K)
+
+
+@functools.cache
+def tile_rows() -> Optional[int]:
+    """Rows per block of torch's CPU tiles on this machine, if ``codes_from_tiles`` reads them
+    exactly (checked on a probe), else None: the callers then fall back to the kernel."""
+    probe = torch.randint(0, 16, (128, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    tiles = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)  # (128, 32)
+    for block in (PACK_BLOCK, PACK_BLOCK // 2):
+        if tiles.shape == (128, 32) and torch.equal(codes_from_tiles(tiles, block).to(torch.int32), probe):
+            return block
+    return None
+
+
+def readable_block(rows: int) -> Optional[int]:
+    """``tile_rows()`` if tiles of ``rows`` (padded) rows are whole blocks of it, else None."""
+    block = tile_rows()
+    return block if block is not None and rows % block == 0 else None
 
 
 def tiles_from_codes(codes_of: Callable[[int, int], torch.Tensor], N: int, pad: int) -> torch.Tensor:
@@ -80,6 +122,9 @@ class Int4Linear(QuantizedLinear):
     scheme = "int4"
     default_group_size = 32
     plain_names = ("weight_int4", "scales", "zeros")
+    # Rows per block of the CPU tiles when ``codes_from_tiles`` can read them (set with the
+    # tiles): then the codes come back by shifts and views, and compiled prompts dequantize.
+    tile_block: Optional[int] = None
 
     @staticmethod
     def quantize_weight(weight: torch.Tensor, group_size: Optional[int],
@@ -133,6 +178,7 @@ class Int4Linear(QuantizedLinear):
         fused = cls(first.in_features, sum(p.out_features for p in parts), False, first.group_size,
                     first.compute_dtype)
         fused.uses_cpu_kernel = True
+        fused.tile_block = first.tile_block  # every part's rows are whole blocks, so the sum's are
         tiles = torch.cat([p.weight_int4 for p in parts])  # (sum N, K/2): block-aligned, so rows stay put
         fused.register_buffer("weight_int4", tiles)
         fused.register_buffer("scales_and_zeros", torch.cat([p.scales_and_zeros for p in parts], dim=1).contiguous())
@@ -150,6 +196,7 @@ class Int4Linear(QuantizedLinear):
             return
         self.installs += 1  # (the CPU path counts in _install_cpu)
         self.uses_cpu_kernel = False
+        self.tile_block = None
         scales = plain["scales"].to(self.compute_dtype).reshape(packed.shape[0], -1)
         zeros = plain["zeros"].to(self.compute_dtype).reshape(packed.shape[0], -1)
         self.register_buffer("weight_int4", packed.contiguous())
@@ -166,6 +213,7 @@ class Int4Linear(QuantizedLinear):
             scales, zeros = F.pad(scales, (0, 0, 0, pad)), F.pad(zeros, (0, 0, 0, pad))
         self.register_buffer("weight_int4", tiles_from_codes(codes_of, N, pad))
         self.register_buffer("scales_and_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).contiguous())
+        self.tile_block = readable_block(N + pad)
 
     def plain_state(self) -> dict[str, torch.Tensor]:
         N = self.out_features
@@ -173,7 +221,11 @@ class Int4Linear(QuantizedLinear):
         zeros = self.scales_and_zeros[..., 1].t()[:N].contiguous()
         if not self.uses_cpu_kernel:
             return {"weight_int4": self.weight_int4, "scales": scales, "zeros": zeros}
-        # Undo the opaque tiling: with scale 1 and zero 8 the kernel returns the codes themselves.
+        block = self.tile_block
+        if block is not None:
+            return {"weight_int4": pack_nibbles(codes_from_tiles(self.weight_int4, block)[:N]), "scales": scales,
+                    "zeros": zeros}
+        # Unknown tile order: with scale 1 and zero 8 the kernel returns the codes themselves.
         K, Npad = self.in_features, self.weight_int4.shape[0]
         groups = K // self.group_size
         unit = torch.stack([torch.ones(groups, Npad), torch.full((groups, Npad), 8.0)], -1).to(torch.bfloat16)
@@ -182,9 +234,24 @@ class Int4Linear(QuantizedLinear):
         codes = codes.t()[:N].round().to(torch.uint8)
         return {"weight_int4": pack_nibbles(codes), "scales": scales, "zeros": zeros}
 
+    def dequantized_tiles(self) -> torch.Tensor:
+        """(Npad, K) in the compute dtype, straight from the tiles (needs ``tile_block``):
+        code - 8 is exact in bfloat16 and addcmul rounds once, as the kernel's own unpacking."""
+        block = self.tile_block
+        assert block is not None, "dequantized_tiles needs a known tile order (tile_block)"
+        Npad, K, g = self.weight_int4.shape[0], self.in_features, self.group_size
+        codes = codes_from_tiles(self.weight_int4, block).view(Npad, K // g, g)  # (Npad, G, g)
+        centred = codes.to(self.compute_dtype) - 8
+        scales = self.scales_and_zeros[..., 0].t().unsqueeze(-1)  # (Npad, G, 1)
+        zeros = self.scales_and_zeros[..., 1].t().contiguous().unsqueeze(-1)  # row-major: addcmul's output follows it
+        return torch.addcmul(zeros, centred, scales).view(Npad, K)
+
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.uses_cpu_kernel and x.dtype == self.scales_and_zeros.dtype:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight_int4, self.group_size,
-                                                             self.scales_and_zeros)  # (M, Npad)
+            if x.shape[0] >= DEQUANTIZE_ROWS and torch.compiler.is_compiling() and self.tile_block is not None:
+                y = F.linear(x, self.dequantized_tiles())  # a prompt: see the module docstring
+            else:
+                y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight_int4, self.group_size,
+                                                                 self.scales_and_zeros)  # (M, Npad)
             return y[:, :self.out_features] if y.shape[1] != self.out_features else y
         return F.linear(x, self.dequantize(x.dtype))
