@@ -92,9 +92,10 @@ def test_int4_tiles_read_back_by_shifts_equal_the_numpy_reference_and_the_kernel
 
 
 def test_compiled_int4_matmuls_dequantize_for_prompts_and_keep_the_kernel_for_decoding():
-    """Inside torch.compile, DEQUANTIZE_ROWS rows or more go through F.linear on the unpacked
-    weights, fewer through torch's int4 kernel; eagerly always the kernel. Both give the
-    reference product to bfloat16 accuracy."""
+    """Inside torch.compile, a fixed row count of DEQUANTIZE_ROWS or more goes through
+    F.linear on the unpacked weights, fewer through torch's int4 kernel, and a symbolic one
+    (a prompt pass compiled for every length) always dequantizes, without a guard on its
+    value; eagerly always the kernel. Both give the reference product to bfloat16 accuracy."""
     torch.manual_seed(2)
     linear = torch.nn.Linear(256, 192, bias=False)
     q = Int4Linear.from_float(linear, 32)
@@ -116,7 +117,14 @@ def test_compiled_int4_matmuls_dequantize_for_prompts_and_keep_the_kernel_for_de
         torch.testing.assert_close(compiled.double(), want, atol=2e-2, rtol=1e-2)
         torch.testing.assert_close(q(x).double(), want, atol=2e-2, rtol=1e-2)  # eager: the kernel
     torch._dynamo.reset()
-    inductor = torch.compile(q, fullgraph=True)(x)  # the real compiler, 300 rows
+    seen.clear()
+    dynamic = torch.compile(q, backend=recording_backend, fullgraph=True, dynamic=True)
+    for rows in (5, 200):  # one graph for both: its row count is symbolic
+        x = torch.randn(rows, 256)
+        torch.testing.assert_close(dynamic(x).double(), x.bfloat16().double() @ expected.T, atol=2e-2, rtol=1e-2)
+    assert len(seen) == 1 and not any("_weight_int4pack_mm_for_cpu" in target for target in seen[0]), seen
+    torch._dynamo.reset()
+    inductor = torch.compile(q, fullgraph=True)(x)  # the real compiler, 200 rows
     torch.testing.assert_close(inductor.double(), x.bfloat16().double() @ expected.T, atol=2e-2, rtol=1e-2)
     torch._dynamo.reset()
 

@@ -25,12 +25,15 @@ integers in bfloat16, but K times the work).
 
 Which kernel multiplies: torch's int4 kernel is made for few rows (decoding: 1-8 tokens) and
 its time grows with every row; oneDNN's bfloat16 matmul is not. Inside ``torch.compile``, a
-matmul over ``DEQUANTIZE_ROWS`` rows or more (a prompt) unpacks the tiles to a bfloat16 matrix,
-which inductor fuses into one pass, then calls ``F.linear``: SmolLM2's 120 layer matrices at
-512 rows, 2 threads, 363 -> 207 ms (2026-11-23). The dequantized weights equal the kernel's
-own bit for bit (a test checks it); only the summation order differs. Eagerly the unpacking
-is ~8 separate passes (~2 ms per 3072x576 matrix) and saves nothing below ~512 rows, so eager
-matmuls always use the kernel.
+prompt pass (and a decode step over ``DEQUANTIZE_ROWS`` rows or more, see ``prompt_sized``)
+unpacks the tiles to a bfloat16 matrix, which inductor fuses into one pass, then calls
+``F.linear``: SmolLM2's 120 layer matrices at 512 rows, 2 threads, 363 -> 207 ms; at 64 rows
+52 -> 69 ms (2026-11-23). The dequantized weights are, bit for bit, what the kernel returns
+for the identity matrix (a test checks it); the products differ from the kernel's within
+bfloat16 rounding (summation order, and the kernel may keep its weights in float32), so a
+compiled int4 model's greedy tokens can differ from the eager ones where the top two logits
+are that close. Eagerly the unpacking is ~8 separate passes (~2 ms per 3072x576 matrix) and
+saves nothing below ~512 rows, so eager matmuls always use the kernel.
 """
 
 from __future__ import annotations
@@ -85,6 +88,17 @@ def tile_rows() -> Optional[int]:
         if tiles.shape == (128, 32) and torch.equal(codes_from_tiles(tiles, block).to(torch.int32), probe):
             return block
     return None
+
+
+def prompt_sized(rows: int | torch.SymInt) -> bool:
+    """Whether a compiled matmul over ``rows`` rows dequantizes (module docstring): a row
+    count the graph holds symbolic (a prompt pass, compiled once for every length) always
+    does; a fixed one (a decode step: the batch size) from ``DEQUANTIZE_ROWS`` up.
+    ``statically_known_true`` decides without guarding on a symbolic count: a guard would
+    compile the whole prompt pass a second time (~1 min) when a prompt crosses the threshold."""
+    # Called only while compiling, when the compiler has imported this module (it pulls in
+    # sympy: 0.4 s, too much for every ``import lucidlm``).
+    return not torch.fx.experimental.symbolic_shapes.statically_known_true(rows < DEQUANTIZE_ROWS)
 
 
 def readable_block(rows: int) -> Optional[int]:
@@ -236,7 +250,7 @@ class Int4Linear(QuantizedLinear):
 
     def dequantized_tiles(self) -> torch.Tensor:
         """(Npad, K) in the compute dtype, straight from the tiles (needs ``tile_block``):
-        code - 8 is exact in bfloat16 and addcmul rounds once, as the kernel's own unpacking."""
+        code - 8 is exact in bfloat16 and addcmul rounds once."""
         block = self.tile_block
         assert block is not None, "dequantized_tiles needs a known tile order (tile_block)"
         Npad, K, g = self.weight_int4.shape[0], self.in_features, self.group_size
@@ -248,8 +262,8 @@ class Int4Linear(QuantizedLinear):
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.uses_cpu_kernel and x.dtype == self.scales_and_zeros.dtype:
-            if x.shape[0] >= DEQUANTIZE_ROWS and torch.compiler.is_compiling() and self.tile_block is not None:
-                y = F.linear(x, self.dequantized_tiles())  # a prompt: see the module docstring
+            if torch.compiler.is_compiling() and self.tile_block is not None and prompt_sized(x.shape[0]):
+                y = F.linear(x, self.dequantized_tiles())  # see the module docstring
             else:
                 y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight_int4, self.group_size,
                                                                  self.scales_and_zeros)  # (M, Npad)
