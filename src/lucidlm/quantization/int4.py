@@ -28,7 +28,8 @@ its time grows with every row; oneDNN's bfloat16 matmul is not. Inside ``torch.c
 prompt pass (and a decode step over ``DEQUANTIZE_ROWS`` rows or more, see ``prompt_sized``)
 unpacks the tiles to a bfloat16 matrix, which inductor fuses into one pass, then calls
 ``F.linear``: SmolLM2's 120 layer matrices at 512 rows, 2 threads, 363 -> 207 ms; at 64 rows
-52 -> 69 ms (2026-11-23). The dequantized weights are, bit for bit, what the kernel returns
+52 -> 69 ms (2026-11-23): the unpacking costs ~30 ms per pass whatever the length, which a
+short prompt pays (a 16-token prefill: 31 -> 62 ms) to spare a second compile of the pass. The dequantized weights are, bit for bit, what the kernel returns
 for the identity matrix (a test checks it); the products differ from the kernel's within
 bfloat16 rounding (summation order, and the kernel may keep its weights in float32), so a
 compiled int4 model's greedy tokens can differ from the eager ones where the top two logits
@@ -92,8 +93,9 @@ def tile_rows() -> Optional[int]:
 
 def prompt_sized(rows: int | torch.SymInt) -> bool:
     """Whether a compiled matmul over ``rows`` rows dequantizes (module docstring): a row
-    count the graph holds symbolic (a prompt pass, compiled once for every length) always
-    does; a fixed one (a decode step: the batch size) from ``DEQUANTIZE_ROWS`` up.
+    count the graph holds symbolic (a prompt pass, compiled once for every length) does
+    unless the graph proves it below ``DEQUANTIZE_ROWS`` (a cache under that many slots
+    bounds the prompt); a fixed one (a decode step: the batch size) from that count up.
     ``statically_known_true`` decides without guarding on a symbolic count: a guard would
     compile the whole prompt pass a second time (~1 min) when a prompt crosses the threshold."""
     # Called only while compiling, when the compiler has imported this module (it pulls in
