@@ -229,7 +229,7 @@ class Transformer(nn.Module):
         for i, (block, cache) in enumerate(zip(self.blocks, caches)):
             x = block(x, rope_local if block.local else rope, local_mask if block.local else mask, cache,
                       input_pos if cached else None, prefix_kv[i] if prefix_kv is not None else None,
-                      key_len if cached else None)
+                      T if cached and new_cache else None)  # kv_len: None attends over the whole cache
         if last_token_only:
             x = x[:, -1:]
         if self.ln_final is not None:

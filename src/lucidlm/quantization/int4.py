@@ -29,11 +29,11 @@ prompt pass (and a decode step over ``DEQUANTIZE_ROWS`` rows or more, see ``prom
 unpacks the tiles to a bfloat16 matrix, which inductor fuses into one pass, then calls
 ``F.linear``: SmolLM2's 120 layer matrices at 512 rows, 2 threads, 363 -> 207 ms; at 64 rows
 52 -> 69 ms (2026-11-23): the unpacking costs ~30 ms per pass whatever the length, which a
-short prompt pays (a 16-token prefill: 31 -> 62 ms) to spare a second compile of the pass. The dequantized weights are, bit for bit, what the kernel returns
-for the identity matrix (a test checks it); the products differ from the kernel's within
-bfloat16 rounding (summation order, and the kernel may keep its weights in float32), so a
-compiled int4 model's greedy tokens can differ from the eager ones where the top two logits
-are that close. Eagerly the unpacking is ~8 separate passes (~2 ms per 3072x576 matrix) and
+short prompt pays (a 16-token prefill: 31 -> 62 ms) to spare a second compile of the pass.
+The dequantized weights are, bit for bit, what the kernel returns for the identity matrix (a
+test checks it); the products differ from the kernel's within bfloat16 rounding (summation
+order, and the kernel may keep its weights in float32), so a compiled int4 model's greedy
+tokens can differ from the eager ones where the top two logits are that close. Eagerly the unpacking is ~8 separate passes (~2 ms per 3072x576 matrix) and
 saves nothing below ~512 rows, so eager matmuls always use the kernel.
 """
 
