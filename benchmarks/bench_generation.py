@@ -44,6 +44,7 @@ from timing import best_time
 
 RESULTS = Path(__file__).resolve().parent / "results" / "generation.json"
 SIDES = {
+    "lucidlm default": {"kind": "ours"},  # lucidlm.load()'s: Q4_1 layers, Q8_0 embedding as bf16 (DEFAULT_LOAD)
     "lucidlm fp32": {"kind": "ours", "dtype": "float32"},
     "lucidlm bf16": {"kind": "ours", "dtype": "bfloat16"},
     "lucidlm int8": {"kind": "ours", "quantize": "int8"},

@@ -89,7 +89,8 @@ print(json.dumps({"first_s": s, "peak_mb": peak_mb()}))
 """
 
 LOADS = {
-    "lucidlm default (bf16)": {},
+    "lucidlm default (Q4_1 layers, bf16 embedding)": {},
+    "lucidlm bf16": {"dtype": "bfloat16"},
     "lucidlm float32": {"dtype": "float32"},
     "lucidlm int4": {"quantize": "int4"},
     "lucidlm gguf (Q4_1 kept)": {"quantize": "gguf"},

@@ -109,6 +109,15 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
+def smollm2_default(smollm2):
+    """The embedded model as ``lucidlm.load()`` gives it (``pretrained.DEFAULT_LOAD``): what the
+    README's commands run."""
+    import lucidlm
+
+    return lucidlm.load()
+
+
+@pytest.fixture(scope="session")
 def hf_smollm2(smollm2):
     """(transformers model, transformers tokenizer) reading the same GGUF file, in float32."""
     import warnings

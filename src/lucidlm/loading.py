@@ -11,7 +11,8 @@ source is one of
 dtype: float weights of that dtype (default float32; for the embedded model, giving a dtype
     asks for the float path instead of its quantized default).
 quantize: "int8" | "int4" (weight-only, see lucidlm.quantization; group_size picks the
-    groups) or, for GGUF files, "gguf" (keep the file's own quantization).
+    groups) or, for GGUF files, "gguf" (keep the file's own quantization);
+    quantize_embeddings=False keeps the token embedding and unembedding float.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ DEFAULT_MODEL = "smollm2-135m"
 def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dtype] = None,
          device: str | torch.device = "cpu", adapter: Optional[str | Path] = None,
          quantize: Optional[str] = None, group_size: Optional[int] = None,
-         random_init: bool = False, seed: int = 0, compile: bool = False,
+         quantize_embeddings: bool = True, random_init: bool = False, seed: int = 0, compile: bool = False,
          **config_overrides: Any) -> LanguageModel:
     """A ``LanguageModel`` (the network with generate / stream / run_with_cache) and its tokenizer.
 
@@ -45,13 +46,18 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
             or training directory, or, with ``random_init=True``, an architecture preset name.
         dtype: weights' dtype, a ``torch.dtype`` or a name (``"float32"``, ``"bfloat16"``, ``"bf16"``).
             Default float32, except that a pretrained model with neither ``dtype`` nor
-            ``quantize`` loads its measured default (``pretrained.DEFAULT_LOAD``: bf16 for SmolLM2);
+            ``quantize`` loads its measured default (``pretrained.DEFAULT_LOAD``; for SmolLM2 the
+            file's Q4_1 layers with a bfloat16 embedding and residual stream, the same as
+            ``quantize="gguf", quantize_embeddings=False, dtype="bfloat16"``);
             ``dtype=torch.float32`` is its exact float path.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` or ``"auto"`` (the best available).
         adapter: a LoRA / adapter / prefix-tuning directory to apply on top (on float weights).
         quantize: ``"int8"`` (per output channel) or ``"int4"`` (groups of ``group_size``, 32 by
             default) weight-only quantization (``lucidlm.quantization``); for GGUF files also
             ``"gguf"``: keep the file's own quantization (Q8_0, Q4_0, Q4_1 exactly).
+        quantize_embeddings: with ``quantize``, whether the token embedding and the unembedding
+            are quantized too (default) or stay float in ``dtype``. They are one matrix read
+            every token when tied; float, it is faster on CPU and answers like float32.
         random_init: build an untrained model from the preset ``source`` (``"gpt2"``, ``"llama"``, ...).
         seed: the random seed of that initialisation.
         compile: ``torch.compile`` the generation steps (``LanguageModel.compile``): the first
@@ -82,13 +88,17 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
             f"group_size={group_size!r} only applies to quantize='int8' or 'int4' (quantize={quantize!r}): "
             f"add quantize='int4' (or 'int8'), or leave group_size out."
         )
+    if not quantize_embeddings and quantize is None:
+        raise QuantizationError("quantize_embeddings=False only applies with quantize= (e.g. quantize='gguf', "
+                                "quantize_embeddings=False); without quantize= every weight is float already.")
     if adapter is not None and dtype is None:
         dtype = torch.float32  # adapters wrap float Linear layers: never the embedded model's quantized default
     dtype = resolve_dtype(dtype) if dtype is not None else None
     device = resolve_device(device)
     source = DEFAULT_MODEL if source is None else source
     _check_overrides(random_init, config_overrides)
-    model = _load_base(source, dtype, device, seed, config_overrides, random_init, quantize, group_size)
+    model = _load_base(source, dtype, device, seed, config_overrides, random_init, quantize, group_size,
+                       quantize_embeddings)
     if not random_init:
         from lucidlm.generation.defaults import sampling_defaults_for
         model.generation_defaults = sampling_defaults_for(source)
@@ -131,7 +141,7 @@ def _load_options() -> list[str]:
 
 def _load_base(source: str | Path, dtype: Optional[torch.dtype], device: str | torch.device, seed: int,
                overrides: dict[str, Any], random_init: bool = False, quantize: Optional[str] = None,
-               group_size: Optional[int] = None) -> LanguageModel:
+               group_size: Optional[int] = None, quantize_embeddings: bool = True) -> LanguageModel:
     from lucidlm.pretrained import PRETRAINED, load_pretrained
 
     name = str(source)
@@ -147,16 +157,16 @@ def _load_base(source: str | Path, dtype: Optional[torch.dtype], device: str | t
         model = LanguageModel(config, tokenizer).to(device=device, dtype=dtype or torch.float32).eval()
         if quantize is not None:
             from lucidlm.quantization import quantize as quantize_model
-            quantize_model(model, quantize, group_size)
+            quantize_model(model, quantize, group_size, embeddings=quantize_embeddings)
         return model
     if name in PRETRAINED:
         return load_pretrained(name, dtype=dtype, device=device, quantize=quantize, group_size=group_size,
-                               model_cls=LanguageModel)
+                               model_cls=LanguageModel, quantize_embeddings=quantize_embeddings)
     path = Path(source).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         from lucidlm.weights.gguf import load_gguf
         return load_gguf(path, dtype=dtype or torch.float32, device=device, quantize=quantize,
-                         group_size=group_size, model_cls=LanguageModel)
+                         group_size=group_size, model_cls=LanguageModel, quantize_embeddings=quantize_embeddings)
     if quantize == "gguf":
         raise QuantizationError(f"quantize='gguf' keeps a GGUF file's own quantization, but {name!r} is not a "
                                 f".gguf file; use quantize='int8' or 'int4'.")
@@ -165,7 +175,7 @@ def _load_base(source: str | Path, dtype: Optional[torch.dtype], device: str | t
         from lucidlm.quantization import is_quantized, quantize as quantize_model
         if is_quantized(model):
             raise QuantizationError(f"{name} is already quantized; load it without quantize=.")
-        quantize_model(model, quantize, group_size)
+        quantize_model(model, quantize, group_size, embeddings=quantize_embeddings)
     return model
 
 

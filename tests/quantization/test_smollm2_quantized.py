@@ -79,14 +79,23 @@ def test_perplexity_within_bound(smollm2, heldout_ids, float_ppl, scheme, group_
     assert abs(ppl / float_ppl - 1) < PPL_BOUNDS[scheme, group_size], (scheme, ppl, float_ppl)
 
 
-def test_default_is_quantized_and_agrees_with_float_greedy(smollm2):
+def test_default_perplexity_within_the_float_bound(smollm2_default, heldout_ids, float_ppl):
+    """The default (the file's Q4_1 layers, its Q8_0 embedding as bfloat16, a bfloat16 residual
+    stream; measured +0.16 % on these 16 windows, +0.08 % on all 49) is held to int8's 1 %."""
+    ppl = perplexity(smollm2_default, heldout_ids)
+    assert abs(ppl / float_ppl - 1) < 0.01, (ppl, float_ppl)
+
+
+def test_default_is_quantized_and_agrees_with_float_greedy(smollm2, smollm2_default):
     from lucidlm.quantization import is_quantized
     from lucidlm.pretrained import DEFAULT_LOAD
 
     default = DEFAULT_LOAD["smollm2-135m"]
-    model = lucidlm.load()
+    model = smollm2_default
     assert is_quantized(model) == (default.quantize is not None)
-    assert default.quantize is not None or model.dtype == default.dtype
+    assert model.dtype == default.dtype
+    if not default.quantize_embeddings:  # one float matrix in and out, quantized layers in between
+        assert type(model.embed) is torch.nn.Embedding and model.unembed.weight is model.embed.weight
     checked = 0
     for prompt in parity_prompts():
         ids = smollm2.tokenizer.encode(prompt)

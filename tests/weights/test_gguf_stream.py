@@ -100,6 +100,34 @@ def test_chunked_streaming_gives_the_reference_weights(tmp_path, tiny_chunks, ki
     assert torch.equal(int4_model.unembed.dequantize(), int4_model.embed.dequantize())  # still one matrix
 
 
+@pytest.mark.parametrize("kind", [Q.Q8_0, Q.Q4_1], ids=lambda k: k.name)
+def test_float_embeddings_beside_the_files_own_quants(tmp_path, tiny_chunks, kind):
+    """quantize="gguf", quantize_embeddings=False (the embedded model's default): the token
+    embedding is gguf's dequantized table rounded once to the dtype, still tied to the
+    unembedding; every other matrix holds the file's own blocks, bit for bit."""
+    path, stored, _ = quantized_file(tmp_path, kind)
+    model = load_gguf(path, quantize="gguf", quantize_embeddings=False, dtype=torch.bfloat16)
+    assert type(model.embed) is torch.nn.Embedding and model.unembed.weight is model.embed.weight
+    assert torch.equal(model.embed.weight, reference(*stored["token_embd.weight"], "token_embd.weight").bfloat16())
+    cls = Int8Linear if kind == Q.Q8_0 else Int4Linear
+    for gguf_name, ours in NAMES.items():
+        if ours == "embed":
+            continue
+        module = model.get_submodule(ours)
+        assert isinstance(module, cls), gguf_name
+        want = file_plain(*stored[gguf_name], gguf_name)
+        assert all(torch.equal(module.plain_state()[n], want[n]) for n in cls.plain_names), gguf_name
+    assert model.dtype == torch.bfloat16
+
+
+def test_float_embeddings_need_a_quantize_option():
+    import lucidlm
+    from lucidlm.errors import QuantizationError
+
+    with pytest.raises(QuantizationError, match="quantize_embeddings=False only applies with quantize="):
+        lucidlm.load("llama", random_init=True, quantize_embeddings=False, n_layers=1, d_model=64, n_heads=4)
+
+
 def test_exact_blocks_keep_their_codes_when_chunked(tmp_path, tiny_chunks):
     """Q4_1 -> int4/32 is a change of layout, not a quantization: the plain codes are the
     file's nibbles, whatever the chunking of the CPU tiles."""

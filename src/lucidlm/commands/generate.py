@@ -65,6 +65,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep weights as integer codes: int8 (per channel), int4 (groups of "
                              "--group-size, 32 by default), or gguf (a GGUF file's own quantization)")
     parser.add_argument("--group-size", type=int, default=None, help="quantization group size (int4: 32, 64, 128)")
+    parser.add_argument("--float-embeddings", action="store_true",
+                        help="with --quantize: keep the token embedding and unembedding float (as the embedded "
+                             "model's default does: its Q4_1 layers with a bfloat16 embedding)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the decode step (CUDA graphs on a GPU): slower first answer "
                              "(compiling), faster tokens after it")
@@ -124,6 +127,7 @@ def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, A
         gc.freeze()
         model = lucidlm.load(args.model, dtype=args.dtype, device=args.device, adapter=args.adapter,
                              quantize=getattr(args, "quantize", None), group_size=getattr(args, "group_size", None),
+                             quantize_embeddings=not getattr(args, "float_embeddings", False),
                              random_init=getattr(args, "random_init", False), compile=getattr(args, "compile", False))
         model.eval()
     args.load_seconds = status.seconds

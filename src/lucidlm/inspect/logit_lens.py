@@ -50,7 +50,7 @@ def lens_logits(model: nn.Module, cache: ActivationCache) -> torch.Tensor:
         stack = stack[:, 0]
     unembed = model.unembed
     with torch.no_grad():
-        return unembed(stack.to(unembed.weight.dtype))
+        return unembed(stack.to(model.dtype))  # the residual stream's dtype (a quantized unembedding has no float weight)
 
 
 def logit_lens(model: nn.Module, ids: Any, top_k: int = 1, cache: Optional[ActivationCache] = None) -> LogitLens:

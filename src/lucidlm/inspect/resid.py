@@ -18,6 +18,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from lucidlm.errors import HookError, InputError
+from lucidlm.quantization.base import dense_weight
 
 PosSlice = Union[None, int, tuple, slice, Sequence[int], torch.Tensor]
 
@@ -159,7 +160,7 @@ def head_results(cache: Any, layer: int) -> torch.Tensor:
         return cache[name]
     attn = cache.model.blocks[layer].attn
     nh, hd = attn.n_heads, attn.head_dim
-    w_o = attn.o_proj.weight.detach().T.reshape(nh, hd, -1)  # (nh, hd, d)
+    w_o = dense_weight(attn.o_proj).T.reshape(nh, hd, -1)  # (nh, hd, d); a quantized layer dequantized
     z = cache["z", layer]  # ([B,] T, nh, hd)
     return torch.einsum("...hk,hkd->...hd", z.to(w_o.dtype), w_o)
 
@@ -195,7 +196,7 @@ def tokens_to_residual_directions(model: Any, tokens: Any) -> torch.Tensor:
     if isinstance(tokens, str):
         tokens = single_token(model, tokens)
     tokens = _token_ids(model, tokens)
-    w_u = model.unembed.weight.detach()  # (V, d)
+    w_u = dense_weight(model.unembed)  # (V, d)
     directions = w_u[tokens.reshape(-1) if tokens.numel() == 1 else tokens]
     directions = directions[0] if tokens.numel() == 1 else directions
     if model.ln_final is not None:  # fold the final norm's weight in, as TransformerLens's fold_ln does

@@ -67,7 +67,7 @@ def _steps(model: nn.Module, ids: list[int], max_new_tokens: int, temperature: f
            seed: Optional[int], stop_at_eos: bool) -> Iterator[GenerationStep]:
     tokenizer = getattr(model, "tokenizer", None)
     eos_id = getattr(tokenizer, "eos_id", None) if stop_at_eos else None
-    generator = torch.Generator(device=model.embed.weight.device)
+    generator = torch.Generator(device=model.device)
     if seed is not None:
         generator.manual_seed(seed)
 
@@ -75,7 +75,7 @@ def _steps(model: nn.Module, ids: list[int], max_new_tokens: int, temperature: f
     total = min(len(ids) + max_new_tokens, model.config.max_seq_len)
     model.setup_kv_cache(1, total)
     try:
-        device = model.embed.weight.device
+        device = model.device
         step_ids = torch.tensor([ids], device=device)  # prefill with the whole prompt
         start = 0
         while len(ids) < total:

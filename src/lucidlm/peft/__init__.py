@@ -7,7 +7,7 @@
 - ``trainable.py`` freezing the base and counting trainable parameters (every method)
 - ``files.py``     save/load adapters (LoRA in Hugging Face PEFT's format, see ``peft_format.py``)
 
-    model = lucidlm.load()
+    model = lucidlm.load(dtype="float32")  # float weights: the default keeps quantized layers
     add_lora(model, r=8, alpha=16, targets=("q_proj", "v_proj"))
     ... train ...
     save_adapter(model, "out/")            # PeftModel.from_pretrained(hf_model, "out/") reads it

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lucidlm.errors import AdapterError
+from lucidlm.quantization.base import check_float_model
 from lucidlm.peft.trainable import freeze_base
 
 ADAPTED_OUTPUTS = ("attn.o_proj", "mlp.down_proj")
@@ -73,6 +74,7 @@ def add_adapters(model: nn.Module, bottleneck: int = 64, nonlinearity: str = "ge
     blocks = getattr(model, "blocks", None)
     if blocks is None:
         raise AdapterError("bottleneck adapters need a lucidlm Transformer (a model with .blocks).")
+    check_float_model(model, "adding bottleneck adapters")
     d_model = model.config.d_model
     if isinstance(bottleneck, bool) or not isinstance(bottleneck, int) or not 0 < bottleneck <= d_model:
         raise AdapterError(f"adapter bottleneck={bottleneck!r} must be an integer in 1..d_model={d_model}.")

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from lucidlm.errors import AdapterError
+from lucidlm.quantization.base import check_float_model
 from lucidlm.peft.gpt2_names import is_gpt2, tie_fused_qkv
 from lucidlm.peft.lora_linear import LoRALinear
 from lucidlm.peft.lora_targets import (  # noqa: F401  (some re-exported: this module was their home)
@@ -61,6 +62,7 @@ def add_lora(model: nn.Module, name: str = "default", r: int = 8, alpha: float =
         raise AdapterError(f"the model already has a LoRA adapter named {name!r}; pick another name.")
     if any(layer.merged_adapter for _, layer in lora_layers(model)):
         raise AdapterError("a LoRA adapter is merged into the model; unmerge it before adding another.")
+    check_float_model(model, "adding LoRA")
     chosen = match_targets(model, targets)
     for module_name in chosen:
         linear = model.get_submodule(module_name)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lucidlm.errors import AdapterError
+from lucidlm.quantization.base import check_float_model
 from lucidlm.peft.trainable import freeze_base
 from lucidlm.validation import MAX_CONTEXT, MAX_WIDTH, Fields, check_allocation
 
@@ -88,6 +89,7 @@ def add_prefix(model: nn.Module, length: int = 16, hidden: Optional[int] = None,
     where the sizes came from in errors (an adapter file)."""
     if getattr(model, "blocks", None) is None:
         raise AdapterError("prefix tuning needs a lucidlm Transformer (a model with .blocks).")
+    check_float_model(model, "prefix tuning")
     cfg = model.config
     sizes = Fields({"length": length, "hidden": hidden}, source, AdapterError, fix="give a prefix length of typically 10-30 and a positive hidden size")
     length = sizes.int("length", low=1, high=MAX_CONTEXT)

@@ -125,7 +125,7 @@ class QuantizedLinear(nn.Module):
     def weight(self) -> torch.Tensor:
         raise QuantizationError(
             f"this {type(self).__name__} stores {self.scheme} codes, not a float weight; call .dequantize() "
-            f"for the float matrix, or load the model without quantize= to work with float weights."
+            f"for the float matrix, or {FLOAT_LOAD_HINT}."
         )
 
     def _apply(self, fn: Any, recurse: bool = True) -> "QuantizedLinear":
@@ -215,7 +215,7 @@ class QuantizedEmbedding(nn.Module):
     def weight(self) -> torch.Tensor:
         raise QuantizationError(
             f"this QuantizedEmbedding stores {self.scheme} codes, not a float table; call .dequantize() for "
-            f"the float matrix, or load the model without quantize= to work with float weights."
+            f"the float matrix, or {FLOAT_LOAD_HINT}."
         )
 
     def _apply(self, fn: Any, recurse: bool = True) -> "QuantizedEmbedding":
@@ -240,9 +240,31 @@ class QuantizedEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.scheme} {group}"
 
 
+def dense_weight(module: nn.Module) -> torch.Tensor:
+    """The float matrix (out, in) or table (vocab, d) of a linear layer or embedding, quantized
+    or not, for code that reads weights (interpretability): a quantized module's codes
+    dequantized to float32, else the module's own weight, detached."""
+    if isinstance(module, (QuantizedLinear, QuantizedEmbedding)):
+        return module.dequantize(torch.float32)
+    return module.weight.detach()
+
+
+FLOAT_LOAD_HINT = ("load the model as float (lucidlm.load(..., dtype='float32'); the embedded model's default "
+                   "keeps its file's quantized layers)")
+
+
+def check_float_model(model: nn.Module, action: str) -> None:
+    """Refuse ``action`` (adding LoRA, adapters, a prefix: anything that trains) on a model
+    with quantized layers, naming the fix, before anything is changed."""
+    quantized = next((m for m in model.modules() if isinstance(m, (QuantizedLinear, QuantizedEmbedding))), None)
+    if quantized is not None:
+        raise QuantizationError(f"{action} needs a float model, but this one holds quantized weights "
+                                f"({quantized.scheme} codes, which have no gradient); {FLOAT_LOAD_HINT}.")
+
+
 def raise_training_error(module: nn.Module) -> None:
     raise QuantizationError(
         f"{type(module).__name__} holds quantized weights ({getattr(module, 'scheme', '?')}), which cannot be "
-        f"trained: they are integer codes with no gradient. Train the float model (lucidlm.load(...) without "
-        f"quantize=, or with dtype=torch.float32) and quantize afterwards."
+        f"trained: they are integer codes with no gradient. Train a float model and quantize afterwards: "
+        f"{FLOAT_LOAD_HINT}."
     )

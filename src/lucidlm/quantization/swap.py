@@ -59,14 +59,16 @@ def quantize(model: nn.Module, scheme: str, group_size: Optional[int] = None, *,
     """Quantize ``model`` in place (and return it): every ``nn.Linear`` becomes a
     ``QuantizedLinear`` of ``scheme`` ("int8": per output channel unless ``group_size``;
     "int4": groups of ``group_size``, default 32), and with ``embeddings`` the token
-    embedding too. The matmuls run in ``compute_dtype``; the residual stream keeps the
-    model's dtype."""
+    embedding too; ``embeddings=False`` keeps both the token embedding and the unembedding
+    float (a tied pair stays one float matrix). The matmuls run in ``compute_dtype``; the
+    residual stream keeps the model's dtype."""
     if not isinstance(model, nn.Module):
         raise QuantizationError(f"quantize() takes a model (torch.nn.Module), got {type(model).__name__}; "
                                 f"e.g. quantize(lucidlm.load(...), 'int8').")
     cls = scheme_class(scheme)
     group_size = cls.default_group_size if group_size is None else group_size
-    linears = {name: m for name, m in model.named_modules() if type(m) is nn.Linear}
+    linears = {name: m for name, m in model.named_modules()
+               if type(m) is nn.Linear and (embeddings or name != "unembed")}
     embed = getattr(model, "embed", None)
     tie = _tied(model) and isinstance(embed, nn.Embedding)
     for name, linear in linears.items():  # validate everything before changing anything

@@ -94,7 +94,8 @@ def tokenizer_from_metadata(meta: dict[str, Any], source: str) -> Any:
 
 def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
               progress: Optional[Callable[[Any], Any]] = None, quantize: Optional[str] = None,
-              group_size: Optional[int] = None, model_cls: type[Transformer] = Transformer) -> Transformer:
+              group_size: Optional[int] = None, model_cls: type[Transformer] = Transformer,
+              quantize_embeddings: bool = True) -> Transformer:
     """A Transformer (or ``model_cls``, a subclass) with the GGUF file's weights and tokenizer.
 
     quantize=None: every tensor dequantized to float (``dtype``), exactly as ``gguf.quants``
@@ -102,7 +103,8 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: str 
     (Q8_0 -> int8/32, Q4_0/Q4_1 -> int4/32 exactly, K-quants their nearest); "int8"/"int4":
     that scheme everywhere, bit for bit where the file's blocks already are that scheme and
     group size, through float otherwise. ``dtype`` is then the residual stream's dtype, and
-    vectors (norms) stay float. The chat template, if the file has one, is
+    vectors (norms) stay float; with ``quantize_embeddings=False`` so do the token embedding
+    and the unembedding (in ``dtype``). The chat template, if the file has one, is
     ``model.tokenizer.chat_template``. The tensors stream from the memory map into the model
     a few at a time (``gguf_fill.py``): the peak memory is the model plus a few tensors.
     """
@@ -117,7 +119,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: str 
                                     float_weights=quantize is None, model_cls=model_cls)
     # built once per header and process (gguf_header_cache.py); each model gets its own copy
     tokenizer = cached_tokenizer(reader.header_digest, source, lambda: tokenizer_from_metadata(meta, source))
-    planned = plan(reader, config, source, quantize, group_size)
+    planned = plan(reader, config, source, quantize, group_size, quantize_embeddings)
     model = stream_into(skeleton, planned, source, dtype, device,
                         release=getattr(reader, "release", lambda tensor: None), progress=progress)
     model.tokenizer = tokenizer

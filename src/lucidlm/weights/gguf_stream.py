@@ -72,11 +72,15 @@ def supported_types() -> tuple[str, ...]:
 # --------------------------------------------------------------------------------------- planning
 
 
+EMBEDDING_TENSORS = ("embed.weight", "unembed.weight")  # what quantize_embeddings=False keeps float
+
+
 def plan(reader: Any, config: ModelConfig, source: str, quantize: Optional[str] = None,
-         group_size: Optional[int] = None) -> list[Planned]:
+         group_size: Optional[int] = None, quantize_embeddings: bool = True) -> list[Planned]:
     """Every tensor with its destination in a model of ``config`` (``gguf.fit_to_tensors``
     has checked names and shapes), refusing an unsupported type or a group size that does
-    not fit before anything is converted."""
+    not fit before anything is converted. ``quantize_embeddings=False`` keeps the token
+    embedding and the unembedding float while the other matrices are quantized."""
     from lucidlm.quantization.base import check_group_size
     from lucidlm.quantization.swap import scheme_class
 
@@ -90,7 +94,8 @@ def plan(reader: Any, config: ModelConfig, source: str, quantize: Optional[str] 
         if kind not in FLOAT_TYPES and kind not in EXACT and kind not in supported_types():
             raise _unsupported_type(tensor, source)
         target = None
-        if quantize is not None and len(tensor.shape) == 2:  # norms (and Gemma's QK-norms) stay float
+        quantized = quantize is not None and (quantize_embeddings or ours not in EMBEDDING_TENSORS)
+        if quantized and len(tensor.shape) == 2:  # norms (and Gemma's QK-norms) stay float
             target = native_scheme(kind) if quantize == "gguf" else (
                 quantize, scheme_class(quantize).default_group_size if group_size is None else group_size)
             if target is not None:  # GGUF shape: [in, out]
