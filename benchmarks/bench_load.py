@@ -89,7 +89,7 @@ print(json.dumps({"first_s": s, "peak_mb": peak_mb()}))
 """
 
 LOADS = {
-    "lucidlm default (Q4_1 layers, bf16 embedding)": {},
+    "lucidlm default": {},  # DEFAULT_LOAD: the Q4_1 layers as int4, the Q8_0 embedding as bfloat16
     "lucidlm bf16": {"dtype": "bfloat16"},
     "lucidlm float32": {"dtype": "float32"},
     "lucidlm int4": {"quantize": "int4"},
