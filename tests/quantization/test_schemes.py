@@ -229,6 +229,24 @@ def test_float_embeddings_stay_one_float_matrix_and_save(tmp_path):
         assert torch.equal(again(ids), model(ids))
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_parameter_count_and_banner_describe_what_the_codes_stand_for(tie):
+    """A quantized model has as many parameters as its float self (codes stand for weights, a
+    tied matrix counts once), and chat's banner says how they are held."""
+    from lucidlm.commands.chat import _weights
+
+    float_model = tiny_llama(tie)
+    expected = sum(p.numel() for p in float_model.parameters())  # nn.Module's own count: ties once
+    assert float_model.num_parameters() == expected and _weights(float_model) == "float32 weights"
+    for scheme, group, embeddings, banner in (("int4", 32, True, "int4/32 layers, int4/32 embedding"),
+                                              ("int8", None, True, "int8 per channel layers, int8 per channel embedding"),
+                                              ("int4", 32, False, "int4/32 layers, float32 embedding")):
+        model = quantize(copy.deepcopy(float_model), scheme, group, embeddings=embeddings)
+        assert model.num_parameters() == expected, (scheme, embeddings)
+        assert model.num_parameters(trainable_only=True) == sum(p.numel() for p in model.parameters())
+        assert _weights(model) == banner
+
+
 def test_peft_methods_refuse_a_quantized_model_before_changing_it():
     from lucidlm.peft import add_adapters, add_lora, add_prefix
 

@@ -237,5 +237,20 @@ def _describe(source: str, model: Any) -> str:
     from lucidlm.pretrained import PRETRAINED
 
     name = PRETRAINED[source].description if source in PRETRAINED else source
-    return (f"{name}; {model.num_parameters() / 1e6:.0f}M parameters, context {model.config.max_seq_len} tokens, "
-            f"on {model.device}")
+    return (f"{name}; {model.num_parameters() / 1e6:.0f}M parameters ({_weights(model)}), "
+            f"context {model.config.max_seq_len} tokens, on {model.device}")
+
+
+def _weights(model: Any) -> str:
+    """How the weights are held: "bfloat16", or e.g. "int4/32 layers, bfloat16 embedding"."""
+    from lucidlm.quantization import quantization_layout
+
+    float_name = str(model.dtype).removeprefix("torch.")
+    layout = quantization_layout(model)
+    if not layout:
+        return f"{float_name} weights"
+    def scheme(spec: dict) -> str:  # noqa: E306 - "int4/32", "int8 per channel"
+        return spec["scheme"] + (f"/{spec['group_size']}" if spec["group_size"] else " per channel")
+    layers = sorted({scheme(spec) for name, spec in layout.items() if name not in ("embed", "unembed")})
+    embedding = scheme(layout["embed"]) if "embed" in layout else float_name
+    return f"{' + '.join(layers) or float_name} layers, {embedding} embedding"

@@ -146,7 +146,18 @@ class Transformer(nn.Module):
                 nn.init.normal_(param, 0.0, std)
 
     def num_parameters(self, trainable_only: bool = False) -> int:
-        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+        """Parameters, a tied matrix counted once. A quantized layer (``quantization/``) counts
+        the float weights its codes stand for: they are buffers, never trained, so
+        ``trainable_only`` leaves them out."""
+        count = sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+        if trainable_only:
+            return count
+        for name, module in self.named_modules():
+            stands_for = getattr(module, "float_parameter_count", None)
+            tied_copy = name == "unembed" and self.config.tie_embeddings  # the embedding's codes, again
+            if stands_for is not None and not tied_copy:
+                count += stands_for
+        return count
 
     @property
     def device(self) -> torch.device:

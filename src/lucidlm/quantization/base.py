@@ -122,6 +122,11 @@ class QuantizedLinear(nn.Module):
         return {"scheme": self.scheme, "group_size": self.group_size}
 
     @property
+    def float_parameter_count(self) -> int:
+        """The float parameters these codes stand for (weight and bias), for parameter counts."""
+        return self.in_features * self.out_features + (self.out_features if self.bias is not None else 0)
+
+    @property
     def weight(self) -> torch.Tensor:
         raise QuantizationError(
             f"this {type(self).__name__} stores {self.scheme} codes, not a float weight; call .dequantize() "
@@ -195,6 +200,11 @@ class QuantizedEmbedding(nn.Module):
     @property
     def num_embeddings(self) -> int:
         return getattr(self, self.linear_cls.plain_names[0]).shape[0]
+
+    @property
+    def float_parameter_count(self) -> int:
+        """The float table's size, for parameter counts."""
+        return self.num_embeddings * self.embedding_dim
 
     def plain_state(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in self.linear_cls.plain_names}
