@@ -72,6 +72,14 @@ class LoadDefault:
     quantize: Optional[str] = None
     quantize_embeddings: bool = True  # False: the token embedding and unembedding stay float (dtype)
 
+    def on(self, device: str | torch.device) -> "LoadDefault":
+        """The default for ``device``: quantized layers only on the CPU, where it was measured
+        and where the int4 kernel lives; elsewhere (CUDA, MPS) quantized layers would be
+        dequantized on every call, so the float path in ``dtype``."""
+        if self.quantize is None or torch.device(device).type == "cpu":
+            return self
+        return LoadDefault(dtype=self.dtype)
+
 
 # The fastest path whose greedy answers agree with float32 and whose perplexity stays within
 # the tested bound (tests/quantization/test_smollm2_quantized.py). For SmolLM2 that is the file's
@@ -139,7 +147,7 @@ def load_pretrained(name: str, dtype: Optional[torch.dtype] = None, device: str 
     gguf_path = find_gguf(name)
     _remove_old_cache(name)
     if quantize is None and dtype is None:
-        default = DEFAULT_LOAD.get(name, LoadDefault())
+        default = DEFAULT_LOAD.get(name, LoadDefault()).on(device)
         dtype, quantize, quantize_embeddings = default.dtype, default.quantize, default.quantize_embeddings
     bar = None
     if progress:

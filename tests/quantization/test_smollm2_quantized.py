@@ -86,6 +86,18 @@ def test_default_perplexity_within_the_float_bound(smollm2_default, heldout_ids,
     assert abs(ppl / float_ppl - 1) < 0.01, (ppl, float_ppl)
 
 
+def test_the_quantized_default_is_for_the_cpu_only():
+    """Measured on the CPU, where torch's int4 kernel lives; on a GPU the same layers would be
+    dequantized on every call, so the default there is the float path in its dtype."""
+    from lucidlm.pretrained import DEFAULT_LOAD, LoadDefault
+
+    default = DEFAULT_LOAD["smollm2-135m"]
+    assert default.on("cpu") == default and default.on(torch.device("cpu")) == default
+    for device in ("cuda", "cuda:1", "mps"):
+        assert default.on(device) == LoadDefault(dtype=default.dtype, quantize=None, quantize_embeddings=True)
+    assert LoadDefault().on("cuda") == LoadDefault()
+
+
 def test_default_is_quantized_and_agrees_with_float_greedy(smollm2, smollm2_default):
     from lucidlm.quantization import is_quantized
     from lucidlm.pretrained import DEFAULT_LOAD
