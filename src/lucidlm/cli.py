@@ -21,6 +21,7 @@ from typing import Iterable, NoReturn, Optional, Sequence
 
 from lucidlm.errors import LucidLMError
 from lucidlm.suggest import did_you_mean
+from lucidlm.validation import printable
 
 COMMANDS = ("generate", "chat", "train", "finetune", "merge", "inspect", "convert")
 SUMMARIES = {  # shown by `lucidlm --help`; tests check they match each command's own help
@@ -47,7 +48,8 @@ class Parser(argparse.ArgumentParser):
         if match:
             choices = [str(c) for action in self._actions if action.choices for c in action.choices]
             message = message.replace(match.group(0), match.group(0) + did_you_mean(match.group(1), choices), 1)
-        self.exit(2, f"{self.prog}: error: {message}\n(see `{self.prog} --help`)\n")
+        # argv may hold bytes that were not UTF-8 (lone surrogates): quoted, they must still print
+        self.exit(2, f"{self.prog}: error: {printable(message)}\n(see `{self.prog} --help`)\n")
 
     def unrecognized(self, extras: Sequence[str]) -> NoReturn:
         options = [s for action in self._actions for s in action.option_strings]

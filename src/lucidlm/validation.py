@@ -81,6 +81,12 @@ def first_surrogate(text: str) -> Optional[int]:
     return match.start() if match else None
 
 
+def printable(text: str) -> str:
+    """``text`` with any lone surrogate written as its escape (``\\udce9``): what a message that
+    quotes argv or a file name must be before it goes to a strict UTF-8 stream."""
+    return text if first_surrogate(text) is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _bounds(low: Any, high: Any, low_op: str = "", high_op: str = "") -> str:
     if low is not None and high is not None:
         return f" in {'(' if low_op else '['}{low}, {high}{')' if high_op else ']'}"

@@ -88,6 +88,16 @@ def test_text_flags_that_are_not_utf8(tiny_dir, tmp_path, args, names):
     main_refused(*args, "--model", tiny_dir, names=names, watch=[tiny_dir, tmp_path])
 
 
+def test_an_unknown_argument_that_is_not_utf8_is_quoted_escaped(capsys):
+    """argparse's own errors quote argv too: an unrecognized word with bytes that are not
+    UTF-8 gets the one-line error, escaped, on a stream that refuses surrogates (capsys's)."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["chat", "stray", ESCAPED])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: stray" in err and "\\udce9" in err and ESCAPED not in err
+
+
 TRAIN = [  # flags after `train --data CORPUS --out NEW`
     (["--learning-rate", "nan"], [r"--learning-rate", r"=nan"]),
     (["--beta1", "2"], [r"--beta1", r"=2\.0", r"\[0\.0, 1\.0\)"]),

@@ -23,5 +23,7 @@ def text(value: str) -> str:
 
 
 def shown(value: str) -> str:
-    safe = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    from lucidlm.validation import printable
+
+    safe = printable(value)
     return repr(safe if len(safe) <= 40 else safe[:37] + "...")
