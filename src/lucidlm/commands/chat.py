@@ -242,15 +242,17 @@ def _describe(source: str, model: Any) -> str:
 
 
 def _weights(model: Any) -> str:
-    """How the weights are held: "bfloat16", or e.g. "int4/32 layers, bfloat16 embedding"."""
+    """How the weights are held: "bfloat16 weights", or e.g. "int4/32 layers, bfloat16 embedding"."""
     from lucidlm.quantization import quantization_layout
 
     float_name = str(model.dtype).removeprefix("torch.")
-    layout = quantization_layout(model)
+    layout = {name: _scheme(spec) for name, spec in quantization_layout(model).items()}
     if not layout:
         return f"{float_name} weights"
-    def scheme(spec: dict) -> str:  # noqa: E306 - "int4/32", "int8 per channel"
-        return spec["scheme"] + (f"/{spec['group_size']}" if spec["group_size"] else " per channel")
-    layers = sorted({scheme(spec) for name, spec in layout.items() if name not in ("embed", "unembed")})
-    embedding = scheme(layout["embed"]) if "embed" in layout else float_name
-    return f"{' + '.join(layers) or float_name} layers, {embedding} embedding"
+    layers = sorted({scheme for name, scheme in layout.items() if name not in ("embed", "unembed")})
+    return f"{' + '.join(layers) or float_name} layers, {layout.get('embed', float_name)} embedding"
+
+
+def _scheme(spec: dict) -> str:
+    """"int4/32" or "int8 per channel" from a layout entry ({"scheme", "group_size"})."""
+    return spec["scheme"] + (f"/{spec['group_size']}" if spec["group_size"] else " per channel")

@@ -263,10 +263,15 @@ FLOAT_LOAD_HINT = ("load the model as float (lucidlm.load(..., dtype='float32');
                    "keeps its file's quantized layers)")
 
 
+def first_quantized(model: nn.Module) -> Optional[nn.Module]:
+    """The first quantized module of ``model`` (a QuantizedLinear or QuantizedEmbedding), or None."""
+    return next((m for m in model.modules() if isinstance(m, (QuantizedLinear, QuantizedEmbedding))), None)
+
+
 def check_float_model(model: nn.Module, action: str) -> None:
     """Refuse ``action`` (adding LoRA, adapters, a prefix: anything that trains) on a model
     with quantized layers, naming the fix, before anything is changed."""
-    quantized = next((m for m in model.modules() if isinstance(m, (QuantizedLinear, QuantizedEmbedding))), None)
+    quantized = first_quantized(model)
     if quantized is not None:
         raise QuantizationError(f"{action} needs a float model, but this one holds quantized weights "
                                 f"({quantized.scheme} codes, which have no gradient); {FLOAT_LOAD_HINT}.")

@@ -23,7 +23,7 @@ from torch import nn
 
 from lucidlm.errors import QuantizationError
 from lucidlm.quantization.base import (DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding, QuantizedLinear,
-                                       check_group_size)
+                                       check_group_size, first_quantized)
 from lucidlm.quantization.int4 import Int4Linear
 from lucidlm.quantization.int8 import Int8Linear
 
@@ -40,7 +40,7 @@ def scheme_class(scheme: str) -> type[QuantizedLinear]:
 
 
 def is_quantized(model: nn.Module) -> bool:
-    return any(isinstance(m, (QuantizedLinear, QuantizedEmbedding)) for m in model.modules())
+    return first_quantized(model) is not None
 
 
 def quantization_layout(model: nn.Module) -> dict[str, dict[str, Any]]:
