@@ -7,6 +7,9 @@ Issue 9 asks to try, measure and report the alternatives to the kernels lucidlm 
   all under one ``torch.compile``, so inductor can fuse the unpacking into the product;
 - **int8 dynamic activations x int8 weights** (``torch._int_mm``, VNNI/AMX on this Xeon):
   each activation row quantized to int8 with its own scale, the int32 product rescaled;
+- **lucidlm's own kernel** (``quantization/blocks_kernel.py``, C with AVX-512 VNNI): the
+  input quantized to int8 per group of 32, integer dot products over a layout of 16 rows per
+  vector; the unembedding as int4 or as int8 in groups of 32;
 - **torchao's CPU layouts** (``torchao.quantization.quantize_`` with int8 weight-only, int4
   weight-only and int8 dynamic-activation configs), if torchao is installed
   (``pip install --no-deps torchao``: a benchmark peer, never used by lucidlm).
@@ -18,7 +21,7 @@ is the kernels and their calls, as in a compiled decode step. Sides alternate ro
 the best of ``--repeats`` per round, then the best round. Prints ms per step and the ratio to
 lucidlm's int4 kernel; writes benchmarks/results/cpu_kernels.json.
 
-    python benchmarks/bench_cpu_kernels.py [--threads 2] [--rounds 3] [--batches 1 8]
+    python benchmarks/bench_cpu_kernels.py [--threads 2] [--rounds 3] [--batches 1 8] [--sides ...]
 """
 
 from __future__ import annotations
@@ -97,6 +100,31 @@ def side_int4_lucidlm(weights):
     return step
 
 
+def side_blocks(int8_unembedding: bool):
+    """lucidlm's own kernels (quantization/blocks_kernel.py): int4/32 layers; the unembedding as
+    int4/32 too, or as int8/32 (GGUF Q8_0's layout) with ``int8_unembedding``."""
+    def build(weights):
+        from lucidlm.quantization import blocks_kernel as bk
+        if not bk.available():
+            raise RuntimeError(bk.unavailable_reason())
+        packed = []
+        for w in weights:
+            K = w.shape[1]
+            if int8_unembedding and w.shape[0] == VOCAB:
+                scales = (w.reshape(VOCAB, K // GROUP, GROUP).abs().amax(-1) / 127).to(torch.bfloat16)
+                codes = torch.round(w.reshape(VOCAB, K // GROUP, GROUP) / scales.float()[..., None]).clamp(-127, 127)
+                codes = codes.to(torch.int8).reshape(VOCAB, K)
+                packed.append((bk.int8_blocks_from_codes(codes), bk.lanes_from_rows(scales), bk.int8_code_sums(codes), K))
+                continue
+            codes, scales, zeros = int4_groups(w)
+            packed.append((bk.blocks_from_codes(codes), bk.lanes_from_rows(scales), bk.lanes_from_rows(zeros), K))
+
+        def step(x):
+            return [torch.ops.lucidlm.blocks_mm(x[k], b, s, e) for b, s, e, k in packed]
+        return step
+    return build
+
+
 def side_int4_inductor(weights):
     """Plain nibbles (N, K/2) uint8 + scales/zeros; the unpacking is ordinary torch code for
     inductor to fuse (compiled below)."""
@@ -162,6 +190,8 @@ SIDES: dict[str, tuple[Callable, bool]] = {  # name -> (builder, compiled)
     "int8 weight-only (_weight_int8pack_mm)": (side_int8_weight_only, False),
     "int4 lucidlm (_weight_int4pack_mm_for_cpu)": (side_int4_lucidlm, False),
     "int4 lucidlm, compiled": (side_int4_lucidlm, True),
+    "int4 lucidlm blocks kernel": (side_blocks(False), False),
+    "int4 blocks, unembedding int8/32 blocks": (side_blocks(True), False),
     "int4 inductor dequantize+mm, compiled": (side_int4_inductor, True),
     "int8 dyn act x int8 (_int_mm)": (side_int8_dynamic, False),
     "int8 dyn act x int8 (_int_mm), compiled": (side_int8_dynamic, True),
@@ -178,12 +208,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--sides", nargs="+", choices=list(SIDES), default=list(SIDES),
+                        help="run only these (the reference, torch's int4 kernel, is always run)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     weights = random_weights()
     steps, errors, warmup = {}, {}, {}
     with torch.inference_mode():
         for name, (build, compiled) in SIDES.items():
+            if name not in args.sides and name != REFERENCE:
+                continue
             try:
                 step = build(weights)
                 if compiled:

@@ -45,6 +45,9 @@ from timing import best_time
 RESULTS = Path(__file__).resolve().parent / "results" / "generation.json"
 SIDES = {
     "lucidlm default": {"kind": "ours"},  # lucidlm.load()'s: Q4_1 layers, Q8_0 embedding as bf16 (DEFAULT_LOAD)
+    # the same weights through torch's int4 kernel instead of lucidlm's own (quantization/blocks_kernel.py)
+    "lucidlm default, torch kernel": {"kind": "ours", "env": {"LUCIDLM_CPU_KERNEL": "torch"}},
+    "lucidlm default compiled": {"kind": "ours", "compile": True},
     "lucidlm fp32": {"kind": "ours", "dtype": "float32"},
     "lucidlm bf16": {"kind": "ours", "dtype": "bfloat16"},
     "lucidlm int8": {"kind": "ours", "quantize": "int8"},
@@ -59,7 +62,7 @@ SIDES = {
 PREFILL, PROMPT, NEW1, BATCH, NEW8 = 512, 16, 64, 8, 32
 # Not run by default: compiled bf16 decodes within noise of eager bf16, compiled gguf no faster
 # than eager (README), and each costs minutes of compiling on 2 cores; name them in --sides.
-OPTIONAL = ("lucidlm bf16 compiled", "lucidlm gguf compiled")
+OPTIONAL = ("lucidlm bf16 compiled", "lucidlm gguf compiled", "lucidlm default compiled")
 METRICS = ("load", "first_token", "prefill512", "decode1", "decode8", "rss")
 
 
@@ -179,7 +182,7 @@ def child(side: str, threads: int, repeats: int, light: bool, metrics: tuple[str
 
 def spawn(side: str, threads: int, repeats: int, light: bool = False, metrics: tuple[str, ...] = METRICS) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS=str(threads))
+               OMP_NUM_THREADS=str(threads), **SIDES[side].get("env", {}))
     cmd = [sys.executable, __file__, "--child", side, "--threads", str(threads), "--repeats", str(repeats),
            "--metrics", *metrics]
     proc = subprocess.run(cmd + (["--light"] if light else []), capture_output=True, text=True, env=env)
@@ -191,8 +194,9 @@ def spawn(side: str, threads: int, repeats: int, light: bool = False, metrics: t
 
 def fresh_first_token(side: str, threads: int) -> float:
     """Wall time of a new process that loads the model and generates one token."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(threads))
     spec = SIDES[side]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(threads),
+               **spec.get("env", {}))
     if spec["kind"] == "llama":
         cmd = [sys.executable, str(Path(__file__).with_name("llama_peer.py")), "--first-token", str(threads)]
     else:

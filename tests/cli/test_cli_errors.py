@@ -64,9 +64,9 @@ def test_inspect_takes_device_too(capsys):
 
 
 def test_quantize_flags_reach_the_loader(smollm2_default, monkeypatch, capsys):
-    """`--quantize gguf --float-embeddings --dtype bfloat16` is the embedded model's default
-    spelled out: the loaded model keeps a float embedding beside quantized layers, and answers
-    as lucidlm.load()'s does, token for token."""
+    """`--quantize gguf --float-embeddings --dtype bfloat16` reaches the loader: the loaded model
+    keeps a float embedding beside quantized layers, and answers as lucidlm.load()'s default
+    (the same layers with the file's Q8_0 table) does, token for token, on this prompt."""
     import torch
 
     import lucidlm

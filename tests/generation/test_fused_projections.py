@@ -13,7 +13,7 @@ import lucidlm
 from lucidlm.generation.decode import DecodeSession
 from lucidlm.language_model import LanguageModel
 from lucidlm.model.fused import FusedLinear, fuse_projections
-from lucidlm.quantization import Int4Linear
+from lucidlm.quantization import Int4Linear, blocks_kernel
 from lucidlm.quantization.swap import set_module
 
 WIDE = dict(d_model=128, n_heads=4, n_kv_heads=2, multiple_of=64)  # q 128, k/v 64, mlp 384: whole packing blocks
@@ -80,9 +80,17 @@ def test_parts_that_change_are_run_instead_of_the_fused_kernel():
 def test_layers_that_cannot_be_fused_are_left_alone():
     float_model = toy_model(seed=4, model_cls=LanguageModel, **WIDE)
     assert fuse_projections(float_model) == 0 and float_model.blocks[0].attn.fused_qkv is None
-    narrow = lucidlm.quantize(toy_model(seed=4, model_cls=LanguageModel), "int4")  # k/v 32 rows: not a whole block
+    with blocks_kernel.prefer(False):  # torch's tiles: k/v's 32 rows are not a whole 64-row block
+        narrow = lucidlm.quantize(toy_model(seed=4, model_cls=LanguageModel), "int4")
     assert narrow.blocks[0].attn.k_proj.out_features % 64 != 0
     assert Int4Linear.concatenated((narrow.blocks[0].attn.q_proj, narrow.blocks[0].attn.k_proj)) is None
+    # lucidlm's kernel fuses any 16-row multiples, but not parts with different groupings
+    ours = lucidlm.quantize(toy_model(seed=4, model_cls=LanguageModel), "int4")
+    assert ours.blocks[0].attn.q_proj.uses_blocks_kernel
+    assert Int4Linear.concatenated((ours.blocks[0].attn.q_proj, ours.blocks[0].attn.k_proj)) is not None
+    with blocks_kernel.prefer(False):
+        tiles = lucidlm.quantize(toy_model(seed=4, model_cls=LanguageModel), "int4")
+    assert Int4Linear.concatenated((ours.blocks[0].attn.q_proj, tiles.blocks[0].attn.k_proj)) is None
     fuse_projections(narrow)
     assert narrow.blocks[0].attn.fused_qkv is None
     assert torch.equal(logits(narrow, IDS), logits(copy.deepcopy(narrow), IDS))

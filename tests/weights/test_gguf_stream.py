@@ -50,8 +50,8 @@ def reference(raw: np.ndarray, kind: Q, gguf_name: str) -> torch.Tensor:
 
 def file_plain(raw: np.ndarray, kind: Q, gguf_name: str) -> dict[str, torch.Tensor]:
     """Our plain layout read straight from Q8_0 / Q4_0 / Q4_1 block bytes (ggml's structs):
-    Q8_0 -> int8 codes, scale d; Q4_x -> nibble codes, scale d, zero m + 8 d (Q4_1) or 0 (Q4_0),
-    scales rounded to bfloat16, Q/K rows permuted like the weights."""
+    Q8_0 -> int8 codes, scale d (float32: exact); Q4_x -> nibble codes, scale d, zero m + 8 d
+    (Q4_1) or 0 (Q4_0), rounded to bfloat16; Q/K rows permuted like the weights."""
     rows = raw.shape[0]
     size = {Q.Q8_0: 34, Q.Q4_0: 18, Q.Q4_1: 20}[kind]
     blocks = raw.reshape(rows, -1, size)
@@ -65,7 +65,8 @@ def file_plain(raw: np.ndarray, kind: Q, gguf_name: str) -> dict[str, torch.Tens
         zero = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d if kind == Q.Q4_1 else 0 * d
         plain = {"weight_int4": codes[:, 0::2] | (codes[:, 1::2] << 4), "scales": d, "zeros": zero}
     out = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in plain.items()}
-    out = {k: v.bfloat16() if v.is_floating_point() else v for k, v in out.items()}
+    if kind != Q.Q8_0:
+        out = {k: v.bfloat16() if v.is_floating_point() else v for k, v in out.items()}
     heads = N_HEADS if gguf_name.endswith("attn_q.weight") else N_KV if gguf_name.endswith("attn_k.weight") else 0
     return {k: permute_qk_to_half(v, heads) for k, v in out.items()} if heads else out
 

@@ -66,8 +66,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "--group-size, 32 by default), or gguf (a GGUF file's own quantization)")
     parser.add_argument("--group-size", type=int, default=None, help="quantization group size (int4: 32, 64, 128)")
     parser.add_argument("--float-embeddings", action="store_true",
-                        help="with --quantize: keep the token embedding and unembedding float (as the embedded "
-                             "model's default does: its Q4_1 layers with a bfloat16 embedding)")
+                        help="with --quantize: keep the token embedding and unembedding float (the embedded "
+                             "model's default keeps its file's Q8_0 table instead)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the decode step (CUDA graphs on a GPU): slower first answer "
                              "(compiling), faster tokens after it")

@@ -8,7 +8,9 @@
 One file per scheme (``int8.py``, ``int4.py``): a ``QuantizedLinear`` subclass that defines
 the codes, their file layout and the kernel. ``base.py`` holds the shared contract and the
 quantized embedding; ``swap.py`` swaps modules and rebuilds them from files. A new scheme is
-a new file plus one entry in ``swap.SCHEMES``.
+a new file plus one entry in ``swap.SCHEMES``. Which kernel multiplies is the scheme's choice:
+torch's, or for groups of 32 on AVX-512 VNNI CPUs lucidlm's own (``blocks_kernel.py``, C in
+``kernels/``), which the embedded model's default load picks.
 """
 
 from lucidlm.quantization.base import DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding, QuantizedLinear, dense_weight

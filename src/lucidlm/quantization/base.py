@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from lucidlm.errors import QuantizationError
+from lucidlm.quantization import blocks_kernel
 
 # Matmuls with quantized weights run in this dtype on CPU: torch's int8/int4 weight kernels
 # are fast only with bfloat16 activations (their float32 paths are 10-50x slower here).
@@ -52,6 +53,9 @@ class QuantizedLinear(nn.Module):
     scheme: ClassVar[str] = ""
     default_group_size: ClassVar[Optional[int]] = None
     plain_names: ClassVar[tuple[str, ...]] = ()  # plain-layout tensors, in state_dict order
+    # Whether the CPU matmul is lucidlm's own (``blocks_kernel.py``) instead of torch's: wanted
+    # when the layer is made inside ``blocks_kernel.prefer()``, used where it fits (``_install``).
+    uses_blocks_kernel = False
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
                  group_size: Optional[int] = None, compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> None:
@@ -60,6 +64,7 @@ class QuantizedLinear(nn.Module):
         self.group_size = group_size
         self.compute_dtype = compute_dtype
         self.installs = 0  # bumped whenever the weights are replaced (model/fused.py watches it)
+        self.wants_blocks_kernel = blocks_kernel.preferred()
         self.bias: Optional[torch.Tensor]
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
 
@@ -104,6 +109,11 @@ class QuantizedLinear(nn.Module):
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def blocks_kernel_fits(self, out_features: int) -> bool:
+        """Whether CPU weights of this layer go to lucidlm's kernel (``blocks_kernel.py``)."""
+        return (self.wants_blocks_kernel and self.compute_dtype == torch.bfloat16
+                and blocks_kernel.fits(out_features, self.in_features, self.group_size) and blocks_kernel.available())
 
     # -- use ---------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:

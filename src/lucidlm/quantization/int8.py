@@ -8,13 +8,17 @@ Scheme (what the codes mean), for row n and input column k in group j = k // gro
                                                      and the codes computed with that scale)
 
 Plain layout (state_dict / files): ``weight_int8`` int8 (out, in), ``scales`` (out, groups)
-in the compute dtype. It is also the kernel layout.
+in the compute dtype, or float32 where they came so (a GGUF Q8_0 file's float16 scales, kept
+exact). It is also torch's kernel layout.
 
 Kernels: per channel on CPU, ``torch.ops.aten._weight_int8pack_mm`` (int8 x bf16 -> bf16,
 scales applied per output). Per group there is no fused torch kernel: the group scales are
 applied to the codes in the compute dtype and ``F.linear`` runs on the result (exact, but
 it reads the weight twice; ``torch.compile`` fuses it). GGUF Q8_0 (blocks of 32) and Q6_K
-(blocks of 16) land here per group.
+(blocks of 16) land here per group. Groups of 32 made inside ``blocks_kernel.prefer()`` (the
+embedded model's default load) use lucidlm's own kernel instead (``blocks_kernel.py``), its
+codes in that kernel's layout and its scales kept as given in float32 (a GGUF Q8_0 file's
+float16 scales exactly; rounded to bfloat16 they flipped the embedded model's sampled answers).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from lucidlm.quantization import blocks_kernel
 from lucidlm.quantization.base import QuantizedLinear
 
 QMAX = 127
@@ -54,19 +59,38 @@ class Int8Linear(QuantizedLinear):
 
     def _install(self, plain: dict[str, torch.Tensor]) -> None:
         codes = plain["weight_int8"].to(torch.int8).contiguous()
-        scales = plain["scales"].to(self.compute_dtype).reshape(codes.shape[0], -1).contiguous()
+        self.installs += 1
+        self.uses_blocks_kernel = codes.device.type == "cpu" and self.blocks_kernel_fits(codes.shape[0])
+        # float32 scales (exact GGUF Q8_0 ones) stay float32; others take the compute dtype
+        self.scale_dtype = torch.float32 if plain["scales"].dtype == torch.float32 else self.compute_dtype
+        if self.uses_blocks_kernel:  # the codes live in the kernel's layout only; it reads float32 scales
+            scales = plain["scales"].to(self.scale_dtype).float().reshape(codes.shape[0], -1)
+            self.register_buffer("weight_int8", None)
+            self.register_buffer("scales", None)
+            self.register_buffer("code_blocks", blocks_kernel.int8_blocks_from_codes(codes))
+            self.register_buffer("block_scales", blocks_kernel.lanes_from_rows(scales))
+            self.register_buffer("code_sums", blocks_kernel.int8_code_sums(codes))
+            return
+        scales = plain["scales"].to(self.scale_dtype).reshape(codes.shape[0], -1).contiguous()
+        self.code_blocks = self.block_scales = self.code_sums = None
         self.register_buffer("weight_int8", codes)
         self.register_buffer("scales", scales)
 
     def plain_state(self) -> dict[str, torch.Tensor]:
+        if self.uses_blocks_kernel:
+            return {"weight_int8": blocks_kernel.int8_codes_from_blocks(self.code_blocks),
+                    "scales": blocks_kernel.rows_from_lanes(self.block_scales).to(self.scale_dtype).contiguous()}
         return {"weight_int8": self.weight_int8, "scales": self.scales}
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.uses_blocks_kernel and x.dtype == torch.bfloat16:
+            return blocks_kernel.blocks_mm(x, self.code_blocks, self.block_scales, self.code_sums)  # (M, N)
         if self.group_size is None:
             if x.device.type == "cpu" and x.dtype == torch.bfloat16:
-                return torch.ops.aten._weight_int8pack_mm(x, self.weight_int8, self.scales[:, 0])  # (M, N)
-            return F.linear(x, self.weight_int8.to(x.dtype)) * self.scales[:, 0]
+                return torch.ops.aten._weight_int8pack_mm(x, self.weight_int8, self.scales[:, 0].to(x.dtype))  # (M, N)
+            return F.linear(x, self.weight_int8.to(x.dtype)) * self.scales[:, 0].to(x.dtype)
         N, K = self.weight_int8.shape
         g = self.group_size
-        weight = (self.weight_int8.reshape(N, K // g, g).to(x.dtype) * self.scales[..., None]).reshape(N, K)
+        scales = self.scales[..., None]  # (N, G, 1); float32 ones apply before the rounding to x's dtype
+        weight = (self.weight_int8.reshape(N, K // g, g).to(scales.dtype) * scales).to(x.dtype).reshape(N, K)
         return F.linear(x, weight)

@@ -121,12 +121,13 @@ def _codes(blocks: torch.Tensor, type_name: str, dtype: torch.dtype, scratch: An
 
 
 def exact_plain(tensor: Any, type_name: str, scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Plain-layout tensors of our scheme for a Q8_0 / Q4_0 / Q4_1 tensor, bit for bit
-    (scales rounded to ``scale_dtype``)."""
+    """Plain-layout tensors of our scheme for a Q8_0 / Q4_0 / Q4_1 tensor, bit for bit: Q8_0's
+    float16 scales exactly (as float32: rounded to bfloat16 they flipped the embedded model's
+    sampled answers, its token table being Q8_0), Q4's scales and zeros rounded to ``scale_dtype``."""
     if type_name == "Q8_0":
         blocks = _blocks(tensor, type_name)
         codes, (d, _) = _codes(blocks, type_name, torch.int8), _scales(blocks, type_name)
-        return {"weight_int8": codes.reshape(blocks.shape[0], -1), "scales": d.to(scale_dtype)}
+        return {"weight_int8": codes.reshape(blocks.shape[0], -1), "scales": d}
     codes, scales, zeros = exact_codes(tensor, type_name, scale_dtype, torch.uint8)
     return {"weight_int4": pack_nibbles(codes), "scales": scales, "zeros": zeros}
 

@@ -1,0 +1,235 @@
+"""lucidlm's own CPU kernel for int4 and int8 weights in groups of 32 (``kernels/blocks32.c``).
+
+torch's int4 kernel (``_weight_int4pack_mm_for_cpu``) multiplies in floating point and its
+time grows with every row of the input (SmolLM2's matrices, 2 threads: 5 ms for one row,
+15 ms for 8). llama.cpp's way is faster: quantize each input row to int8 per group of 32 and
+take the dot products in integers with AVX-512 VNNI, 64 bytes per instruction. The C file
+does that over a layout that puts 16 output rows side by side in each vector, so 8 input rows
+share one unpacking of the weights (the module docstring of ``blocks32.c`` has the
+arithmetic and the layout).
+
+The input's quantization makes the product an approximation of the int4 scheme's own
+(relative error ~0.5 % per matmul on random data, against ~0.3 % for torch's bfloat16 one);
+``tests/quantization/test_blocks_kernel.py`` holds it to an independent NumPy reference of
+exactly this arithmetic, and the embedded model's checks (perplexity, greedy choices, the
+README's question) hold with it.
+
+The kernels are compiled on first use, about 7 s, with the system's compilers (``$CC`` /
+``$CXX``, else ``cc`` / ``c++``; the C file with ``-O3 -march=native -fopenmp``), together
+with ``kernels/blocks32_op.cpp``, which registers them as the torch operator
+``torch.ops.lucidlm.blocks_mm`` (so eager calls and compiled graphs reach them in C++), into
+``<cache>/kernels/`` under a name that hashes the sources, the flags, torch's version and the
+CPU. ``scripts/install.sh`` builds them once. They are used only where the CPU has AVX-512
+VNNI and BF16 and the build works; ``available()`` says so, and ``unavailable_reason()`` why
+not. Where they are not, every layer keeps torch's kernels. Which kernel a layer uses is fixed
+when its weights are installed (``QuantizedLinear.uses_blocks_kernel``).
+
+    python3 -c "from lucidlm.quantization import blocks_kernel; blocks_kernel.build()"
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from lucidlm.cache_dir import cache_root
+from lucidlm.staging import publish, staging_file
+
+KERNELS = Path(__file__).with_name("kernels")
+C_SOURCE, OP_SOURCE = KERNELS / "blocks32.c", KERNELS / "blocks32_op.cpp"
+C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC")
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16")
+ROW_BLOCK = 16  # output rows per vector (one 32-bit lane each)
+GROUP = 32  # input columns per scale (and zero)
+_unavailable: list[str] = []  # why the kernels could not be had (filled by library())
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _build_commands(cc: str, cxx: str, work: Path, out: Path) -> list[list[str]]:
+    torch_dir = Path(torch.__file__).parent
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    return [[cc, *C_FLAGS, "-c", str(C_SOURCE), "-o", str(work / "blocks32.o")],
+            [cxx, "-O2", "-std=c++20", "-fPIC", abi, f"-I{torch_dir / 'include'}", "-c", str(OP_SOURCE),
+             "-o", str(work / "op.o")],
+            # libgomp by its soname: the process already holds torch's copy, so both share one thread pool
+            [cxx, "-shared", str(work / "op.o"), str(work / "blocks32.o"), "-fopenmp", f"-L{torch_dir / 'lib'}",
+             "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_dir / 'lib'}", "-o", str(out)]]
+
+
+def _build(target: Path, cc: str, cxx: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, staging = staging_file(target)
+    handle.close()
+    print(f"lucidlm: compiling its int4/int8 CPU kernels once (~10 s) into {target.parent}", file=sys.stderr)
+    try:
+        with tempfile.TemporaryDirectory() as work:
+            for command in _build_commands(cc, cxx, Path(work), staging):
+                subprocess.run(command, check=True, capture_output=True, timeout=300)
+        publish(staging, target)
+    finally:
+        staging.unlink(missing_ok=True)
+
+
+@functools.cache
+def library() -> Optional[Path]:
+    """The operator library, built on first use and loaded into torch; None where it cannot be had."""
+    if os.environ.get("LUCIDLM_CPU_KERNEL", "") == "torch":
+        _unavailable.append("LUCIDLM_CPU_KERNEL=torch")
+        return None
+    flags = _cpu_flags() if platform.machine() in ("x86_64", "AMD64") else set()
+    missing = [f for f in CPU_FLAGS if f not in flags]
+    if missing:
+        _unavailable.append(f"the CPU lacks {', '.join(missing)}")
+        return None
+    cc, cxx = os.environ.get("CC") or "cc", os.environ.get("CXX") or "c++"
+    absent = [c for c in (cc, cxx) if shutil.which(c) is None]
+    if absent:
+        _unavailable.append(f"no compiler {' or '.join(map(repr, absent))} on PATH (apt-get install g++)")
+        return None
+    cpu = next((line for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+                if line.startswith("model name")), "")
+    key = hashlib.sha256(C_SOURCE.read_bytes() + OP_SOURCE.read_bytes()
+                         + repr((C_FLAGS, cc, cxx, torch.__version__, cpu, sorted(flags))).encode())
+    target = cache_root() / "kernels" / f"blocks32-{key.hexdigest()[:16]}.so"
+    try:
+        if not target.exists():
+            _build(target, cc, cxx)
+        torch.ops.load_library(str(target))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        detail = getattr(error, "stderr", b"") or b""
+        _unavailable.append(f"building the kernels failed: {error} {detail.decode(errors='replace')[-400:]}")
+        return None
+    torch.library.register_fake("lucidlm::blocks_mm")(_blocks_mm_shape)
+    return target
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def unavailable_reason() -> Optional[str]:
+    """Why ``available()`` is False (None when it is True)."""
+    return None if available() else "; ".join(_unavailable) or "unknown"
+
+
+def fits(out_features: int, in_features: int, group_size: Optional[int]) -> bool:
+    """Whether a matrix of this shape and grouping can use the kernel (where it is available)."""
+    return group_size == GROUP and out_features % ROW_BLOCK == 0 and in_features % GROUP == 0
+
+
+# -- layout: plain (N, K) codes and (N, G) scales <-> blocks -----------------------------------
+def blocks_from_codes(codes: torch.Tensor) -> torch.Tensor:
+    """(N, K) codes in 0..15 -> (N/16, G, 256) uint8: for group g of row block b, 4 vectors of
+    16 lanes x 4 bytes; byte j of lane i in vector t holds column 4t + j of row 16b + i in its
+    low nibble and column 16 + 4t + j in its high nibble (``blocks32.c``)."""
+    N, K = codes.shape
+    c = codes.to(torch.uint8).view(N // ROW_BLOCK, ROW_BLOCK, K // GROUP, 2, 4, 4)  # (b, i, g, half, t, j)
+    packed = c[:, :, :, 0] | (c[:, :, :, 1] << 4)  # (b, i, g, t, j)
+    return packed.permute(0, 2, 3, 1, 4).reshape(N // ROW_BLOCK, K // GROUP, 256).contiguous()
+
+
+def codes_from_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``blocks_from_codes``: (N/16, G, 256) -> (N, K) uint8 codes."""
+    B, G, _ = blocks.shape
+    packed = blocks.view(B, G, 4, ROW_BLOCK, 4).permute(0, 3, 1, 2, 4)  # (b, i, g, t, j)
+    halves = torch.stack([packed & 0x0F, packed >> 4], dim=3)  # (b, i, g, half, t, j)
+    return halves.reshape(B * ROW_BLOCK, G * GROUP)
+
+
+def int8_blocks_from_codes(codes: torch.Tensor) -> torch.Tensor:
+    """(N, K) int8 codes -> (N/16, G, 512) int8: for group g of row block b, 8 vectors of 16
+    lanes x 4 bytes; byte j of lane i in vector t is column 4t + j of row 16b + i."""
+    N, K = codes.shape
+    c = codes.to(torch.int8).view(N // ROW_BLOCK, ROW_BLOCK, K // GROUP, 8, 4)  # (b, i, g, t, j)
+    return c.permute(0, 2, 3, 1, 4).reshape(N // ROW_BLOCK, K // GROUP, 512).contiguous()
+
+
+def int8_codes_from_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``int8_blocks_from_codes``: (N/16, G, 512) -> (N, K) int8 codes."""
+    B, G, _ = blocks.shape
+    return blocks.view(B, G, 8, ROW_BLOCK, 4).permute(0, 3, 1, 2, 4).reshape(B * ROW_BLOCK, G * GROUP)
+
+
+def int8_code_sums(codes: torch.Tensor) -> torch.Tensor:
+    """(N, K) int8 codes -> (N/16, G, 16) float32: each row's sum of codes per group (exact),
+    which the kernel needs to undo the shift of x's codes."""
+    N, K = codes.shape
+    return lanes_from_rows(codes.view(N, K // GROUP, GROUP).sum(-1, dtype=torch.int32).float())
+
+
+def lanes_from_rows(values: torch.Tensor) -> torch.Tensor:
+    """(N, G) per-row, per-group values -> (N/16, G, 16): a group's 16 rows side by side."""
+    N, G = values.shape
+    return values.view(N // ROW_BLOCK, ROW_BLOCK, G).transpose(1, 2).contiguous()
+
+
+def rows_from_lanes(values: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``lanes_from_rows``."""
+    B, G, _ = values.shape
+    return values.transpose(1, 2).reshape(B * ROW_BLOCK, G)
+
+
+# -- the matmul --------------------------------------------------------------------------------
+def blocks_mm(x: torch.Tensor, blocks: torch.Tensor, scales: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+    """(M, K) float32 or bfloat16 x -> (M, N) in x's dtype: x @ W.T for W in the blocks layout:
+    int4 (``blocks`` uint8 (N/16, G, 256), ``scales`` and ``extra`` (the zeros) bfloat16
+    (N/16, G, 16)) or int8 (``blocks`` int8 (N/16, G, 512), ``scales`` and ``extra`` (the code
+    sums) float32). The operator ``torch.ops.lucidlm.blocks_mm``, which compiled graphs call too."""
+    if not torch.compiler.is_compiling():  # (a graph is traced only after its layers loaded the library)
+        assert library() is not None, f"the blocks kernels are not available here: {unavailable_reason()}"
+    return torch.ops.lucidlm.blocks_mm(x, blocks, scales, extra)
+
+
+def _blocks_mm_shape(x: torch.Tensor, blocks: torch.Tensor, scales: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], blocks.shape[0] * ROW_BLOCK))  # what torch.compile's tracing sees
+
+
+# -- which layers use it ------------------------------------------------------------------------
+_preferred = [os.environ.get("LUCIDLM_CPU_KERNEL", "") != "torch"]
+
+
+class prefer:
+    """``with prefer(False):`` quantized layers installed inside keep torch's kernels (tiles for
+    int4, dequantize + ``F.linear`` for int8 groups); by default (``prefer(True)``) layers in
+    groups of 32 use lucidlm's kernel where it is available. A layer keeps its choice for life
+    (``QuantizedLinear.uses_blocks_kernel``). ``LUCIDLM_CPU_KERNEL=torch`` switches it off."""
+
+    def __init__(self, on: bool = True) -> None:
+        self.on = on
+
+    def __enter__(self) -> None:
+        self.saved = _preferred[0]
+        _preferred[0] = self.on
+
+    def __exit__(self, *exc: object) -> None:
+        _preferred[0] = self.saved
+
+
+def preferred() -> bool:
+    return _preferred[0]
+
+
+def build() -> None:
+    """Build the kernels now (``scripts/install.sh`` does), saying where, or why not."""
+    built = library()
+    print(f"lucidlm CPU kernels: {built}" if built else f"lucidlm CPU kernels not available: {unavailable_reason()}")
