@@ -44,10 +44,14 @@ from timing import best_time
 
 RESULTS = Path(__file__).resolve().parent / "results" / "generation.json"
 SIDES = {
-    "lucidlm default": {"kind": "ours"},  # lucidlm.load()'s: Q4_1 layers, Q8_0 embedding as bf16 (DEFAULT_LOAD)
-    # the same weights through torch's int4 kernel instead of lucidlm's own (quantization/blocks_kernel.py)
-    "lucidlm default, torch kernel": {"kind": "ours", "env": {"LUCIDLM_CPU_KERNEL": "torch"}},
+    "lucidlm default": {"kind": "ours"},  # lucidlm.load()'s: the file's Q4_1 and Q8_0, lucidlm's kernels (DEFAULT_LOAD)
+    # the default until 2026-11-25: Q4_1 layers through torch's int4 kernel, the Q8_0 table as bf16
+    "lucidlm previous default": {"kind": "ours", "quantize": "gguf", "dtype": "bfloat16", "float_embeddings": True,
+                                 "env": {"LUCIDLM_CPU_KERNEL": "torch"}},
     "lucidlm default compiled": {"kind": "ours", "compile": True},
+    # requantized int4 everywhere through torch's tiles, compiled: the fastest batch-1 path before lucidlm's kernels
+    "lucidlm int4 compiled, torch kernel": {"kind": "ours", "quantize": "int4", "compile": True,
+                                            "env": {"LUCIDLM_CPU_KERNEL": "torch"}},
     "lucidlm fp32": {"kind": "ours", "dtype": "float32"},
     "lucidlm bf16": {"kind": "ours", "dtype": "bfloat16"},
     "lucidlm int8": {"kind": "ours", "quantize": "int8"},
@@ -62,7 +66,8 @@ SIDES = {
 PREFILL, PROMPT, NEW1, BATCH, NEW8 = 512, 16, 64, 8, 32
 # Not run by default: compiled bf16 decodes within noise of eager bf16, compiled gguf no faster
 # than eager (README), and each costs minutes of compiling on 2 cores; name them in --sides.
-OPTIONAL = ("lucidlm bf16 compiled", "lucidlm gguf compiled", "lucidlm default compiled")
+OPTIONAL = ("lucidlm bf16 compiled", "lucidlm gguf compiled", "lucidlm default compiled",
+            "lucidlm int4 compiled, torch kernel")
 METRICS = ("load", "first_token", "prefill512", "decode1", "decode8", "rss")
 
 
@@ -80,7 +85,8 @@ def load_ours(spec: dict):
 
     import lucidlm
     dtype = getattr(torch, spec["dtype"]) if "dtype" in spec else None
-    return lucidlm.load("smollm2-135m", dtype=dtype, quantize=spec.get("quantize"), compile=spec.get("compile", False))
+    return lucidlm.load("smollm2-135m", dtype=dtype, quantize=spec.get("quantize"), compile=spec.get("compile", False),
+                        quantize_embeddings=not spec.get("float_embeddings", False))
 
 
 def run_ours(spec: dict, repeats: int, light: bool, metrics: tuple[str, ...] = METRICS) -> dict:
