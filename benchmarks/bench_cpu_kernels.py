@@ -114,7 +114,7 @@ def side_blocks(int8_unembedding: bool):
                 scales = (w.reshape(VOCAB, K // GROUP, GROUP).abs().amax(-1) / 127).to(torch.bfloat16)
                 codes = torch.round(w.reshape(VOCAB, K // GROUP, GROUP) / scales.float()[..., None]).clamp(-127, 127)
                 codes = codes.to(torch.int8).reshape(VOCAB, K)
-                packed.append((bk.int8_blocks_from_codes(codes), bk.lanes_from_rows(scales), bk.int8_code_sums(codes), K))
+                packed.append((bk.int8_blocks_from_codes(codes), bk.lanes_from_rows(scales.float()), bk.int8_code_sums(codes), K))
                 continue
             codes, scales, zeros = int4_groups(w)
             packed.append((bk.blocks_from_codes(codes), bk.lanes_from_rows(scales), bk.lanes_from_rows(zeros), K))
