@@ -55,15 +55,19 @@ GROUP = 32  # input columns per scale (and zero)
 _unavailable: list[str] = []  # why the kernels could not be had (filled by library())
 
 
-def _cpu_flags() -> set[str]:
+def _cpu() -> tuple[str, set[str]]:
+    """(model name, feature flags) of the first CPU in /proc/cpuinfo; empty where it cannot be read."""
+    model, flags = "", set()
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                if line.startswith("model name") and not model:
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    return model, set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return model, flags
 
 
 def _build_commands(cc: str, cxx: str, work: Path, out: Path) -> list[list[str]]:
@@ -81,7 +85,7 @@ def _build(target: Path, cc: str, cxx: str) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, staging = staging_file(target)
     handle.close()
-    print(f"lucidlm: compiling its int4/int8 CPU kernels once (~10 s) into {target.parent}", file=sys.stderr)
+    print(f"lucidlm: compiling its int4/int8 CPU kernels once (~7 s) into {target.parent}", file=sys.stderr)
     try:
         with tempfile.TemporaryDirectory() as work:
             for command in _build_commands(cc, cxx, Path(work), staging):
@@ -97,7 +101,7 @@ def library() -> Optional[Path]:
     if os.environ.get("LUCIDLM_CPU_KERNEL", "") == "torch":
         _unavailable.append("LUCIDLM_CPU_KERNEL=torch")
         return None
-    flags = _cpu_flags() if platform.machine() in ("x86_64", "AMD64") else set()
+    cpu, flags = _cpu() if platform.machine() in ("x86_64", "AMD64") else ("", set())
     missing = [f for f in CPU_FLAGS if f not in flags]
     if missing:
         _unavailable.append(f"the CPU lacks {', '.join(missing)}")
@@ -107,8 +111,6 @@ def library() -> Optional[Path]:
     if absent:
         _unavailable.append(f"no compiler {' or '.join(map(repr, absent))} on PATH (apt-get install g++)")
         return None
-    cpu = next((line for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
-                if line.startswith("model name")), "")
     key = hashlib.sha256(C_SOURCE.read_bytes() + OP_SOURCE.read_bytes()
                          + repr((C_FLAGS, cc, cxx, torch.__version__, cpu, sorted(flags))).encode())
     target = cache_root() / "kernels" / f"blocks32-{key.hexdigest()[:16]}.so"
