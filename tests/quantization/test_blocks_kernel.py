@@ -16,8 +16,8 @@ from lucidlm.quantization.int4 import pack_nibbles
 
 
 def test_the_kernel_is_available_here():
-    # CI's machines have AVX-512 VNNI and a C compiler (scripts/install.sh installs gcc): the
-    # kernel must build there, or every other test here would be measuring torch's kernel.
+    # CI's machines have AVX-512 VNNI (Intel Xeon) or AVX2 (AMD EPYC) and a C compiler
+    # (scripts/install.sh installs gcc): the kernel must build there, or every other test here would be measuring torch's kernel.
     assert blocks_kernel.available(), blocks_kernel.unavailable_reason()
 
 
@@ -194,8 +194,10 @@ def test_int8_kernel_matches_the_numpy_reference(M, dtype):
     N, K = 32, 128
     g = torch.Generator().manual_seed(M)
     codes = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
-    codes[0, :32] = -127  # the extremes of the shifted product
+    codes[0, :32] = -127  # the extremes of the shifted product (AVX-512)
     codes[1, :32] = 127
+    codes[2, :32] = -128  # a file may hold it: AVX2's |q| makes it 128 as an unsigned byte
+    codes[3, 1::2] = -128  # ... beside x's codes of either sign
     scales = torch.rand(N, K // 32, generator=g) * 0.01 + 1e-4  # float32: the int8 path keeps scales exact
     x = (torch.randn(M, K, generator=g) * 2).to(dtype)
     got = blocks_kernel.blocks_mm(x, blocks_kernel.int8_blocks_from_codes(codes), blocks_kernel.lanes_from_rows(scales),

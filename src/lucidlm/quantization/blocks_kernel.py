@@ -3,7 +3,8 @@
 torch's int4 kernel (``_weight_int4pack_mm_for_cpu``) multiplies in floating point and its
 time grows with every row of the input (SmolLM2's matrices, 2 threads: 5 ms for one row,
 15 ms for 8). llama.cpp's way is faster: quantize each input row to int8 per group of 32 and
-take the dot products in integers with AVX-512 VNNI, 64 bytes per instruction. The C file
+take the dot products in integers with AVX-512 VNNI, 64 bytes per instruction (or AVX2's
+two-instruction equivalent, 32 bytes at a time, on CPUs without it). The C file
 does that over a layout that puts 16 output rows side by side in each vector, so 8 input rows
 share one unpacking of the weights (the module docstring of ``blocks32.c`` has the
 arithmetic and the layout).
@@ -21,7 +22,7 @@ with ``kernels/blocks32_op.cpp``, which registers them as the torch operator
 ``torch.ops.lucidlm.blocks_mm`` (so eager calls and compiled graphs reach them in C++), into
 ``<cache>/kernels/`` under a name that hashes the sources, the flags, torch's version and the
 CPU. ``scripts/install.sh`` builds them once. They are used only where the CPU has AVX-512
-VNNI and BF16 and the build works; ``available()`` says so, and ``unavailable_reason()`` why
+VNNI and BF16, or AVX2, FMA and F16C, and the build works; ``available()`` says so, and ``unavailable_reason()`` why
 not. Where they are not, every layer keeps torch's kernels. Which kernel a layer uses is fixed
 when its weights are installed (``QuantizedLinear.uses_blocks_kernel``).
 
@@ -49,7 +50,8 @@ from lucidlm.staging import publish, staging_file
 KERNELS = Path(__file__).with_name("kernels")
 C_SOURCE, OP_SOURCE = KERNELS / "blocks32.c", KERNELS / "blocks32_op.cpp"
 C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC")
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16")
+# the CPU features of the two builds of the inner loops (blocks32_avx512.h, blocks32_avx2.h)
+CPU_FLAG_SETS = (("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"), ("avx2", "fma", "f16c"))
 ROW_BLOCK = 16  # output rows per vector (one 32-bit lane each)
 GROUP = 32  # input columns per scale (and zero)
 _unavailable: list[str] = []  # why the kernels could not be had (filled by library())
@@ -102,16 +104,15 @@ def library() -> Optional[Path]:
         _unavailable.append("LUCIDLM_CPU_KERNEL=torch")
         return None
     cpu, flags = _cpu() if platform.machine() in ("x86_64", "AMD64") else ("", set())
-    missing = [f for f in CPU_FLAGS if f not in flags]
-    if missing:
-        _unavailable.append(f"the CPU lacks {', '.join(missing)}")
+    if not any(all(f in flags for f in wanted) for wanted in CPU_FLAG_SETS):
+        _unavailable.append("the CPU has neither AVX-512 VNNI + BF16 nor AVX2 + FMA + F16C")
         return None
     cc, cxx = os.environ.get("CC") or "cc", os.environ.get("CXX") or "c++"
     absent = [c for c in (cc, cxx) if shutil.which(c) is None]
     if absent:
         _unavailable.append(f"no compiler {' or '.join(map(repr, absent))} on PATH (apt-get install g++)")
         return None
-    key = hashlib.sha256(C_SOURCE.read_bytes() + OP_SOURCE.read_bytes()
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(KERNELS.iterdir()) if p.suffix in (".c", ".h", ".cpp"))
                          + repr((C_FLAGS, cc, cxx, torch.__version__, cpu, sorted(flags))).encode())
     target = cache_root() / "kernels" / f"blocks32-{key.hexdigest()[:16]}.so"
     try:

@@ -1,0 +1,164 @@
+/* blocks32.c's inner loops for AVX2 with FMA and F16C (CPUs without AVX-512 VNNI: AMD Zen 1-3,
+ * Intel before Ice Lake, or Alder Lake's cores). Same layout, same arithmetic and the same
+ * input codes as the AVX-512 loops, so both give the same numbers up to float32 summation order.
+ *
+ * A 256-bit vector holds half of a row block: the first 32 bytes of each 64-byte vector t are
+ * rows 0..7, the last 32 rows 8..15. Each half is done in turn (its second pass reads the block
+ * from L1). AVX2 has no vpdpbusd; its two-step form is vpmaddubsw (unsigned byte x signed byte,
+ * adjacent pairs summed into int16) then vpmaddwd with ones (adjacent int16 summed into int32):
+ *
+ *   int4: codes 0..15 times x's codes -127..127: a pair is at most 3810 in magnitude, so all 8
+ *         vectors of a group add up in int16 (at most 30480) and only one vpmaddwd is needed.
+ *   int8: both sides are signed; vpmaddubsw takes |q| and x's code with q's sign
+ *         (vpsignb), pairs reach 32512, so each vector goes to int32 at once. x's codes are
+ *         not shifted (no code sums needed). */
+#define ROWS_AT_ONCE 4 /* 16 ymm registers: 8 weight vectors, the accumulators and temporaries */
+#define SHIFT_INT8_CODES 0
+
+static inline __m256 load_bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+static inline __m256 load_x8(const void *x, int bf16, size_t i) {
+    return bf16 ? load_bf16x8((const uint16_t *)x + i) : _mm256_loadu_ps((const float *)x + i);
+}
+
+static inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_add_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+/* 8 int32 in -127..127 -> 8 int8 stored at p */
+static inline void store_int8x8(int8_t *p, __m256i v) {
+    __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storel_epi64((__m128i *)p, _mm_packs_epi16(w, w));
+}
+
+/* One row of x -> per group of 32: codes r1 (scale a), codes r2 of what r1 misses (scale
+ * a / 254) and sum(x); as quantize_row in blocks32_avx512.h (shift is 0 here). */
+static void quantize_row(const void *x, int bf16, int K, int8_t *codes, int8_t *rest, float *scale, float *sum,
+                         int shift) {
+    (void)shift;
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int g = 0; g < K / 32; g++) {
+        __m256 v[4];
+        for (int h = 0; h < 4; h++) v[h] = load_x8(x, bf16, 32 * (size_t)g + 8 * h);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                                 _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+        float amax = hmax8(m), a = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int h = 0; h < 4; h++) {
+            __m256i r1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[h], _mm256_set1_ps(inv))); /* round half to even */
+            __m256 miss = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(r1), _mm256_set1_ps(a), v[h]);
+            __m256i r2 = _mm256_cvtps_epi32(_mm256_mul_ps(miss, _mm256_set1_ps(inv * 254.0f)));
+            store_int8x8(codes + 32 * g + 8 * h, r1);
+            store_int8x8(rest + 32 * g + 8 * h, r2);
+        }
+        scale[g] = a;
+        sum[g] = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+    }
+}
+
+/* float32 -> bfloat16, rounding to nearest even (what AVX-512 BF16's vcvtneps2bf16 does for
+ * finite values) */
+static inline void store_y8(void *y, int bf16, size_t i, __m256 v) {
+    if (bf16) {
+        __m256i b = _mm256_castps_si256(v);
+        __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+        b = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+        _mm_storeu_si128((__m128i *)((uint16_t *)y + i),
+                         _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+    } else {
+        _mm256_storeu_ps((float *)y + i, v);
+    }
+}
+
+/* sum over the group of q * r for 8 rows: w the int4 codes (8 vectors), r x's 32 int8 codes */
+static inline __m256i group_dot(const __m256i *w, const int8_t *r) {
+    const int32_t *a = (const int32_t *)r; /* 4 codes of x per int32, broadcast to every row */
+    __m256i p0 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(a[0]));
+    __m256i p1 = _mm256_maddubs_epi16(w[1], _mm256_set1_epi32(a[1]));
+    for (int t = 2; t < 8; t += 2) {
+        p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[t], _mm256_set1_epi32(a[t])));
+        p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[t + 1], _mm256_set1_epi32(a[t + 1])));
+    }
+    return _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1)); /* exact: |sum| <= 30480 */
+}
+
+/* sum over the group of q * r for 8 rows: wabs |q| (8 vectors), w q, r x's 32 int8 codes */
+static inline __m256i group_dot_int8(const __m256i *wabs, const __m256i *w, const int8_t *r) {
+    const int32_t *a = (const int32_t *)r;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i d0 = _mm256_setzero_si256(), d1 = _mm256_setzero_si256();
+    for (int t = 0; t < 8; t += 2) {
+        __m256i p0 = _mm256_maddubs_epi16(wabs[t], _mm256_sign_epi8(_mm256_set1_epi32(a[t]), w[t]));
+        __m256i p1 = _mm256_maddubs_epi16(wabs[t + 1], _mm256_sign_epi8(_mm256_set1_epi32(a[t + 1]), w[t + 1]));
+        d0 = _mm256_add_epi32(d0, _mm256_madd_epi16(p0, ones));
+        d1 = _mm256_add_epi32(d1, _mm256_madd_epi16(p1, ones));
+    }
+    return _mm256_add_epi32(d0, d1);
+}
+
+/* int8 weights: 16 rows (block b, one half at a time) x up to ROWS_AT_ONCE rows of x. */
+static void block_rows_int8(const int8_t *codes, const float *s, const float *qsum, int G, const int8_t *xq,
+                            const int8_t *xr, const float *xa, int rows, int K, void *y, int bf16, size_t N, size_t n0) {
+    (void)qsum;
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[ROWS_AT_ONCE];
+        for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+        for (int g = 0; g < G; g++) {
+            __m256i w[8], wabs[8];
+            for (int t = 0; t < 8; t++) {
+                w[t] = _mm256_loadu_si256((const __m256i *)(codes + 512 * (size_t)g + 64 * t + 32 * h));
+                wabs[t] = _mm256_abs_epi8(w[t]); /* -128 becomes 128 as an unsigned byte: still exact */
+            }
+            __m256 sv = _mm256_loadu_ps(s + 16 * (size_t)g + 8 * h);
+            for (int r = 0; r < rows; r++) {
+                size_t at = (size_t)r * K + 32 * (size_t)g;
+                float a = xa[(size_t)r * G + g];
+                __m256 main = _mm256_cvtepi32_ps(group_dot_int8(wabs, w, xq + at));
+                __m256 rest = _mm256_cvtepi32_ps(group_dot_int8(wabs, w, xr + at));
+                acc[r] = _mm256_fmadd_ps(main, _mm256_mul_ps(sv, _mm256_set1_ps(a)), acc[r]);
+                acc[r] = _mm256_fmadd_ps(rest, _mm256_mul_ps(sv, _mm256_set1_ps(a / 254.0f)), acc[r]);
+            }
+        }
+        for (int r = 0; r < rows; r++) store_y8(y, bf16, (size_t)r * N + n0 + 8 * h, acc[r]);
+    }
+}
+
+/* int4 weights: 16 rows (block b, one half at a time) x up to ROWS_AT_ONCE rows of x. */
+static void block_rows(const uint8_t *codes, const uint16_t *s, const uint16_t *z, int G, const int8_t *xq,
+                       const int8_t *xr, const float *xa, const float *xsum, int rows, int K, void *y, int bf16,
+                       size_t N, size_t n0) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[ROWS_AT_ONCE];
+        for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+        for (int g = 0; g < G; g++) {
+            __m256i w[8]; /* w[t]: columns 4t..4t+3 of the group, w[t + 4]: columns 16 + 4t.. */
+            for (int t = 0; t < 4; t++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(codes + 256 * (size_t)g + 64 * t + 32 * h));
+                w[t] = _mm256_and_si256(v, low4);
+                w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+            __m256 sv = load_bf16x8(s + 16 * (size_t)g + 8 * h), zv = load_bf16x8(z + 16 * (size_t)g + 8 * h);
+            __m256 mv = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), sv, zv); /* z - 8 s: the weight of code 0 */
+            for (int r = 0; r < rows; r++) {
+                size_t at = (size_t)r * K + 32 * (size_t)g;
+                float a = xa[(size_t)r * G + g];
+                __m256 main = _mm256_cvtepi32_ps(group_dot(w, xq + at));
+                __m256 rest = _mm256_cvtepi32_ps(group_dot(w, xr + at));
+                acc[r] = _mm256_fmadd_ps(main, _mm256_mul_ps(sv, _mm256_set1_ps(a)), acc[r]);
+                acc[r] = _mm256_fmadd_ps(rest, _mm256_mul_ps(sv, _mm256_set1_ps(a / 254.0f)), acc[r]);
+                acc[r] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xsum[(size_t)r * G + g]), acc[r]);
+            }
+        }
+        for (int r = 0; r < rows; r++) store_y8(y, bf16, (size_t)r * N + n0 + 8 * h, acc[r]);
+    }
+}

@@ -1,0 +1,122 @@
+/* blocks32.c's inner loops for AVX-512 (F, BW, VL) with VNNI and BF16: one 512-bit vector holds
+ * a row block's 16 output rows, and vpdpbusd takes 4 bytes of each row's dot product per lane
+ * in one instruction. The layout and the arithmetic are in blocks32.c's comment. */
+#define ROWS_AT_ONCE 8 /* activation rows sharing one unpacking of the weights */
+#define SHIFT_INT8_CODES 1 /* vpdpbusd's unsigned side is x: int8 codes + 128 */
+
+/* bfloat16 <-> float32: bf16 is the top half of a float32 */
+static inline __m512 load_bf16x16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+static inline __m512 load_x16(const void *x, int bf16, size_t i) {
+    return bf16 ? load_bf16x16((const uint16_t *)x + i) : _mm512_loadu_ps((const float *)x + i);
+}
+
+/* One row of x (K values) -> per group of 32: int8 codes r1 with scale a (round(x / a),
+ * a = max|x| / 127), int8 codes r2 of what r1 misses with scale a / 254 (the remainder is
+ * within a / 2, so it fits -127..127), and sum(x) in float32. x ~ a r1 + (a / 254) r2 is
+ * then as precise as 16-bit codes: a bfloat16 input is kept to its own rounding. */
+static void quantize_row(const void *x, int bf16, int K, int8_t *codes, int8_t *rest, float *scale, float *sum,
+                         int shift) {
+    const __m128i flip = _mm_set1_epi8(shift ? (char)0x80 : 0);
+    const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int g = 0; g < K / 32; g++) {
+        __m512 v[2] = {load_x16(x, bf16, 32 * (size_t)g), load_x16(x, bf16, 32 * (size_t)g + 16)};
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v[0], abs_mask), _mm512_and_ps(v[1], abs_mask)));
+        float a = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int h = 0; h < 2; h++) {
+            __m512i r1 = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], _mm512_set1_ps(inv))); /* round half to even */
+            __m512 miss = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(r1), _mm512_set1_ps(a), v[h]);
+            __m512i r2 = _mm512_cvtps_epi32(_mm512_mul_ps(miss, _mm512_set1_ps(inv * 254.0f)));
+            _mm_storeu_si128((__m128i *)(codes + 32 * g + 16 * h), _mm_xor_si128(_mm512_cvtsepi32_epi8(r1), flip));
+            _mm_storeu_si128((__m128i *)(rest + 32 * g + 16 * h), _mm_xor_si128(_mm512_cvtsepi32_epi8(r2), flip));
+        }
+        scale[g] = a;
+        sum[g] = _mm512_reduce_add_ps(_mm512_add_ps(v[0], v[1]));
+    }
+}
+
+static inline void store_y16(void *y, int bf16, size_t i, __m512 v) {
+    if (bf16)
+        _mm256_storeu_si256((__m256i *)((uint16_t *)y + i), (__m256i)_mm512_cvtneps_pbh(v));
+    else
+        _mm512_storeu_ps((float *)y + i, v);
+}
+
+/* sum over the group of q * r for 16 rows at once: w the int4 codes as above, r x's 32 int8 codes */
+static inline __m512i group_dot(const __m512i *w, const int8_t *r) {
+    const int32_t *a = (const int32_t *)r; /* 4 codes of x per int32, broadcast to every row */
+    __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_set1_epi32(a[0]));
+    __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_set1_epi32(a[1]));
+    d0 = _mm512_dpbusd_epi32(d0, w[2], _mm512_set1_epi32(a[2]));
+    d1 = _mm512_dpbusd_epi32(d1, w[3], _mm512_set1_epi32(a[3]));
+    d0 = _mm512_dpbusd_epi32(d0, w[4], _mm512_set1_epi32(a[4]));
+    d1 = _mm512_dpbusd_epi32(d1, w[5], _mm512_set1_epi32(a[5]));
+    d0 = _mm512_dpbusd_epi32(d0, w[6], _mm512_set1_epi32(a[6]));
+    d1 = _mm512_dpbusd_epi32(d1, w[7], _mm512_set1_epi32(a[7]));
+    return _mm512_add_epi32(d0, d1); /* exact */
+}
+
+/* sum over the group of q * (r + 128) for 16 rows: w the 8 vectors of int8 codes, u x's codes + 128 */
+static inline __m512i group_dot_int8(const __m512i *w, const int8_t *u) {
+    const int32_t *a = (const int32_t *)u;
+    __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi32(a[0]), w[0]);
+    __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi32(a[1]), w[1]);
+    for (int t = 2; t < 8; t += 2) {
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_set1_epi32(a[t]), w[t]);
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_set1_epi32(a[t + 1]), w[t + 1]);
+    }
+    return _mm512_add_epi32(d0, d1);
+}
+
+/* int8 weights: 16 rows (block b) x up to ROWS_AT_ONCE rows of x (codes shifted by 128). */
+static void block_rows_int8(const int8_t *codes, const float *s, const float *qsum, int G, const int8_t *xq,
+                            const int8_t *xr, const float *xa, int rows, int K, void *y, int bf16, size_t N, size_t n0) {
+    __m512 acc[ROWS_AT_ONCE];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < G; g++) {
+        __m512i w[8];
+        for (int t = 0; t < 8; t++) w[t] = _mm512_loadu_si512((const void *)(codes + 512 * (size_t)g + 64 * t));
+        __m512 sv = _mm512_loadu_ps(s + 16 * (size_t)g), shift = _mm512_mul_ps(_mm512_set1_ps(128.0f),
+                                                                             _mm512_loadu_ps(qsum + 16 * (size_t)g));
+        for (int r = 0; r < rows; r++) {
+            size_t at = (size_t)r * K + 32 * (size_t)g;
+            float a = xa[(size_t)r * G + g];
+            __m512 main = _mm512_sub_ps(_mm512_cvtepi32_ps(group_dot_int8(w, xq + at)), shift); /* sum q r1, exact */
+            __m512 rest = _mm512_sub_ps(_mm512_cvtepi32_ps(group_dot_int8(w, xr + at)), shift);
+            acc[r] = _mm512_fmadd_ps(main, _mm512_mul_ps(sv, _mm512_set1_ps(a)), acc[r]);
+            acc[r] = _mm512_fmadd_ps(rest, _mm512_mul_ps(sv, _mm512_set1_ps(a / 254.0f)), acc[r]);
+        }
+    }
+    for (int r = 0; r < rows; r++) store_y16(y, bf16, (size_t)r * N + n0, acc[r]);
+}
+
+/* int4 weights: 16 rows (block b) x up to ROWS_AT_ONCE rows of x. */
+static void block_rows(const uint8_t *codes, const uint16_t *s, const uint16_t *z, int G, const int8_t *xq,
+                       const int8_t *xr, const float *xa, const float *xsum, int rows, int K, void *y, int bf16,
+                       size_t N, size_t n0) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[ROWS_AT_ONCE];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < G; g++) {
+        __m512i w[8]; /* w[t]: columns 4t..4t+3 of the group, w[t + 4]: columns 16 + 4t.. */
+        for (int t = 0; t < 4; t++) {
+            __m512i v = _mm512_loadu_si512((const void *)(codes + 256 * (size_t)g + 64 * t));
+            w[t] = _mm512_and_si512(v, low4);
+            w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        }
+        __m512 sv = load_bf16x16(s + 16 * (size_t)g), zv = load_bf16x16(z + 16 * (size_t)g);
+        __m512 mv = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), sv, zv); /* z - 8 s: the weight of code 0 */
+        for (int r = 0; r < rows; r++) {
+            size_t at = (size_t)r * K + 32 * (size_t)g;
+            float a = xa[(size_t)r * G + g];
+            __m512 main = _mm512_cvtepi32_ps(group_dot(w, xq + at)), rest = _mm512_cvtepi32_ps(group_dot(w, xr + at));
+            acc[r] = _mm512_fmadd_ps(main, _mm512_mul_ps(sv, _mm512_set1_ps(a)), acc[r]);
+            acc[r] = _mm512_fmadd_ps(rest, _mm512_mul_ps(sv, _mm512_set1_ps(a / 254.0f)), acc[r]);
+            acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xsum[(size_t)r * G + g]), acc[r]);
+        }
+    }
+    for (int r = 0; r < rows; r++) store_y16(y, bf16, (size_t)r * N + n0, acc[r]);
+}
+
