@@ -209,6 +209,34 @@ def test_int8_kernel_matches_the_numpy_reference(M, dtype):
         np.testing.assert_allclose(got.float().numpy(), want, rtol=2 ** -8, atol=1e-3 * np.abs(want).max())
 
 
+def test_gguf_nibble_words_are_the_blocks_layout():
+    # GGUF's Q4 byte i holds column i (low nibble) and 16 + i (high): packing random codes that
+    # way by hand, the words reordered must equal the layout built from the codes themselves.
+    N, G = 48, 3
+    codes = torch.randint(0, 16, (N, G, 32), generator=torch.Generator().manual_seed(5), dtype=torch.uint8)
+    gguf_bytes = (codes[..., :16] | (codes[..., 16:] << 4)).contiguous()  # (N, G, 16)
+    words = gguf_bytes.view(torch.int32)  # (N, G, 4)
+    assert torch.equal(blocks_kernel.blocks_from_nibble_words(words), blocks_kernel.blocks_from_codes(codes.view(N, -1)))
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_row_gathers_read_the_layout(scheme):
+    # A tied embedding's lookup gathers rows straight from the kernel layout: the same rows
+    # as decoding the whole layout back to codes.
+    N, K = 64, 96
+    g = torch.Generator().manual_seed(9)
+    rows = torch.tensor([0, 17, 63, 17, 5, 31, 48])
+    values = torch.randn(N, K // 32, generator=g)
+    assert torch.equal(blocks_kernel.lane_rows(blocks_kernel.lanes_from_rows(values), rows), values[rows])
+    if scheme == "int4":
+        codes = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
+        got = blocks_kernel.int4_rows(blocks_kernel.blocks_from_codes(codes), rows)
+    else:
+        codes = torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8)
+        got = blocks_kernel.int8_rows(blocks_kernel.int8_blocks_from_codes(codes), rows)
+    assert torch.equal(got, codes[rows])
+
+
 def test_int8_layout_round_trips():
     codes = torch.randint(-127, 128, (32, 64), generator=torch.Generator().manual_seed(2), dtype=torch.int8)
     blocks = blocks_kernel.int8_blocks_from_codes(codes)

@@ -80,6 +80,16 @@ def test_exact_types_keep_their_codes(tmp_path, kind, cls):
     # The tied unembedding is the same codes as the embedding.
     assert torch.equal(model.unembed.dequantize(), model.embed.dequantize())
     ids = prompt_ids(24)
+    expected, bound = reference(stored, "token_embd.weight"), scale_bound(stored, "token_embd.weight")
+    with torch.no_grad():
+        rows = model.embed(ids)[0].numpy()  # (T, d)
+    assert (np.abs(rows - expected[ids[0].numpy()]) <= bound[ids[0].numpy()] + 1e-12).all()
+    # The state dict holds the table under embed. as an untied one would, and loads back.
+    state = model.state_dict()
+    assert all(f"embed.{name}" in state for name in cls.plain_names)
+    again = load_gguf(path, quantize="gguf")
+    again.load_state_dict(state)
+    assert torch.equal(again.embed(ids), model.embed(ids))
     with torch.no_grad():
         got, want = model(ids), floats(ids)
     assert (got - want).abs().max() < 0.05 * want.abs().max()

@@ -202,6 +202,25 @@ def test_embedded_model_streams_gguf_numbers():
         assert torch.equal(model.get_submodule(ours).weight, expected[name].bfloat16()), name
 
 
+def test_embedded_model_holds_its_tied_q8_table_once():
+    # The default load keeps the Q8_0 table in lucidlm's kernel layout for the unembedding; the
+    # embedding holds no copy and gathers its rows from there, exactly gguf's numbers.
+    from lucidlm.pretrained import find_gguf
+    from lucidlm.weights.gguf_reader import GGUFFile
+
+    path = find_gguf("smollm2-135m")
+    table = next(t for t in GGUFFile(path).tensors if t.name == "token_embd.weight")
+    expected = torch.from_numpy(np.array(gguf.quants.dequantize(table.data, table.tensor_type), dtype=np.float32))
+    model = load_gguf(path, dtype=torch.bfloat16, quantize="gguf")
+    assert model.unembed.uses_blocks_kernel and model.embed.source is model.unembed
+    assert list(model.embed.buffers()) == []
+    ids = torch.tensor([[0, 1, 17, 4000, 49151, 17]])
+    with torch.no_grad():
+        assert torch.equal(model.embed(ids)[0], expected[ids[0]].bfloat16())
+    state = model.state_dict()  # saved under embed., as an untied table would be
+    assert torch.equal(state["embed.weight_int8"].float() * state["embed.scales"].repeat_interleave(32, 1), expected)
+
+
 PROBE = """
 import json, sys
 import lucidlm

@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from lucidlm.config import ModelConfig
 from lucidlm.errors import InputError
@@ -28,6 +29,20 @@ from lucidlm.model.positions import LearnedPositions, RotaryEmbedding, Sinusoida
 
 # Set while Transformer.empty builds a model whose weights a loader will overwrite.
 _SKIP_INIT: ContextVar[bool] = ContextVar("lucidlm_skip_init", default=False)
+
+
+class _NoRandomInit(TorchFunctionMode):
+    """Inside ``Transformer.skeleton``: torch's layers initialise their own weights in their
+    constructors (``nn.Linear`` draws kaiming-uniform values); on the meta device that is no
+    data but still a decomposed op per tensor, 0.1 s for SmolLM2's 211 layers. Every weight
+    of a skeleton is overwritten, so those in-place draws return their tensor untouched."""
+
+    DRAWS = frozenset({torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.zero_, torch.Tensor.fill_})
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in self.DRAWS and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+            return args[0]
+        return func(*args, **(kwargs or {}))
 
 
 class Transformer(nn.Module):
@@ -96,7 +111,7 @@ class Transformer(nn.Module):
         ``materialize`` allocates whatever is left (check ``config.check_memory`` first)."""
         token = _SKIP_INIT.set(True)
         try:
-            with torch.device("meta"):
+            with torch.device("meta"), _NoRandomInit():
                 return cls(config, tokenizer)
         finally:
             _SKIP_INIT.reset(token)

@@ -107,6 +107,12 @@ class QuantizedLinear(nn.Module):
         """This module's weight in the plain layout (what a file stores)."""
         raise NotImplementedError
 
+    def plain_rows(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The plain-layout tensors of output rows ``rows`` (T,) only: what a tied embedding's
+        lookup reads (``QuantizedEmbedding.reading``). Layouts that do not hold the plain
+        tensors themselves override it to gather the rows straight from their own."""
+        return {name: t.index_select(0, rows) for name, t in self.plain_state().items()}
+
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -189,15 +195,33 @@ class QuantizedLinear(nn.Module):
 
 class QuantizedEmbedding(nn.Module):
     """A token embedding kept in a scheme's plain layout: a lookup gathers the T rows it
-    needs and dequantizes only those, so the table never exists in float."""
+    needs and dequantizes only those, so the table never exists in float.
+
+    Tied to a quantized unembedding whose kernel layout is not the plain one (lucidlm's CPU
+    kernel), it holds no codes of its own (``reading``): lookups gather rows from the
+    unembedding's buffers, so the table is in memory once (SmolLM2's Q8_0 table: 32 MB)."""
 
     def __init__(self, linear_cls: type[QuantizedLinear], plain: dict[str, torch.Tensor], embedding_dim: int,
                  group_size: Optional[int], dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.linear_cls, self.group_size, self.embedding_dim = linear_cls, group_size, embedding_dim
         self.dtype = dtype  # what lookups return: the model's residual-stream dtype
+        # The tied unembedding read instead of own buffers; not a registered submodule (the
+        # model owns it as ``unembed``: registering it here would list it twice).
+        self.__dict__["source"] = None
         for name, tensor in plain.items():
             self.register_buffer(name, tensor)
+
+    @classmethod
+    def tied_to(cls, linear: QuantizedLinear, embedding_dim: int, dtype: torch.dtype) -> "QuantizedEmbedding":
+        """The token embedding of a model whose unembedding ``linear`` is the same matrix:
+        reading ``linear``'s rows where its kernel layout is not the plain one, else
+        sharing its plain tensors (no copy)."""
+        if linear.uses_blocks_kernel:
+            embedding = cls(type(linear), {}, embedding_dim, linear.group_size, dtype)
+            embedding.__dict__["source"] = linear
+            return embedding
+        return cls(type(linear), linear.plain_state(), embedding_dim, linear.group_size, dtype)
 
     @property
     def scheme(self) -> str:
@@ -205,10 +229,14 @@ class QuantizedEmbedding(nn.Module):
 
     @property
     def device(self) -> torch.device:
+        if self.source is not None:
+            return next(self.source.buffers()).device
         return getattr(self, self.linear_cls.plain_names[0]).device
 
     @property
     def num_embeddings(self) -> int:
+        if self.source is not None:
+            return self.source.out_features
         return getattr(self, self.linear_cls.plain_names[0]).shape[0]
 
     @property
@@ -217,11 +245,16 @@ class QuantizedEmbedding(nn.Module):
         return self.num_embeddings * self.embedding_dim
 
     def plain_state(self) -> dict[str, torch.Tensor]:
+        if self.source is not None:
+            return self.source.plain_state()
         return {name: getattr(self, name) for name in self.linear_cls.plain_names}
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)  # (B*T,)
-        rows = {name: t.index_select(0, flat) for name, t in self.plain_state().items()}
+        if self.source is not None:
+            rows = self.source.plain_rows(flat)
+        else:
+            rows = {name: t.index_select(0, flat) for name, t in self.plain_state().items()}
         return self.linear_cls.dequantize_plain(rows, self.group_size).to(self.dtype).reshape(
             *ids.shape, self.embedding_dim)  # (B, T, d)
 
@@ -238,11 +271,31 @@ class QuantizedEmbedding(nn.Module):
             f"the float matrix, or {FLOAT_LOAD_HINT}."
         )
 
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        if self.source is None:
+            super()._save_to_state_dict(destination, prefix, keep_vars)
+            return
+        for name, tensor in self.plain_state().items():  # the table is saved under embed., as untied
+            destination[prefix + name] = tensor
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: dict, strict: bool,
+                              missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
+        if self.source is None:
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                          unexpected_keys, error_msgs)
+            return
+        missing = [prefix + n for n in self.linear_cls.plain_names if prefix + n not in state_dict]
+        missing_keys.extend(missing)
+        if not missing:  # one matrix: loading the table loads the unembedding
+            self.source._install({n: state_dict[prefix + n] for n in self.linear_cls.plain_names})
+
     def _apply(self, fn: Any, recurse: bool = True) -> "QuantizedEmbedding":
         # model.to(dtype) must not turn integer codes into floats; it sets the output dtype.
         probe = fn(torch.zeros((), dtype=self.dtype))
         if probe.is_floating_point():
             self.dtype = probe.dtype
+        if self.source is not None:
+            return self  # the codes are the unembedding's, which moves itself
         for name in self.linear_cls.plain_names:
             tensor = getattr(self, name)
             moved = fn(tensor)

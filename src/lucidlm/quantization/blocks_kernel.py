@@ -152,6 +152,16 @@ def blocks_from_codes(codes: torch.Tensor) -> torch.Tensor:
     return packed.permute(0, 2, 3, 1, 4).reshape(N // ROW_BLOCK, K // GROUP, 256).contiguous()
 
 
+def blocks_from_nibble_words(words: torch.Tensor) -> torch.Tensor:
+    """(N, G, 4) int32, each group's 16 nibble bytes in GGUF's Q4 order (byte i: column i in
+    its low nibble, column 16 + i in its high one), 4 bytes per word -> the same blocks as
+    ``blocks_from_codes``: lane i of vector t holds bytes 4t..4t+3 of row 16b + i's group,
+    which is word t itself. One copy of whole words: no unpacking."""
+    N, G, _ = words.shape
+    lanes = words.view(N // ROW_BLOCK, ROW_BLOCK, G, 4).permute(0, 2, 3, 1).contiguous()  # (b, g, t, i)
+    return lanes.view(torch.uint8).view(N // ROW_BLOCK, G, 256)
+
+
 def codes_from_blocks(blocks: torch.Tensor) -> torch.Tensor:
     """The inverse of ``blocks_from_codes``: (N/16, G, 256) -> (N, K) uint8 codes."""
     B, G, _ = blocks.shape
@@ -161,11 +171,12 @@ def codes_from_blocks(blocks: torch.Tensor) -> torch.Tensor:
 
 
 def int8_blocks_from_codes(codes: torch.Tensor) -> torch.Tensor:
-    """(N, K) int8 codes -> (N/16, G, 512) int8: for group g of row block b, 8 vectors of 16
+    """(N, K) or (N, G, 32) int8 codes (the latter may be a strided view, e.g. of a GGUF
+    file's Q8_0 blocks) -> (N/16, G, 512) int8: for group g of row block b, 8 vectors of 16
     lanes x 4 bytes; byte j of lane i in vector t is column 4t + j of row 16b + i."""
-    N, K = codes.shape
-    c = codes.to(torch.int8).view(N // ROW_BLOCK, ROW_BLOCK, K // GROUP, 8, 4)  # (b, i, g, t, j)
-    return c.permute(0, 2, 3, 1, 4).reshape(N // ROW_BLOCK, K // GROUP, 512).contiguous()
+    N, G = codes.shape[0], codes.shape[1] // GROUP if codes.dim() == 2 else codes.shape[1]
+    c = codes.to(torch.int8).view(N // ROW_BLOCK, ROW_BLOCK, G, 8, 4)  # (b, i, g, t, j)
+    return c.permute(0, 2, 3, 1, 4).reshape(N // ROW_BLOCK, G, 512).contiguous()
 
 
 def int8_codes_from_blocks(blocks: torch.Tensor) -> torch.Tensor:
@@ -175,10 +186,29 @@ def int8_codes_from_blocks(blocks: torch.Tensor) -> torch.Tensor:
 
 
 def int8_code_sums(codes: torch.Tensor) -> torch.Tensor:
-    """(N, K) int8 codes -> (N/16, G, 16) float32: each row's sum of codes per group (exact),
-    which the kernel needs to undo the shift of x's codes."""
-    N, K = codes.shape
-    return lanes_from_rows(codes.view(N, K // GROUP, GROUP).sum(-1, dtype=torch.int32).float())
+    """(N, K) or (N, G, 32) int8 codes -> (N/16, G, 16) float32: each row's sum of codes per
+    group (exact), which the AVX-512 kernel needs to undo the shift of x's codes."""
+    return lanes_from_rows(codes.view(codes.shape[0], -1, GROUP).sum(-1, dtype=torch.int32).float())
+
+
+def int4_rows(blocks: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` (T,) of an int4 blocks layout (N/16, G, 256) as (T, K) uint8 codes,
+    gathered without decoding the other rows (a tied embedding's lookup)."""
+    B, G, _ = blocks.shape
+    nibbles = blocks.view(B, G, 4, ROW_BLOCK, 4)[rows // ROW_BLOCK, :, :, rows % ROW_BLOCK]  # (T, G, t, j)
+    nibbles = nibbles.reshape(-1, G, 16)  # byte 4t + j: column 4t + j low, 16 + 4t + j high
+    return torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).reshape(-1, G * GROUP)
+
+
+def int8_rows(blocks: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` (T,) of an int8 blocks layout (N/16, G, 512) as (T, K) int8 codes."""
+    B, G, _ = blocks.shape
+    return blocks.view(B, G, 8, ROW_BLOCK, 4)[rows // ROW_BLOCK, :, :, rows % ROW_BLOCK].reshape(-1, G * GROUP)
+
+
+def lane_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` (T,) of per-lane values (N/16, G, 16) as (T, G)."""
+    return values[rows // ROW_BLOCK, :, rows % ROW_BLOCK]
 
 
 def lanes_from_rows(values: torch.Tensor) -> torch.Tensor:

@@ -188,6 +188,25 @@ class Int4Linear(QuantizedLinear):
         return module
 
     @classmethod
+    def from_nibble_words(cls, words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                          compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> "Int4Linear":
+        """A module in groups of 32 from GGUF Q4 nibbles: ``words`` (N, G, 4) int32 holding each
+        group's 16 bytes (byte i: column i in its low nibble, 16 + i in its high one) and
+        scales / zeros (N, G). lucidlm's kernel layout is those very words, reordered (one
+        copy); other kernels get the codes unpacked."""
+        N, G, _ = words.shape
+        module = cls(G * 32, N, False, 32, compute_dtype)
+        scales, zeros = scales.to(compute_dtype), zeros.to(compute_dtype)
+        if words.device.type == "cpu" and module.blocks_kernel_fits(N):
+            module.installs += 1
+            module._install_blocks(blocks_kernel.blocks_from_nibble_words(words), scales, zeros)
+            return module
+        halves = torch.cat([words & 0x0F0F0F0F, (words >> 4) & 0x0F0F0F0F], dim=-1)  # (N, G, 8): columns 0-15, 16-31
+        codes = halves.contiguous().view(torch.uint8).view(N, G * 32)
+        return cls.from_codes(codes if words.device.type != "cpu" else codes.to(torch.int32), scales, zeros, 32,
+                              compute_dtype)
+
+    @classmethod
     def concatenated(cls, parts: tuple["Int4Linear", ...]) -> Optional["Int4Linear"]:
         """One module computing ``parts`` side by side (outputs concatenated), for
         ``model/fused.py``; each part then reads its rows of the fused tiles as a view, so
@@ -253,17 +272,13 @@ class Int4Linear(QuantizedLinear):
         scales = scales.to(self.compute_dtype).reshape(N, -1)
         zeros = zeros.to(self.compute_dtype).reshape(N, -1)
         if self.blocks_kernel_fits(N):
-            self.uses_cpu_kernel, self.uses_blocks_kernel, self.tile_block = False, True, None
             blocks = torch.empty((N // blocks_kernel.ROW_BLOCK, self.in_features // blocks_kernel.GROUP, 256),
                                  dtype=torch.uint8)
             for start in range(0, N, TILE_CHUNK):  # a bounded int32 copy of the codes at a time
                 stop = min(start + TILE_CHUNK, N)
                 blocks[start // blocks_kernel.ROW_BLOCK:stop // blocks_kernel.ROW_BLOCK] = \
                     blocks_kernel.blocks_from_codes(codes_of(start, stop))
-            self.register_buffer("weight_int4", blocks)
-            self.register_buffer("scales_and_zeros", None)
-            self.register_buffer("block_scales", blocks_kernel.lanes_from_rows(scales))
-            self.register_buffer("block_zeros", blocks_kernel.lanes_from_rows(zeros))
+            self._install_blocks(blocks, scales, zeros)
             return
         self.uses_cpu_kernel, self.uses_blocks_kernel = True, False
         self.block_scales = self.block_zeros = None
@@ -273,6 +288,21 @@ class Int4Linear(QuantizedLinear):
         self.register_buffer("weight_int4", tiles_from_codes(codes_of, N, pad))
         self.register_buffer("scales_and_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).contiguous())
         self.tile_block = readable_block(N + pad)
+
+    def _install_blocks(self, blocks: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:
+        """Codes already in lucidlm's kernel layout (N/16, G, 256); scales, zeros (N, G) in the compute dtype."""
+        self.uses_cpu_kernel, self.uses_blocks_kernel, self.tile_block = False, True, None
+        self.register_buffer("weight_int4", blocks)
+        self.register_buffer("scales_and_zeros", None)
+        self.register_buffer("block_scales", blocks_kernel.lanes_from_rows(scales))
+        self.register_buffer("block_zeros", blocks_kernel.lanes_from_rows(zeros))
+
+    def plain_rows(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.uses_blocks_kernel:
+            return {"weight_int4": pack_nibbles(blocks_kernel.int4_rows(self.weight_int4, rows)),
+                    "scales": blocks_kernel.lane_rows(self.block_scales, rows),
+                    "zeros": blocks_kernel.lane_rows(self.block_zeros, rows)}
+        return super().plain_rows(rows)
 
     def plain_state(self) -> dict[str, torch.Tensor]:
         N = self.out_features

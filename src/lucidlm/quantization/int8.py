@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from lucidlm.quantization import blocks_kernel
-from lucidlm.quantization.base import QuantizedLinear
+from lucidlm.quantization.base import DEFAULT_COMPUTE_DTYPE, QuantizedLinear
 
 QMAX = 127
 
@@ -59,22 +59,48 @@ class Int8Linear(QuantizedLinear):
 
     def _install(self, plain: dict[str, torch.Tensor]) -> None:
         codes = plain["weight_int8"].to(torch.int8).contiguous()
-        self.installs += 1
-        self.uses_blocks_kernel = codes.device.type == "cpu" and self.blocks_kernel_fits(codes.shape[0])
+        N = codes.shape[0]
         # float32 scales (exact GGUF Q8_0 ones) stay float32; others take the compute dtype
         self.scale_dtype = torch.float32 if plain["scales"].dtype == torch.float32 else self.compute_dtype
-        if self.uses_blocks_kernel:  # the codes live in the kernel's layout only; it reads float32 scales
-            scales = plain["scales"].to(self.scale_dtype).float().reshape(codes.shape[0], -1)
-            self.register_buffer("weight_int8", None)
-            self.register_buffer("scales", None)
-            self.register_buffer("code_blocks", blocks_kernel.int8_blocks_from_codes(codes))
-            self.register_buffer("block_scales", blocks_kernel.lanes_from_rows(scales))
-            self.register_buffer("code_sums", blocks_kernel.int8_code_sums(codes))
+        if codes.device.type == "cpu" and self.blocks_kernel_fits(N):  # the kernel reads float32 scales
+            self._install_blocks(codes, plain["scales"].to(self.scale_dtype).float().reshape(N, -1))
             return
-        scales = plain["scales"].to(self.scale_dtype).reshape(codes.shape[0], -1).contiguous()
+        self.installs += 1
+        self.uses_blocks_kernel = False
         self.code_blocks = self.block_scales = self.code_sums = None
         self.register_buffer("weight_int8", codes)
-        self.register_buffer("scales", scales)
+        self.register_buffer("scales", plain["scales"].to(self.scale_dtype).reshape(N, -1).contiguous())
+
+    def _install_blocks(self, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        """The codes ((N, K), or (N, G, 32) possibly strided) in lucidlm's kernel layout only."""
+        self.installs += 1
+        self.uses_blocks_kernel = True
+        self.register_buffer("weight_int8", None)
+        self.register_buffer("scales", None)
+        self.register_buffer("code_blocks", blocks_kernel.int8_blocks_from_codes(codes))
+        self.register_buffer("block_scales", blocks_kernel.lanes_from_rows(scales))
+        self.register_buffer("code_sums", blocks_kernel.int8_code_sums(codes))
+
+    @classmethod
+    def from_group_codes(cls, codes: torch.Tensor, scales: torch.Tensor,
+                         compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> "Int8Linear":
+        """A module in groups of 32 from codes (N, G, 32) int8, which may be a strided view of
+        a GGUF file's Q8_0 blocks, and float32 scales (N, G): straight into lucidlm's kernel
+        layout where it applies (one copy of the codes), else through the plain layout."""
+        N, G, _ = codes.shape
+        module = cls(G * 32, N, False, 32, compute_dtype)
+        if codes.device.type == "cpu" and module.blocks_kernel_fits(N):
+            module.scale_dtype = scales.dtype
+            module._install_blocks(codes, scales.float())
+            return module
+        module._install({"weight_int8": codes.reshape(N, G * 32), "scales": scales})
+        return module
+
+    def plain_rows(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.uses_blocks_kernel:
+            return {"weight_int8": blocks_kernel.int8_rows(self.code_blocks, rows),
+                    "scales": blocks_kernel.lane_rows(self.block_scales, rows).to(self.scale_dtype)}
+        return super().plain_rows(rows)
 
     def plain_state(self) -> dict[str, torch.Tensor]:
         if self.uses_blocks_kernel:

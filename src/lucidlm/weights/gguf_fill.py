@@ -28,7 +28,7 @@ from torch import nn
 from lucidlm.model.transformer import Transformer
 from lucidlm.weights.finite import FiniteCheck
 from lucidlm.weights.gguf_quants import EXACT
-from lucidlm.weights.gguf_stream import (Planned, dequantize_tensor, float_weight, int4_from_blocks,
+from lucidlm.weights.gguf_stream import (Planned, dequantize_tensor, float_weight, int4_from_blocks, int8_from_blocks,
                                          quantized_plain)
 from lucidlm.weights.memory import Scratch, TrimEvery, trim
 
@@ -111,17 +111,18 @@ def _convert(model: Transformer, item: Planned, source: str, dtype: torch.dtype,
         FiniteCheck(source).add_all({item.tensor.name: dequantize_tensor(item.tensor, source)}).verify()
     scheme, group_size = item.target
     old = model.get_submodule(item.module)
-    if scheme == "int4" and EXACT.get(item.tensor.tensor_type.name) == item.target and isinstance(old, nn.Linear):
-        return finite, [(item.module, int4_from_blocks(item, device, scratch))]  # Q4 blocks: straight to the kernel
-    cls = scheme_class(scheme)
-    plain = {k: v.to(device) for k, v in quantized_plain(item, source, DEFAULT_COMPUTE_DTYPE, scratch).items()}
-    if isinstance(old, nn.Embedding):
-        placements: list[tuple[str, Any]] = [
-            (item.module, QuantizedEmbedding(cls, plain, old.embedding_dim, group_size, dtype))]
-        if model.config.tie_embeddings:  # one matrix: the unembedding is built from the same codes
-            placements.append(("unembed", cls.from_plain(plain, old.embedding_dim, group_size)))
-        return finite, placements
-    return finite, [(item.module, cls.from_plain(plain, old.in_features, group_size))]
+    lookup_only = isinstance(old, nn.Embedding) and not model.config.tie_embeddings
+    if EXACT.get(item.tensor.tensor_type.name) == item.target and not lookup_only:
+        linear = (int4_from_blocks if scheme == "int4" else int8_from_blocks)(item, device)  # no detour
+    else:
+        plain = {k: v.to(device) for k, v in quantized_plain(item, source, DEFAULT_COMPUTE_DTYPE, scratch).items()}
+        if lookup_only:  # an untied token table is only ever gathered from: the plain layout
+            return finite, [(item.module, QuantizedEmbedding(scheme_class(scheme), plain, old.embedding_dim,
+                                                             group_size, dtype))]
+        linear = scheme_class(scheme).from_plain(plain, int(item.tensor.shape[0]), group_size)  # GGUF: [in, out]
+    if isinstance(old, nn.Embedding):  # tied: one matrix, the embedding's lookups read the unembedding's codes
+        return finite, [(item.module, QuantizedEmbedding.tied_to(linear, old.embedding_dim, dtype)), ("unembed", linear)]
+    return finite, [(item.module, linear)]
 
 
 def _place(model: nn.Module, name: str, value: Any) -> None:

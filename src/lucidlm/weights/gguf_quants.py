@@ -144,6 +144,27 @@ def exact_codes(tensor: Any, type_name: str, scale_dtype: torch.dtype, dtype: to
     return _codes(blocks, type_name, dtype, scratch).reshape(N, -1), d.to(scale_dtype), zeros.to(scale_dtype)
 
 
+def exact_nibble_words(tensor: Any, type_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(words (N, G, 4) int32: each block's 16 nibble bytes as stored, scales, zeros (N, G)
+    float32) of a Q4_0 / Q4_1 tensor in our int4 scheme, for ``Int4Linear.from_nibble_words``.
+    Q4_1's words are a view of the map (its nibbles start 4 bytes into each 20-byte block);
+    Q4_0's are copied out first (they start at byte 2)."""
+    blocks = _blocks(tensor, type_name)
+    d, m = _scales(blocks, type_name)
+    zeros = torch.zeros_like(d) if m is None else m + 8 * d  # (q - 8) d + zero = d q + m
+    start = BLOCK_BYTES[type_name] - 16
+    words = blocks.view(torch.int32)[..., start // 4:] if start % 4 == 0 else \
+        blocks[..., start:].contiguous().view(torch.int32)
+    return words, d, zeros
+
+
+def exact_group_codes(tensor: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes (N, G, 32) int8, a strided view of the map, and scales (N, G) float32, exact) of
+    a Q8_0 tensor, for ``Int8Linear.from_group_codes`` (which copies the codes once)."""
+    blocks = _blocks(tensor, "Q8_0")
+    return blocks[..., 2:].view(torch.int8), _scales(blocks, "Q8_0")[0]
+
+
 def exact_float(tensor: Any, type_name: str, scratch: Any = None) -> torch.Tensor:
     """float32 (N, K) of a Q8_0 / Q4_0 / Q4_1 tensor with exactly ``gguf.quants.dequantize``'s
     arithmetic (float32, multiply then add), computed with torch in place (in ``scratch``'s

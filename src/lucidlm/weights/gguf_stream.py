@@ -28,8 +28,8 @@ from lucidlm.config import ModelConfig
 from lucidlm.errors import GGUFError
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.weights.gguf_families import FAMILIES, gguf_tensors_check_name, our_name
-from lucidlm.weights.gguf_quants import (EXACT, FLOAT_TYPES, exact_codes, exact_float, exact_plain, finite_parts,
-                                         native_scheme)
+from lucidlm.weights.gguf_quants import (EXACT, FLOAT_TYPES, exact_float, exact_group_codes, exact_nibble_words,
+                                         exact_plain, finite_parts, native_scheme)
 from lucidlm.weights.memory import Scratch
 
 CHUNK_BYTES = 8 << 20  # float32 bytes converted at once for a large tensor
@@ -192,14 +192,23 @@ def quantized_plain(item: Planned, source: str, scale_dtype: torch.dtype,
     return plain
 
 
-def int4_from_blocks(item: Planned, device: str | torch.device, scratch: Optional[Scratch] = None) -> nn.Module:
-    """An Int4Linear from a Q4_0 / Q4_1 matrix's blocks, bit for bit, its codes unpacked once
-    (int32, what torch's CPU packing reads; in ``scratch``, which the packing copies out of)
-    instead of packed to nibbles and unpacked again."""
-    from lucidlm.quantization import DEFAULT_COMPUTE_DTYPE, Int4Linear
+def int4_from_blocks(item: Planned, device: str | torch.device) -> nn.Module:
+    """An Int4Linear from a Q4_0 / Q4_1 matrix's blocks, bit for bit: the nibble bytes go to
+    the module as they are stored (lucidlm's CPU kernel reads them as they are, reordered),
+    never unpacked to codes and packed again."""
+    from lucidlm.quantization import Int4Linear
 
-    codes, scales, zeros = exact_codes(item.tensor, item.tensor.tensor_type.name, DEFAULT_COMPUTE_DTYPE,
-                                       scratch=scratch if torch.device(device).type == "cpu" else None)
+    words, scales, zeros = exact_nibble_words(item.tensor, item.tensor.tensor_type.name)
     if item.heads is not None:  # permuting output rows (codes with their row's scales) is exact
-        codes, scales, zeros = (permute_qk_to_half(t, item.heads) for t in (codes, scales, zeros))
-    return Int4Linear.from_codes(codes.to(device), scales.to(device), zeros.to(device), item.target[1])
+        words, scales, zeros = (permute_qk_to_half(t, item.heads) for t in (words, scales, zeros))
+    return Int4Linear.from_nibble_words(words.to(device), scales.to(device), zeros.to(device))
+
+
+def int8_from_blocks(item: Planned, device: str | torch.device) -> nn.Module:
+    """An Int8Linear in groups of 32 from a Q8_0 matrix's blocks, codes and float16 scales exact."""
+    from lucidlm.quantization import Int8Linear
+
+    codes, scales = exact_group_codes(item.tensor)
+    if item.heads is not None:
+        codes, scales = (permute_qk_to_half(t, item.heads) for t in (codes, scales))
+    return Int8Linear.from_group_codes(codes.to(device), scales.to(device))
