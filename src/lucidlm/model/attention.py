@@ -140,19 +140,22 @@ class Attention(nn.Module):
 
     def _single_query_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                 mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """One new token per row against the cache, in bfloat16/float16 on the CPU: torch 2.13's
-        CPU flash attention with a mask is slow there (SmolLM2's decode shapes, 1 thread: 250 us
-        per layer at batch 1 and 1.5 ms at batch 8, against 55 and 120 us spelled out as below;
-        in float32 it is as fast as this, so float32 keeps it). Same result as SDPA with
-        ``enable_gqa``: each group of consecutive query heads shares one kv head.
-        q: (B, nh, 1, hd); k, v: (B, n_kv, S, hd); mask: (B, 1, 1, S) bool or None."""
+        """One new token per row against the cache, for bfloat16/float16 models on the CPU, with
+        the two matmuls in float32: torch 2.13's CPU flash attention with a mask is slow there
+        (SmolLM2's decode shapes, 1 thread: 250 us per layer at batch 1 and 1.5 ms at batch 8,
+        against 55 and 120 us spelled out as below), and so are its bfloat16 batched matmuls
+        on a CPU without AVX-512 BF16 (AMD EPYC, 2 threads, 80 cached positions: 44 + 46 us per
+        layer at batch 1, 200 + 370 us at batch 8; in float32, conversions included, 22 + 15
+        and 81 + 57 us). Same result as SDPA with ``enable_gqa``: each group of consecutive
+        query heads shares one kv head. q: (B, nh, 1, hd); k, v: (B, n_kv, S, hd); mask:
+        (B, 1, 1, S) bool or None."""
         B, S = q.shape[0], k.shape[2]
         grouped_q = q.view(B, self.n_kv_heads, self.n_heads // self.n_kv_heads, self.head_dim)  # (B, n_kv, g, hd)
-        scores = (grouped_q @ k.transpose(-2, -1)).float() * self.scale  # (B, n_kv, g, S)
+        scores = (grouped_q.float() @ k.float().transpose(-2, -1)) * self.scale  # (B, n_kv, g, S)
         if mask is not None:
             scores = scores.masked_fill(~mask.view(mask.shape[0], 1, 1, S), float("-inf"))
-        pattern = torch.softmax(scores, dim=-1).to(v.dtype)  # (B, n_kv, g, S)
-        return (pattern @ v).view(B, self.n_heads, 1, self.head_dim)  # (B, nh, 1, hd)
+        pattern = torch.softmax(scores, dim=-1)  # (B, n_kv, g, S) float32
+        return (pattern @ v.float()).to(q.dtype).view(B, self.n_heads, 1, self.head_dim)  # (B, nh, 1, hd)
 
     def _explicit_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             mask: Optional[torch.Tensor], dropout_p: float) -> torch.Tensor:
