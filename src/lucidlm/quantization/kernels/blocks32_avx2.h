@@ -12,7 +12,7 @@
  *   int8: both sides are signed; vpmaddubsw takes |q| and x's code with q's sign
  *         (vpsignb), pairs reach 32512, so each vector goes to int32 at once. x's codes are
  *         not shifted (no code sums needed). */
-#define ROWS_AT_ONCE 4 /* 16 ymm registers: 8 weight vectors, the accumulators and temporaries */
+#define ROWS_AT_ONCE 8 /* as with AVX-512: the accumulators spill a little, but 8 rows share one unpacking of the weights */
 #define SHIFT_INT8_CODES 0
 #define PREFETCH_GROUPS 4 /* groups ahead that the first half's pass asks the cache for (5-10 % at batch 1) */
 
