@@ -37,7 +37,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from timing import best_time
+from timing import best_time, machine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cpu_kernels.json"
 D, FFN, KV, VOCAB, LAYERS, GROUP = 576, 1536, 192, 49152, 30, 32
@@ -251,7 +251,7 @@ def main() -> None:
     RESULTS.write_text(json.dumps({
         "workload": "SmolLM2-135M decode step: 211 matrices (30 x q,k,v,o,gate,up,down + unembedding), random",
         "threads": args.threads, "rounds": args.rounds, "repeats": args.repeats,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average_min_max": [min(loads), max(loads)]},
+        "machine": machine(load_average_min_max=[min(loads), max(loads)]),
         "torch": torch.__version__,
         "ms_per_step": {name: {str(b): t * 1e3 for b, t in times.items()} for name, times in best.items()},
         "warmup_s": warmup, "not_run": errors,

@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from timing import best_time
+from timing import best_time, machine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "generation.json"
 SIDES = {
@@ -317,8 +317,7 @@ def main() -> None:
             pass
     RESULTS.write_text(json.dumps({
         "model": "SmolLM2-135M-Instruct, the embedded Q4_1 GGUF (token embedding Q8_0)",
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average_min_max": [min(loads),
-                                                                                                   max(loads)]},
+        "machine": machine(load_average_min_max=[min(loads), max(loads)]),
         "versions": versions,
         "settings": {"threads": args.threads, "rounds": rounds, "metrics": list(metrics), "repeats": args.repeats, "prefill": PREFILL,
                      "decode_prompt": PROMPT, "decode_new_b1": NEW1, "batch": BATCH, "decode_new_b8": NEW8},

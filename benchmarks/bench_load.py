@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from timing import machine
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "load.json"
 
@@ -191,8 +193,7 @@ def main() -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
         "benchmark": "load the embedded smollm2-135m (Q4_1 GGUF) and a fresh generate to its first token",
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
-                    "load_average_before": load_before, "load_average_after": load_after},
+        "machine": machine(threads=args.threads, load_average_before=load_before, load_average_after=load_after),
         "rounds": args.rounds, "before": args.before, "medians": summary, "runs": {"load": loads, "first_token": starts},
     }, indent=2) + "\n")
     print(f"wrote {RESULTS}")

@@ -57,6 +57,21 @@ GROUP = 32  # input columns per scale (and zero)
 _unavailable: list[str] = []  # why the kernels could not be had (filled by library())
 
 
+def instruction_set() -> Optional[str]:
+    """Which build of the inner loops this CPU gets: "avx512-vnni", "avx2", or None (torch's
+    kernels only); from the CPU's flags, without building anything (benchmarks record it)."""
+    flags = _cpu()[1] if platform.machine() in ("x86_64", "AMD64") else set()
+    for name, wanted in zip(("avx512-vnni", "avx2"), CPU_FLAG_SETS):
+        if all(f in flags for f in wanted):
+            return name
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("" where it cannot be read)."""
+    return _cpu()[0]
+
+
 def _cpu() -> tuple[str, set[str]]:
     """(model name, feature flags) of the first CPU in /proc/cpuinfo; empty where it cannot be read."""
     model, flags = "", set()
@@ -104,7 +119,7 @@ def library() -> Optional[Path]:
         _unavailable.append("LUCIDLM_CPU_KERNEL=torch")
         return None
     cpu, flags = _cpu() if platform.machine() in ("x86_64", "AMD64") else ("", set())
-    if not any(all(f in flags for f in wanted) for wanted in CPU_FLAG_SETS):
+    if instruction_set() is None:
         _unavailable.append("the CPU has neither AVX-512 VNNI + BF16 nor AVX2 + FMA + F16C")
         return None
     cc, cxx = os.environ.get("CC") or "cc", os.environ.get("CXX") or "c++"
