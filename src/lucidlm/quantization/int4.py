@@ -74,6 +74,16 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)
 
 
+def codes_from_nibble_words(words: torch.Tensor) -> torch.Tensor:
+    """(..., 4) int32 words holding a group's 16 nibble bytes in GGUF's Q4 order (byte i:
+    column i in its low nibble, 16 + i in its high one) -> (..., 32) uint8 codes in column
+    order. Every byte keeps its place in its word (in either byte order): & keeps each byte's
+    low nibble, and >> 4 moves each byte's high nibble down (what it shifts in from the
+    neighbouring byte, the mask clears), 4 bytes per operation."""
+    halves = torch.cat([words & 0x0F0F0F0F, (words >> 4) & 0x0F0F0F0F], dim=-1)  # (..., 8): columns 0-15, 16-31
+    return halves.view(torch.uint8)
+
+
 def cpu_tiles(packed: torch.Tensor, pad: int) -> torch.Tensor:
     """(N, K/2) plain codes -> torch's CPU kernel tiles (N + pad, K/2), padding rows code 8."""
     return tiles_from_codes(lambda start, stop: unpack_nibbles(packed[start:stop]), packed.shape[0], pad)
@@ -201,8 +211,7 @@ class Int4Linear(QuantizedLinear):
             module.installs += 1
             module._install_blocks(blocks_kernel.blocks_from_nibble_words(words), scales, zeros)
             return module
-        halves = torch.cat([words & 0x0F0F0F0F, (words >> 4) & 0x0F0F0F0F], dim=-1)  # (N, G, 8): columns 0-15, 16-31
-        codes = halves.contiguous().view(torch.uint8).view(N, G * 32)
+        codes = codes_from_nibble_words(words).view(N, G * 32)
         return cls.from_codes(codes if words.device.type != "cpu" else codes.to(torch.int32), scales, zeros, 32,
                               compute_dtype)
 

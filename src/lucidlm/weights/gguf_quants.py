@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from lucidlm.quantization import scheme_class
-from lucidlm.quantization.int4 import pack_nibbles
+from lucidlm.quantization.int4 import codes_from_nibble_words, pack_nibbles
 from lucidlm.weights.ggml_types import quant_sizes
 
 BLOCK = 32
@@ -103,16 +103,9 @@ def _codes(blocks: torch.Tensor, type_name: str, dtype: torch.dtype, scratch: An
         codes.copy_(blocks[..., 2:].view(torch.int8))  # a copy: never a view of the map
         return codes
     start = BLOCK_BYTES[type_name] - 16  # the 16 nibble bytes end each block
-    if start % 4 == 0:  # Q4_1: they are 4 whole int32 words, which unpack 4 bytes per operation
-        # Every byte keeps its place in its word (in either byte order): & keeps each byte's
-        # low nibble, and >> 4 moves each byte's high nibble down (what it shifts in from the
-        # neighbouring byte, the mask clears). 2x faster than byte-wise ops on the 16-of-20
-        # byte strides.
-        words = blocks.view(torch.int32)[..., start // 4:]  # (N, G, 4)
-        halves = torch.empty((*blocks.shape[:2], 8), dtype=torch.int32)  # low nibbles' words, then high
-        torch.bitwise_and(words, 0x0F0F0F0F, out=halves[..., :4])
-        torch.bitwise_right_shift(words, 4, out=halves[..., 4:]).bitwise_and_(0x0F0F0F0F)
-        codes.copy_(halves.view(torch.uint8).view(shape))  # bytes in column order: i, then i + 16
+    if start % 4 == 0:  # Q4_1: 4 whole int32 words, unpacked 4 bytes per operation (2x faster than
+        # byte-wise ops on the 16-of-20 byte strides)
+        codes.copy_(codes_from_nibble_words(blocks.view(torch.int32)[..., start // 4:]))  # (N, G, 32)
         return codes
     nibbles = blocks[..., start:]  # (N, G, 16)
     codes[..., :16] = nibbles & 0x0F  # written straight into the output dtype: no uint8 (N, K) copy
