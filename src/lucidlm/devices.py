@@ -77,6 +77,16 @@ def resolve_dtype(dtype: Any) -> torch.dtype:
     raise DeviceError(f"dtype={dtype!r} is neither a torch.dtype nor a name like 'bfloat16'.")
 
 
+def cpu_multiplies_bfloat16() -> bool:
+    """Whether torch multiplies bfloat16 matrices on this CPU at hardware speed: oneDNN's bf16
+    path needs AVX-512 (BF16/AMX to be fast). Without it (AVX2-only CPUs such as AMD Zen 3)
+    torch 2.13 falls back to a generic loop that is 5-30x slower than float32's matmul."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch built without oneDNN
+        return False
+
+
 def _mps_available() -> bool:
     backend = getattr(torch.backends, "mps", None)
     return bool(backend is not None and backend.is_available())

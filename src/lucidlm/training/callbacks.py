@@ -155,15 +155,18 @@ class Console(Callback):
         from tqdm.auto import tqdm
 
         from lucidlm.training.schedule import schedule_warning
+        from lucidlm.training.setup import precision_warning
 
         if self.header:
             self.print(self.header + (f", resuming at step {trainer.step}" if trainer.step else ""))
         # tqdm's own ETA divides by wall time, evaluations included; ours counts training steps only.
         self.bar = tqdm(total=trainer.config.max_iters, initial=trainer.step, desc="train", dynamic_ncols=True,
                         bar_format=self.BAR_FORMAT, disable=not (self.progress and sys.stderr.isatty()))
-        warning = schedule_warning(trainer.config)
-        if warning and trainer.step < trainer.config.max_iters:
-            self.print(warning)
+        if trainer.step < trainer.config.max_iters:
+            for warning in (precision_warning(trainer.autocast_dtype, trainer.device),
+                            schedule_warning(trainer.config)):
+                if warning:
+                    self.print(warning)
 
     def on_eval_start(self, trainer: Trainer, batches: int) -> None:
         if self.bar is not None and not self.bar.disable:
