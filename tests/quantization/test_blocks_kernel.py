@@ -74,6 +74,17 @@ def run_kernel(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros
                                    blocks_kernel.lanes_from_rows(zeros))
 
 
+def test_scales_and_zeros_of_the_wrong_size_are_refused():
+    # The C loops read one scale and one zero per row and group: a short tensor would be read past its end.
+    codes, scales, zeros = random_int4(32, 64, seed=2)
+    blocks, x = blocks_kernel.blocks_from_codes(codes), torch.randn(1, 64)
+    lanes, zero_lanes = blocks_kernel.lanes_from_rows(scales), blocks_kernel.lanes_from_rows(zeros)
+    with pytest.raises(RuntimeError, match="need 64 scales and 64 zeros .* got 32 and 64"):
+        blocks_kernel.blocks_mm(x, blocks, lanes[:1], zero_lanes)
+    with pytest.raises(RuntimeError, match="got 64 and 48"):
+        blocks_kernel.blocks_mm(x, blocks, lanes, zero_lanes.flatten()[:48].contiguous())
+
+
 def test_layout_round_trips():
     codes, scales, _ = random_int4(48, 96, seed=1)
     blocks = blocks_kernel.blocks_from_codes(codes)

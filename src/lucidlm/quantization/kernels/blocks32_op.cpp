@@ -26,6 +26,11 @@ static at::Tensor blocks_mm(const at::Tensor &x_in, const at::Tensor &blocks, co
     TORCH_CHECK(scales.scalar_type() == scale_type && extra.scalar_type() == scale_type && scales.is_contiguous()
                     && blocks.is_contiguous() && extra.is_contiguous(),
                 "blocks_mm: scales, zeros or sums of the wrong dtype or layout");
+    // One scale and one zero (or code sum) per row and group: the kernel reads exactly that many.
+    const int64_t lanes = blocks.size(0) * blocks.size(1) * 16;
+    TORCH_CHECK(scales.numel() == lanes && extra.numel() == lanes, "blocks_mm: the weights need ", lanes,
+                " scales and ", lanes, " ", int8 ? "code sums" : "zeros", " (one per row and group of 32), got ",
+                scales.numel(), " and ", extra.numel());
     at::Tensor x = x_in.contiguous();
     const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0) * 16;
     at::Tensor y = at::empty({M, N}, x.options());
