@@ -65,11 +65,16 @@ class LanguageModel(Transformer):
     # 0.56 ms of a 7 ms int4 step (cProfile, 2026-11-23). The decode step's own guards and the
     # structure check (generation/compiled.py) already pin those shapes, so the checks are off:
     # 128 -> 136 tok/s median, 133 -> 150 best (int4, 2 threads, same process, quiet machine).
-    # Measured and left off (int4 SmolLM2, 2 threads, 2026-11-23): ``cpp_wrapper`` (kernels
-    # called from C++) takes 4-5 % off a step but adds 36 s to a cold compile (52.8 -> 88.9
-    # s); ``freezing`` (weights folded in as constants) ~2 % for a 74 s warm-up and 110 MB
-    # more, and frozen weights would miss later in-place edits (a merged adapter).
+    # ``freezing`` (weights folded in as constants) was measured and left off: ~2 % for a 74 s
+    # warm-up and 110 MB more, and frozen weights would miss later in-place edits (a merged
+    # adapter); int4 SmolLM2, 2 threads, 2026-11-23.
     CPU_INDUCTOR_OPTIONS: dict[str, Any] = {"size_asserts": False, "alignment_asserts": False}
+    # The decode step alone also gets ``cpp_wrapper``: its ~300 kernel and operator calls are
+    # made from generated C++ instead of a generated Python function. On the AMD EPYC host (2
+    # threads, int4 SmolLM2, 2026-11-25) 109 -> 136 tok/s at batch 1, for a warm-up of 302 s
+    # instead of 170 (on the Xeon, 2026-11-23: 4-5 % for 36 s more). The prefill keeps Python's
+    # wrapper: its shapes are dynamic, and it runs once per prompt.
+    CPU_DECODE_OPTIONS: dict[str, Any] = {"cpp_wrapper": True}
 
     def compile(self, mode: Optional[str] = None, *, backend: Any = "inductor", prefill: bool = True,
                 options: Optional[dict[str, Any]] = None) -> "LanguageModel":
@@ -77,7 +82,8 @@ class LanguageModel(Transformer):
 
         The decode step (one token per row against the static KV cache) is compiled once,
         with fixed shapes; ``mode`` defaults to ``"reduce-overhead"`` on CUDA, which replays
-        it as a CUDA graph, and on CPU to inductor with ``CPU_INDUCTOR_OPTIONS``.
+        it as a CUDA graph, and on CPU to inductor with ``CPU_INDUCTOR_OPTIONS`` (and
+        ``CPU_DECODE_OPTIONS`` for the decode step).
         ``options``: inductor settings instead (not with ``mode``), e.g. ``{"freezing": True}``,
         which folds the weights into the compiled steps at their first call: after editing
         weights in place, call ``compile()`` again. The prefill (the prompt) is compiled with dynamic shapes, so a new
@@ -100,10 +106,11 @@ class LanguageModel(Transformer):
         cuda_graphs = mode == "reduce-overhead" or (mode is None and self.device.type == "cuda")
         if mode is None and self.device.type == "cuda":
             mode = "reduce-overhead"
+        decode_options: dict[str, Any] = {}
         if mode is None and options is None and self.device.type == "cpu":
-            options = dict(self.CPU_INDUCTOR_OPTIONS)
+            options, decode_options = dict(self.CPU_INDUCTOR_OPTIONS), dict(self.CPU_DECODE_OPTIONS)
         fuse_projections(self)  # fewer, larger matmuls where the layers allow it (model/fused.py)
-        self._compiled = CompiledSteps(self, mode, options, backend, prefill, cuda_graphs)
+        self._compiled = CompiledSteps(self, mode, options, backend, prefill, cuda_graphs, decode_options)
         return self
 
     @property

@@ -83,13 +83,17 @@ def _recorded_compile_kwargs(monkeypatch, model, **compile_args):
 
 
 def test_cpu_compile_uses_the_chosen_inductor_options_unless_told_otherwise(monkeypatch):
-    """The decode step gets the inductor options (a mode becomes torch's own options for it)
-    plus the guard filter; the prefill gets the options alone. Every step is isolated."""
+    """The decode step gets the inductor options (a mode becomes torch's own options for it),
+    the decode-only defaults and the guard filter; the prefill gets the options alone. Every
+    step is isolated."""
     model = toy_model(seed=1, model_cls=LanguageModel)
+    assert LanguageModel.CPU_DECODE_OPTIONS == {"cpp_wrapper": True}  # the C++ wrapper for the decode step only
     monkeypatch.setattr(LanguageModel, "CPU_INDUCTOR_OPTIONS", {"freezing": True})
+    monkeypatch.setattr(LanguageModel, "CPU_DECODE_OPTIONS", {"cpp_wrapper": True, "freezing": False})
     slim = {"guard_filter_fn": keep_input_guards}
     decode, prefill = _recorded_compile_kwargs(monkeypatch, model)
-    assert decode["options"] == {"freezing": True, **slim} and prefill["options"] == {"freezing": True}
+    assert decode["options"] == {"freezing": False, "cpp_wrapper": True, **slim}
+    assert prefill["options"] == {"freezing": True}
     assert "mode" not in decode and decode["dynamic"] is False and prefill["dynamic"] is True
     assert decode["isolate_recompiles"] and prefill["isolate_recompiles"]
     decode, prefill = _recorded_compile_kwargs(monkeypatch, model, mode="max-autotune-no-cudagraphs")

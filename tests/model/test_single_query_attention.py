@@ -44,3 +44,27 @@ def test_decode_step_attention_equals_sdpa(dtype, n_kv_heads):
     assert got.dtype == dtype and got.shape == (3, 1, 6, 16)
     tolerance = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(got.float(), expected.transpose(1, 2), **tolerance)
+
+
+@pytest.mark.parametrize("n_kv_heads", [6, 2, 1])
+def test_the_compiled_spelling_equals_sdpa(n_kv_heads):
+    # Under torch.compile the same attention is written as products and sums (inductor turns
+    # them into loops over the cache instead of two bmm calls); aot_eager traces exactly that
+    # branch without inductor's C++ build. Reference: torch's SDPA in float32, with a mask.
+    cfg = ModelConfig(vocab_size=97, d_model=96, n_layers=1, n_heads=6, n_kv_heads=n_kv_heads, max_seq_len=64,
+                      positions="rope", norm="rms", mlp="swiglu", d_mlp=128)
+    attn = Transformer(cfg).blocks[0].attn
+    g = torch.Generator().manual_seed(n_kv_heads)
+    q = (torch.randn(3, 6, 1, 16, generator=g) * 3).bfloat16()  # (B, nh, 1, hd)
+    k = (torch.randn(3, n_kv_heads, 40, 16, generator=g) * 3).bfloat16()  # (B, n_kv, S, hd)
+    v = torch.randn(3, n_kv_heads, 40, 16, generator=g).bfloat16()
+    mask = torch.rand(3, 1, 1, 40, generator=g) > 0.3  # (B, 1, 1, S)
+    mask[..., 0] = True  # every row sees at least one key
+    compiled = torch.compile(attn._single_query_attention, backend="aot_eager", fullgraph=True)
+    got = compiled(q, k, v, mask)
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                              enable_gqa=n_kv_heads != 6, scale=attn.scale)
+    assert got.dtype == torch.bfloat16 and got.shape == (3, 6, 1, 16)
+    torch.testing.assert_close(got.float(), expected, rtol=1e-2, atol=1e-2)
+    eager = attn._single_query_attention(q, k, v, mask)
+    torch.testing.assert_close(got.float(), eager.float(), rtol=1e-2, atol=1e-2)

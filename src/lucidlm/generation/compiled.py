@@ -76,22 +76,24 @@ class CompiledSteps:
 
     mode / options / backend: as ``torch.compile`` takes them; the mode becomes its inductor
     options (``torch._inductor.list_mode_options``, exactly what torch does with a mode), so
-    the guard filter can ride along."""
+    the guard filter can ride along. ``decode_options``: inductor settings for the decode step
+    only, on top of ``options``."""
 
     def __init__(self, model: nn.Module, mode: Optional[str], options: Optional[dict[str, Any]],
-                 backend: Any, prefill: bool, cuda_graphs: bool) -> None:
+                 backend: Any, prefill: bool, cuda_graphs: bool,
+                 decode_options: Optional[dict[str, Any]] = None) -> None:
         self.model = model
         self.cuda_graphs = cuda_graphs
-        self._settings = (mode, dict(options or {}), backend, prefill)
+        self._settings = (mode, dict(options or {}), backend, prefill, dict(decode_options or {}))
         self._build()
 
     def _build(self) -> None:
-        mode, options, backend, prefill = self._settings
+        mode, options, backend, prefill, decode_only = self._settings
         step = self.model.step
         if backend == "inductor":
             from torch._inductor import list_mode_options
 
-            decode_options = {**(list_mode_options(mode, False) if mode else {}), **options}
+            decode_options = {**(list_mode_options(mode, False) if mode else {}), **options, **decode_only}
             prefill_options = options  # no CUDA graph for a prompt pass: its shape changes every time
         else:
             decode_options, prefill_options = {}, {}  # modes and options are inductor's

@@ -151,11 +151,23 @@ class Attention(nn.Module):
         (B, 1, 1, S) bool or None."""
         B, S = q.shape[0], k.shape[2]
         grouped_q = q.view(B, self.n_kv_heads, self.n_heads // self.n_kv_heads, self.head_dim)  # (B, n_kv, g, hd)
-        scores = (grouped_q.float() @ k.float().transpose(-2, -1)) * self.scale  # (B, n_kv, g, S)
+        # Compiled, the same sums are spelled as products and reductions: inductor turns them into
+        # loops over the cache fused with the softmax, instead of two bmm calls of ~20 us each per
+        # layer (SmolLM2 int4, AMD EPYC, 2 threads: 85 -> 109 tok/s at batch 1).
+        compiling = torch.compiler.is_compiling()
+        if compiling:
+            scores = (grouped_q.float().unsqueeze(-2) * k.float().unsqueeze(2)).sum(-1)  # (B, n_kv, g, S)
+        else:
+            scores = grouped_q.float() @ k.float().transpose(-2, -1)  # (B, n_kv, g, S)
+        scores = scores * self.scale
         if mask is not None:
             scores = scores.masked_fill(~mask.view(mask.shape[0], 1, 1, S), float("-inf"))
         pattern = torch.softmax(scores, dim=-1)  # (B, n_kv, g, S) float32
-        return (pattern @ v.float()).to(q.dtype).view(B, self.n_heads, 1, self.head_dim)  # (B, nh, 1, hd)
+        if compiling:
+            z = (pattern.unsqueeze(-1) * v.float().unsqueeze(2)).sum(-2)  # (B, n_kv, g, hd)
+        else:
+            z = pattern @ v.float()  # (B, n_kv, g, hd)
+        return z.to(q.dtype).view(B, self.n_heads, 1, self.head_dim)  # (B, nh, 1, hd)
 
     def _explicit_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             mask: Optional[torch.Tensor], dropout_p: float) -> torch.Tensor:
