@@ -45,8 +45,9 @@ def precision_warning(autocast: Optional[torch.dtype], device: torch.device) -> 
     bf16 autocast against ~12,400 in float32, every matmul taking torch's generic bf16 loop."""
     if autocast is not torch.bfloat16 or device.type != "cpu" or devices.cpu_multiplies_bfloat16():
         return None
-    return ("warning: --dtype bfloat16 on this CPU: it has no AVX-512 BF16 or AMX, so torch multiplies "
-            "bfloat16 matrices in a generic loop, 5-30x slower than float32 (not faster). Leave --dtype at "
+    return ("warning: --dtype bfloat16 on this CPU: it has no AVX-512, which torch's fast bfloat16 matmul "
+            "(oneDNN) needs, so bfloat16 matrices go through a generic loop, 5-30x slower than float32 (not "
+            "faster). Leave --dtype at "
             "auto (float32 on CPU) unless you are checking mixed precision.")
 
 
