@@ -131,7 +131,7 @@ class LanguageModel(Transformer):
         if self._compiled is None:
             return self.step(ids, input_pos, attention_mask, None, last_token_only)
         run = self._compiled.decode_step()
-        if self._compiled.cuda_graphs and run is not self.step:
+        if self._compiled.cuda_graphs and run is self._compiled.decode:  # (not a hooked model's eager step)
             torch.compiler.cudagraph_mark_step_begin()  # a new step: the last one's outputs may be reused
             # The graph writes its output into the same memory every replay: hand out a copy.
             return run(ids, input_pos, attention_mask, None, last_token_only).clone()

@@ -22,6 +22,8 @@ model itself once per generation instead:
 
 from __future__ import annotations
 
+import inspect
+import types
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -32,6 +34,27 @@ from lucidlm.model.hooks import HookPoint
 
 PLAIN = (bool, int, float, str)
 CACHE_SOURCE = "self._modules['kv_caches']"  # guards under this source stay: the cache is an input
+# torch.compile(isolate_recompiles=...) came after torch 2.11, which GPU images still ship.
+HAS_ISOLATE = "isolate_recompiles" in inspect.signature(torch.compile).parameters
+
+
+def own_step(model: nn.Module) -> Callable[..., torch.Tensor]:
+    """``model.step`` for one compiled step, with its own compiled entries.
+
+    dynamo files compiled entries under the function's code object. torch >= 2.12 keeps each
+    ``torch.compile`` apart itself (``isolate_recompiles``); before it, every compile of
+    ``step`` shared one list, and the decode step's slim guards, meant for this model, would
+    be run against another model's entries (a quantized model has no ``weight`` to look up:
+    KeyError). A copy of the code object is a fresh list.
+    """
+    if HAS_ISOLATE:
+        return model.step
+    function = type(model).step
+    code = function.__code__.replace()  # equal, but not the same object
+    fresh = types.FunctionType(code, function.__globals__, function.__name__, function.__defaults__,
+                               function.__closure__)
+    fresh.__kwdefaults__, fresh.__qualname__ = function.__kwdefaults__, function.__qualname__
+    return types.MethodType(fresh, model)
 
 
 def structure_fingerprint(model: nn.Module) -> tuple:
@@ -89,7 +112,6 @@ class CompiledSteps:
 
     def _build(self) -> None:
         mode, options, backend, prefill, decode_only = self._settings
-        step = self.model.step
         if backend == "inductor":
             from torch._inductor import list_mode_options
 
@@ -99,11 +121,12 @@ class CompiledSteps:
             decode_options, prefill_options = {}, {}  # modes and options are inductor's
         # isolate_recompiles: each compiled step keeps its own entries, so a decode step never
         # walks past the prefill's (or an earlier compile's) guards.
-        self.decode = torch.compile(step, backend=backend, fullgraph=True, dynamic=False, isolate_recompiles=True,
+        isolate = {"isolate_recompiles": True} if HAS_ISOLATE else {}
+        self.decode = torch.compile(own_step(self.model), backend=backend, fullgraph=True, dynamic=False, **isolate,
                                     options={**decode_options, "guard_filter_fn": keep_input_guards})
-        self.prefill = (torch.compile(step, backend=backend, fullgraph=True, dynamic=True, isolate_recompiles=True,
+        self.prefill = (torch.compile(own_step(self.model), backend=backend, fullgraph=True, dynamic=True, **isolate,
                                       **({"options": prefill_options} if prefill_options else {}))
-                        if prefill else step)
+                        if prefill else self.model.step)
         self.fingerprint = structure_fingerprint(self.model)
         self._look_for_hooks()
 
