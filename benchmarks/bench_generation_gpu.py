@@ -9,8 +9,11 @@ device-to-device copy: a decode step reads every weight once, so weight bytes / 
 the shortest a step can take; "% of copy" = tok/s x weight bytes / bandwidth (batch 1).
 
 Also checks, on a tiny bf16 model on the GPU, that compiled greedy tokens equal eager ones.
+``--diagnose`` adds, for eager and compiled lucidlm at batch 1, the time of a bare decode step
+(no sampling, no loop around it: what the loop costs is the difference) and the top kernels of
+20 compiled steps in torch's profiler (``decode_profile.txt``).
 
-    python benchmarks/bench_generation_gpu.py [--out benchmarks/results] [--runs 3]
+    python benchmarks/bench_generation_gpu.py [--out benchmarks/results] [--runs 3] [--diagnose]
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import time
 import traceback
 from datetime import date
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -142,6 +145,56 @@ def same_prefix(a: list[list[int]], b: list[list[int]]) -> int:
     return n
 
 
+def bare_step_ms(model: LanguageModel, batch: int, steps: int = 100) -> float:
+    """Milliseconds per decode step called directly, on a cache of the size generate uses."""
+    ids = torch.zeros((batch, 1), dtype=torch.long, device=DEVICE)
+    with torch.inference_mode():
+        model.setup_kv_cache(batch, max_seq_len=PROMPT_LEN + NEW_TOKENS - 1)
+        slot = torch.tensor([PROMPT_LEN], device=DEVICE)
+        try:
+            for _ in range(5):
+                model.decode_step(ids, slot)
+            sync()
+            start = time.perf_counter()
+            for _ in range(steps):
+                model.decode_step(ids, slot)
+            sync()
+            return (time.perf_counter() - start) / steps * 1e3
+        finally:
+            model.clear_kv_cache()
+
+
+def profile_steps(model: LanguageModel, path: Path, steps: int = 20) -> None:
+    """torch's profiler over ``steps`` bare decode steps at batch 1; the kernel table to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    ids = torch.zeros((1, 1), dtype=torch.long, device=DEVICE)
+    with torch.inference_mode():
+        model.setup_kv_cache(1, max_seq_len=PROMPT_LEN + NEW_TOKENS - 1)
+        slot = torch.tensor([PROMPT_LEN], device=DEVICE)
+        try:
+            model.decode_step(ids, slot)
+            sync()
+            with profile(activities=activities) as prof:
+                for _ in range(steps):
+                    model.decode_step(ids, slot)
+                sync()
+        finally:
+            model.clear_kv_cache()
+    averages = prof.key_averages()
+    tables = []
+    for key in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total"):
+        try:
+            tables.append(f"sorted by {key}, {steps} steps\n" + averages.table(sort_by=key, row_limit=30))
+            break
+        except Exception:  # noqa: BLE001 - the key's name moved between torch versions
+            continue
+    tables.append(f"sorted by self_cpu_time_total, {steps} steps\n"
+                  + averages.table(sort_by="self_cpu_time_total", row_limit=20))
+    path.write_text("\n\n".join(tables) + "\n")
+
+
 def cuda_compile_check() -> dict[str, Any]:
     """Compiled greedy == eager greedy, bf16, on CUDA, one row and a left-padded batch."""
     torch.manual_seed(1)
@@ -166,6 +219,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--skip", action="append", default=[], help="engine names to leave out")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU: checks the script runs")
+    parser.add_argument("--diagnose", action="store_true", help="bare step times and a profile of the compiled step")
+    parser.add_argument("--int4", action="store_true", help="also lucidlm int4 (groups of 32), compiled, last")
     args = parser.parse_args()
     global DEVICE, NEW_TOKENS
     if args.smoke:
@@ -186,11 +241,12 @@ def main() -> None:
         (out_dir / "generation_gpu.json").write_text(json.dumps(results, indent=2) + "\n")
 
     try:
-        if DEVICE == "cuda":
-            results["cuda_compiled_equals_eager"] = cuda_compile_check()
+        results["cuda_compiled_equals_eager" if DEVICE == "cuda" else "smoke_compiled_equals_eager"] = \
+            cuda_compile_check()
     except Exception:  # noqa: BLE001 - recorded, the benchmark goes on
         results["errors"]["cuda_compile_check"] = traceback.format_exc()[-2000:]
-    print("compiled == eager on CUDA (bf16, tiny):", results.get("cuda_compiled_equals_eager"), flush=True)
+    print("compiled == eager (bf16, tiny):", results.get("cuda_compiled_equals_eager",
+                                                         results.get("smoke_compiled_equals_eager")), flush=True)
 
     bandwidth = copy_bandwidth()
     results["copy_bandwidth_bytes_per_s"] = bandwidth
@@ -223,6 +279,23 @@ def main() -> None:
             save()
 
     measure("lucidlm eager", lambda p: lucidlm_run(ours, p))
+    diagnostics: dict[str, Any] = results.setdefault("diagnostics", {})
+
+    def diagnose(name: str, model: LanguageModel, profile_to: Optional[str] = None) -> None:
+        if not args.diagnose:
+            return
+        try:
+            diagnostics[f"{name} bare step ms, batch 1"] = bare_step_ms(model, 1)
+            print(f"{name}: bare decode step {diagnostics[f'{name} bare step ms, batch 1']:.3f} ms at batch 1",
+                  flush=True)
+            if profile_to:
+                profile_steps(model, out_dir / profile_to)
+        except Exception:  # noqa: BLE001
+            results["errors"][f"diagnose {name}"] = traceback.format_exc()[-2000:]
+            print(results["errors"][f"diagnose {name}"], flush=True)
+        save()
+
+    diagnose("lucidlm eager", ours)
     hf = hf_model(ours)
     measure("transformers dynamic cache", lambda p: hf_run(hf, p, static=False))
     measure("transformers static cache + compile", lambda p: hf_run(hf, p, static=True))
@@ -231,6 +304,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     ours.compile()
     measure("lucidlm compiled", lambda p: lucidlm_run(ours, p))
+    diagnose("lucidlm compiled", ours, "decode_profile.txt")
     if "lucidlm int8 compiled" not in args.skip:
         try:
             from lucidlm.quantization import quantize
@@ -241,8 +315,22 @@ def main() -> None:
             int8 = quantize(lucidlm_model(), "int8").compile()
             results["weight_bytes_int8"] = weight_bytes(int8)
             measure("lucidlm int8 compiled", lambda p: lucidlm_run(int8, p))
+            diagnose("lucidlm int8 compiled", int8)
+            del int8
         except Exception:  # noqa: BLE001
             results["errors"]["lucidlm int8"] = traceback.format_exc()[-2000:]
+    if args.int4:
+        try:
+            from lucidlm.quantization import quantize
+
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+            int4 = quantize(lucidlm_model(), "int4").compile()
+            results["weight_bytes_int4"] = weight_bytes(int4)
+            measure("lucidlm int4 compiled", lambda p: lucidlm_run(int4, p))
+            diagnose("lucidlm int4 compiled", int4)
+        except Exception:  # noqa: BLE001
+            results["errors"]["lucidlm int4"] = traceback.format_exc()[-2000:]
 
     for (engine, b), out in outputs.items():
         reference = outputs.get(("transformers dynamic cache", b))
