@@ -103,3 +103,56 @@ def test_compiled_decode_step_compiles_once(padded):
     assert counter.op_count > 0  # the graph holds the whole step
     compiled = generate(model, [5, 6, 7], max_new_tokens=STEPS, temperature=0, stop_on_eos=False).token_ids
     assert compiled == eager
+
+
+def _steps_seen_per_token(model, rows, lookahead: bool, new_tokens: int = 12):
+    """(tokens per step (B,) as lists, decode steps run when each token reached the caller)."""
+    from lucidlm.generation.decode import sample_rows
+    from lucidlm.generation.sampling import SamplingSettings
+
+    calls = []
+    original = model.step
+    model.step = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
+    try:
+        finished = torch.zeros(len(rows), dtype=torch.bool)
+        tokens, steps_run = [], []
+        for next_ids in sample_rows(model, rows, new_tokens, SamplingSettings(temperature=0.0), None, finished,
+                                    lookahead=lookahead):
+            steps_run.append(len(calls) - 1)  # the prefill is one call
+            tokens.append(next_ids.tolist())
+    finally:
+        del model.step
+    return tokens, steps_run
+
+
+@pytest.mark.parametrize("rows", [[[72, 105, 33]], [[72, 105, 33, 10, 65], [66, 67]]], ids=["one row", "padded batch"])
+def test_lookahead_queues_the_next_step_before_the_caller_reads_a_token(rows):
+    """With lookahead the step that feeds token t back is already queued when the caller gets
+    token t (on a GPU its read-back then overlaps that step), the last token is never fed
+    back, and the tokens are the ones of the plain loop."""
+    model = toy_model(seed=3, max_seq_len=128)
+    plain, plain_steps = _steps_seen_per_token(model, rows, lookahead=False)
+    ahead, ahead_steps = _steps_seen_per_token(model, rows, lookahead=True)
+    assert ahead == plain
+    n = len(plain)
+    assert plain_steps == list(range(n))
+    assert ahead_steps == list(range(1, n)) + [n - 1]  # the last token: no step for it
+    for i, row in enumerate(rows):  # and both are what greedy generation gives
+        assert [t[i] for t in ahead] == generate(model, row, max_new_tokens=n, temperature=0,
+                                                 stop_on_eos=False).token_ids
+
+
+def test_generate_looks_ahead_and_stream_does_not(monkeypatch):
+    """A stream's caller runs code between tokens (it may attach a hook that must reach the
+    next step), so only generate, whose loop is lucidlm's own, queues a step early."""
+    from lucidlm.generation import api
+
+    asked = []
+    original = api.sample_rows
+    monkeypatch.setattr(api, "sample_rows", lambda *args, **kwargs: asked.append(kwargs.get("lookahead", False))
+                        or original(*args, **kwargs))
+    model = toy_model(seed=3, max_seq_len=128)
+    generate(model, [72, 105], max_new_tokens=4, temperature=0)
+    generate(model, [[72, 105], [33]], max_new_tokens=4, temperature=0)
+    list(api.stream(model, [72, 105], max_new_tokens=4, temperature=0))
+    assert asked == [True, True, False]

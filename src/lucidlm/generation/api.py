@@ -83,7 +83,7 @@ def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
                                   f"of {len(rows)}; loop over the prompts.")
         options.pop("num_beams"), options.pop("length_penalty"), options.pop("context_overflow")
         return generate_batch(model, rows, **options)
-    runner = _Run(model, prompt, options)
+    runner = _Run(model, prompt, options, lookahead=True)  # no caller code between the tokens
     for _ in runner.pieces():
         pass
     return runner.result
@@ -140,7 +140,7 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
     finished = torch.zeros(len(rows), dtype=torch.bool)
     pad_id = padding_id(tokenizer)
     with closing(sample_rows(model, rows, max_new, request.settings, private_generator(model, request.seed),
-                             finished, pad_id, request.min_new_tokens, request.eos_ids)) as steps:
+                             finished, pad_id, request.min_new_tokens, request.eos_ids, lookahead=True)) as steps:
         for next_ids in steps:
             for i, token in enumerate(next_ids.tolist()):
                 if finished[i]:
@@ -163,8 +163,9 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
 class _Run:
     """One generation, driven by iterating ``pieces()``; ``result`` is set at the end."""
 
-    def __init__(self, model: Any, prompt: Any, kwargs: dict[str, Any]) -> None:
+    def __init__(self, model: Any, prompt: Any, kwargs: dict[str, Any], lookahead: bool = False) -> None:
         kwargs = {k: v for k, v in kwargs.items() if k not in ("model", "prompt")}
+        self.lookahead = lookahead  # see sample_rows: only where no caller code runs between tokens
         chat = bool(kwargs.pop("chat", False))
         self.model = model
         self.request = make_request(apply_sampling_defaults(model, kwargs))
@@ -206,7 +207,8 @@ class _Run:
             return
 
         finished = torch.zeros(1, dtype=torch.bool)
-        sampler = sample_with_crop if self.crop else lambda model, prompt, *rest: sample_rows(model, [prompt], *rest)
+        sampler = sample_with_crop if self.crop else \
+            lambda model, prompt, *rest: sample_rows(model, [prompt], *rest, lookahead=self.lookahead)
         steps = sampler(self.model, self.prompt_ids, self.max_new, self.request.settings,
                         private_generator(self.model, self.request.seed), finished, padding_id(self.model.tokenizer),
                         self.request.min_new_tokens, self.request.eos_ids)

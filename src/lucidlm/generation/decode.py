@@ -98,7 +98,8 @@ class DecodeSession:
 
 def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, settings: Any,
                 generator: Optional[torch.Generator], finished: torch.Tensor, pad_id: int = 0,
-                min_new_tokens: int = 0, eos_ids: Sequence[int] = ()) -> Iterator[torch.Tensor]:
+                min_new_tokens: int = 0, eos_ids: Sequence[int] = (),
+                lookahead: bool = False) -> Iterator[torch.Tensor]:
     """Yield the next token of every row (B,) for up to ``max_new_tokens`` steps; the
     ``eos_ids`` cannot be chosen in the first ``min_new_tokens`` steps.
 
@@ -106,6 +107,12 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
     string); the loop stops early once every row has. Finished rows keep decoding in
     lockstep (cheaper than reshaping the cache); their tokens are simply ignored.
     Close the generator (or exhaust it) to free the cache.
+
+    ``lookahead``: queue the step that feeds a token back *before* yielding the token. On a
+    GPU the caller's read of the token (``.tolist()``, a host sync) then overlaps the next
+    step instead of leaving the device idle while Python handles it; the tokens are the same,
+    and a row that ends wastes one step. Only for callers whose code between tokens cannot
+    change the model (``generate``, not ``stream``, whose loop body may attach hooks).
     """
     from lucidlm.generation.sampling import sample_next
 
@@ -126,10 +133,14 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
                     logits = suppress(logits, eos_ids)
                 next_ids = sample_next(logits, settings, seen[:, :L + t], generator)  # (B,)
                 seen[:, L + t] = next_ids
+            last = t + 1 == max_new_tokens  # the last token is never fed back: no forward pass for it
+            if lookahead and not last:
+                logits = session.step(next_ids)  # queued on the device; the caller's read overlaps it
             yield next_ids
-            if t + 1 == max_new_tokens or bool(finished.all()):
-                return  # the last token is never fed back: no forward pass for it
-            logits = session.step(next_ids)
+            if last or bool(finished.all()):
+                return
+            if not lookahead:
+                logits = session.step(next_ids)
 
 
 def suppress(logits: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
