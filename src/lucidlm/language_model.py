@@ -109,7 +109,9 @@ class LanguageModel(Transformer):
         decode_options: dict[str, Any] = {}
         if mode is None and options is None and self.device.type == "cpu":
             options, decode_options = dict(self.CPU_INDUCTOR_OPTIONS), dict(self.CPU_DECODE_OPTIONS)
-        fuse_projections(self)  # fewer, larger matmuls where the layers allow it (model/fused.py)
+        # Fewer, larger matmuls where the layers allow it; float layers too on CUDA, where small
+        # matmuls are launch-bound (model/fused.py).
+        fuse_projections(self, float_layers=self.device.type == "cuda")
         self._compiled = CompiledSteps(self, mode, options, backend, prefill, cuda_graphs, decode_options)
         return self
 

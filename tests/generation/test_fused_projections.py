@@ -130,3 +130,85 @@ def test_load_fuses_a_quantized_model_and_leaves_a_float_one():
                                multiple_of=64, vocab_size=300, max_seq_len=64)
     assert float_model.blocks[0].attn.fused_qkv is None and float_model.blocks[0].mlp.fused_gate_up is None
 
+
+
+def float_parts(model: LanguageModel, block: int = 0) -> tuple[torch.nn.Module, ...]:
+    attn = model.blocks[block].attn
+    return attn.q_proj, attn.k_proj, attn.v_proj
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fused_float_projections_hold_the_parts_weights_once(with_bias):
+    """float_layers=True (what compile() asks for on CUDA): one matrix whose rows are the parts'
+    weights, the same Parameter objects; outputs, hook values and checkpoints as before."""
+    model = toy_model(seed=7, model_cls=LanguageModel, attn_bias=with_bias, **WIDE)
+    unfused = copy.deepcopy(model)
+    params = [p.weight for p in float_parts(model)]
+    assert fuse_projections(model) == 0  # not asked: float layers are left alone
+    assert fuse_projections(model, float_layers=True) == 2 * model.config.n_layers
+    assert fuse_projections(model, float_layers=True) == 0  # idempotent
+    fused = model.blocks[0].attn.fused_qkv
+    assert fused.widths == [128, 64, 64] and fused.sharing
+    assert [p.weight for p in float_parts(model)] == params  # the same Parameters, identity kept
+    storage = fused.kernel.weight.untyped_storage().data_ptr()
+    assert all(p.weight.untyped_storage().data_ptr() == storage for p in float_parts(model))
+    assert (fused.kernel.bias is not None) == with_bias
+    torch.testing.assert_close(logits(model, IDS), logits(unfused, IDS), atol=1e-5, rtol=1e-5)
+    _, cache = model.run_with_cache(IDS)
+    _, reference = unfused.run_with_cache(IDS)
+    for name in ("blocks.0.attn.hook_q", "blocks.1.attn.hook_v", "blocks.1.mlp.hook_pre"):
+        torch.testing.assert_close(cache[name], reference[name], atol=1e-5, rtol=1e-5)
+    assert model.state_dict().keys() == unfused.state_dict().keys()
+    for name, value in unfused.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+
+
+def test_fused_float_projections_follow_edits_and_step_aside_for_autograd():
+    model = toy_model(seed=8, model_cls=LanguageModel, **WIDE)
+    unfused = copy.deepcopy(model)
+    fuse_projections(model, float_layers=True)
+    # An in-place edit of a part is an edit of the fused matrix.
+    with torch.no_grad():
+        for m in (model, unfused):
+            m.blocks[0].attn.k_proj.weight.mul_(3.0)
+            m.blocks[1].mlp.up_proj.weight[:5] = 0.25
+    torch.testing.assert_close(logits(model, IDS), logits(unfused, IDS), atol=1e-5, rtol=1e-5)
+    # While autograd records, the parts run and their parameters get the gradients.
+    model(IDS).logsumexp(-1).sum().backward()
+    assert all(p.weight.grad is not None and p.weight.grad.abs().sum() > 0 for p in float_parts(model, 1))
+    # A part given a new Parameter no longer shares the matrix: the parts run.
+    fresh = torch.nn.Parameter(torch.randn_like(model.blocks[1].attn.v_proj.weight))
+    model.blocks[1].attn.v_proj.weight = fresh
+    unfused.blocks[1].attn.v_proj.weight = torch.nn.Parameter(fresh.detach().clone())
+    with torch.no_grad():
+        assert not model.blocks[1].attn.fused_qkv.serves(*float_parts(model, 1))
+        assert model.blocks[0].attn.fused_qkv.serves(*float_parts(model, 0))
+    torch.testing.assert_close(logits(model, IDS), logits(unfused, IDS), atol=1e-5, rtol=1e-5)
+    # A conversion gives every part its own tensor: the fused matrices are dropped, the parts run.
+    model.to(torch.float64)
+    assert model.blocks[0].attn.fused_qkv.kernel is None
+    torch.testing.assert_close(logits(model, IDS.clone()), logits(unfused.to(torch.float64), IDS))
+
+
+def test_compiled_steps_notice_a_float_part_that_stopped_sharing():
+    """The traced step reads the ``sharing`` flag, not pointers: the structure check before each
+    generation refreshes it, so a part given a new Parameter after compile() is re-traced on."""
+    model = toy_model(seed=9, model_cls=LanguageModel, **WIDE)
+    fuse_projections(model, float_layers=True)
+    model.compile(backend="aot_eager")
+    assert model.blocks[0].attn.fused_qkv.sharing
+    prompt = [5, 6, 7, 8]
+
+    def tokens() -> list[int]:
+        return model.generate(prompt, max_new_tokens=8, temperature=0, stop_on_eos=False).token_ids
+
+    def eager_tokens() -> list[int]:
+        reference = toy_model(seed=9, model_cls=LanguageModel, **WIDE)
+        reference.load_state_dict(model.state_dict())
+        return reference.generate(prompt, max_new_tokens=8, temperature=0, stop_on_eos=False).token_ids
+
+    assert tokens() == eager_tokens()
+    q = model.blocks[0].attn.q_proj
+    q.weight = torch.nn.Parameter(torch.randn_like(q.weight) * 0.5)
+    assert tokens() == eager_tokens()
+    assert not model.blocks[0].attn.fused_qkv.sharing

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from lucidlm.model.fused import FusedLinear
 from lucidlm.model.hooks import HookPoint
 
 PLAIN = (bool, int, float, str)
@@ -64,6 +65,8 @@ def structure_fingerprint(model: nn.Module) -> tuple:
     for name, module in model.named_modules():
         if name.startswith("kv_caches"):
             continue
+        if isinstance(module, FusedLinear):
+            module.refresh()  # whether float parts still share the fused matrix: its ``sharing`` flag
         # None is skipped: an attribute that is None now and a module later (``kv_caches``) moves
         # between the instance dict and the module tree, which ``named_modules`` already covers.
         settings = tuple((key, value) for key, value in vars(module).items()
