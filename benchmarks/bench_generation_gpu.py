@@ -214,6 +214,7 @@ def cuda_compile_check() -> dict[str, Any]:
 
 
 def main() -> None:
+    global DEVICE, NEW_TOKENS, BATCHES
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--runs", type=int, default=3)
@@ -221,13 +222,14 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU: checks the script runs")
     parser.add_argument("--diagnose", action="store_true", help="bare step times and a profile of the compiled step")
     parser.add_argument("--int4", action="store_true", help="also lucidlm int4 (groups of 32), compiled, last")
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="batch sizes (default 1 8)")
     args = parser.parse_args()
-    global DEVICE, NEW_TOKENS
     if args.smoke:
         DEVICE, NEW_TOKENS = "cpu", 8
         SHAPE.update(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_mlp=128)
     elif not torch.cuda.is_available():
         sys.exit("bench_generation_gpu.py needs a CUDA GPU (or --smoke).")
+    BATCHES = tuple(args.batches)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
@@ -362,7 +364,10 @@ def table(results: dict[str, Any]) -> str:
         b1, b8 = by.get((engine, 1)), by.get((engine, 8))
         ratio = f"{b1['tok_s'] / static['tok_s']:.2f}x" if b1 and static else "-"
         lines.append(f"| {engine} | {b1['tok_s']:.0f} | {b1['pct_of_copy']:.1f} % | {ratio} | "
-                     f"{b8['tok_s']:.0f} | {b1['first_call_s']:.1f} |" if b1 and b8 else f"| {engine} | - | - | - | - | - |")
+                     f"{b8['tok_s']:.0f} | {b1['first_call_s']:.1f} |" if b1 and b8 else
+                     f"| {engine} | {b1['tok_s']:.0f} | {b1['pct_of_copy']:.1f} % | {ratio} | - | "
+                     f"{b1['first_call_s']:.1f} |" if b1 else
+                     f"| {engine} | - | - | - | {b8['tok_s']:.0f} | - |" if b8 else f"| {engine} | - | - | - | - | - |")
     return "\n".join(lines)
 
 
