@@ -276,6 +276,10 @@ def main() -> None:
             row = {"engine": engine, "batch": b, "tok_s": tok_s, "seconds": best, "first_call_s": first,
                    "pct_of_copy": 100 * tok_s / b * wbytes / bandwidth}
             outputs[(engine, b)] = out
+            # Row 0's tokens in common with the first engine that ran (as the run goes: a run cut
+            # short keeps them); random bf16 weights have near-ties, so only a long prefix means much.
+            first_engine = next(e for e, batch in outputs if batch == b)
+            row[f"tokens_equal_to_{first_engine.replace(' ', '_')}_row0"] = same_prefix(out, outputs[(first_engine, b)])
             results["rows"].append(row)
             print(f"{engine:34s} batch {b}: {tok_s:8.1f} tok/s  (first call {first:6.1f} s)", flush=True)
             save()
@@ -288,8 +292,12 @@ def main() -> None:
             return
         try:
             diagnostics[f"{name} bare step ms, batch 1"] = bare_step_ms(model, 1)
-            print(f"{name}: bare decode step {diagnostics[f'{name} bare step ms, batch 1']:.3f} ms at batch 1",
-                  flush=True)
+            # What a generate call costs besides its decode steps: set-up, checks, the prompt pass.
+            row = prompts.get(1) or prompts[min(prompts)][:1]
+            one_token = lambda: model.generate(row, max_new_tokens=1, temperature=0, stop_on_eos=False)  # noqa: E731
+            diagnostics[f"{name} generate of 1 token ms, batch 1"] = 1e3 * timed(one_token, 3)[1]
+            print(f"{name}: bare decode step {diagnostics[f'{name} bare step ms, batch 1']:.3f} ms at batch 1; "
+                  f"generate of 1 token {diagnostics[f'{name} generate of 1 token ms, batch 1']:.1f} ms", flush=True)
             if profile_to:
                 profile_steps(model, out_dir / profile_to)
         except Exception:  # noqa: BLE001
@@ -334,12 +342,6 @@ def main() -> None:
         except Exception:  # noqa: BLE001
             results["errors"]["lucidlm int4"] = traceback.format_exc()[-2000:]
 
-    for (engine, b), out in outputs.items():
-        reference = outputs.get(("transformers dynamic cache", b))
-        if reference is not None:
-            for row in results["rows"]:
-                if row["engine"] == engine and row["batch"] == b:
-                    row["tokens_equal_to_transformers_row0"] = same_prefix(out, reference)
     save()
     print(table(results))
     (out_dir / "generation_gpu.md").write_text(table(results) + "\n")
