@@ -212,3 +212,16 @@ def test_compiled_steps_notice_a_float_part_that_stopped_sharing():
     q.weight = torch.nn.Parameter(torch.randn_like(q.weight) * 0.5)
     assert tokens() == eager_tokens()
     assert not model.blocks[0].attn.fused_qkv.sharing
+
+
+def test_a_model_with_fused_float_projections_saves_and_loads(tmp_path):
+    """The parts are views of one matrix; the checkpoint holds them as separate tensors."""
+    from lucidlm.weights.checkpoint import save_model
+
+    model = toy_model(seed=10, model_cls=LanguageModel, **WIDE)
+    fuse_projections(model, float_layers=True)
+    save_model(model, tmp_path / "fused")
+    loaded = lucidlm.load(tmp_path / "fused")
+    assert loaded.blocks[0].attn.fused_qkv is None  # loading builds nothing for float layers
+    assert torch.equal(loaded.blocks[0].attn.k_proj.weight, model.blocks[0].attn.k_proj.weight)
+    torch.testing.assert_close(logits(loaded, IDS), logits(model, IDS), atol=1e-5, rtol=1e-5)
