@@ -315,32 +315,23 @@ def main() -> None:
     ours.compile()
     measure("lucidlm compiled", lambda p: lucidlm_run(ours, p))
     diagnose("lucidlm compiled", ours, "decode_profile.txt")
-    if "lucidlm int8 compiled" not in args.skip:
-        try:
-            from lucidlm.quantization import quantize
+    del ours
+    from lucidlm.quantization import quantize
 
-            del ours
+    for scheme in ("int8", "int4") if args.int4 else ("int8",):
+        engine = f"lucidlm {scheme} compiled"
+        if engine in args.skip:
+            continue
+        try:
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
-            int8 = quantize(lucidlm_model(), "int8").compile()
-            results["weight_bytes_int8"] = weight_bytes(int8)
-            measure("lucidlm int8 compiled", lambda p: lucidlm_run(int8, p))
-            diagnose("lucidlm int8 compiled", int8)
-            del int8
-        except Exception:  # noqa: BLE001
-            results["errors"]["lucidlm int8"] = traceback.format_exc()[-2000:]
-    if args.int4:
-        try:
-            from lucidlm.quantization import quantize
-
-            if DEVICE == "cuda":
-                torch.cuda.empty_cache()
-            int4 = quantize(lucidlm_model(), "int4").compile()
-            results["weight_bytes_int4"] = weight_bytes(int4)
-            measure("lucidlm int4 compiled", lambda p: lucidlm_run(int4, p))
-            diagnose("lucidlm int4 compiled", int4)
-        except Exception:  # noqa: BLE001
-            results["errors"]["lucidlm int4"] = traceback.format_exc()[-2000:]
+            quantized = quantize(lucidlm_model(), scheme).compile()
+            results[f"weight_bytes_{scheme}"] = weight_bytes(quantized)
+            measure(engine, lambda p: lucidlm_run(quantized, p))
+            diagnose(engine, quantized)
+            del quantized
+        except Exception:  # noqa: BLE001 - recorded, the benchmark goes on
+            results["errors"][engine] = traceback.format_exc()[-2000:]
 
     save()
     print(table(results))
