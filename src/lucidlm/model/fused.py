@@ -20,8 +20,9 @@ The parts stay the truth:
   parts' parameters must get their gradients);
 - the fused path runs only while it still ``serves`` the parts: the same modules, the same
   weights (each part's ``installs`` count, bumped whenever its weights are replaced; for a
-  float part, its weight still being its rows of the fused matrix), and no torch hook on a part. A LoRA wrapper, a reloaded state dict or a device move makes the
-  model fall back to the parts, exactly;
+  float part, its weight still being its rows of the fused matrix), and no torch hook on a
+  part. A LoRA wrapper, a reloaded state dict or a device move makes the model fall back to
+  the parts, exactly;
 - a ``FusedLinear`` saves and loads nothing: checkpoints hold the parts only.
 """
 
