@@ -227,3 +227,20 @@ def test_compiled_cache_length_is_a_power_of_two_from_64_up_to_the_context(wante
     model.clear_kv_cache()
     model.setup_kv_cache(2, expected)  # rounds to the same size: the same cache, reused
     assert model.kv_caches is kept
+
+
+def test_without_isolate_recompiles_each_model_keeps_its_own_compiled_steps(monkeypatch):
+    """torch 2.11 (what GPU images ship) has no ``isolate_recompiles``: every compile of
+    ``step`` then files its entries under the one code object, and a float model's slim-guarded
+    entries were run against an int8 model (KeyError 'weight', seen on the H200, 2026-11-26).
+    Without it, each compiled step gets its own copy of the code: both models decode right."""
+    from lucidlm.generation import compiled
+
+    monkeypatch.setattr(compiled, "HAS_ISOLATE", False)
+    make = lambda: toy_model(seed=4, max_seq_len=128, model_cls=LanguageModel)  # noqa: E731
+    models = [make(), lucidlm.quantize(make(), "int8")]
+    eager = [greedy(m, [5, 6, 7, 8], 12) for m in models]
+    for model in models:
+        model.compile(backend="aot_eager")
+    for _ in range(2):  # interleaved: each model meets the other's compiled entries in between
+        assert [greedy(m, [5, 6, 7, 8], 12) for m in models] == eager
