@@ -24,9 +24,10 @@ import platform
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from datetime import date
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -145,8 +146,10 @@ def same_prefix(a: list[list[int]], b: list[list[int]]) -> int:
     return n
 
 
-def bare_step_ms(model: LanguageModel, batch: int, steps: int = 100) -> float:
-    """Milliseconds per decode step called directly, on a cache of the size generate uses."""
+@contextmanager
+def bare_steps(model: LanguageModel, batch: int) -> Iterator[Callable[[], None]]:
+    """A function running one decode step directly, on a cache of the size generate uses,
+    warmed up; the cache is freed afterwards."""
     ids = torch.zeros((batch, 1), dtype=torch.long, device=DEVICE)
     with torch.inference_mode():
         model.setup_kv_cache(batch, max_seq_len=PROMPT_LEN + NEW_TOKENS - 1)
@@ -155,13 +158,19 @@ def bare_step_ms(model: LanguageModel, batch: int, steps: int = 100) -> float:
             for _ in range(5):
                 model.decode_step(ids, slot)
             sync()
-            start = time.perf_counter()
-            for _ in range(steps):
-                model.decode_step(ids, slot)
-            sync()
-            return (time.perf_counter() - start) / steps * 1e3
+            yield lambda: model.decode_step(ids, slot)
         finally:
             model.clear_kv_cache()
+
+
+def bare_step_ms(model: LanguageModel, batch: int, steps: int = 100) -> float:
+    """Milliseconds per decode step called directly (no sampling, no loop around it)."""
+    with bare_steps(model, batch) as step:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync()
+        return (time.perf_counter() - start) / steps * 1e3
 
 
 def profile_steps(model: LanguageModel, path: Path, steps: int = 20) -> None:
@@ -169,19 +178,10 @@ def profile_steps(model: LanguageModel, path: Path, steps: int = 20) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
-    ids = torch.zeros((1, 1), dtype=torch.long, device=DEVICE)
-    with torch.inference_mode():
-        model.setup_kv_cache(1, max_seq_len=PROMPT_LEN + NEW_TOKENS - 1)
-        slot = torch.tensor([PROMPT_LEN], device=DEVICE)
-        try:
-            model.decode_step(ids, slot)
-            sync()
-            with profile(activities=activities) as prof:
-                for _ in range(steps):
-                    model.decode_step(ids, slot)
-                sync()
-        finally:
-            model.clear_kv_cache()
+    with bare_steps(model, 1) as step, profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        sync()
     averages = prof.key_averages()
     tables = []
     for key in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total"):
