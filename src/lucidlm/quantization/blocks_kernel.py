@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -112,9 +113,17 @@ def _build(target: Path, cc: str, cxx: str) -> None:
         staging.unlink(missing_ok=True)
 
 
-@functools.cache
 def library() -> Optional[Path]:
     """The operator library, built on first use and loaded into torch; None where it cannot be had."""
+    with _library_lock:  # the loader's worker threads ask at once: one build, not one each
+        return _library()
+
+
+_library_lock = threading.Lock()
+
+
+@functools.cache
+def _library() -> Optional[Path]:
     if os.environ.get("LUCIDLM_CPU_KERNEL", "") == "torch":
         _unavailable.append("LUCIDLM_CPU_KERNEL=torch")
         return None
@@ -173,6 +182,8 @@ def blocks_from_nibble_words(words: torch.Tensor) -> torch.Tensor:
     ``blocks_from_codes``: lane i of vector t holds bytes 4t..4t+3 of row 16b + i's group,
     which is word t itself. One copy of whole words: no unpacking."""
     N, G, _ = words.shape
+    if library() is not None:  # one pass in C; torch's strided copy below is several times slower
+        return torch.ops.lucidlm.lanes_from_groups(words.view(torch.uint8))  # (N, G, 16) bytes per group
     lanes = words.view(N // ROW_BLOCK, ROW_BLOCK, G, 4).permute(0, 2, 3, 1).contiguous()  # (b, g, t, i)
     return lanes.view(torch.uint8).view(N // ROW_BLOCK, G, 256)
 
@@ -190,7 +201,10 @@ def int8_blocks_from_codes(codes: torch.Tensor) -> torch.Tensor:
     file's Q8_0 blocks) -> (N/16, G, 512) int8: for group g of row block b, 8 vectors of 16
     lanes x 4 bytes; byte j of lane i in vector t is column 4t + j of row 16b + i."""
     N, G = codes.shape[0], codes.shape[1] // GROUP if codes.dim() == 2 else codes.shape[1]
-    c = codes.to(torch.int8).view(N // ROW_BLOCK, ROW_BLOCK, G, 8, 4)  # (b, i, g, t, j)
+    groups = codes.to(torch.int8).view(N, G, GROUP) if codes.dim() == 2 else codes.to(torch.int8)
+    if library() is not None and groups.stride(2) == 1:  # one pass in C: torch's byte-strided copy took
+        return torch.ops.lucidlm.lanes_from_groups(groups)  # ~150 ms for the embedded model's token table
+    c = groups.reshape(N // ROW_BLOCK, ROW_BLOCK, G, 8, 4)  # (b, i, g, t, j)
     return c.permute(0, 2, 3, 1, 4).reshape(N // ROW_BLOCK, G, 512).contiguous()
 
 
@@ -203,6 +217,9 @@ def int8_codes_from_blocks(blocks: torch.Tensor) -> torch.Tensor:
 def int8_code_sums(codes: torch.Tensor) -> torch.Tensor:
     """(N, K) or (N, G, 32) int8 codes -> (N/16, G, 16) float32: each row's sum of codes per
     group (exact), which the AVX-512 kernel needs to undo the shift of x's codes."""
+    groups = codes.view(codes.shape[0], -1, GROUP) if codes.dim() == 2 else codes
+    if library() is not None and groups.dtype == torch.int8 and groups.stride(2) == 1:
+        return torch.ops.lucidlm.int8_group_sums(groups)  # one pass in C (torch's widening copy: ~90 ms)
     return lanes_from_rows(codes.view(codes.shape[0], -1, GROUP).sum(-1, dtype=torch.int32).float())
 
 

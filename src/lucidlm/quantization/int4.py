@@ -216,6 +216,23 @@ class Int4Linear(QuantizedLinear):
                               compute_dtype)
 
     @classmethod
+    def from_q4_blocks(cls, blocks: torch.Tensor, rows: Optional[torch.Tensor] = None,
+                       compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> Optional["Int4Linear"]:
+        """A module in groups of 32 from GGUF Q4_0 / Q4_1 blocks, (N, G, 18 or 20) uint8 (a view
+        of the file's map), output row n taken from row ``rows[n]`` (all rows in order when
+        None), in lucidlm's kernel layout by one C pass (``torch.ops.lucidlm.q4_blocks``: the
+        nibble bytes reordered, scale d and zero m + 8 d rounded to bfloat16; the same bytes
+        ``from_nibble_words`` makes in ~10 torch ops). None where that layout does not apply."""
+        N, G, _ = blocks.shape
+        module = cls(G * 32, N, False, 32, compute_dtype)
+        if blocks.device.type != "cpu" or not module.blocks_kernel_fits(N):
+            return None
+        codes, scales, zeros = torch.ops.lucidlm.q4_blocks(blocks, rows)
+        module.installs += 1
+        module._install_block_lanes(codes, scales, zeros)
+        return module
+
+    @classmethod
     def concatenated(cls, parts: tuple["Int4Linear", ...]) -> Optional["Int4Linear"]:
         """One module computing ``parts`` side by side (outputs concatenated), for
         ``model/fused.py``; each part then reads its rows of the fused tiles as a view, so
@@ -300,11 +317,15 @@ class Int4Linear(QuantizedLinear):
 
     def _install_blocks(self, blocks: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:
         """Codes already in lucidlm's kernel layout (N/16, G, 256); scales, zeros (N, G) in the compute dtype."""
+        self._install_block_lanes(blocks, blocks_kernel.lanes_from_rows(scales), blocks_kernel.lanes_from_rows(zeros))
+
+    def _install_block_lanes(self, blocks: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:
+        """Codes (N/16, G, 256), scales and zeros (N/16, G, 16) all in the kernel's layout."""
         self.uses_cpu_kernel, self.uses_blocks_kernel, self.tile_block = False, True, None
         self.register_buffer("weight_int4", blocks)
         self.register_buffer("scales_and_zeros", None)
-        self.register_buffer("block_scales", blocks_kernel.lanes_from_rows(scales))
-        self.register_buffer("block_zeros", blocks_kernel.lanes_from_rows(zeros))
+        self.register_buffer("block_scales", scales)
+        self.register_buffer("block_zeros", zeros)
 
     def plain_rows(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.uses_blocks_kernel:

@@ -151,6 +151,12 @@ def exact_nibble_words(tensor: Any, type_name: str) -> tuple[torch.Tensor, torch
     return words, d, zeros
 
 
+def q4_blocks(tensor: Any) -> torch.Tensor:
+    """(N, G, 18 or 20) uint8: a Q4_0 / Q4_1 tensor's blocks as stored, a view of the map,
+    for ``Int4Linear.from_q4_blocks``."""
+    return _blocks(tensor, tensor.tensor_type.name)
+
+
 def exact_group_codes(tensor: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes (N, G, 32) int8, a strided view of the map, and scales (N, G) float32, exact) of
     a Q8_0 tensor, for ``Int8Linear.from_group_codes`` (which copies the codes once)."""

@@ -29,7 +29,7 @@ from lucidlm.errors import GGUFError
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.weights.gguf_families import FAMILIES, gguf_tensors_check_name, our_name
 from lucidlm.weights.gguf_quants import (EXACT, FLOAT_TYPES, exact_float, exact_group_codes, exact_nibble_words,
-                                         exact_plain, finite_parts, native_scheme)
+                                         exact_plain, finite_parts, native_scheme, q4_blocks)
 from lucidlm.weights.memory import Scratch
 
 CHUNK_BYTES = 8 << 20  # float32 bytes converted at once for a large tensor
@@ -198,6 +198,12 @@ def int4_from_blocks(item: Planned, device: str | torch.device) -> nn.Module:
     never unpacked to codes and packed again."""
     from lucidlm.quantization import Int4Linear
 
+    if torch.device(device).type == "cpu":  # lucidlm's kernel layout, one C pass (None where it does not apply)
+        blocks = q4_blocks(item.tensor)
+        rows = None if item.heads is None else permute_qk_to_half(torch.arange(blocks.shape[0]), item.heads)
+        module = Int4Linear.from_q4_blocks(blocks, rows)
+        if module is not None:
+            return module
     words, scales, zeros = exact_nibble_words(item.tensor, item.tensor.tensor_type.name)
     if item.heads is not None:  # permuting output rows (codes with their row's scales) is exact
         words, scales, zeros = (permute_qk_to_half(t, item.heads) for t in (words, scales, zeros))

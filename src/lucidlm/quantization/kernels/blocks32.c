@@ -88,3 +88,79 @@ int lucidlm_int8_blocks_mm(const void *x, void *y, int bf16, int64_t M, int64_t 
                            const float *s, const float *qsum) {
     return blocks_mm(1, x, y, bf16, M, K, N, codes, s, qsum);
 }
+
+/* The blocks layout from a matrix's groups, one pass (the loader's reordering of every weight;
+ * torch's strided byte copies took ~150 ms for the embedded model's token table alone):
+ * src holds N rows (N a multiple of 16) of G groups of W bytes (W a multiple of 4: 16 nibble
+ * bytes of int4 codes, 32 int8 codes), row r's group g at src + r * row_stride + g *
+ * group_stride. dst (N/16, G, 16 W): for row block b and group g, W/4 vectors of 16 lanes x
+ * 4 bytes, lane i of vector t holding bytes 4t..4t+3 of row 16 b + i's group g. A row block's
+ * 16 source rows stay in L1 while all their groups are written in order. */
+void lucidlm_lanes_from_groups(const uint8_t *src, int64_t N, int64_t G, int64_t W, int64_t row_stride,
+                               int64_t group_stride, uint8_t *dst) {
+    int64_t vectors = W / 4;
+    for (int64_t b = 0; b < N / 16; b++)
+        for (int64_t g = 0; g < G; g++) {
+            const uint8_t *group = src + b * 16 * row_stride + g * group_stride;
+            uint8_t *out = dst + (b * G + g) * 16 * W;
+            for (int64_t t = 0; t < vectors; t++)
+                for (int i = 0; i < 16; i++)
+                    memcpy(out + t * 64 + i * 4, group + i * row_stride + t * 4, 4);
+        }
+}
+
+/* Each row's sum of int8 codes per group of 32 (exact in float32), in the lanes of the blocks
+ * layout: dst (N/16, G, 16), lane i of row block b and group g for row 16 b + i; src as in
+ * lucidlm_lanes_from_groups with W = 32. The AVX-512 loops need them (SHIFT_INT8_CODES). */
+void lucidlm_int8_group_sums(const int8_t *src, int64_t N, int64_t G, int64_t row_stride, int64_t group_stride,
+                             float *dst) {
+    for (int64_t b = 0; b < N / 16; b++)
+        for (int64_t g = 0; g < G; g++)
+            for (int i = 0; i < 16; i++) {
+                const int8_t *codes = src + (b * 16 + i) * row_stride + g * group_stride;
+                int32_t sum = 0;
+                for (int j = 0; j < 32; j++) sum += codes[j];
+                dst[(b * G + g) * 16 + i] = (float)sum;
+            }
+}
+
+/* float32 -> bfloat16, rounding to nearest even as torch's .to(torch.bfloat16) does; a NaN
+ * stays a quiet NaN (its bits differ between torch's own vector and scalar paths; a file with
+ * a NaN scale is refused anyway, weights/finite.py). */
+static uint16_t bf16_from_float(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* A GGUF Q4_0 (18-byte blocks: f16 d, 16 nibble bytes) or Q4_1 (20 bytes: f16 d, f16 m, 16
+ * nibble bytes) matrix -> the int4 blocks layout, one pass: codes as lucidlm_lanes_from_groups
+ * lays out the nibble bytes (which are already the layout's bytes: byte i holds column i low,
+ * 16 + i high), s = d and z = m + 8 d (Q4_0: 0), computed in float32 and rounded to bfloat16,
+ * in lanes (N/16, G, 16). src holds N rows of G blocks, row r at src + r * row_stride; output
+ * row n reads source row rows[n] (rows NULL: n), which un-permutes LLaMA's Q/K rows exactly. */
+void lucidlm_q4_blocks(const uint8_t *src, int64_t block_bytes, int64_t N, int64_t G, int64_t row_stride,
+                       const int64_t *rows, uint8_t *codes, uint16_t *s, uint16_t *z) {
+    const int64_t nibbles = block_bytes - 16;  /* 2 (Q4_0) or 4 (Q4_1): where the nibble bytes start */
+    for (int64_t b = 0; b < N / 16; b++) {
+        const uint8_t *row[16];
+        for (int i = 0; i < 16; i++) row[i] = src + (rows ? rows[b * 16 + i] : b * 16 + i) * row_stride;
+        for (int64_t g = 0; g < G; g++) {
+            uint8_t *out = codes + (b * G + g) * 256;
+            for (int i = 0; i < 16; i++) {
+                const uint8_t *block = row[i] + g * block_bytes;
+                for (int t = 0; t < 4; t++) memcpy(out + t * 64 + i * 4, block + nibbles + t * 4, 4);
+                uint16_t half_d, half_m = 0;
+                memcpy(&half_d, block, 2);
+                float d = _cvtsh_ss(half_d), zero = 0.0f;
+                if (nibbles == 4) {
+                    memcpy(&half_m, block + 2, 2);
+                    zero = _cvtsh_ss(half_m) + 8.0f * d;  /* 8 d is exact: one rounding, fused or not */
+                }
+                s[(b * G + g) * 16 + i] = bf16_from_float(d);
+                z[(b * G + g) * 16 + i] = bf16_from_float(zero);
+            }
+        }
+    }
+}

@@ -3,12 +3,21 @@
 // Python custom op costs ~20 us, and a decode step makes ~200 of these calls).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <optional>
+#include <tuple>
 #include <torch/library.h>
 
 extern "C" int lucidlm_int4_blocks_mm(const void *x, void *y, int bf16, int64_t M, int64_t K, int64_t N,
                                       const void *codes, const void *s, const void *z);
 extern "C" int lucidlm_int8_blocks_mm(const void *x, void *y, int bf16, int64_t M, int64_t K, int64_t N,
                                       const void *codes, const void *s, const void *qsum);
+
+extern "C" void lucidlm_lanes_from_groups(const uint8_t *src, int64_t N, int64_t G, int64_t W, int64_t row_stride,
+                                          int64_t group_stride, uint8_t *dst);
+extern "C" void lucidlm_int8_group_sums(const int8_t *src, int64_t N, int64_t G, int64_t row_stride,
+                                        int64_t group_stride, float *dst);
+extern "C" void lucidlm_q4_blocks(const uint8_t *src, int64_t block_bytes, int64_t N, int64_t G,
+                                  int64_t row_stride, const int64_t *rows, uint8_t *codes, uint16_t *s, uint16_t *z);
 
 // x (M, K) float32 or bfloat16; blocks uint8 (N/16, G, 256) for int4 or int8 (N/16, G, 512);
 // scales (N/16, G, 16) bfloat16 for int4, float32 for int8; extra: the int4 zeros (bfloat16) or
@@ -43,10 +52,78 @@ static at::Tensor blocks_mm(const at::Tensor &x_in, const at::Tensor &blocks, co
     return y;
 }
 
+// groups (N, G, W) of one-byte codes (uint8 or int8; rows and groups may be strided, each group's
+// W bytes contiguous) -> (N/16, G, 16 W) in the blocks layout (blocks32.c: lucidlm_lanes_from_groups).
+static at::Tensor lanes_from_groups(const at::Tensor &groups) {
+    TORCH_CHECK(groups.dim() == 3 && (groups.scalar_type() == at::kByte || groups.scalar_type() == at::kChar),
+                "lanes_from_groups: groups must be (N, G, W) uint8 or int8, got ", groups.sizes(), " ",
+                groups.scalar_type());
+    const int64_t N = groups.size(0), G = groups.size(1), W = groups.size(2);
+    TORCH_CHECK(N % 16 == 0 && W > 0 && W % 4 == 0 && groups.stride(2) == 1,
+                "lanes_from_groups: rows must be a multiple of 16 and each group's bytes contiguous, a multiple of 4; got ",
+                groups.sizes(), " with strides ", groups.strides());
+    at::Tensor out = at::empty({N / 16, G, 16 * W}, groups.options().memory_format(at::MemoryFormat::Contiguous));
+    if (out.numel() > 0)
+        lucidlm_lanes_from_groups(static_cast<const uint8_t *>(groups.data_ptr()), N, G, W, groups.stride(0),
+                                  groups.stride(1), static_cast<uint8_t *>(out.data_ptr()));
+    return out;
+}
+
+// codes (N, G, 32) int8 (rows and groups may be strided) -> (N/16, G, 16) float32: each row's sum
+// of codes per group, in the lanes of the blocks layout (blocks32.c: lucidlm_int8_group_sums).
+static at::Tensor int8_group_sums(const at::Tensor &codes) {
+    TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == at::kChar && codes.size(2) == 32 && codes.stride(2) == 1
+                    && codes.size(0) % 16 == 0,
+                "int8_group_sums: codes must be (N, G, 32) int8, N a multiple of 16, each group contiguous; got ",
+                codes.sizes(), " ", codes.scalar_type(), " with strides ", codes.strides());
+    const int64_t N = codes.size(0), G = codes.size(1);
+    at::Tensor out = at::empty({N / 16, G, 16}, codes.options().dtype(at::kFloat));
+    if (out.numel() > 0)
+        lucidlm_int8_group_sums(static_cast<const int8_t *>(codes.data_ptr()), N, G, codes.stride(0), codes.stride(1),
+                                out.data_ptr<float>());
+    return out;
+}
+
+// GGUF Q4_0 / Q4_1 blocks (N, G, 18 or 20) uint8 (rows may be strided, each row's blocks
+// contiguous) and an optional row order (N,) int64 -> (codes (N/16, G, 256) uint8, scales and
+// zeros (N/16, G, 16) bfloat16) of the int4 blocks layout (blocks32.c: lucidlm_q4_blocks).
+static std::tuple<at::Tensor, at::Tensor, at::Tensor> q4_blocks(const at::Tensor &blocks,
+                                                                const std::optional<at::Tensor> &rows) {
+    TORCH_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && (blocks.size(2) == 18 || blocks.size(2) == 20)
+                    && blocks.stride(2) == 1 && blocks.stride(1) == blocks.size(2) && blocks.size(0) % 16 == 0,
+                "q4_blocks: blocks must be (N, G, 18 or 20) uint8, N a multiple of 16, each row's blocks contiguous; got ",
+                blocks.sizes(), " ", blocks.scalar_type(), " with strides ", blocks.strides());
+    const int64_t N = blocks.size(0), G = blocks.size(1);
+    const int64_t *order = nullptr;
+    at::Tensor rows_c;
+    if (rows.has_value()) {
+        rows_c = rows->contiguous();
+        TORCH_CHECK(rows_c.scalar_type() == at::kLong && rows_c.dim() == 1 && rows_c.size(0) == N,
+                    "q4_blocks: rows must be (", N, ",) int64, got ", rows_c.sizes(), " ", rows_c.scalar_type());
+        order = rows_c.data_ptr<int64_t>();
+        for (int64_t n = 0; n < N; n++)
+            TORCH_CHECK(order[n] >= 0 && order[n] < N, "q4_blocks: row index ", order[n], " is outside [0, ", N, ")");
+    }
+    at::Tensor codes = at::empty({N / 16, G, 256}, blocks.options());
+    at::Tensor scales = at::empty({N / 16, G, 16}, blocks.options().dtype(at::kBFloat16));
+    at::Tensor zeros = at::empty({N / 16, G, 16}, blocks.options().dtype(at::kBFloat16));
+    if (codes.numel() > 0)
+        lucidlm_q4_blocks(static_cast<const uint8_t *>(blocks.data_ptr()), blocks.size(2), N, G, blocks.stride(0), order,
+                          static_cast<uint8_t *>(codes.data_ptr()), static_cast<uint16_t *>(scales.data_ptr()),
+                          static_cast<uint16_t *>(zeros.data_ptr()));
+    return {codes, scales, zeros};
+}
+
 TORCH_LIBRARY(lucidlm, m) {
     m.def("blocks_mm(Tensor x, Tensor blocks, Tensor scales, Tensor extra) -> Tensor");
+    m.def("lanes_from_groups(Tensor groups) -> Tensor");
+    m.def("int8_group_sums(Tensor codes) -> Tensor");
+    m.def("q4_blocks(Tensor blocks, Tensor? rows) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(lucidlm, CPU, m) {
     m.impl("blocks_mm", blocks_mm);
+    m.impl("lanes_from_groups", lanes_from_groups);
+    m.impl("int8_group_sums", int8_group_sums);
+    m.impl("q4_blocks", q4_blocks);
 }
