@@ -136,3 +136,17 @@ def test_bad_inputs_are_refused_by_name():
         torch.ops.lucidlm.q4_blocks(torch.zeros(16, 2, 20, dtype=torch.uint8), torch.arange(16) + 1)
     with pytest.raises(RuntimeError, match="int8_group_sums"):
         torch.ops.lucidlm.int8_group_sums(torch.zeros(16, 2, 32, dtype=torch.uint8))
+
+
+def test_joined_rows_views_parts_that_lie_end_to_end_and_copies_others():
+    base = torch.arange(6 * 2 * 4, dtype=torch.int16).view(6, 2, 4)
+    parts = [base[0:2], base[2:5], base[5:6]]
+    whole = blocks_kernel.joined_rows(parts)
+    assert torch.equal(whole, torch.cat(parts))
+    assert whole.data_ptr() == base.data_ptr()  # no copy: the parts' own memory
+    whole[3, 1, 2] = -1
+    assert int(parts[1][1, 1, 2]) == -1
+    for apart in ([base[0:2], base[3:5]], [base[0:2], base[2:4].clone()], [base[2:4], base[0:2]]):
+        joined = blocks_kernel.joined_rows(apart)  # a gap, another storage, out of order
+        assert torch.equal(joined, torch.cat(apart))
+        assert joined.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()

@@ -25,6 +25,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from test_gguf import N_HEADS, N_KV, SCALE_OFFSETS, quantized_file
 
+import lucidlm
 import lucidlm.quantization.int4 as int4
 import lucidlm.weights.gguf_fill as gguf_fill
 import lucidlm.weights.gguf_stream as gguf_stream
@@ -144,27 +145,31 @@ def test_exact_blocks_keep_their_codes_when_chunked(tmp_path, tiny_chunks):
 def test_worker_count_changes_no_number_and_threads_are_restored(tmp_path, monkeypatch):
     """Tensors convert on several worker threads at once (gguf_fill.py): the weights are
     those of a load on one worker, in every layout, and torch's thread count is the caller's
-    again afterwards."""
+    again afterwards. A file whose matrices all keep their blocks (Q4_1 -> int4) converts on
+    the calling thread, with the same numbers as workers give when made to take it."""
     path, _, _ = quantized_file(tmp_path, Q.Q4_1)
     caller = torch.get_num_threads()
     torch.set_num_threads(2)
     seen = []
-    real = gguf_fill.ThreadPoolExecutor
-    monkeypatch.setattr(gguf_fill, "ThreadPoolExecutor", lambda n, **kw: seen.append(n) or real(n, **kw))
+    real_pool, real_rule = gguf_fill.ThreadPoolExecutor, gguf_fill._converts_through_floats
+    monkeypatch.setattr(gguf_fill, "ThreadPoolExecutor", lambda n, **kw: seen.append(n) or real_pool(n, **kw))
     try:
         for kwargs in ({"dtype": torch.bfloat16}, {"quantize": "int4"}, {"quantize": "int8"}):
-            monkeypatch.setattr(gguf_fill, "MAX_WORKERS", 1)
-            serial = load_gguf(path, **kwargs)
-            assert torch.get_num_threads() == 2
-            monkeypatch.setattr(gguf_fill, "MAX_WORKERS", 4)
-            threaded = load_gguf(path, **kwargs)
-            assert torch.get_num_threads() == 2
-            assert threaded.state_dict().keys() == serial.state_dict().keys()
-            for name, value in threaded.state_dict().items():
-                assert torch.equal(value, serial.state_dict()[name]), (kwargs, name)
+            loads = []
+            for rule in (real_rule, lambda item: True):  # as planned; every tensor on workers
+                monkeypatch.setattr(gguf_fill, "_converts_through_floats", rule)
+                for workers in (1, 4):
+                    monkeypatch.setattr(gguf_fill, "MAX_WORKERS", workers)
+                    loads.append(load_gguf(path, **kwargs).state_dict())
+                    assert torch.get_num_threads() == 2
+            for other in loads[1:]:
+                assert other.keys() == loads[0].keys()
+                for name, value in other.items():
+                    assert torch.equal(value, loads[0][name]), (kwargs, name)
     finally:
         torch.set_num_threads(caller)
-    assert seen == [1, 2] * 3  # MAX_WORKERS caps torch's thread count, not the other way round
+    # MAX_WORKERS caps torch's thread count, not the other way round; int4 from Q4_1 needs no pool
+    assert seen == [1, 2, 1, 2] + [] + [1, 2] + [1, 2, 1, 2], seen
 
 
 @pytest.mark.parametrize("rows", [16, 64, 200 + 8, 4096 + 144])
@@ -239,3 +244,32 @@ def test_int4_load_peak_memory_and_imports():
     # peaked at ~960 MB. Twice the 300 MB goal: a regression fails, machine noise does not.
     assert result["peak_mb"] < 600, result
     assert result["heavy"] == [], result
+
+
+def test_fused_layers_of_the_embedded_model_are_loaded_in_place(monkeypatch):
+    """The loader writes q/k/v's and gate/up's codes where the fused layer reads them
+    (gguf_fill._fused_outputs), so fusing copies nothing; the model is the same as one whose
+    parts were converted apart and copied together."""
+    from lucidlm.quantization import blocks_kernel
+
+    joins = []
+    real = blocks_kernel.joined_rows
+
+    def spy(parts):
+        whole = real(parts)
+        joins.append(whole.data_ptr() == parts[0].data_ptr())
+        return whole
+
+    monkeypatch.setattr(blocks_kernel, "joined_rows", spy)
+    in_place = lucidlm.load("smollm2-135m")
+    assert len(joins) == 3 * 2 * 30 and all(joins)  # codes, scales, zeros of 2 fused layers per block
+    joins.clear()
+    monkeypatch.setattr(gguf_fill, "_fused_outputs", lambda *args: {})
+    apart = lucidlm.load("smollm2-135m")
+    assert len(joins) == 180 and not any(joins)  # each part had its own memory: copied together
+    ours, theirs = in_place.state_dict(), apart.state_dict()  # (each call decodes the layouts: once)
+    assert ours.keys() == theirs.keys()
+    for name, value in ours.items():
+        assert torch.equal(value, theirs[name]), name
+    ids = torch.tensor([in_place.tokenizer.encode("The capital of France is")])
+    assert torch.equal(in_place(ids), apart(ids))

@@ -116,6 +116,10 @@ class FusedLinear(nn.Module):
         return f"outputs={self.widths}, {state}"
 
 
+# Which layers fuse: (the attribute holding the fused layer, the parts it computes, in order).
+FUSED = (("fused_qkv", ("q_proj", "k_proj", "v_proj")), ("fused_gate_up", ("gate_proj", "up_proj")))
+
+
 def fused_kernel(parts: tuple[nn.Module, ...]) -> Optional[nn.Module]:
     """One module computing every part's output side by side, or None where the parts'
     class cannot concatenate itself (float layers, mixed schemes, shapes its kernel cannot tile)."""
@@ -155,7 +159,7 @@ def fuse_projections(model: nn.Module, float_layers: bool = False) -> int:
     Returns how many were built. Idempotent: fused kernels that still serve are kept."""
     built = 0
     for module in model.modules():
-        for attr, names in (("fused_qkv", ("q_proj", "k_proj", "v_proj")), ("fused_gate_up", ("gate_proj", "up_proj"))):
+        for attr, names in FUSED:
             if not hasattr(module, attr) or not all(isinstance(getattr(module, n, None), nn.Module) for n in names):
                 continue
             parts = tuple(getattr(module, n) for n in names)

@@ -42,6 +42,14 @@ def check_group_size(name: str, in_features: int, group_size: Optional[int], sch
         )
 
 
+def kernel_layout_fits(out_features: int, in_features: int, group_size: Optional[int],
+                       compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> bool:
+    """Whether a CPU matrix of this shape, grouping and compute dtype can use lucidlm's kernel
+    (built and supported here), for a layer made where it is preferred (``blocks_kernel.prefer``)."""
+    return compute_dtype == torch.bfloat16 and blocks_kernel.fits(out_features, in_features, group_size) and \
+        blocks_kernel.available()
+
+
 class QuantizedLinear(nn.Module):
     """y = x @ dequantize(W).T + b, with W kept as integer codes and scales.
 
@@ -118,8 +126,8 @@ class QuantizedLinear(nn.Module):
 
     def blocks_kernel_fits(self, out_features: int) -> bool:
         """Whether CPU weights of this layer go to lucidlm's kernel (``blocks_kernel.py``)."""
-        return (self.wants_blocks_kernel and self.compute_dtype == torch.bfloat16
-                and blocks_kernel.fits(out_features, self.in_features, self.group_size) and blocks_kernel.available())
+        return self.wants_blocks_kernel and kernel_layout_fits(out_features, self.in_features, self.group_size,
+                                                               self.compute_dtype)
 
     # -- use ---------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -188,6 +188,23 @@ def blocks_from_nibble_words(words: torch.Tensor) -> torch.Tensor:
     return lanes.view(torch.uint8).view(N // ROW_BLOCK, G, 256)
 
 
+def joined_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)`` along the row blocks, without the copy where the parts already lie
+    end to end in one storage (the loader writes a fused q/k/v's or gate/up's parts so:
+    ``gguf_fill.py``); the result then shares their memory."""
+    first, last = parts[0], parts[-1]
+    adjacent = all(p.is_contiguous() and p.dtype == first.dtype and p.shape[1:] == first.shape[1:] for p in parts) and \
+        all(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and
+            a.data_ptr() + a.nbytes == b.data_ptr() for a, b in zip(parts, parts[1:]))
+    if not adjacent:
+        return torch.cat(parts)
+    rows = sum(p.shape[0] for p in parts)
+    whole = first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(), (rows, *first.shape[1:]),
+                                    first.stride())
+    assert whole[-last.shape[0]:].data_ptr() == last.data_ptr()
+    return whole
+
+
 def codes_from_blocks(blocks: torch.Tensor) -> torch.Tensor:
     """The inverse of ``blocks_from_codes``: (N/16, G, 256) -> (N, K) uint8 codes."""
     B, G, _ = blocks.shape

@@ -217,17 +217,24 @@ class Int4Linear(QuantizedLinear):
 
     @classmethod
     def from_q4_blocks(cls, blocks: torch.Tensor, rows: Optional[torch.Tensor] = None,
-                       compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> Optional["Int4Linear"]:
+                       compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE,
+                       out: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None) -> Optional["Int4Linear"]:
         """A module in groups of 32 from GGUF Q4_0 / Q4_1 blocks, (N, G, 18 or 20) uint8 (a view
         of the file's map), output row n taken from row ``rows[n]`` (all rows in order when
         None), in lucidlm's kernel layout by one C pass (``torch.ops.lucidlm.q4_blocks``: the
         nibble bytes reordered, scale d and zero m + 8 d rounded to bfloat16; the same bytes
-        ``from_nibble_words`` makes in ~10 torch ops). None where that layout does not apply."""
+        ``from_nibble_words`` makes in ~10 torch ops). ``out``: (codes (N/16, G, 256) uint8,
+        scales, zeros (N/16, G, 16) bfloat16) to write into, e.g. slices of a fused layer's
+        buffers. None where that layout does not apply."""
         N, G, _ = blocks.shape
         module = cls(G * 32, N, False, 32, compute_dtype)
         if blocks.device.type != "cpu" or not module.blocks_kernel_fits(N):
             return None
-        codes, scales, zeros = torch.ops.lucidlm.q4_blocks(blocks, rows)
+        if out is None:
+            codes, scales, zeros = torch.ops.lucidlm.q4_blocks(blocks, rows)
+        else:
+            codes, scales, zeros = out
+            torch.ops.lucidlm.q4_blocks_into(blocks, rows, codes, scales, zeros)
         module.installs += 1
         module._install_block_lanes(codes, scales, zeros)
         return module
@@ -268,7 +275,7 @@ class Int4Linear(QuantizedLinear):
         fused = cls(first.in_features, sum(p.out_features for p in parts), False, 32, first.compute_dtype)
         fused.uses_blocks_kernel = True
         for name in ("weight_int4", "block_scales", "block_zeros"):
-            whole = torch.cat([getattr(p, name) for p in parts])  # (sum N / 16, G, ...)
+            whole = blocks_kernel.joined_rows([getattr(p, name) for p in parts])  # (sum N / 16, G, ...)
             fused.register_buffer(name, whole)
             start = 0
             for p in parts:  # same bytes, now shared: no install, the fused path stays valid

@@ -192,7 +192,8 @@ def quantized_plain(item: Planned, source: str, scale_dtype: torch.dtype,
     return plain
 
 
-def int4_from_blocks(item: Planned, device: str | torch.device) -> nn.Module:
+def int4_from_blocks(item: Planned, device: str | torch.device,
+                     out: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None) -> nn.Module:
     """An Int4Linear from a Q4_0 / Q4_1 matrix's blocks, bit for bit: the nibble bytes go to
     the module as they are stored (lucidlm's CPU kernel reads them as they are, reordered),
     never unpacked to codes and packed again."""
@@ -201,7 +202,7 @@ def int4_from_blocks(item: Planned, device: str | torch.device) -> nn.Module:
     if torch.device(device).type == "cpu":  # lucidlm's kernel layout, one C pass (None where it does not apply)
         blocks = q4_blocks(item.tensor)
         rows = None if item.heads is None else permute_qk_to_half(torch.arange(blocks.shape[0]), item.heads)
-        module = Int4Linear.from_q4_blocks(blocks, rows)
+        module = Int4Linear.from_q4_blocks(blocks, rows, out=out)
         if module is not None:
             return module
     words, scales, zeros = exact_nibble_words(item.tensor, item.tensor.tensor_type.name)

@@ -85,15 +85,22 @@ static at::Tensor int8_group_sums(const at::Tensor &codes) {
 }
 
 // GGUF Q4_0 / Q4_1 blocks (N, G, 18 or 20) uint8 (rows may be strided, each row's blocks
-// contiguous) and an optional row order (N,) int64 -> (codes (N/16, G, 256) uint8, scales and
-// zeros (N/16, G, 16) bfloat16) of the int4 blocks layout (blocks32.c: lucidlm_q4_blocks).
-static std::tuple<at::Tensor, at::Tensor, at::Tensor> q4_blocks(const at::Tensor &blocks,
-                                                                const std::optional<at::Tensor> &rows) {
+// contiguous) and an optional row order (N,) int64 -> codes (N/16, G, 256) uint8, scales and
+// zeros (N/16, G, 16) bfloat16 of the int4 blocks layout (blocks32.c: lucidlm_q4_blocks),
+// written into the given tensors (the loader hands it slices of a fused q/k/v or gate/up).
+static void q4_blocks_into(const at::Tensor &blocks, const std::optional<at::Tensor> &rows, at::Tensor codes,
+                           at::Tensor scales, at::Tensor zeros) {
     TORCH_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && (blocks.size(2) == 18 || blocks.size(2) == 20)
                     && blocks.stride(2) == 1 && blocks.stride(1) == blocks.size(2) && blocks.size(0) % 16 == 0,
                 "q4_blocks: blocks must be (N, G, 18 or 20) uint8, N a multiple of 16, each row's blocks contiguous; got ",
                 blocks.sizes(), " ", blocks.scalar_type(), " with strides ", blocks.strides());
     const int64_t N = blocks.size(0), G = blocks.size(1);
+    TORCH_CHECK(codes.sizes() == at::IntArrayRef({N / 16, G, 256}) && codes.scalar_type() == at::kByte
+                    && codes.is_contiguous() && scales.sizes() == at::IntArrayRef({N / 16, G, 16})
+                    && scales.scalar_type() == at::kBFloat16 && scales.is_contiguous() && zeros.sizes() == scales.sizes()
+                    && zeros.scalar_type() == at::kBFloat16 && zeros.is_contiguous(),
+                "q4_blocks: the outputs must be contiguous codes (", N / 16, ", ", G, ", 256) uint8 and scales and zeros (",
+                N / 16, ", ", G, ", 16) bfloat16");
     const int64_t *order = nullptr;
     at::Tensor rows_c;
     if (rows.has_value()) {
@@ -104,13 +111,20 @@ static std::tuple<at::Tensor, at::Tensor, at::Tensor> q4_blocks(const at::Tensor
         for (int64_t n = 0; n < N; n++)
             TORCH_CHECK(order[n] >= 0 && order[n] < N, "q4_blocks: row index ", order[n], " is outside [0, ", N, ")");
     }
-    at::Tensor codes = at::empty({N / 16, G, 256}, blocks.options());
-    at::Tensor scales = at::empty({N / 16, G, 16}, blocks.options().dtype(at::kBFloat16));
-    at::Tensor zeros = at::empty({N / 16, G, 16}, blocks.options().dtype(at::kBFloat16));
     if (codes.numel() > 0)
         lucidlm_q4_blocks(static_cast<const uint8_t *>(blocks.data_ptr()), blocks.size(2), N, G, blocks.stride(0), order,
                           static_cast<uint8_t *>(codes.data_ptr()), static_cast<uint16_t *>(scales.data_ptr()),
                           static_cast<uint16_t *>(zeros.data_ptr()));
+}
+
+static std::tuple<at::Tensor, at::Tensor, at::Tensor> q4_blocks(const at::Tensor &blocks,
+                                                                const std::optional<at::Tensor> &rows) {
+    TORCH_CHECK(blocks.dim() == 3, "q4_blocks: blocks must be (N, G, 18 or 20) uint8, got ", blocks.sizes());
+    const int64_t N = blocks.size(0), G = blocks.size(1);
+    at::Tensor codes = at::empty({N / 16, G, 256}, blocks.options().dtype(at::kByte));
+    at::Tensor scales = at::empty({N / 16, G, 16}, blocks.options().dtype(at::kBFloat16));
+    at::Tensor zeros = at::empty({N / 16, G, 16}, blocks.options().dtype(at::kBFloat16));
+    q4_blocks_into(blocks, rows, codes, scales, zeros);
     return {codes, scales, zeros};
 }
 
@@ -119,6 +133,7 @@ TORCH_LIBRARY(lucidlm, m) {
     m.def("lanes_from_groups(Tensor groups) -> Tensor");
     m.def("int8_group_sums(Tensor codes) -> Tensor");
     m.def("q4_blocks(Tensor blocks, Tensor? rows) -> (Tensor, Tensor, Tensor)");
+    m.def("q4_blocks_into(Tensor blocks, Tensor? rows, Tensor(a!) codes, Tensor(b!) scales, Tensor(c!) zeros) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(lucidlm, CPU, m) {
@@ -126,4 +141,5 @@ TORCH_LIBRARY_IMPL(lucidlm, CPU, m) {
     m.impl("lanes_from_groups", lanes_from_groups);
     m.impl("int8_group_sums", int8_group_sums);
     m.impl("q4_blocks", q4_blocks);
+    m.impl("q4_blocks_into", q4_blocks_into);
 }
