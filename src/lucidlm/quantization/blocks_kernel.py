@@ -31,7 +31,6 @@ when its weights are installed (``QuantizedLinear.uses_blocks_kernel``).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import platform
@@ -115,14 +114,17 @@ def _build(target: Path, cc: str, cxx: str) -> None:
 
 def library() -> Optional[Path]:
     """The operator library, built on first use and loaded into torch; None where it cannot be had."""
-    with _library_lock:  # the loader's worker threads ask at once: one build, not one each
-        return _library()
+    if not _library_found:  # the first asks take a lock (the loader's worker threads ask at once:
+        with _library_lock:  # one build, not one each); every later one, a decode step's, none
+            if not _library_found:
+                _library_found.append(_library())
+    return _library_found[0]
 
 
 _library_lock = threading.Lock()
+_library_found: list[Optional[Path]] = []  # [the library or None] once looked for
 
 
-@functools.cache
 def _library() -> Optional[Path]:
     if os.environ.get("LUCIDLM_CPU_KERNEL", "") == "torch":
         _unavailable.append("LUCIDLM_CPU_KERNEL=torch")
@@ -237,7 +239,7 @@ def int8_code_sums(codes: torch.Tensor) -> torch.Tensor:
     groups = codes.view(codes.shape[0], -1, GROUP) if codes.dim() == 2 else codes
     if library() is not None and groups.dtype == torch.int8 and groups.stride(2) == 1:
         return torch.ops.lucidlm.int8_group_sums(groups)  # one pass in C (torch's widening copy: ~90 ms)
-    return lanes_from_rows(codes.view(codes.shape[0], -1, GROUP).sum(-1, dtype=torch.int32).float())
+    return lanes_from_rows(groups.sum(-1, dtype=torch.int32).float())
 
 
 def int4_rows(blocks: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
