@@ -2,7 +2,8 @@
 process: every variant is loaded (and compiled) first, then the rounds alternate between
 them, so load from other processes on a shared machine hits all of them alike.
 
-Each variant is ``WEIGHTS[:OPTIONS]``: WEIGHTS is float32, bf16, int8, int4 or gguf (the
+Each variant is ``WEIGHTS[:OPTIONS]``: WEIGHTS is default (``lucidlm.load()``'s), float32, bf16, int8, int4,
+gguf, gguf-bf16 or gguf-f32 (the
 file's own quants); OPTIONS, comma-separated, compile the model (``model.compile``) and pick
 inductor settings: ``compiled`` (torch's defaults, what ``--compile`` does on CPU),
 ``freezing``, ``cpp_wrapper``, ``max_autotune`` (each implies compiled).
@@ -27,8 +28,9 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_step.json"
-WEIGHTS = {"float32": {"dtype": "float32"}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"},
-           "int4": {"quantize": "int4"}, "gguf": {"quantize": "gguf"}}
+WEIGHTS = {"default": {}, "float32": {"dtype": "float32"}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"},
+           "int4": {"quantize": "int4"}, "gguf": {"quantize": "gguf"},
+           "gguf-bf16": {"dtype": "bfloat16", "quantize": "gguf"}, "gguf-f32": {"dtype": "float32", "quantize": "gguf"}}
 OPTIONS = ("compiled", "freezing", "cpp_wrapper", "max_autotune")
 
 

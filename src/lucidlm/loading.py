@@ -47,8 +47,8 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
         dtype: weights' dtype, a ``torch.dtype`` or a name (``"float32"``, ``"bfloat16"``, ``"bf16"``).
             Default float32, except that a pretrained model with neither ``dtype`` nor
             ``quantize`` loads its measured default (``pretrained.DEFAULT_LOAD``; for SmolLM2 the
-            file's own Q4_1 layers and Q8_0 embedding with a bfloat16 residual stream, the same
-            as ``quantize="gguf", dtype="bfloat16"``; bfloat16 off the CPU);
+            file's own Q4_1 layers and Q8_0 embedding with a float32 residual stream, the same
+            as ``quantize="gguf"``; float bfloat16 weights off the CPU);
             ``dtype=torch.float32`` is its exact float path.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` or ``"auto"`` (the best available).
         adapter: a LoRA / adapter / prefix-tuning directory to apply on top (on float weights).

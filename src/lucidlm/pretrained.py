@@ -71,27 +71,30 @@ class LoadDefault:
     dtype: torch.dtype = torch.float32
     quantize: Optional[str] = None
     quantize_embeddings: bool = True  # False: the token embedding and unembedding stay float (dtype)
+    off_cpu_dtype: Optional[torch.dtype] = None  # the float weights' dtype elsewhere (None: dtype)
 
     def on(self, device: str | torch.device) -> "LoadDefault":
         """The default for ``device``: quantized layers only on the CPU, where it was measured
-        and where the int4 kernel lives; elsewhere (CUDA, MPS) quantized layers would be
-        dequantized on every call, so the float path in ``dtype``."""
+        and where lucidlm's kernel lives; elsewhere (CUDA, MPS) quantized layers would be
+        dequantized on every call, so the float path in ``off_cpu_dtype``."""
         if self.quantize is None or torch.device(device).type == "cpu":
             return self
-        return LoadDefault(dtype=self.dtype)
+        return LoadDefault(dtype=self.off_cpu_dtype or self.dtype)
 
 
 # The fastest path whose greedy answers agree with float32 and whose perplexity stays within
 # the tested bound (tests/quantization/test_smollm2_quantized.py). For SmolLM2 that is the whole
 # file as it is: its Q4_1 layers (int4 groups of 32) and its tied Q8_0 embedding (int8 groups of
 # 32, float16 scales kept exact), bit for bit, multiplied by lucidlm's own CPU kernels
-# (quantization/blocks_kernel.py), with a bfloat16 residual stream: ~10 % faster than the same
-# layers with the table as bfloat16, which was the default until lucidlm had a kernel for it.
-# The table's scales matter: rounded to bfloat16 (as torch's int8 path stores them) the README's
-# Paris question was answered in 23 of 40 seeds, against 40 of 40 exact. Measurements in the
-# README ("Quantized weights").
+# (quantization/blocks_kernel.py): ~10 % faster than the same layers with the table as bfloat16,
+# which was the default until lucidlm had a kernel for it. The table's scales matter: rounded to
+# bfloat16 (as torch's int8 path stores them) the README's Paris question was answered in 23 of
+# 40 seeds, against 40 of 40 exact. The residual stream is float32: the kernel reads and writes
+# float32 as readily as bfloat16, and without conversions around every matmul, rotation and norm
+# an eager decode step is ~10 % shorter (bfloat16 was the stream until 2026-11-26; compiled, the
+# two are within noise). Measurements in the README ("Quantized weights").
 DEFAULT_LOAD: dict[str, LoadDefault] = {
-    "smollm2-135m": LoadDefault(dtype=torch.bfloat16, quantize="gguf")}
+    "smollm2-135m": LoadDefault(dtype=torch.float32, quantize="gguf", off_cpu_dtype=torch.bfloat16)}
 
 
 def find_gguf(name: str) -> Path:

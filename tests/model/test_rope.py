@@ -138,3 +138,25 @@ def test_permuting_qk_and_switching_variant_keeps_logits():
         unpermuted = Transformer(half.config.replace(rope_variant="interleaved")).eval()
         unpermuted.load_state_dict(half.state_dict())
         assert (unpermuted(ids) - want).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("variant", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotation_equals_the_split_form_bit_for_bit(variant, dtype):
+    """apply_rope spells each pair's rotation as x * cos + partner * signed sin; it must give
+    exactly the floats of the textbook form (x1 cos - x2 sin, x1 sin + x2 cos), computed here
+    from the float64 angles rounded to float32 as the table is."""
+    q, _ = _qk(64, seed=11)
+    q = q.to(dtype)
+    positions = _positions(64, seed=12)
+    rope = RotaryEmbedding(HEAD_DIM, MAX_LEN, 10000.0, variant)
+    angles = rope_angles(MAX_LEN, HEAD_DIM, 10000.0)[positions].unsqueeze(2)  # (B, T, 1, hd/2)
+    cos, sin = angles.cos().float(), angles.sin().float()
+    x = q.float()
+    if variant == "half":
+        x1, x2 = x[..., :HEAD_DIM // 2], x[..., HEAD_DIM // 2:]
+        want = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    else:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        want = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+    assert torch.equal(rope(q, positions), want.to(dtype))

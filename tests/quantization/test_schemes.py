@@ -178,7 +178,11 @@ def test_hooks_and_run_with_cache_work_on_a_quantized_model():
     float_logits, float_cache = run_with_cache(tiny_llama(), ids)
     assert set(cache.keys()) == set(float_cache.keys())
     with torch.no_grad():
-        assert torch.equal(logits, model(ids))
+        plain = model(ids)
+    # Hooks make the norms take their spelled-out path (float32, a rounding apart from the fused
+    # one), and lucidlm's kernel quantizes its float32 input to int8 codes, so a last-bit
+    # difference can move a code by one: ~1e-4 of the logits' scale, never more.
+    torch.testing.assert_close(logits, plain, atol=1e-3 * plain.abs().max().item(), rtol=0)
     # The cached MLP input of layer 1 is what its (quantized) up_proj saw: recompute its output.
     up = model.blocks[1].mlp.up_proj
     with torch.no_grad():

@@ -56,12 +56,17 @@ class RotaryEmbedding(nn.Module):
         return self
 
     def cos_sin(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotation for positions (B, T): cos and sin, each (B, T, 1, hd/2). Looked up
-        once per forward pass and shared by every layer."""
+        """The rotation for positions (B, T), laid out for ``apply_rope``: cos and sin, each
+        (B, T, 1, hd). Each pair's two dimensions get the pair's cos; the first of the two gets
+        -sin and the second +sin. Looked up once per forward pass and shared by every layer."""
         compute_dtype = torch.promote_types(dtype, torch.float32)  # bf16/fp16 rotate in fp32
-        cos = self.cos[position_ids].unsqueeze(2).to(compute_dtype)
-        sin = self.sin[position_ids].unsqueeze(2).to(compute_dtype)
-        return cos, sin
+        cos = self.cos[position_ids].unsqueeze(2)  # (B, T, 1, hd/2) float64
+        sin = self.sin[position_ids].unsqueeze(2)
+        if self.variant == "half":  # pair i is (i, i + hd/2)
+            cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+        else:  # pair i is (2i, 2i + 1)
+            cos, sin = cos.repeat_interleave(2, dim=-1), torch.stack([-sin, sin], dim=-1).flatten(-2)
+        return cos.to(compute_dtype), sin.to(compute_dtype)  # (B, T, 1, hd) each
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
                 cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -72,16 +77,18 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, variant: str) -> torch.Tensor:
     """Rotate x (B, T, n_heads, head_dim) by a rotation looked up with ``RotaryEmbedding.cos_sin``
-    (each (B, T, 1, hd/2)); ``variant`` says which dimensions pair up (module docstring)."""
+    (each (B, T, 1, hd)); ``variant`` says which dimensions pair up (module docstring).
+
+    Each pair (x1, x2) becomes (x1 cos - x2 sin, x2 cos + x1 sin): x * cos plus x's pair
+    partners times the signed sin. Four ops a call instead of a split, six products and sums
+    and a join: a decode step rotates q and k in every layer, and in eager mode each op's
+    dispatch costs more than its arithmetic. The sums are the same floats as the split form."""
     xf = x.to(cos.dtype)
     if variant == "half":
-        x1, x2 = xf.chunk(2, dim=-1)  # first half, second half
-        out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+        partners = xf.roll(xf.shape[-1] // 2, dims=-1)  # (x2, x1): the halves swapped
     else:
-        pairs = xf.unflatten(-1, (-1, 2))  # (B, T, nh, hd/2, 2)
-        x1, x2 = pairs[..., 0], pairs[..., 1]
-        out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
-    return out.to(x.dtype)
+        partners = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x2, x1) within each pair
+    return (xf * cos + partners * sin).to(x.dtype)
 
 
 def apply_rope_complex(x: torch.Tensor, position_ids: torch.Tensor, theta: float) -> torch.Tensor:

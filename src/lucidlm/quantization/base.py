@@ -28,6 +28,7 @@ from lucidlm.quantization import blocks_kernel
 # Matmuls with quantized weights run in this dtype on CPU: torch's int8/int4 weight kernels
 # are fast only with bfloat16 activations (their float32 paths are 10-50x slower here).
 DEFAULT_COMPUTE_DTYPE = torch.bfloat16
+BLOCKS_KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the activations lucidlm's kernel reads and writes
 
 
 def check_group_size(name: str, in_features: int, group_size: Optional[int], scheme: str) -> None:
@@ -130,9 +131,18 @@ class QuantizedLinear(nn.Module):
                                                                self.compute_dtype)
 
     # -- use ---------------------------------------------------------------------------
+    def matmul_dtype(self, activations: torch.dtype) -> torch.dtype:
+        """The dtype the product runs in. lucidlm's kernel reads float32 and bfloat16 inputs
+        alike (it quantizes them to int8 codes either way) and writes its output in the
+        input's dtype, so a float32 residual stream goes through without two conversions per
+        layer; torch's kernels take ``compute_dtype`` only."""
+        if self.uses_blocks_kernel and activations in BLOCKS_KERNEL_DTYPES:
+            return activations
+        return self.compute_dtype
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).to(self.compute_dtype)  # (M, in)
+        x2 = x.reshape(-1, shape[-1]).to(self.matmul_dtype(x.dtype))  # (M, in)
         y = self._matmul(x2)  # (M, out)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)

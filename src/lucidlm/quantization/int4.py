@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from lucidlm.quantization import blocks_kernel
-from lucidlm.quantization.base import DEFAULT_COMPUTE_DTYPE, QuantizedLinear
+from lucidlm.quantization.base import BLOCKS_KERNEL_DTYPES, DEFAULT_COMPUTE_DTYPE, QuantizedLinear
 
 ROW_TILE = 16  # the CPU packing works on 16 output rows at a time
 PACK_BLOCK = 64  # ... and lays out each block of 64 rows on its own (32 on AVX2: a divisor)
@@ -377,7 +377,7 @@ class Int4Linear(QuantizedLinear):
         return torch.addcmul(zeros, centred, scales).view(Npad, K)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.uses_blocks_kernel and x.dtype == torch.bfloat16:
+        if self.uses_blocks_kernel and x.dtype in BLOCKS_KERNEL_DTYPES:
             return blocks_kernel.blocks_mm(x, self.weight_int4, self.block_scales, self.block_zeros)  # (M, N)
         if self.uses_cpu_kernel and x.dtype == self.scales_and_zeros.dtype:
             if torch.compiler.is_compiling() and self.tile_block is not None and prompt_sized(x.shape[0]):

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from lucidlm.quantization import blocks_kernel
-from lucidlm.quantization.base import DEFAULT_COMPUTE_DTYPE, QuantizedLinear
+from lucidlm.quantization.base import BLOCKS_KERNEL_DTYPES, DEFAULT_COMPUTE_DTYPE, QuantizedLinear
 
 QMAX = 127
 
@@ -109,7 +109,7 @@ class Int8Linear(QuantizedLinear):
         return {"weight_int8": self.weight_int8, "scales": self.scales}
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.uses_blocks_kernel and x.dtype == torch.bfloat16:
+        if self.uses_blocks_kernel and x.dtype in BLOCKS_KERNEL_DTYPES:
             return blocks_kernel.blocks_mm(x, self.code_blocks, self.block_scales, self.code_sums)  # (M, N)
         if self.group_size is None:
             if x.device.type == "cpu" and x.dtype == torch.bfloat16:
