@@ -49,6 +49,8 @@ SIDES = {
     "lucidlm previous default": {"kind": "ours", "quantize": "gguf", "dtype": "bfloat16", "float_embeddings": True,
                                  "env": {"LUCIDLM_CPU_KERNEL": "torch"}},
     "lucidlm default compiled": {"kind": "ours", "compile": True},
+    # the default's layers with the bfloat16 residual stream it had until 2026-11-26
+    "lucidlm default, bf16 stream": {"kind": "ours", "quantize": "gguf", "dtype": "bfloat16"},
     # requantized int4 everywhere through torch's tiles, compiled: the fastest batch-1 path before lucidlm's kernels
     "lucidlm int4 compiled, torch kernel": {"kind": "ours", "quantize": "int4", "compile": True,
                                             "env": {"LUCIDLM_CPU_KERNEL": "torch"}},
@@ -66,7 +68,7 @@ SIDES = {
 PREFILL, PROMPT, NEW1, BATCH, NEW8 = 512, 16, 64, 8, 32
 # Not run by default: compiled bf16 decodes within noise of eager bf16, compiled gguf no faster
 # than eager (README), and each costs minutes of compiling on 2 cores; name them in --sides.
-OPTIONAL = ("lucidlm bf16 compiled", "lucidlm gguf compiled", "lucidlm default compiled",
+OPTIONAL = ("lucidlm bf16 compiled", "lucidlm gguf compiled", "lucidlm default compiled", "lucidlm default, bf16 stream",
             "lucidlm int4 compiled, torch kernel")
 METRICS = ("load", "first_token", "prefill512", "decode1", "decode8", "rss")
 
