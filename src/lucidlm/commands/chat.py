@@ -13,7 +13,7 @@ import sys
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, Iterable, Optional, TextIO
 
 from lucidlm.commands import arg_types
 from lucidlm.commands.chat_input import enable_line_editing, read_message
@@ -88,6 +88,7 @@ class ChatSession:
         self.out = out
         self.verbose = verbose
         self.stats: Optional[str] = None
+        self.compile_pending = bool(getattr(model, "compiled", False))  # the first answer waits on torch.compile
 
     def say(self, text: str) -> None:
         self.out.write(text + "\n")
@@ -182,7 +183,11 @@ class ChatSession:
         start = time.perf_counter()
         try:
             with closing(convo.reply(self.model, **self.settings)) as pieces:
-                for piece in pieces:
+                shown: Iterable[str] = pieces
+                if self.compile_pending:
+                    from lucidlm.commands.loading_status import first_piece_announced
+                    shown, self.compile_pending = first_piece_announced(pieces), False
+                for piece in shown:
                     out.write(piece)
                     out.flush()
         except KeyboardInterrupt:  # stop this answer, keep the session

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from lucidlm.commands import arg_types
 from lucidlm.errors import GenerationError, InputError
@@ -166,7 +166,11 @@ def run_generate(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     pieces = stream(model, prompt, **kwargs)
-    for piece in pieces:
+    shown: Iterable[str] = pieces
+    if model.compiled:  # the first token waits on torch.compile: say so instead of looking hung
+        from lucidlm.commands.loading_status import first_piece_announced
+        shown = first_piece_announced(pieces, enabled=not getattr(args, "quiet", False))
+    for piece in shown:
         if args.json and args.stream:
             print(json.dumps({"text": piece}, ensure_ascii=False), flush=True)
         elif args.stream:

@@ -9,7 +9,7 @@ import itertools
 import sys
 import threading
 import time
-from typing import Any, Optional, TextIO
+from typing import Any, Iterable, Iterator, Optional, TextIO
 
 
 class LoadingStatus:
@@ -57,6 +57,23 @@ class LoadingStatus:
             self.stream.flush()
             if self._done.wait(0.1):
                 return
+
+
+COMPILING = "compiling the generation steps (torch.compile: the first answer waits, later ones are faster)"
+
+
+def first_piece_announced(pieces: Iterable[str], text: str = COMPILING, enabled: bool = True,
+                          stream: Optional[TextIO] = None) -> Iterator[str]:
+    """``pieces`` as they come, with ``text`` (and a spinner on a terminal) on stderr while the
+    compiler works: a compiled model's first answer waits ~35 s to minutes on torch.compile,
+    which would otherwise look like a hang after the loading line. The prompt pass is compiled
+    before the first piece and the decode step before the second, so the first piece is held
+    until the second arrives (the spinner's line and streamed text would share the terminal)."""
+    iterator = iter(pieces)
+    with LoadingStatus(text, stream=stream, enabled=enabled):
+        held = list(itertools.islice(iterator, 2))
+    yield from held
+    yield from iterator
 
 
 def _isatty(stream: TextIO) -> bool:
