@@ -5,8 +5,9 @@ them, so load from other processes on a shared machine hits all of them alike.
 Each variant is ``WEIGHTS[:OPTIONS]``: WEIGHTS is default (``lucidlm.load()``'s), float32, bf16, int8, int4,
 gguf, gguf-bf16 or gguf-f32 (the
 file's own quants); OPTIONS, comma-separated, compile the model (``model.compile``) and pick
-inductor settings: ``compiled`` (torch's defaults, what ``--compile`` does on CPU),
-``freezing``, ``cpp_wrapper``, ``max_autotune`` (each implies compiled).
+inductor settings: ``compiled`` (``model.compile()``'s own CPU settings, what ``--compile`` does),
+``freezing``, ``cpp_wrapper``, ``max_autotune`` (each implies compiled, on torch's defaults
+plus that setting).
 
     python benchmarks/bench_decode_step.py bf16 bf16:compiled int4 int4:compiled int4:freezing
 
@@ -46,8 +47,9 @@ def build(variant: str):
     unknown = [o for o in chosen if o not in OPTIONS]
     if unknown:
         raise SystemExit(f"{variant}: unknown option {unknown[0]!r}; options: {', '.join(OPTIONS)}")
-    if chosen:
-        model.compile(prefill=False, options={o: True for o in chosen if o != "compiled"})
+    extra = {o: True for o in chosen if o != "compiled"}
+    if chosen:  # options=None: lucidlm's CPU settings; a dict: torch's defaults plus those
+        model.compile(prefill=False, options=extra or None)
     return model
 
 
