@@ -196,6 +196,27 @@ def test_compiled_decoding_follows_hooks_and_adapters():
     assert greedy(model, prompt, 12) == adapted and counter.frame_count == 2  # compiled again, with the adapter
 
 
+def test_a_weight_laid_out_anew_compiles_the_steps_again():
+    """The compiled steps skip inductor's layout checks of their inputs and keep no guards on
+    the model's weights, so a weight swapped for one of the same shape and values but other
+    strides (a transposed view) must be caught by lucidlm's own check, and the steps built
+    again, rather than read in the traced order."""
+    from torch._dynamo.testing import CompileCounter
+
+    model = toy_model(seed=4, max_seq_len=128, model_cls=LanguageModel)
+    prompt = [5, 6, 7, 8]
+    plain = greedy(model, prompt, 12)
+    counter = CompileCounter()
+    model.compile(backend=counter, prefill=False)
+    assert greedy(model, prompt, 12) == plain and counter.frame_count == 1
+    o_proj = model.blocks[0].attn.o_proj
+    weight = o_proj.weight.detach()
+    o_proj.weight = torch.nn.Parameter(weight.t().contiguous().t())  # same shape and values, column-major
+    assert torch.equal(o_proj.weight, weight) and o_proj.weight.stride() != weight.stride()
+    assert greedy(model, prompt, 12) == plain and counter.frame_count == 2
+    assert greedy(model, prompt, 12) == plain and counter.frame_count == 2  # and only once
+
+
 @pytest.mark.parametrize("kwargs, names", [
     (dict(mode="default", options={"freezing": True}), ["mode='default'", "not both"]),
     (dict(options=["freezing"]), [r"\['freezing'\]", "dict"]),
