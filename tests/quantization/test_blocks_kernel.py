@@ -99,6 +99,18 @@ def test_layout_round_trips():
     assert byte >> 4 == int(codes[row, 32 * g + 16 + 4 * t + j])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_alone_gets_the_same_bits_as_in_a_batch(dtype):
+    # One row of input takes its own loop on AVX2 (both halves of a row block in one pass);
+    # batch 1 and batch 8 decoding must still see the same logits, to the bit.
+    N, K = 64, 576
+    codes, scales, zeros = random_int4(N, K, seed=5)
+    x = (torch.randn(8, K, generator=torch.Generator().manual_seed(6)) * 2).to(dtype)
+    batch = run_kernel(x, codes, scales, zeros)
+    for i in range(8):
+        assert torch.equal(run_kernel(x[i:i + 1], codes, scales, zeros), batch[i:i + 1]), i
+
+
 @pytest.mark.parametrize("M", [1, 3, 8, 9, 21])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_matches_the_numpy_reference(M, dtype):

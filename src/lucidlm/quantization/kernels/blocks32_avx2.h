@@ -4,7 +4,7 @@
  *
  * A 256-bit vector holds half of a row block: the first 32 bytes of each 64-byte vector t are
  * rows 0..7, the last 32 rows 8..15. Each half is done in turn (its second pass reads the block
- * from L1). AVX2 has no vpdpbusd; its two-step form is vpmaddubsw (unsigned byte x signed byte,
+ * from L1), except for a single row of x, where both go together (block_one_row). AVX2 has no vpdpbusd; its two-step form is vpmaddubsw (unsigned byte x signed byte,
  * adjacent pairs summed into int16) then vpmaddwd with ones (adjacent int16 summed into int32):
  *
  *   int4: codes 0..15 times x's codes -127..127: a pair is at most 3810 in magnitude, so all 8
@@ -140,10 +140,56 @@ static void block_rows_int8(const int8_t *codes, const float *s, const float *qs
     }
 }
 
+/* int4 weights, one row of x (a decode step at batch 1): both halves of the row block in one
+ * pass over the groups, so that each broadcast of x's codes serves 16 rows instead of 8. At one
+ * row the loop is bound by the CPU's shuffle ports, which the broadcasts occupy, not by the
+ * multiplies; this pass is 15-23 % faster than two (AMD EPYC, one thread, SmolLM2's matrices),
+ * with the same numbers: the integer sums are exact and the float steps keep their order. */
+static void block_one_row(const uint8_t *codes, const uint16_t *s, const uint16_t *z, int G, const int8_t *xq,
+                          const int8_t *xr, const float *xa, const float *xsum, void *y, int bf16, size_t n0) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  /* rows 0..7, rows 8..15 */
+    for (int g = 0; g < G; g++) {
+        const uint8_t *group = codes + 256 * (size_t)g;
+        prefetch_lines(codes + 256 * (size_t)(g + PREFETCH_GROUPS), 4);
+        const int32_t *a = (const int32_t *)(xq + 32 * (size_t)g), *b = (const int32_t *)(xr + 32 * (size_t)g);
+        /* q . r1 and q . r2 per half, in int16 pairs as group_dot sums them (at most 30480) */
+        __m256i main[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, rest[2] = {main[0], main[1]};
+        for (int t = 0; t < 4; t++) {
+            __m256i a_low = _mm256_set1_epi32(a[t]), a_high = _mm256_set1_epi32(a[t + 4]);
+            __m256i b_low = _mm256_set1_epi32(b[t]), b_high = _mm256_set1_epi32(b[t + 4]);
+            for (int h = 0; h < 2; h++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(group + 64 * t + 32 * h));
+                __m256i low = _mm256_and_si256(v, low4), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                main[h] = _mm256_add_epi16(main[h], _mm256_add_epi16(_mm256_maddubs_epi16(low, a_low),
+                                                                     _mm256_maddubs_epi16(high, a_high)));
+                rest[h] = _mm256_add_epi16(rest[h], _mm256_add_epi16(_mm256_maddubs_epi16(low, b_low),
+                                                                     _mm256_maddubs_epi16(high, b_high)));
+            }
+        }
+        float scale = xa[g];
+        for (int h = 0; h < 2; h++) {  /* as block_rows: the same three steps in the same order */
+            __m256 sv = load_bf16x8(s + 16 * (size_t)g + 8 * h), zv = load_bf16x8(z + 16 * (size_t)g + 8 * h);
+            __m256 mv = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), sv, zv);
+            __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(main[h], ones));
+            __m256 dot_rest = _mm256_cvtepi32_ps(_mm256_madd_epi16(rest[h], ones));
+            acc[h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(sv, _mm256_set1_ps(scale)), acc[h]);
+            acc[h] = _mm256_fmadd_ps(dot_rest, _mm256_mul_ps(sv, _mm256_set1_ps(scale / 254.0f)), acc[h]);
+            acc[h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xsum[g]), acc[h]);
+        }
+    }
+    store_y8(y, bf16, n0, acc[0]);
+    store_y8(y, bf16, n0 + 8, acc[1]);
+}
+
 /* int4 weights: 16 rows (block b, one half at a time) x up to ROWS_AT_ONCE rows of x. */
 static void block_rows(const uint8_t *codes, const uint16_t *s, const uint16_t *z, int G, const int8_t *xq,
                        const int8_t *xr, const float *xa, const float *xsum, int rows, int K, void *y, int bf16,
                        size_t N, size_t n0) {
+    if (rows == 1) {
+        block_one_row(codes, s, z, G, xq, xr, xa, xsum, y, bf16, n0);
+        return;
+    }
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (int h = 0; h < 2; h++) {
         __m256 acc[ROWS_AT_ONCE];
