@@ -4,8 +4,9 @@
  *
  * A 256-bit vector holds half of a row block: the first 32 bytes of each 64-byte vector t are
  * rows 0..7, the last 32 rows 8..15. Each half is done in turn (its second pass reads the block
- * from L1), except for a single row of x, where both go together (block_one_row). AVX2 has no vpdpbusd; its two-step form is vpmaddubsw (unsigned byte x signed byte,
- * adjacent pairs summed into int16) then vpmaddwd with ones (adjacent int16 summed into int32):
+ * from L1), except for a single row of x, where both go together (block_one_row). AVX2 has no
+ * vpdpbusd; its two-step form is vpmaddubsw (unsigned byte x signed byte, adjacent pairs summed
+ * into int16) then vpmaddwd with ones (adjacent int16 summed into int32):
  *
  *   int4: codes 0..15 times x's codes -127..127: a pair is at most 3810 in magnitude, so all 8
  *         vectors of a group add up in int16 (at most 30480) and only one vpmaddwd is needed.
@@ -143,7 +144,7 @@ static void block_rows_int8(const int8_t *codes, const float *s, const float *qs
 /* int4 weights, one row of x (a decode step at batch 1): both halves of the row block in one
  * pass over the groups, so that each broadcast of x's codes serves 16 rows instead of 8. At one
  * row the loop is bound by the CPU's shuffle ports, which the broadcasts occupy, not by the
- * multiplies; this pass is 15-23 % faster than two (AMD EPYC, one thread, SmolLM2's matrices),
+ * multiplies; this pass is 12-17 % faster than two (AMD EPYC, one thread, SmolLM2's matrices),
  * with the same numbers: the integer sums are exact and the float steps keep their order. */
 static void block_one_row(const uint8_t *codes, const uint16_t *s, const uint16_t *z, int G, const int8_t *xq,
                           const int8_t *xr, const float *xa, const float *xsum, void *y, int bf16, size_t n0) {
