@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 from torch._inductor import list_mode_options
-from generation_toys import fresh_dynamo, one_torch_thread, toy_model  # noqa: F401 (autouse fixtures)
+from generation_toys import byte_tokenizer, fresh_dynamo, one_torch_thread, toy_model  # noqa: F401 (autouse fixtures)
 
 import lucidlm
-from lucidlm import LanguageModel
+from lucidlm import LanguageModel, preset
 from lucidlm.cli import build_parser
 from lucidlm.errors import ConfigError
 from lucidlm.generation.compiled import keep_input_guards
@@ -281,3 +281,65 @@ def test_without_isolate_recompiles_each_model_keeps_its_own_compiled_steps(monk
         model.compile(backend="aot_eager")
     for _ in range(2):  # interleaved: each model meets the other's compiled entries in between
         assert [greedy(m, [5, 6, 7, 8], 12) for m in models] == eager
+
+
+def block_traces(model, prompt, **compile_kwargs):
+    """The tokens of a compiled greedy run, and how many block regions dynamo traced anew
+    (``model/traced_once.py``; the rest were stamped out from an earlier trace)."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    compilation_time_metrics.clear()
+    model.compile(backend="aot_eager", **compile_kwargs)
+    tokens = greedy(model, prompt)
+    return tokens, len(compilation_time_metrics.get("invoke_subgraph_trace", []))
+
+
+def test_alike_blocks_are_traced_once_and_a_block_that_differs_on_its_own():
+    """One trace for the four blocks alike; the block whose norm has another eps (a constant
+    in the trace, guarded) must not reuse it. Both give eager's tokens; eps 0.5 against 1e-5
+    changes that layer's output far beyond the logit margins, so a wrongly reused trace shows."""
+    model = toy_model(seed=3, max_seq_len=512, model_cls=LanguageModel, n_layers=5)
+    model.blocks[3].ln1.eps = 0.5
+    prompt = [5, 6, 7, 8]
+    eager = greedy(model, prompt)
+    reference = copy.deepcopy(model)
+    reference.blocks[3].ln1.eps = 1e-5
+    assert greedy(reference, prompt) != eager  # the odd block matters to the tokens
+    tokens, traces = block_traces(model, prompt, prefill=False)
+    assert tokens == eager
+    assert traces == 2  # the decode graph: the alike blocks once, the odd one once
+
+
+def test_sliding_window_and_global_blocks_compile_apart_and_match_eager():
+    """Gemma 3's pattern at toy size: local blocks (a 6-token window, their own rope base)
+    and every third block global. A block learns which it is from its inputs (mask, rope
+    tables), tensors of one shape in the decode step: one trace serves all six blocks, and the
+    tokens (prefill compiled too, its blocks traced in line) are eager's."""
+    torch.manual_seed(5)
+    tokenizer = byte_tokenizer()
+    config = preset("gemma3-270m", vocab_size=tokenizer.vocab_size, d_model=64, n_layers=6, n_heads=4,
+                    n_kv_heads=1, head_dim=16, d_mlp=128, max_seq_len=512, sliding_window=6,
+                    global_layer_every=3, query_pre_attn_scalar=16.0)
+    model = LanguageModel(config, tokenizer).eval()
+    with torch.no_grad():
+        model.unembed.weight.mul_(40.0)
+    prompts = [list(range(30, 45)), [7, 8], list(range(50, 71))]  # longer and shorter than the window
+    eager = [greedy(model, p) for p in prompts] + [[r.token_ids for r in model.generate(
+        prompts, max_new_tokens=24, temperature=0, stop_on_eos=False)]]
+    tokens, traces = block_traces(model, prompts[0])
+    compiled = [tokens] + [greedy(model, p) for p in prompts[1:]] + [[r.token_ids for r in model.generate(
+        prompts, max_new_tokens=24, temperature=0, stop_on_eos=False)]]
+    assert compiled == eager
+    assert traces == 1  # the decode step at batch 1 (the batch of 3 compiles after the count)
+
+
+def test_without_the_inlining_switch_the_blocks_are_traced_one_by_one(monkeypatch):
+    """torch before the ``inline_invoke_subgraph`` switch (GPU images ship 2.11): no region,
+    the blocks are traced in line as before, the same tokens."""
+    from lucidlm.model import traced_once
+
+    monkeypatch.setattr(traced_once, "SUPPORTED", False)
+    model = toy_model(seed=3, max_seq_len=512, model_cls=LanguageModel, n_layers=3)
+    eager = greedy(model, [5, 6, 7, 8])
+    tokens, traces = block_traces(model, [5, 6, 7, 8])
+    assert tokens == eager and traces == 0

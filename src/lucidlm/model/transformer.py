@@ -25,6 +25,7 @@ from lucidlm.model.kv_cache import KVCache
 from lucidlm.model.masks import attention_mask_for, fit_key_mask, positions_of, sliding_window_mask
 from lucidlm.model.norms import make_norm
 from lucidlm.model.positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions
+from lucidlm.model.traced_once import run_block
 
 
 # Set while Transformer.empty builds a model whose weights a loader will overwrite.
@@ -253,9 +254,10 @@ class Transformer(nn.Module):
             prefix_kv = self.prefix_encoder()
         caches = self.kv_caches if cached else [None] * len(self.blocks)
         for i, (block, cache) in enumerate(zip(self.blocks, caches)):
-            x = block(x, rope_local if block.local else rope, local_mask if block.local else mask, cache,
-                      input_pos if cached else None, prefix_kv[i] if prefix_kv is not None else None,
-                      T if cached and new_cache else None)  # kv_len: None attends over the whole cache
+            # run_block: block(...), traced once for all the blocks alike when compiled (traced_once.py)
+            x = run_block(block, x, rope_local if block.local else rope, local_mask if block.local else mask, cache,
+                          input_pos if cached else None, prefix_kv[i] if prefix_kv is not None else None,
+                          T if cached and new_cache else None)  # kv_len: None attends over the whole cache
         if last_token_only:
             x = x[:, -1:]
         if self.ln_final is not None:
