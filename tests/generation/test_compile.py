@@ -338,7 +338,7 @@ def test_without_the_inlining_switch_the_blocks_are_traced_one_by_one(monkeypatc
     the blocks are traced in line as before, the same tokens."""
     from lucidlm.model import traced_once
 
-    monkeypatch.setattr(traced_once, "SUPPORTED", False)
+    monkeypatch.setattr(traced_once, "supported", lambda: False)
     model = toy_model(seed=3, max_seq_len=512, model_cls=LanguageModel, n_layers=3)
     eager = greedy(model, [5, 6, 7, 8])
     tokens, traces = block_traces(model, [5, 6, 7, 8])

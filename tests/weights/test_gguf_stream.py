@@ -232,7 +232,7 @@ import lucidlm
 model = lucidlm.load(quantize="int4")
 status = dict(line.split(":", 1) for line in open("/proc/self/status"))
 print(json.dumps({"peak_mb": int(status["VmHWM"].split()[0]) / 1024,
-                  "heavy": sorted(m for m in ("matplotlib", "sympy", "gguf") if m in sys.modules)}))
+                  "heavy": sorted(m for m in ("matplotlib", "sympy", "gguf", "torch._dynamo") if m in sys.modules)}))
 """
 
 

@@ -28,7 +28,6 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
-from torch._dynamo.exc import UncapturedHigherOrderOpError
 from torch.utils.hooks import RemovableHandle
 
 from lucidlm.model.fused import FusedLinear
@@ -137,7 +136,7 @@ def with_blocks_traced_once(compiled: Callable[..., torch.Tensor]) -> Callable[.
             try:
                 with blocks_traced_once():
                     return compiled(*args)
-            except UncapturedHigherOrderOpError:
+            except torch._dynamo.exc.UncapturedHigherOrderOpError:  # dynamo is loaded by now
                 regions = False
         return compiled(*args)
     return run

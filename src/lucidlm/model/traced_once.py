@@ -23,21 +23,22 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-SUPPORTED = hasattr(torch._dynamo.config, "inline_invoke_subgraph")
 # Each distinct block kind keeps one traced entry; torch raises past this many. Far above any
 # real model's count of block kinds, so a model of all-different blocks is traced block by
 # block (as without the region), never refused.
 MAX_BLOCK_KINDS = 4096
 
 _active = False  # read by run_block; dynamo guards on it, so a compiled step sees a constant
+_block_region = None  # made at the first compiled call: torch._dynamo is not imported before
+
+
+def supported() -> bool:
+    """Whether this torch can inline nested compile regions (2.13 and later)."""
+    return hasattr(torch._dynamo.config, "inline_invoke_subgraph")
 
 
 def _block_call(block: nn.Module, *args: Any) -> torch.Tensor:
     return block(*args)
-
-
-_block_region = (torch.compiler.nested_compile_region(_block_call, max_reuse_entries=MAX_BLOCK_KINDS)
-                 if SUPPORTED else _block_call)
 
 
 def run_block(block: nn.Module, *args: Any) -> torch.Tensor:
@@ -49,10 +50,12 @@ def run_block(block: nn.Module, *args: Any) -> torch.Tensor:
 def blocks_traced_once() -> Iterator[None]:
     """Around a call of a compiled step: mark the blocks as one region and have dynamo inline
     it back. Re-entrant (each level restores what it found)."""
-    global _active
-    if not SUPPORTED:
+    global _active, _block_region
+    if not supported():
         yield
         return
+    if _block_region is None:
+        _block_region = torch.compiler.nested_compile_region(_block_call, max_reuse_entries=MAX_BLOCK_KINDS)
     config = torch._dynamo.config
     before = (_active, config.inline_invoke_subgraph)
     _active, config.inline_invoke_subgraph = True, True
