@@ -125,9 +125,12 @@ def with_blocks_traced_once(compiled: Callable[..., torch.Tensor]) -> Callable[.
     as fast; ~12 us a call for the switch. A decode step is compiled again for every new
     cache length and batch size, so this is paid more than once.
 
-    A region's inputs must not alias: float projections fused into one matrix (CUDA's
-    ``fuse_projections``) are views of it, and dynamo refuses the region while tracing, before
-    anything ran. That model's steps are then traced block by block, as without regions."""
+    Where dynamo cannot stamp a region out it fails while tracing, before anything ran, and
+    the step is then traced block by block for good, as without regions: a region's inputs
+    must not alias (float projections fused into one matrix, CUDA's ``fuse_projections``, are
+    views of it: UncapturedHigherOrderOpError), and under dynamic shapes a padded batch's
+    prompt trips dynamo itself on torch 2.13 (KeyError on a bound length symbol, an internal
+    error). Anything else, or a failure without regions too, is raised as it is."""
     regions = True
 
     def run(*args: Any) -> torch.Tensor:
@@ -136,7 +139,8 @@ def with_blocks_traced_once(compiled: Callable[..., torch.Tensor]) -> Callable[.
             try:
                 with blocks_traced_once():
                     return compiled(*args)
-            except torch._dynamo.exc.UncapturedHigherOrderOpError:  # dynamo is loaded by now
+            except (torch._dynamo.exc.UncapturedHigherOrderOpError,  # dynamo is loaded by now
+                    torch._dynamo.exc.InternalTorchDynamoError):
                 regions = False
         return compiled(*args)
     return run
@@ -174,12 +178,9 @@ class CompiledSteps:
         self.decode = with_blocks_traced_once(
             torch.compile(own_step(self.model), backend=backend, fullgraph=True, dynamic=False, **isolate,
                           options={**decode_options, "guard_filter_fn": keep_input_guards}))
-        # The prefill traces its blocks one by one: stamping a region out under dynamic shapes
-        # fails inside dynamo on torch 2.13 (KeyError on a bound length symbol, tiny model,
-        # prompts of three lengths and a padded batch); it is traced once a model anyway.
-        self.prefill = (with_constant_floats(
+        self.prefill = (with_blocks_traced_once(with_constant_floats(
             torch.compile(own_step(self.model), backend=backend, fullgraph=True, dynamic=True, **isolate,
-                          **({"options": prefill_options} if prefill_options else {})))
+                          **({"options": prefill_options} if prefill_options else {}))))
                         if prefill else self.model.step)
         self.fingerprint = structure_fingerprint(self.model)
         self._look_for_hooks()
