@@ -27,15 +27,23 @@ def greedy(model, prompt, n=24):
 
 def test_compiled_greedy_equals_eager_on_a_tiny_model():
     """Prefill (dynamic shapes) and decode both go through torch.compile's graph capture
-    (the aot_eager backend: dynamo + AOTAutograd, no code generation, so it is quick)."""
+    (the aot_eager backend: dynamo + AOTAutograd, no code generation, so it is quick). Each
+    graph traces its blocks once (model/traced_once.py): prompt and decode step at batch 1,
+    then at batch 3 (padded), whose prompt graph once made dynamo fail and fall back to
+    tracing block by block while its batch size was dynamic (``with_fixed_batch``)."""
+    from torch._dynamo.utils import compilation_time_metrics
+
     model = toy_model(seed=3, max_seq_len=512, model_cls=LanguageModel)
     prompts = [[5, 6, 7, 8], [9, 10], list(range(20, 37))]
     eager = [greedy(model, p) for p in prompts] + [[r.token_ids for r in model.generate(
         prompts, max_new_tokens=24, temperature=0, stop_on_eos=False)]]
+    compilation_time_metrics.clear()
     assert model.compile(backend="aot_eager") is model and model.compiled
     compiled = [greedy(model, p) for p in prompts] + [[r.token_ids for r in model.generate(
         prompts, max_new_tokens=24, temperature=0, stop_on_eos=False)]]
     assert compiled == eager
+    assert len(compilation_time_metrics["invoke_subgraph_trace"]) == 4
+    assert len(compilation_time_metrics["_compile.compile_inner"]) == 4  # no graph traced twice
     assert model(torch.tensor([prompts[0]])).shape == (1, 4, model.config.vocab_size)  # forward stays eager
 
 
@@ -312,27 +320,31 @@ def test_alike_blocks_are_traced_once_and_a_block_that_differs_on_its_own():
 
 def test_sliding_window_and_global_blocks_compile_apart_and_match_eager():
     """Gemma 3's pattern at toy size: local blocks (a 6-token window, their own rope base)
-    and every third block global. A block learns which it is from its inputs (mask, rope
-    tables): in the decode step both are tensors of one shape and one trace serves all six
-    blocks; the prefill traces two, a global block's mask being None there (SDPA's own causal
-    mask). The padded batch's prefill, which dynamo cannot stamp out under dynamic shapes,
-    falls back to tracing block by block; every run gives eager's tokens."""
+    and every third block global (here: local, local, global). A block learns which it is from its inputs (mask, rope
+    tables). One prompt: its prefill traces two blocks, a global block's mask being None there
+    (SDPA's own causal mask), its decode step one (both kinds get tensors of one shape). A
+    padded batch of three: one trace each for prefill and decode (a padding mask for every
+    block), none lost to the fallback. Every run gives eager's tokens."""
+    from torch._dynamo.utils import compilation_time_metrics
+
     torch.manual_seed(5)
     tokenizer = byte_tokenizer()
-    config = preset("gemma3-270m", vocab_size=tokenizer.vocab_size, d_model=64, n_layers=6, n_heads=4,
+    config = preset("gemma3-270m", vocab_size=tokenizer.vocab_size, d_model=64, n_layers=3, n_heads=4,
                     n_kv_heads=1, head_dim=16, d_mlp=128, max_seq_len=512, sliding_window=6,
                     global_layer_every=3, query_pre_attn_scalar=16.0)
     model = LanguageModel(config, tokenizer).eval()
     with torch.no_grad():
         model.unembed.weight.mul_(40.0)
-    prompts = [list(range(30, 45)), [7, 8], list(range(50, 71))]  # longer and shorter than the window
-    eager = [greedy(model, p) for p in prompts] + [[r.token_ids for r in model.generate(
-        prompts, max_new_tokens=24, temperature=0, stop_on_eos=False)]]
-    tokens, traces = block_traces(model, prompts[0])
-    compiled = [tokens] + [greedy(model, p) for p in prompts[1:]] + [[r.token_ids for r in model.generate(
-        prompts, max_new_tokens=24, temperature=0, stop_on_eos=False)]]
-    assert compiled == eager
-    assert traces == 3  # prefill: local and global; decode at batch 1: one (the batch of 3 comes after the count)
+    prompt, batch = list(range(30, 45)), [[7, 8], list(range(50, 71)), [9, 10, 11]]  # shorter and longer than the window
+
+    def batch_tokens() -> list[list[int]]:
+        return [r.token_ids for r in model.generate(batch, max_new_tokens=12, temperature=0, stop_on_eos=False)]
+
+    eager = (greedy(model, prompt, n=12), batch_tokens())
+    compilation_time_metrics.clear()
+    model.compile(backend="aot_eager")
+    assert (greedy(model, prompt, n=12), batch_tokens()) == eager
+    assert len(compilation_time_metrics["invoke_subgraph_trace"]) == 2 + 1 + 1 + 1
 
 
 def test_without_the_inlining_switch_the_blocks_are_traced_one_by_one(monkeypatch):

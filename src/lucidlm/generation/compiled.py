@@ -118,6 +118,21 @@ def with_constant_floats(compiled: Callable[..., torch.Tensor]) -> Callable[...,
     return run
 
 
+def with_fixed_batch(compiled: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``compiled`` (the prompt step) with dynamic lengths but a fixed batch size: one graph per
+    batch size, as the decode step has. With the batch dynamic too, dynamo on torch 2.13 could not
+    stamp the block region out for a batch of prompts (an internal KeyError while tracing) and
+    fell back to tracing the blocks one by one for good (~11 s a trace for SmolLM2, every later
+    prompt graph included). Arguments as ``Transformer.step``: ids (B, T), input_pos (T,),
+    attention_mask (B, S) or None, ..."""
+    def run(ids: torch.Tensor, input_pos: Any, attention_mask: Any, *rest: Any) -> torch.Tensor:
+        torch._dynamo.mark_static(ids, 0)
+        if attention_mask is not None:
+            torch._dynamo.mark_static(attention_mask, 0)
+        return compiled(ids, input_pos, attention_mask, *rest)
+    return run
+
+
 def with_blocks_traced_once(compiled: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """``compiled`` traced with the model's blocks as one region, stamped out once per block
     (``model/traced_once.py``). SmolLM2, AMD EPYC, 2 threads, warm inductor cache: the decode
@@ -128,9 +143,9 @@ def with_blocks_traced_once(compiled: Callable[..., torch.Tensor]) -> Callable[.
     Where dynamo cannot stamp a region out it fails while tracing, before anything ran, and
     the step is then traced block by block for good, as without regions: a region's inputs
     must not alias (float projections fused into one matrix, CUDA's ``fuse_projections``, are
-    views of it: UncapturedHigherOrderOpError), and under dynamic shapes a padded batch's
-    prompt trips dynamo itself on torch 2.13 (KeyError on a bound length symbol, an internal
-    error). Anything else, or a failure without regions too, is raised as it is."""
+    views of it: UncapturedHigherOrderOpError), and dynamo has failed inside (an internal
+    error: a prompt batch of dynamic size, before ``with_fixed_batch``). Anything else, or a
+    failure without regions too, is raised as it is."""
     regions = True
 
     def run(*args: Any) -> torch.Tensor:
@@ -178,9 +193,9 @@ class CompiledSteps:
         self.decode = with_blocks_traced_once(
             torch.compile(own_step(self.model), backend=backend, fullgraph=True, dynamic=False, **isolate,
                           options={**decode_options, "guard_filter_fn": keep_input_guards}))
-        self.prefill = (with_blocks_traced_once(with_constant_floats(
+        self.prefill = (with_fixed_batch(with_blocks_traced_once(with_constant_floats(
             torch.compile(own_step(self.model), backend=backend, fullgraph=True, dynamic=True, **isolate,
-                          **({"options": prefill_options} if prefill_options else {}))))
+                          **({"options": prefill_options} if prefill_options else {})))))
                         if prefill else self.model.step)
         self.fingerprint = structure_fingerprint(self.model)
         self._look_for_hooks()
