@@ -86,8 +86,8 @@ class LanguageModel(Transformer):
         ``CPU_DECODE_OPTIONS`` for the decode step).
         ``options``: inductor settings instead (not with ``mode``), e.g. ``{"freezing": True}``,
         which folds the weights into the compiled steps at their first call: after editing
-        weights in place, call ``compile()`` again. The prefill (the prompt) is compiled with dynamic shapes, so a new
-        prompt length does not recompile; pass ``prefill=False`` to leave it eager.
+        weights in place, call ``compile()`` again. The prefill (the prompt) is compiled with dynamic lengths, so a
+        new prompt length does not recompile (a new batch size does); pass ``prefill=False`` to leave it eager.
         ``backend`` goes to torch.compile (tests pass a counting backend). The first call of
         each pays the compile time (seconds to minutes); greedy tokens are the same as eager
         ones. Returns the model, so ``model = lucidlm.load().compile()`` reads naturally.
