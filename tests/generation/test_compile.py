@@ -318,6 +318,18 @@ def test_alike_blocks_are_traced_once_and_a_block_that_differs_on_its_own():
     assert traces == 2  # the decode graph: the alike blocks once, the odd one once
 
 
+def test_a_block_quantized_apart_is_traced_apart():
+    """One block's layers int8 (a mixed GGUF file has such blocks), the others float: another
+    module type behind the same names, so that block gets its own trace in each graph."""
+    model = toy_model(seed=3, max_seq_len=512, model_cls=LanguageModel, n_layers=4, d_model=128)
+    lucidlm.quantize(model.blocks[2], "int8")
+    prompt = [5, 6, 7, 8]
+    eager = greedy(model, prompt)
+    tokens, traces = block_traces(model, prompt)
+    assert tokens == eager
+    assert traces == 2 + 2  # prefill and decode: the float blocks once, the int8 block once
+
+
 def test_sliding_window_and_global_blocks_compile_apart_and_match_eager():
     """Gemma 3's pattern at toy size: local blocks (a 6-token window, their own rope base)
     and every third block global (here: local, local, global). A block learns which it is from its inputs (mask, rope

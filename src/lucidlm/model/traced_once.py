@@ -13,6 +13,9 @@ graph it saw before, and its C++ wrapper, which cannot call a subgraph, still wo
 
 Outside the context (eager runs, hooks, training's compile), ``run_block`` is a plain call.
 Needs torch >= 2.13 (the inlining switch); with an older torch the blocks are traced one by one.
+The switch is process-wide, as dynamo's config is: compiled generations in several threads stay
+correct (a region outside a trace is a plain call; a step traced either way is guarded on
+``_active``) but may trace a step twice.
 """
 
 from __future__ import annotations
