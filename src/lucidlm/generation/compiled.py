@@ -163,7 +163,8 @@ def with_blocks_traced_once(compiled: Callable[..., torch.Tensor]) -> Callable[.
 
 class CompiledSteps:
     """``step`` (``Transformer.step``) compiled twice: the decode step with fixed shapes and
-    slim guards, the prefill with dynamic shapes (or eager when ``prefill`` is False).
+    slim guards, the prefill with dynamic lengths and a fixed batch size (or eager when
+    ``prefill`` is False). Both trace one block per kind of block (``with_blocks_traced_once``).
 
     mode / options / backend: as ``torch.compile`` takes them; the mode becomes its inductor
     options (``torch._inductor.list_mode_options``, exactly what torch does with a mode), so
