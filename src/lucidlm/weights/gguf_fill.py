@@ -12,7 +12,7 @@ quantized: one C pass each) needs no workers and converts on the calling thread.
 
 A worker queues each tensor's finiteness check (``weights/finite.py``) and lets the file's
 pages go; the calling thread puts the converted tensors in place, in the file's order, and
-hands freed memory back (``weights/memory.py``). The workers never change the model.
+hands freed memory back (``host_memory.py``). The workers never change the model.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from lucidlm.weights.finite import FiniteCheck
 from lucidlm.weights.gguf_quants import EXACT
 from lucidlm.weights.gguf_stream import (Planned, dequantize_tensor, float_weight, int4_from_blocks, int8_from_blocks,
                                          quantized_plain)
-from lucidlm.weights.memory import Scratch, TrimEvery, trim
+from lucidlm.host_memory import Scratch, TrimEvery, trim
 
 MAX_WORKERS = 8  # beyond this, a load is bound by memory bandwidth, not by cores
 

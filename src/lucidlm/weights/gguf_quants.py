@@ -96,7 +96,7 @@ def _scales(blocks: torch.Tensor, type_name: str) -> tuple[torch.Tensor, Optiona
 def _codes(blocks: torch.Tensor, type_name: str, dtype: torch.dtype, scratch: Any = None) -> torch.Tensor:
     """(N, G, 32) codes of ``dtype``, in column order: Q8_0's signed bytes, Q4's nibbles 0..15
     (byte i of a block holds column i in its low half and column i + 16 in its high half);
-    written into ``scratch.take(N * K, dtype)`` (``weights/memory.Scratch``) when given."""
+    written into ``scratch.take(N * K, dtype)`` (``host_memory.Scratch``) when given."""
     shape = (*blocks.shape[:2], BLOCK)
     codes = torch.empty(shape, dtype=dtype) if scratch is None else scratch.take(math.prod(shape), dtype).view(shape)
     if type_name == "Q8_0":

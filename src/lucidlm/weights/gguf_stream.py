@@ -30,7 +30,7 @@ from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.weights.gguf_families import FAMILIES, gguf_tensors_check_name, our_name
 from lucidlm.weights.gguf_quants import (EXACT, FLOAT_TYPES, exact_float, exact_group_codes, exact_nibble_words,
                                          exact_plain, finite_parts, native_scheme, q4_blocks)
-from lucidlm.weights.memory import Scratch
+from lucidlm.host_memory import Scratch
 
 CHUNK_BYTES = 8 << 20  # float32 bytes converted at once for a large tensor
 

@@ -1,0 +1,64 @@
+"""host_memory.keep_freed_memory: inside the block a large buffer allocated again and again is
+faulted in once, not every time; after the block glibc's behaviour is back; Trainer.fit runs
+inside it. Page faults are counted by the kernel (getrusage), not by the code under test."""
+
+import platform
+import resource
+
+import pytest
+import torch
+
+from lucidlm import host_memory
+from lucidlm.training import TrainConfig, train
+
+BUFFER_MB = 64  # over glibc's largest mmap threshold (32 MB): mapped afresh on every allocation by default
+PAGES = BUFFER_MB * 256
+
+pytestmark = pytest.mark.skipif(platform.system() != "Linux" or host_memory._glibc() is None,
+                                reason="glibc's malloc (Linux)")
+
+
+def faults_per_allocation(rounds: int) -> list[int]:
+    """Minor page faults of each of ``rounds`` allocate-fill-free cycles of a BUFFER_MB tensor."""
+    faults = []
+    for _ in range(rounds):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        buffer = torch.empty(BUFFER_MB << 18, dtype=torch.float32)  # BUFFER_MB MiB
+        buffer.fill_(1.0)
+        del buffer
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return faults
+
+
+def test_a_freed_buffer_is_reused_inside_the_block_and_mapped_afresh_outside():
+    assert min(faults_per_allocation(3)) > 0.9 * PAGES  # glibc's default: every page faults every time
+    with host_memory.keep_freed_memory():
+        # The heap grows over the first few rounds (torch's aligned allocations do not fit the
+        # hole a freed buffer leaves at first); then the buffer's pages are reused as they are.
+        settled = faults_per_allocation(16)[-4:]
+        with host_memory.keep_freed_memory():  # nested: the inner end must not undo the outer
+            pass
+        settled += faults_per_allocation(4)
+    assert max(settled) < 0.05 * PAGES, settled
+    after = faults_per_allocation(3)
+    assert min(after) > 0.9 * PAGES, after  # defaults back, and the kept pages were given back
+
+
+def test_training_runs_inside_the_block(tmp_path):
+    seen = []
+
+    class Probe:
+        def on_fit_start(self, trainer):
+            seen.append(host_memory._keeping)
+
+        def __getattr__(self, name):  # every other callback hook: nothing to do
+            return lambda *args, **kwargs: None
+
+    data = tmp_path / "text.txt"
+    data.write_text("to be or not to be, that is the question. " * 200)
+    config = TrainConfig(data=str(data), out_dir=str(tmp_path / "run"), tokenizer="char", n_layer=1, n_head=2,
+                         n_embd=16, block_size=16, batch_size=4, max_iters=2, eval_interval=2, eval_iters=1,
+                         sample_tokens=0, progress=False)
+    train(config, callbacks=[Probe()])
+    assert seen == [1]
+    assert host_memory._keeping == 0
