@@ -156,3 +156,16 @@ def test_generate_looks_ahead_and_stream_does_not(monkeypatch):
     generate(model, [[72, 105], [33]], max_new_tokens=4, temperature=0)
     list(api.stream(model, [72, 105], max_new_tokens=4, temperature=0))
     assert asked == [True, True, False]
+
+
+def test_a_session_refuses_steps_past_its_capacity_or_before_its_prompt():
+    model = toy_model(seed=1, max_seq_len=128)
+    with DecodeSession(model, [[72, 105, 33]], capacity=5) as session:
+        with pytest.raises(RuntimeError, match=r"before prefill\(\)"):
+            session.step(torch.tensor([1]))
+        next_ids = session.prefill().argmax(-1)
+        for _ in range(2):  # slots 3 and 4
+            next_ids = session.step(next_ids).argmax(-1)
+        with pytest.raises(RuntimeError, match="holds 5 tokens .prompt 3 . 2 fed back.; open the DecodeSession with a larger capacity"):
+            session.step(next_ids)
+        assert session.next_slot == 5

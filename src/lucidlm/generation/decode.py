@@ -83,6 +83,15 @@ class DecodeSession:
     @torch.inference_mode()
     def step(self, next_ids: torch.Tensor) -> torch.Tensor:
         """Feed one new token per row (B,); logits (B, V) for the token after it."""
+        # Python-side counts only: nothing is read back from the device. Past the end, a
+        # compiled step would fail deep inside its kernels and an eager one on index_copy_.
+        if self.next_slot == 0:
+            raise RuntimeError("DecodeSession.step() before prefill(): run the prompt first, "
+                               "its logits give the first new token")
+        if self.next_slot >= self.capacity:
+            raise RuntimeError(f"the session's KV cache is full: it holds {self.capacity} tokens (prompt "
+                               f"{self.prompt_len} + {self.capacity - self.prompt_len} fed back); open the "
+                               f"DecodeSession with a larger capacity")
         if self.next_slot > self.prompt_len:
             self.input_pos += 1  # on the device: no new tensor, no host round trip
         logits = self._decode(next_ids.view(self.batch_size, 1), input_pos=self.input_pos,
