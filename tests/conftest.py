@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -91,6 +92,33 @@ def ctrl_c_after_step(monkeypatch):
     return arm
 
 
+# -- transformers reading a GGUF: the file's metadata parsed once, not three times -----------
+# transformers parses a GGUF anew for the tokenizer, the config and the weights, with gguf-py
+# in pure Python: ~20 s each for Gemma 3's 262,144-token vocabulary (2-core CI machine). A
+# GGUFReader only reads (its tensors are read-only views of a memory map), so the fixtures
+# below hand transformers one reader per file. What transformers does with it is unchanged.
+_GGUF_READERS: dict = {}
+
+
+@contextlib.contextmanager
+def gguf_parsed_once():
+    import gguf
+
+    original = gguf.GGUFReader
+
+    def shared_reader(path, mode="r"):
+        key = (str(Path(path).resolve()), mode)
+        if key not in _GGUF_READERS:
+            _GGUF_READERS[key] = original(path, mode)
+        return _GGUF_READERS[key]
+
+    gguf.GGUFReader = shared_reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
 # -- the embedded pretrained model and its transformers reference, loaded once per run ------
 # Several test modules compare against these; loading transformers' GGUF reader costs
 # ~15 s each time, so they are session-scoped. Tests must leave them as they found them
@@ -128,7 +156,7 @@ def hf_smollm2(smollm2):
     from lucidlm.pretrained import find_gguf
 
     path = find_gguf("smollm2-135m")
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), gguf_parsed_once():
         warnings.simplefilter("ignore")
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
@@ -157,7 +185,7 @@ def hf_gemma3_tokenizer(gemma3_gguf):
 
     from transformers import AutoTokenizer
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), gguf_parsed_once():
         warnings.simplefilter("ignore")
         return AutoTokenizer.from_pretrained(str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name)
 
@@ -170,7 +198,7 @@ def hf_gemma3(gemma3_gguf, hf_gemma3_tokenizer):
     import torch
     from transformers import AutoModelForCausalLM
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), gguf_parsed_once():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_pretrained(str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name,
                                                      dtype=torch.float32)
