@@ -21,6 +21,11 @@ is the kernels and their calls, as in a compiled decode step. Sides alternate ro
 the best of ``--repeats`` per round, then the best round. Prints ms per step and the ratio to
 lucidlm's int4 kernel; writes benchmarks/results/cpu_kernels.json.
 
+At batch 1 a step reads every weight once, so memory bandwidth bounds it: the run measures the
+read bandwidth (``torch.amax`` over 256 MB, same threads) and says what share of it lucidlm's
+kernels reach (the weight bytes they read per step over their time), as
+``bench_generation_gpu.py`` does with the GPU's copy bandwidth.
+
     python benchmarks/bench_cpu_kernels.py [--threads 2] [--rounds 3] [--batches 1 8] [--sides ...]
 """
 
@@ -121,8 +126,21 @@ def side_blocks(int8_unembedding: bool):
 
         def step(x):
             return [torch.ops.lucidlm.blocks_mm(x[k], b, s, e) for b, s, e, k in packed]
+        # what a step reads: codes, scales and zeros; an int8 matrix's code sums only with
+        # AVX-512 (its unsigned side is x shifted by 128; the AVX2 loops do not read them)
+        reads_sums = bk.instruction_set() == "avx512-vnni"
+        step.weight_bytes = sum(t.numel() * t.element_size() for b, s, e, _ in packed
+                                for t in ((b, s, e) if e.dtype != torch.float32 or reads_sums else (b, s)))
         return step
     return build
+
+
+def read_bandwidth(repeats: int = 10) -> float:
+    """Bytes per second torch reads from memory: the best ``amax`` over a 256 MB tensor (far
+    past the caches), on the threads set for the run."""
+    x = torch.ones(64 << 20)
+    seconds = best_time(lambda: torch.amax(x), repeats)
+    return x.numel() * x.element_size() / seconds
 
 
 def side_int4_inductor(weights):
@@ -238,6 +256,7 @@ def main() -> None:
                 for name, step in steps.items():
                     t = best_time(lambda: step(x), args.repeats)
                     best[name][batch] = min(best[name].get(batch, float("inf")), t)
+        bandwidth = read_bandwidth()
     print(f"\nOne decode step's 211 SmolLM2 matrices, {args.threads} threads, best of {args.rounds} rounds x "
           f"{args.repeats}; load average {min(loads):.1f}..{max(loads):.1f}")
     header = "side".ljust(46) + "".join(f"b={b} ms  vs int4".rjust(20) for b in args.batches) + "  warm-up s"
@@ -247,6 +266,13 @@ def main() -> None:
         cells = "".join(f"{times[b] * 1e3:9.2f}  {ref[b] / times[b]:6.2f}x".rjust(20) if b in ref else
                         f"{times[b] * 1e3:9.2f}".rjust(20) for b in args.batches)
         print(name.ljust(46) + cells + f"{warmup[name]:9.1f}")
+    share = {name: steps[name].weight_bytes / times[1] / bandwidth for name, times in best.items()
+             if hasattr(steps[name], "weight_bytes") and 1 in times}
+    print(f"\nread bandwidth: {bandwidth / 1e9:.1f} GB/s (torch.amax over 256 MB, {args.threads} threads)")
+    for name, fraction in share.items():
+        megabytes = steps[name].weight_bytes / 1e6
+        print(f"{name}: b=1 reads {megabytes:.1f} MB per step (floor {steps[name].weight_bytes / bandwidth * 1e3:.2f} ms): "
+              f"{fraction:.0%} of the read bandwidth")
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps({
         "workload": "SmolLM2-135M decode step: 211 matrices (30 x q,k,v,o,gate,up,down + unembedding), random",
@@ -255,6 +281,9 @@ def main() -> None:
         "torch": torch.__version__,
         "ms_per_step": {name: {str(b): t * 1e3 for b, t in times.items()} for name, times in best.items()},
         "warmup_s": warmup, "not_run": errors,
+        "read_bandwidth_gb_s": bandwidth / 1e9,
+        "weight_mb": {name: steps[name].weight_bytes / 1e6 for name in share},
+        "b1_share_of_read_bandwidth": share,
     }, indent=1) + "\n")
     print(f"\nwrote {RESULTS}")
 
