@@ -31,7 +31,10 @@ def faults_per_allocation(rounds: int) -> list[int]:
 
 
 def test_a_freed_buffer_is_reused_inside_the_block_and_mapped_afresh_outside():
-    assert min(faults_per_allocation(3)) > 0.9 * PAGES  # glibc's default: every page faults every time
+    # glibc's default: the buffer is mapped afresh each time, so it faults in every time: one
+    # fault per 4 KiB page, or per 2 MiB where transparent huge pages are on for every mapping.
+    default = min(faults_per_allocation(3))
+    assert default >= PAGES // 512, default
     with host_memory.keep_freed_memory():
         # The heap grows over the first few rounds (torch's aligned allocations do not fit the
         # hole a freed buffer leaves at first); then the buffer's pages are reused as they are.
@@ -39,9 +42,9 @@ def test_a_freed_buffer_is_reused_inside_the_block_and_mapped_afresh_outside():
         with host_memory.keep_freed_memory():  # nested: the inner end must not undo the outer
             pass
         settled += faults_per_allocation(4)
-    assert max(settled) < 0.05 * PAGES, settled
+    assert max(settled) < 0.05 * default, (settled, default)
     after = faults_per_allocation(3)
-    assert min(after) > 0.9 * PAGES, after  # defaults back, and the kept pages were given back
+    assert min(after) > 0.5 * default, (after, default)  # defaults back, and the kept pages were given back
 
 
 def test_training_runs_inside_the_block(tmp_path):
