@@ -14,7 +14,7 @@ glibc maps any block over 32 MB afresh with ``mmap`` and unmaps it on free, so e
 faults in and zeroes every 4 KiB page of them again. ``keep_freed_memory()`` serves them from
 the heap and keeps what is freed there for the next step, as torch's caching allocator does on
 a GPU: a 210 MB buffer's allocation and first fill took 101 ms before and 35 ms after, and
-seed 004's word model trained 20 steps plus its evaluations in 34 s instead of 54 s (2-core
+seed 004's word model trained 20 steps plus its evaluations in 37 s instead of 54 s (2-core
 AMD EPYC VM). When the last such block ends, the settings go back to glibc's defaults and the
 kept pages go back to the OS.
 
