@@ -195,6 +195,63 @@ def profile_steps(model: LanguageModel, path: Path, steps: int = 20) -> None:
     path.write_text("\n\n".join(tables) + "\n")
 
 
+def loop_ms_per_token(model: LanguageModel, rows: list[list[int]], lookahead: int, read_each: bool,
+                      new_tokens: int = NEW_TOKENS) -> tuple[float, float]:
+    """Drive generate's own loop (``sample_rows``, greedy) over one row: (ms per token the host
+    took to queue the work, ms per token until the device finished it). Without ``read_each``
+    nothing is read back until the end, so the first figure is the host's cost alone: when
+    it is not below a bare step's time, the loop is bound by the host, not the device."""
+    from lucidlm.generation.decode import sample_rows
+    from lucidlm.generation.sampling import SamplingSettings
+
+    finished = torch.zeros(1, dtype=torch.bool)
+    sync()
+    start = time.perf_counter()
+    for ids in sample_rows(model, rows, new_tokens, SamplingSettings(temperature=0.0), None, finished,
+                           lookahead=lookahead):
+        if read_each:
+            int(ids[0])  # what generate does with every token
+    queued = time.perf_counter() - start
+    sync()
+    done = time.perf_counter() - start
+    return queued / new_tokens * 1e3, done / new_tokens * 1e3
+
+
+def loop_diagnostics(model: LanguageModel, rows: list[list[int]]) -> dict[str, float]:
+    """Where a generated token's time goes (see ``loop_ms_per_token``), best of 3 each."""
+    found: dict[str, float] = {}
+    for lookahead, read_each in ((1, False), (1, True), (2, True), (0, True)):
+        runs = [loop_ms_per_token(model, rows, lookahead, read_each) for _ in range(4)][1:]
+        name = f"lookahead {lookahead}, {'read each token' if read_each else 'no reads'}"
+        found[f"{name}: host ms per token"] = min(r[0] for r in runs)
+        found[f"{name}: ms per token"] = min(r[1] for r in runs)
+    return found
+
+
+def profile_generate(model: LanguageModel, rows: list[list[int]], path: Path, new_tokens: int = 64,
+                     ) -> dict[str, float]:
+    """torch's profiler over one greedy ``generate`` of ``new_tokens``: the host's operators
+    sorted by their own time to ``path``, and how busy the device was."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    run = lambda: model.generate(rows, max_new_tokens=new_tokens, temperature=0, stop_on_eos=False)  # noqa: E731
+    run()
+    sync()
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        run()
+        sync()
+        wall = time.perf_counter() - start
+    averages = prof.key_averages()
+    path.write_text(f"one generate of {new_tokens} tokens, batch 1, {wall * 1e3:.1f} ms under the profiler\n"
+                    + averages.table(sort_by="self_cpu_time_total", row_limit=40) + "\n")
+    kernels_us = sum(getattr(e, "self_device_time_total", 0.0) for e in prof.events()
+                     if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
+    return {"profiled generate ms per token": wall * 1e3 / new_tokens,
+            "device busy % in a profiled generate": 100 * kernels_us / 1e6 / wall}
+
+
 def cuda_compile_check() -> dict[str, Any]:
     """Compiled greedy == eager greedy, bf16, on CUDA, one row and a left-padded batch."""
     torch.manual_seed(1)
@@ -223,6 +280,8 @@ def main() -> None:
     parser.add_argument("--diagnose", action="store_true", help="bare step times and a profile of the compiled step")
     parser.add_argument("--int4", action="store_true", help="also lucidlm int4 (groups of 32), compiled, last")
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="batch sizes (default 1 8)")
+    parser.add_argument("--variants", action="store_true",
+                        help="also candidate changes to the compiled engine, batch 1 (see variants())")
     args = parser.parse_args()
     if args.smoke:
         DEVICE, NEW_TOKENS = "cpu", 8
@@ -262,10 +321,11 @@ def main() -> None:
                for b in BATCHES}
     outputs: dict[str, Any] = {}
 
-    def measure(engine: str, make_run: Callable[[list[list[int]]], Callable[[], Any]]) -> None:
+    def measure(engine: str, make_run: Callable[[list[list[int]]], Callable[[], Any]],
+                batches: Optional[tuple[int, ...]] = None) -> None:
         if engine in args.skip:
             return
-        for b in BATCHES:
+        for b in batches or BATCHES:
             try:
                 first, best, out = timed(make_run(prompts[b]), args.runs)
             except Exception:  # noqa: BLE001
@@ -300,6 +360,11 @@ def main() -> None:
                   f"generate of 1 token {diagnostics[f'{name} generate of 1 token ms, batch 1']:.1f} ms", flush=True)
             if profile_to:
                 profile_steps(model, out_dir / profile_to)
+                diagnostics.update({f"{name} {k}": v for k, v in loop_diagnostics(model, row).items()})
+                diagnostics.update({f"{name} {k}": v for k, v in
+                                    profile_generate(model, row, out_dir / "generate_profile.txt").items()})
+                print(json.dumps({k: round(v, 3) for k, v in diagnostics.items() if k.startswith(name)},
+                                 indent=1), flush=True)
         except Exception:  # noqa: BLE001
             results["errors"][f"diagnose {name}"] = traceback.format_exc()[-2000:]
             print(results["errors"][f"diagnose {name}"], flush=True)
@@ -315,6 +380,8 @@ def main() -> None:
     ours.compile()
     measure("lucidlm compiled", lambda p: lucidlm_run(ours, p))
     diagnose("lucidlm compiled", ours, "decode_profile.txt")
+    if args.variants:
+        variants(ours, measure, diagnostics)
     del ours
     from lucidlm.quantization import quantize
 
@@ -336,6 +403,35 @@ def main() -> None:
     save()
     print(table(results))
     (out_dir / "generation_gpu.md").write_text(table(results) + "\n")
+
+
+def variants(compiled: LanguageModel, measure: Callable[..., None], diagnostics: dict[str, Any]) -> None:
+    """Candidate changes, measured in the same run as the compiled engine they would change:
+    generate queueing two steps ahead instead of one (``generation/api.py: LOOKAHEAD``), and
+    the decode step's attention spelled out for inductor on CUDA too
+    (``Attention.single_query_devices``) instead of cuDNN's SDPA kernel and its preparation."""
+    from lucidlm.generation import api
+    from lucidlm.model.attention import Attention
+
+    before = api.LOOKAHEAD
+    api.LOOKAHEAD = 2
+    try:
+        measure("lucidlm compiled, lookahead 2", lambda p: lucidlm_run(compiled, p))
+    finally:
+        api.LOOKAHEAD = before
+    devices = Attention.single_query_devices
+    Attention.single_query_devices = devices + ("cuda",)
+    try:
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+        spelled = lucidlm_model().compile()
+        measure("lucidlm compiled, attention spelled out", lambda p: lucidlm_run(spelled, p), batches=(1,))
+        diagnostics["lucidlm compiled, attention spelled out bare step ms, batch 1"] = bare_step_ms(spelled, 1)
+        print("attention spelled out: bare step",
+              round(diagnostics["lucidlm compiled, attention spelled out bare step ms, batch 1"], 3), "ms", flush=True)
+        del spelled
+    finally:
+        Attention.single_query_devices = devices
 
 
 def table(results: dict[str, Any]) -> str:

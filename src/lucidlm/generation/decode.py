@@ -13,6 +13,7 @@ what to do with the logits (sample, beam search, stop) is the caller's business.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
@@ -108,7 +109,7 @@ class DecodeSession:
 def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, settings: Any,
                 generator: Optional[torch.Generator], finished: torch.Tensor, pad_id: int = 0,
                 min_new_tokens: int = 0, eos_ids: Sequence[int] = (),
-                lookahead: bool = False) -> Iterator[torch.Tensor]:
+                lookahead: int = 0) -> Iterator[torch.Tensor]:
     """Yield the next token of every row (B,) for up to ``max_new_tokens`` steps; the
     ``eos_ids`` cannot be chosen in the first ``min_new_tokens`` steps.
 
@@ -117,11 +118,15 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
     lockstep (cheaper than reshaping the cache); their tokens are simply ignored.
     Close the generator (or exhaust it) to free the cache.
 
-    ``lookahead``: queue the step that feeds a token back *before* yielding the token. On a
-    GPU the caller's read of the token (``.tolist()``, a host sync) then overlaps the next
-    step instead of leaving the device idle while Python handles it; the tokens are the same,
-    and a row that ends wastes one step. Only for callers whose code between tokens cannot
-    change the model (``generate``, not ``stream``, whose loop body may attach hooks).
+    ``lookahead``: how many steps to queue ahead of the token handed out (0: none; True
+    counts as 1). With 1, the step that feeds token t back is queued *before* token t is
+    yielded: on a GPU the caller's read of the token (``.tolist()``, a host sync) then
+    overlaps that step instead of leaving the device idle while Python handles it. With 2,
+    token t is yielded once the steps for t and t+1 are queued: a slow iteration of Python
+    (a garbage collection, a long stop-string check) then still finds a whole step queued.
+    The tokens are the same either way; a row that ends wastes up to ``lookahead`` steps.
+    Only for callers whose code between tokens cannot change the model (``generate``, not
+    ``stream``, whose loop body may attach hooks).
     """
     from lucidlm.generation.sampling import sample_next
 
@@ -134,6 +139,8 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
     for i, row in enumerate(rows):
         seen[i, :L] = torch.tensor([row[0]] * (L - len(row)) + list(row), dtype=torch.long)
     seen = seen.to(model.device)
+    ahead = int(lookahead)
+    pending: deque[torch.Tensor] = deque()  # sampled, its step queued, not yet handed out
     with DecodeSession(model, rows, capacity=L + max_new_tokens - 1, pad_id=pad_id) as session:
         logits = session.prefill()
         for t in range(max_new_tokens):
@@ -143,12 +150,16 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
                 next_ids = sample_next(logits, settings, seen[:, :L + t], generator)  # (B,)
                 seen[:, L + t] = next_ids
             last = t + 1 == max_new_tokens  # the last token is never fed back: no forward pass for it
-            if lookahead and not last:
+            pending.append(next_ids)
+            if ahead and not last:
                 logits = session.step(next_ids)  # queued on the device; the caller's read overlaps it
-            yield next_ids
-            if last or bool(finished.all()):
+            while pending and (last or len(pending) >= max(ahead, 1)):
+                yield pending.popleft()
+                if bool(finished.all()):
+                    return
+            if last:
                 return
-            if not lookahead:
+            if not ahead:
                 logits = session.step(next_ids)
 
 
