@@ -406,12 +406,10 @@ def main() -> None:
 
 
 def variants(compiled: LanguageModel, measure: Callable[..., None], diagnostics: dict[str, Any]) -> None:
-    """Candidate changes, measured in the same run as the compiled engine they would change:
-    generate queueing two steps ahead instead of one (``generation/api.py: LOOKAHEAD``), and
-    the decode step's attention spelled out for inductor on CUDA too
-    (``Attention.single_query_devices``) instead of cuDNN's SDPA kernel and its preparation."""
-    from lucidlm.generation import api
-    from lucidlm.model.attention import Attention
+    """Candidate changes, or the way before a change, measured in the same run as the compiled
+    engine: generate queueing two steps ahead instead of one (``generation/api.py: LOOKAHEAD``),
+    and greedy picks with torch's one-pass argmax (``sampling.argmax_rows``)."""
+    from lucidlm.generation import api, sampling
 
     before = api.LOOKAHEAD
     api.LOOKAHEAD = 2
@@ -419,19 +417,35 @@ def variants(compiled: LanguageModel, measure: Callable[..., None], diagnostics:
         measure("lucidlm compiled, lookahead 2", lambda p: lucidlm_run(compiled, p))
     finally:
         api.LOOKAHEAD = before
-    devices = Attention.single_query_devices
-    Attention.single_query_devices = devices + ("cuda",)
+    chunk = sampling.ARGMAX_CHUNK
+    sampling.ARGMAX_CHUNK = 1 << 62  # every vocabulary fits one chunk: torch's argmax
     try:
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
-        spelled = lucidlm_model().compile()
-        measure("lucidlm compiled, attention spelled out", lambda p: lucidlm_run(spelled, p), batches=(1,))
-        diagnostics["lucidlm compiled, attention spelled out bare step ms, batch 1"] = bare_step_ms(spelled, 1)
-        print("attention spelled out: bare step",
-              round(diagnostics["lucidlm compiled, attention spelled out bare step ms, batch 1"], 3), "ms", flush=True)
-        del spelled
+        measure("lucidlm compiled, one-pass argmax", lambda p: lucidlm_run(compiled, p), batches=(1,))
     finally:
-        Attention.single_query_devices = devices
+        sampling.ARGMAX_CHUNK = chunk
+    diagnostics.update(argmax_diagnostics())
+
+
+def argmax_diagnostics(vocab: int = SHAPE["vocab_size"], calls: int = 200) -> dict[str, Any]:
+    """``sampling.argmax_rows`` against torch's argmax on the device: the same ids (on logits
+    full of ties), and microseconds a call, batch 1 and 8."""
+    from lucidlm.generation.sampling import argmax_rows
+
+    found: dict[str, Any] = {}
+    for b in (1, 8):
+        logits = torch.randint(0, 50, (b, vocab), device=DEVICE).float()
+        found[f"argmax_rows equals argmax, batch {b}"] = argmax_rows(logits).tolist() == logits.argmax(-1).tolist()
+        for name, pick in (("torch argmax", lambda: logits.argmax(-1)), ("argmax_rows", lambda: argmax_rows(logits))):
+            for _ in range(10):
+                pick()
+            sync()
+            start = time.perf_counter()
+            for _ in range(calls):
+                pick()
+            sync()
+            found[f"{name} us, batch {b}"] = (time.perf_counter() - start) / calls * 1e6
+    print("argmax:", {k: round(v, 2) if isinstance(v, float) else v for k, v in found.items()}, flush=True)
+    return found
 
 
 def table(results: dict[str, Any]) -> str:

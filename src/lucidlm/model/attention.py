@@ -31,10 +31,6 @@ class Attention(nn.Module):
     """Holds weights and hook points only: the rotation table, the KV cache and any prefix
     belong to the Transformer, which passes them in on every call."""
 
-    # Devices where one query per row (a decode step) takes ``_single_query_attention`` instead
-    # of SDPA, in bfloat16/float16 or compiled (measured there, see that method).
-    single_query_devices: tuple[str, ...] = ("cpu",)
-
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -134,7 +130,7 @@ class Attention(nn.Module):
             # so it runs in float32 and only the projections' matmuls use bfloat16.
             with torch.autocast("cpu", enabled=False):
                 return self._fused_attention(q.float(), k.float(), v.float(), mask, dropout_p, grouped)
-        single_query = q.shape[2] == 1 and q.device.type in self.single_query_devices and dropout_p == 0.0
+        single_query = q.shape[2] == 1 and q.device.type == "cpu" and dropout_p == 0.0
         # Eager float32 stays on SDPA: there it beats the spelled-out form (40 against 118 us a
         # layer at batch 1 over 96 cached positions, 120 against 252 over 1024; AMD EPYC, 2 threads).
         if single_query and (q.dtype != torch.float32 or torch.compiler.is_compiling()):
