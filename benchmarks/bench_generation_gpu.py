@@ -10,8 +10,12 @@ the shortest a step can take; "% of copy" = tok/s x weight bytes / bandwidth (ba
 
 Also checks, on a tiny bf16 model on the GPU, that compiled greedy tokens equal eager ones.
 ``--diagnose`` adds, for eager and compiled lucidlm at batch 1, the time of a bare decode step
-(no sampling, no loop around it: what the loop costs is the difference) and the top kernels of
-20 compiled steps in torch's profiler (``decode_profile.txt``).
+(no sampling, no loop around it: what the loop costs is the difference) and of a one-token
+generate; for the compiled engine also the top kernels of 20 steps in torch's profiler
+(``generation_gpu_profile.txt``), generate's own loop timed with and without reading each token
+back and with and without queueing a step ahead (``loop_diagnostics``), and a profiled
+generate of 64 tokens (``generation_gpu_generate_profile.txt``: the host's operators, and how
+busy the device was).
 
     python benchmarks/bench_generation_gpu.py [--out benchmarks/results] [--runs 3] [--diagnose]
 """
@@ -195,9 +199,9 @@ def profile_steps(model: LanguageModel, path: Path, steps: int = 20) -> None:
     path.write_text("\n\n".join(tables) + "\n")
 
 
-def loop_ms_per_token(model: LanguageModel, rows: list[list[int]], lookahead: int, read_each: bool,
+def loop_ms_per_token(model: LanguageModel, rows: list[list[int]], lookahead: bool, read_each: bool,
                       new_tokens: int = NEW_TOKENS) -> tuple[float, float]:
-    """Drive generate's own loop (``sample_rows``, greedy) over one row: (ms per token the host
+    """Drive generate's own loop (``sample_rows``, greedy) over ``rows``: (ms per token the host
     took to queue the work, ms per token until the device finished it). Without ``read_each``
     nothing is read back until the end, so the first figure is the host's cost alone: when
     it is not below a bare step's time, the loop is bound by the host, not the device."""
@@ -220,9 +224,9 @@ def loop_ms_per_token(model: LanguageModel, rows: list[list[int]], lookahead: in
 def loop_diagnostics(model: LanguageModel, rows: list[list[int]]) -> dict[str, float]:
     """Where a generated token's time goes (see ``loop_ms_per_token``), best of 3 each."""
     found: dict[str, float] = {}
-    for lookahead, read_each in ((1, False), (1, True), (2, True), (0, True)):
+    for lookahead, read_each in ((True, False), (True, True), (False, True)):
         runs = [loop_ms_per_token(model, rows, lookahead, read_each) for _ in range(4)][1:]
-        name = f"lookahead {lookahead}, {'read each token' if read_each else 'no reads'}"
+        name = f"{'lookahead' if lookahead else 'no lookahead'}, {'read each token' if read_each else 'no reads'}"
         found[f"{name}: host ms per token"] = min(r[0] for r in runs)
         found[f"{name}: ms per token"] = min(r[1] for r in runs)
     return found
@@ -280,8 +284,6 @@ def main() -> None:
     parser.add_argument("--diagnose", action="store_true", help="bare step times and a profile of the compiled step")
     parser.add_argument("--int4", action="store_true", help="also lucidlm int4 (groups of 32), compiled, last")
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="batch sizes (default 1 8)")
-    parser.add_argument("--variants", action="store_true",
-                        help="also candidate changes to the compiled engine, batch 1 (see variants())")
     args = parser.parse_args()
     if args.smoke:
         DEVICE, NEW_TOKENS = "cpu", 8
@@ -321,11 +323,10 @@ def main() -> None:
                for b in BATCHES}
     outputs: dict[str, Any] = {}
 
-    def measure(engine: str, make_run: Callable[[list[list[int]]], Callable[[], Any]],
-                batches: Optional[tuple[int, ...]] = None) -> None:
+    def measure(engine: str, make_run: Callable[[list[list[int]]], Callable[[], Any]]) -> None:
         if engine in args.skip:
             return
-        for b in batches or BATCHES:
+        for b in BATCHES:
             try:
                 first, best, out = timed(make_run(prompts[b]), args.runs)
             except Exception:  # noqa: BLE001
@@ -362,7 +363,7 @@ def main() -> None:
                 profile_steps(model, out_dir / profile_to)
                 diagnostics.update({f"{name} {k}": v for k, v in loop_diagnostics(model, row).items()})
                 diagnostics.update({f"{name} {k}": v for k, v in
-                                    profile_generate(model, row, out_dir / "generate_profile.txt").items()})
+                                    profile_generate(model, row, out_dir / "generation_gpu_generate_profile.txt").items()})
                 print(json.dumps({k: round(v, 3) for k, v in diagnostics.items() if k.startswith(name)},
                                  indent=1), flush=True)
         except Exception:  # noqa: BLE001
@@ -379,9 +380,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     ours.compile()
     measure("lucidlm compiled", lambda p: lucidlm_run(ours, p))
-    diagnose("lucidlm compiled", ours, "decode_profile.txt")
-    if args.variants:
-        variants(ours, measure, diagnostics)
+    diagnose("lucidlm compiled", ours, "generation_gpu_profile.txt")
     del ours
     from lucidlm.quantization import quantize
 
@@ -403,49 +402,6 @@ def main() -> None:
     save()
     print(table(results))
     (out_dir / "generation_gpu.md").write_text(table(results) + "\n")
-
-
-def variants(compiled: LanguageModel, measure: Callable[..., None], diagnostics: dict[str, Any]) -> None:
-    """Candidate changes, or the way before a change, measured in the same run as the compiled
-    engine: generate queueing two steps ahead instead of one (``generation/api.py: LOOKAHEAD``),
-    and greedy picks with torch's one-pass argmax (``sampling.argmax_rows``)."""
-    from lucidlm.generation import api, sampling
-
-    before = api.LOOKAHEAD
-    api.LOOKAHEAD = 2
-    try:
-        measure("lucidlm compiled, lookahead 2", lambda p: lucidlm_run(compiled, p))
-    finally:
-        api.LOOKAHEAD = before
-    chunk = sampling.ARGMAX_CHUNK
-    sampling.ARGMAX_CHUNK = 1 << 62  # every vocabulary fits one chunk: torch's argmax
-    try:
-        measure("lucidlm compiled, one-pass argmax", lambda p: lucidlm_run(compiled, p), batches=(1,))
-    finally:
-        sampling.ARGMAX_CHUNK = chunk
-    diagnostics.update(argmax_diagnostics())
-
-
-def argmax_diagnostics(vocab: int = SHAPE["vocab_size"], calls: int = 200) -> dict[str, Any]:
-    """``sampling.argmax_rows`` against torch's argmax on the device: the same ids (on logits
-    full of ties), and microseconds a call, batch 1 and 8."""
-    from lucidlm.generation.sampling import argmax_rows
-
-    found: dict[str, Any] = {}
-    for b in (1, 8):
-        logits = torch.randint(0, 50, (b, vocab), device=DEVICE).float()
-        found[f"argmax_rows equals argmax, batch {b}"] = argmax_rows(logits).tolist() == logits.argmax(-1).tolist()
-        for name, pick in (("torch argmax", lambda: logits.argmax(-1)), ("argmax_rows", lambda: argmax_rows(logits))):
-            for _ in range(10):
-                pick()
-            sync()
-            start = time.perf_counter()
-            for _ in range(calls):
-                pick()
-            sync()
-            found[f"{name} us, batch {b}"] = (time.perf_counter() - start) / calls * 1e6
-    print("argmax:", {k: round(v, 2) if isinstance(v, float) else v for k, v in found.items()}, flush=True)
-    return found
 
 
 def table(results: dict[str, Any]) -> str:

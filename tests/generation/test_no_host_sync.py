@@ -169,3 +169,31 @@ def test_a_session_refuses_steps_past_its_capacity_or_before_its_prompt():
         with pytest.raises(RuntimeError, match="holds 5 tokens .prompt 3 . 2 fed back.; open the DecodeSession with a larger capacity"):
             session.step(next_ids)
         assert session.next_slot == 5
+
+
+def test_token_readback_gives_each_step_its_own_host_row(monkeypatch):
+    """On CUDA each step's ids go to their own row of pinned host memory, marked by an event
+    recorded right after the copy; handing them out waits for that event. Here the CUDA parts
+    are stood in for (a plain host buffer, an event that logs its calls)."""
+    from lucidlm.generation.decode import TokenReadback
+
+    calls = []
+
+    class LoggedEvent:
+        def record(self):
+            calls.append("record")
+
+        def synchronize(self):
+            calls.append("synchronize")
+
+    monkeypatch.setattr(torch.cuda, "Event", LoggedEvent)
+    readback = TokenReadback(torch.device("cpu"), batch_size=2, steps=3)
+    assert readback.host is None  # on the host already: the ids pass through
+    ids = torch.tensor([5, 6])
+    assert readback.receive(*readback.send(0, ids)) is ids and calls == []
+    readback.host = torch.full((3, 2), -1)  # the pinned buffer a CUDA model gets
+    first, second = readback.send(0, torch.tensor([5, 6])), readback.send(1, torch.tensor([7, 8]))
+    assert calls == ["record", "record"]  # recorded at send time, nobody waited yet
+    assert readback.receive(*second).tolist() == [7, 8] and readback.receive(*first).tolist() == [5, 6]
+    assert calls == ["record", "record", "synchronize", "synchronize"]
+    assert readback.host.tolist() == [[5, 6], [7, 8], [-1, -1]]

@@ -9,7 +9,7 @@ import torch
 
 from lucidlm.errors import GenerationError
 from lucidlm.generation.sampling import (SamplingSettings, apply_repetition_penalty, min_p_filter, sample_next,
-                                         top_k_filter, top_p_filter, two_pass_argmax)
+                                         top_k_filter, top_p_filter)
 
 transformers = pytest.importorskip("transformers")
 from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,  # noqa: E402
@@ -98,20 +98,6 @@ def test_greedy_is_argmax_after_penalty():
     assert sample_next(logits, settings).tolist() == [0]
     # token 0 seen: 3.0 / 2 = 1.5 < 2.9
     assert sample_next(logits, settings, seen_ids=torch.tensor([[0]])).tolist() == [1]
-
-
-@pytest.mark.parametrize("vocab, chunk", [(1000, 64), (1024, 64), (37, 64), (128, 1)])
-def test_two_pass_argmax_is_torch_argmax(vocab, chunk):
-    """The GPU's greedy pick (slices, then the first slice holding the maximum) gives torch's
-    argmax: the first index on ties (within a slice and across slices), NaN as the largest,
-    a row of -inf at 0, a vocabulary that no slice size divides."""
-    g = torch.Generator().manual_seed(vocab)
-    logits = torch.randint(0, 6, (8, vocab), generator=g).float()  # many ties
-    logits[1] = float("-inf")
-    logits[2, vocab // 2] = float("nan")
-    logits[3, [vocab - 1, vocab // 3]] = 99.0  # the same maximum in two slices
-    logits[4] = torch.randn(vocab, generator=g)
-    assert two_pass_argmax(logits, chunk).tolist() == logits.argmax(dim=-1).tolist()
 
 
 @pytest.mark.parametrize("kwargs, fragment", [

@@ -44,10 +44,6 @@ from lucidlm.generation.request import (batch_rows, check_beams, fit_to_context,
 from lucidlm.generation.sliding import sample_with_crop
 from lucidlm.generation.streaming import TextAssembler
 
-# Decode steps ``generate`` queues ahead of the token it reads (``decode.sample_rows``): on a GPU
-# the read-back of token t overlaps the step that feeds it back. ``stream`` queues none.
-LOOKAHEAD = 1
-
 
 @dataclass
 class GenerationResult:
@@ -87,7 +83,7 @@ def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
                                   f"of {len(rows)}; loop over the prompts.")
         options.pop("num_beams"), options.pop("length_penalty"), options.pop("context_overflow")
         return generate_batch(model, rows, **options)
-    runner = _Run(model, prompt, options, lookahead=LOOKAHEAD)  # no caller code between the tokens
+    runner = _Run(model, prompt, options, lookahead=True)  # no caller code between the tokens
     for _ in runner.pieces():
         pass
     return runner.result
@@ -144,7 +140,7 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
     finished = torch.zeros(len(rows), dtype=torch.bool)
     pad_id = padding_id(tokenizer)
     with closing(sample_rows(model, rows, max_new, request.settings, private_generator(model, request.seed),
-                             finished, pad_id, request.min_new_tokens, request.eos_ids, lookahead=LOOKAHEAD)) as steps:
+                             finished, pad_id, request.min_new_tokens, request.eos_ids, lookahead=True)) as steps:
         for next_ids in steps:
             for i, token in enumerate(next_ids.tolist()):
                 if finished[i]:
@@ -167,7 +163,7 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
 class _Run:
     """One generation, driven by iterating ``pieces()``; ``result`` is set at the end."""
 
-    def __init__(self, model: Any, prompt: Any, kwargs: dict[str, Any], lookahead: int = 0) -> None:
+    def __init__(self, model: Any, prompt: Any, kwargs: dict[str, Any], lookahead: bool = False) -> None:
         kwargs = {k: v for k, v in kwargs.items() if k not in ("model", "prompt")}
         self.lookahead = lookahead  # see sample_rows: only where no caller code runs between tokens
         chat = bool(kwargs.pop("chat", False))

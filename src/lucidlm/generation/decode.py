@@ -13,7 +13,6 @@ what to do with the logits (sample, beam search, stop) is the caller's business.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
@@ -109,7 +108,7 @@ class DecodeSession:
 def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, settings: Any,
                 generator: Optional[torch.Generator], finished: torch.Tensor, pad_id: int = 0,
                 min_new_tokens: int = 0, eos_ids: Sequence[int] = (),
-                lookahead: int = 0) -> Iterator[torch.Tensor]:
+                lookahead: bool = False) -> Iterator[torch.Tensor]:
     """Yield the next token of every row (B,) for up to ``max_new_tokens`` steps; the
     ``eos_ids`` cannot be chosen in the first ``min_new_tokens`` steps.
 
@@ -118,15 +117,13 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
     lockstep (cheaper than reshaping the cache); their tokens are simply ignored.
     Close the generator (or exhaust it) to free the cache.
 
-    ``lookahead``: how many steps to queue ahead of the token handed out (0: none; True
-    counts as 1). With 1, the step that feeds token t back is queued *before* token t is
-    yielded: on a GPU the caller's read of the token (``.tolist()``, a host sync) then
-    overlaps that step instead of leaving the device idle while Python handles it. With 2,
-    token t is yielded once the steps for t and t+1 are queued: a slow iteration of Python
-    (a garbage collection, a long stop-string check) then still finds a whole step queued.
-    The tokens are the same either way; a row that ends wastes up to ``lookahead`` steps.
-    Only for callers whose code between tokens cannot change the model (``generate``, not
-    ``stream``, whose loop body may attach hooks).
+    ``lookahead``: queue the step that feeds a token back *before* yielding the token. On a
+    GPU the caller's read of the token then overlaps the next step instead of leaving the
+    device idle while Python handles it (``TokenReadback``: the read waits for the token's own
+    copy, not for the step queued behind it); the tokens are the same, and a row that ends
+    wastes one step. Queueing two steps ahead was measured and gained nothing (H100,
+    2026-11-26: 679 against 683 tok/s). Only for callers whose code between tokens cannot
+    change the model (``generate``, not ``stream``, whose loop body may attach hooks).
     """
     from lucidlm.generation.sampling import sample_next
 
@@ -139,9 +136,7 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
     for i, row in enumerate(rows):
         seen[i, :L] = torch.tensor([row[0]] * (L - len(row)) + list(row), dtype=torch.long)
     seen = seen.to(model.device)
-    ahead = int(lookahead)
     readback = TokenReadback(seen.device, B, max_new_tokens)
-    pending: deque[tuple[torch.Tensor, Any]] = deque()  # sampled, its step queued, not yet handed out
     with DecodeSession(model, rows, capacity=L + max_new_tokens - 1, pad_id=pad_id) as session:
         logits = session.prefill()
         for t in range(max_new_tokens):
@@ -150,17 +145,14 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
                     logits = suppress(logits, eos_ids)
                 next_ids = sample_next(logits, settings, seen[:, :L + t], generator)  # (B,)
                 seen[:, L + t] = next_ids
+            sent = readback.send(t, next_ids)  # before the next step is queued behind the ids
             last = t + 1 == max_new_tokens  # the last token is never fed back: no forward pass for it
-            pending.append(readback.send(t, next_ids))  # before the next step is queued behind it
-            if ahead and not last:
+            if lookahead and not last:
                 logits = session.step(next_ids)  # queued on the device; the caller's read overlaps it
-            while pending and (last or len(pending) >= max(ahead, 1)):
-                yield readback.receive(*pending.popleft())
-                if bool(finished.all()):
-                    return
-            if last:
+            yield readback.receive(*sent)
+            if last or bool(finished.all()):
                 return
-            if not ahead:
+            if not lookahead:
                 logits = session.step(next_ids)
 
 
@@ -169,11 +161,12 @@ class TokenReadback:
 
     On CUDA, each step's ids are copied into pinned host memory as soon as they are sampled,
     and an event marks the copy; handing them out waits for that event only. A plain
-    ``.tolist()`` would wait for everything queued on the stream, so with the next step
-    already queued behind the ids (``lookahead``) it waited for that whole step too, and the
-    host only queued the step after it once the device had gone idle: on an H100
-    (2026-11-26, the 1B-shaped benchmark) 1.78 ms a token, against 1.46 with nothing read.
-    Elsewhere (a CPU, where the work is done when the call returns) the ids pass through.
+    ``.tolist()`` waits for everything queued on the stream: with the next step already
+    queued behind the ids (``lookahead``) it waited for that whole step too, and the host
+    queued the step after it only once the device had gone idle. H100, the 1B-shaped GPU
+    benchmark, 2026-11-26: 1.78 ms a token with every token read against 1.46 with none read;
+    with this, 1.465 (``benchmarks/bench_generation_gpu.py --diagnose``). On a CPU, where the
+    work is done when the call returns, the ids pass through.
     """
 
     def __init__(self, device: torch.device, batch_size: int, steps: int) -> None:
@@ -192,7 +185,7 @@ class TokenReadback:
 
     @staticmethod
     def receive(ids: torch.Tensor, copied: Any) -> torch.Tensor:
-        """The ids (B,), on the host once their copy is done (CUDA) or as they were."""
+        """The ids (B,): on the host once their copy is done (CUDA), else as they were."""
         if copied is not None:
             copied.synchronize()
         return ids
