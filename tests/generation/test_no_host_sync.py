@@ -180,20 +180,23 @@ def test_token_readback_gives_each_step_its_own_host_row(monkeypatch):
     calls = []
 
     class LoggedEvent:
-        def record(self):
-            calls.append("record")
+        def record(self, stream):
+            calls.append(("record", stream))
 
         def synchronize(self):
             calls.append("synchronize")
 
+    # The event goes on the stream of the ids' own device (a model on cuda:1 while cuda:0 is current).
     monkeypatch.setattr(torch.cuda, "Event", LoggedEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: f"stream of {device}")
     readback = TokenReadback(torch.device("cpu"), batch_size=2, steps=3)
     assert readback.host is None  # on the host already: the ids pass through
     ids = torch.tensor([5, 6])
     assert readback.receive(*readback.send(0, ids)) is ids and calls == []
     readback.host = torch.full((3, 2), -1)  # the pinned buffer a CUDA model gets
     first, second = readback.send(0, torch.tensor([5, 6])), readback.send(1, torch.tensor([7, 8]))
-    assert calls == ["record", "record"]  # recorded at send time, nobody waited yet
+    recorded = ("record", "stream of cpu")
+    assert calls == [recorded, recorded]  # recorded at send time, nobody waited yet
     assert readback.receive(*second).tolist() == [7, 8] and readback.receive(*first).tolist() == [5, 6]
-    assert calls == ["record", "record", "synchronize", "synchronize"]
+    assert calls == [recorded, recorded, "synchronize", "synchronize"]
     assert readback.host.tolist() == [[5, 6], [7, 8], [-1, -1]]

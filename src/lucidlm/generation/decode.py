@@ -178,9 +178,9 @@ class TokenReadback:
         """Start moving step ``t``'s ids (B,) to the host; what ``receive`` takes."""
         if self.host is None:
             return ids, None
-        self.host[t].copy_(ids, non_blocking=True)
+        self.host[t].copy_(ids, non_blocking=True)  # queued on the ids' device's current stream
         copied = torch.cuda.Event()
-        copied.record()
+        copied.record(torch.cuda.current_stream(ids.device))  # that stream, also when another GPU is current
         return self.host[t], copied
 
     @staticmethod
