@@ -208,7 +208,7 @@ def loop_ms_per_token(model: LanguageModel, rows: list[list[int]], lookahead: bo
     from lucidlm.generation.decode import sample_rows
     from lucidlm.generation.sampling import SamplingSettings
 
-    finished = torch.zeros(1, dtype=torch.bool)
+    finished = torch.zeros(len(rows), dtype=torch.bool)  # no row ever ends: every token is timed
     sync()
     start = time.perf_counter()
     for ids in sample_rows(model, rows, new_tokens, SamplingSettings(temperature=0.0), None, finished,
