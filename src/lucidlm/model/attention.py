@@ -43,6 +43,10 @@ class Attention(nn.Module):
         self.use_explicit = False  # force the explicit path (e.g. to compare the two)
         self.use_attn_result = False  # hook each head's output (hook_options.py)
         self.fused_qkv: Optional[FusedLinear] = None  # q/k/v as one matmul, where it can be (fused.py)
+        # A float32 decode step on the CPU calls lucidlm's C loop for its attention
+        # (``torch.ops.lucidlm.decode_attention``, quantization/kernels/decode_attention.c);
+        # set by ``LanguageModel.compile`` once that library is loaded.
+        self.decode_kernel = False
         # Gemma 3 / Qwen 3: RMSNorm over each head's query and key (one weight shared by the
         # heads), before RoPE, so the scores stay bounded whatever the projections learn.
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
@@ -131,9 +135,10 @@ class Attention(nn.Module):
             with torch.autocast("cpu", enabled=False):
                 return self._fused_attention(q.float(), k.float(), v.float(), mask, dropout_p, grouped)
         single_query = q.shape[2] == 1 and q.device.type == "cpu" and dropout_p == 0.0
-        # Eager float32 stays on SDPA: there it beats the spelled-out form (40 against 118 us a
-        # layer at batch 1 over 96 cached positions, 120 against 252 over 1024; AMD EPYC, 2 threads).
-        if single_query and (q.dtype != torch.float32 or torch.compiler.is_compiling()):
+        # Eager float32 stays on SDPA unless the C loop is switched on (``decode_kernel``): SDPA
+        # beats the spelled-out form there (40 against 118 us a layer at batch 1 over 96 cached
+        # positions, 120 against 252 over 1024; AMD EPYC, 2 threads).
+        if single_query and (q.dtype != torch.float32 or torch.compiler.is_compiling() or self.decode_kernel):
             return self._single_query_attention(q, k, v, mask)
         if mask is None:  # no cache, no padding: keys are exactly the queries
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=grouped,
@@ -154,6 +159,13 @@ class Attention(nn.Module):
         (B, 1, 1, S) bool or None."""
         B, S = q.shape[0], k.shape[2]
         grouped_q = q.view(B, self.n_kv_heads, self.n_heads // self.n_kv_heads, self.head_dim)  # (B, n_kv, g, hd)
+        if self.decode_kernel and q.dtype == k.dtype == v.dtype == torch.float32 and self.head_dim % 8 == 0:
+            # The same sums in one C loop that skips the masked slots: ~8 us a layer at batch 1
+            # and ~25 at batch 8 against inductor's ~20 and ~150 (SmolLM2's shapes, 128 slots,
+            # AMD EPYC, 2 threads).
+            allowed = mask.expand(B, 1, 1, S).reshape(B, S) if mask is not None else q.new_ones((B, S), dtype=torch.bool)
+            z = torch.ops.lucidlm.decode_attention(grouped_q, k, v, allowed, self.scale)  # (B, n_kv, g, hd)
+            return z.view(B, self.n_heads, 1, self.head_dim)
         # The scores stay a matmul even when compiled: spelled as a product and a sum, inductor
         # folded q's rotation into the loop over the cache and redid it for every cached key
         # (65 us a layer at 128 slots). A matmul takes q as a finished tensor, rotated once.

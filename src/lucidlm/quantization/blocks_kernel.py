@@ -1,5 +1,9 @@
 """lucidlm's own CPU kernel for int4 and int8 weights in groups of 32 (``kernels/blocks32.c``).
 
+The same library carries one more loop, a float32 decode step's attention
+(``kernels/decode_attention.c``, ``decode_attention`` below), which ``LanguageModel.compile``
+switches on for the model's attention layers on a CPU (``use_decode_attention``).
+
 torch's int4 kernel (``_weight_int4pack_mm_for_cpu``) multiplies in floating point and its
 time grows with every row of the input (SmolLM2's matrices, 2 threads: 5 ms for one row,
 15 ms for 8). llama.cpp's way is faster: quantize each input row to int8 per group of 32 and
@@ -48,7 +52,8 @@ from lucidlm.cache_dir import cache_root
 from lucidlm.staging import publish, staging_file
 
 KERNELS = Path(__file__).with_name("kernels")
-C_SOURCE, OP_SOURCE = KERNELS / "blocks32.c", KERNELS / "blocks32_op.cpp"
+# the C loops (blocks32.c, decode_attention.c) and the files that make them torch operators
+C_SOURCES, OP_SOURCES = sorted(KERNELS.glob("*.c")), sorted(KERNELS.glob("*.cpp"))
 C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC")
 # the CPU features of the two builds of the inner loops (blocks32_avx512.h, blocks32_avx2.h)
 CPU_FLAG_SETS = (("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"), ("avx2", "fma", "f16c"))
@@ -90,11 +95,12 @@ def _cpu() -> tuple[str, set[str]]:
 def _build_commands(cc: str, cxx: str, work: Path, out: Path) -> list[list[str]]:
     torch_dir = Path(torch.__file__).parent
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-    return [[cc, *C_FLAGS, "-c", str(C_SOURCE), "-o", str(work / "blocks32.o")],
-            [cxx, "-O2", "-std=c++20", "-fPIC", abi, f"-I{torch_dir / 'include'}", "-c", str(OP_SOURCE),
-             "-o", str(work / "op.o")],
+    objects = [work / f"{source.stem}.o" for source in (*C_SOURCES, *OP_SOURCES)]
+    return [*[[cc, *C_FLAGS, "-c", str(source), "-o", str(work / f"{source.stem}.o")] for source in C_SOURCES],
+            *[[cxx, "-O2", "-std=c++20", "-fPIC", abi, f"-I{torch_dir / 'include'}", "-c", str(source),
+               "-o", str(work / f"{source.stem}.o")] for source in OP_SOURCES],
             # libgomp by its soname: the process already holds torch's copy, so both share one thread pool
-            [cxx, "-shared", str(work / "op.o"), str(work / "blocks32.o"), "-fopenmp", f"-L{torch_dir / 'lib'}",
+            [cxx, "-shared", *map(str, objects), "-fopenmp", f"-L{torch_dir / 'lib'}",
              "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_dir / 'lib'}", "-o", str(out)]]
 
 
@@ -150,6 +156,7 @@ def _library() -> Optional[Path]:
         _unavailable.append(f"building the kernels failed: {error} {detail.decode(errors='replace')[-400:]}")
         return None
     torch.library.register_fake("lucidlm::blocks_mm")(_blocks_mm_shape)
+    torch.library.register_fake("lucidlm::decode_attention")(_decode_attention_shape)
     return target
 
 
@@ -287,6 +294,34 @@ def blocks_mm(x: torch.Tensor, blocks: torch.Tensor, scales: torch.Tensor, extra
 
 def _blocks_mm_shape(x: torch.Tensor, blocks: torch.Tensor, scales: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.shape[0], blocks.shape[0] * ROW_BLOCK))  # what torch.compile's tracing sees
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """One decode step's attention (``kernels/decode_attention.c``): q (B, H, G, D) float32,
+    the G query heads of each of the H kv heads; k, v (B, H, S, D) float32 (each slot's values
+    contiguous); mask (B, S) bool, True = may attend -> (B, H, G, D). The operator
+    ``torch.ops.lucidlm.decode_attention``; the model calls it directly where
+    ``Attention.decode_kernel`` is set (``LanguageModel.compile`` on a CPU)."""
+    if not torch.compiler.is_compiling():
+        assert library() is not None, f"the CPU kernels are not available here: {unavailable_reason()}"
+    return torch.ops.lucidlm.decode_attention(q, k, v, mask, scale)
+
+
+def use_decode_attention(model: torch.nn.Module) -> bool:
+    """Let every attention layer of ``model`` (those with a ``decode_kernel`` flag) run its float32
+    decode steps through ``decode_attention``, where the kernels are available and the model is
+    on the CPU; returns whether it did."""
+    layers = [m for m in model.modules() if hasattr(m, "decode_kernel")]
+    on = bool(layers) and all(p.device.type == "cpu" for p in model.parameters()) and available()
+    for layer in layers:
+        layer.decode_kernel = on
+    return on
+
+
+def _decode_attention_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                            scale: float) -> torch.Tensor:
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 # -- which layers use it ------------------------------------------------------------------------
