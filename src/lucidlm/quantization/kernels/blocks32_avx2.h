@@ -13,6 +13,8 @@
  *   int8: both sides are signed; vpmaddubsw takes |q| and x's code with q's sign
  *         (vpsignb), pairs reach 32512, so each vector goes to int32 at once. x's codes are
  *         not shifted (no code sums needed). */
+#include "horizontal8.h"
+
 #define ROWS_AT_ONCE 8 /* as with AVX-512: the accumulators spill a little, but 8 rows share one unpacking of the weights */
 #define SHIFT_INT8_CODES 0
 #define PREFETCH_GROUPS 4 /* groups ahead that the first half's pass asks the cache for (5-10 % at batch 1) */
@@ -29,18 +31,6 @@ static inline __m256 load_bf16x8(const uint16_t *p) {
 
 static inline __m256 load_x8(const void *x, int bf16, size_t i) {
     return bf16 ? load_bf16x8((const uint16_t *)x + i) : _mm256_loadu_ps((const float *)x + i);
-}
-
-static inline float hmax8(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_add_ss(m, _mm_shuffle_ps(m, m, 1)));
 }
 
 /* 8 int32 in -127..127 -> 8 int8 stored at p */
