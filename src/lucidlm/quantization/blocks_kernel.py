@@ -1,8 +1,8 @@
 """lucidlm's own CPU kernel for int4 and int8 weights in groups of 32 (``kernels/blocks32.c``).
 
 The same library carries one more loop, a float32 decode step's attention
-(``kernels/decode_attention.c``, ``decode_attention`` below), which ``LanguageModel.compile``
-switches on for the model's attention layers on a CPU (``use_decode_attention``).
+(``kernels/decode_attention.c``), which ``LanguageModel.compile`` switches on for the model's
+attention layers on a CPU (``use_decode_attention`` below).
 
 torch's int4 kernel (``_weight_int4pack_mm_for_cpu``) multiplies in floating point and its
 time grows with every row of the input (SmolLM2's matrices, 2 threads: 5 ms for one row,
@@ -296,22 +296,12 @@ def _blocks_mm_shape(x: torch.Tensor, blocks: torch.Tensor, scales: torch.Tensor
     return x.new_empty((x.shape[0], blocks.shape[0] * ROW_BLOCK))  # what torch.compile's tracing sees
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                     scale: float) -> torch.Tensor:
-    """One decode step's attention (``kernels/decode_attention.c``): q (B, H, G, D) float32,
-    the G query heads of each of the H kv heads; k, v (B, H, S, D) float32 (each slot's values
-    contiguous); mask (B, S) bool, True = may attend -> (B, H, G, D). The operator
-    ``torch.ops.lucidlm.decode_attention``; the model calls it directly where
-    ``Attention.decode_kernel`` is set (``LanguageModel.compile`` on a CPU)."""
-    if not torch.compiler.is_compiling():
-        assert library() is not None, f"the CPU kernels are not available here: {unavailable_reason()}"
-    return torch.ops.lucidlm.decode_attention(q, k, v, mask, scale)
-
-
 def use_decode_attention(model: torch.nn.Module) -> bool:
     """Let every attention layer of ``model`` (those with a ``decode_kernel`` flag) run its float32
-    decode steps through ``decode_attention``, where the kernels are available and the model is
-    on the CPU; returns whether it did."""
+    decode steps through ``torch.ops.lucidlm.decode_attention`` (``kernels/decode_attention.c``:
+    q (B, H, G, D), the G query heads of each of the H kv heads; k, v (B, H, S, D); mask (B, S)
+    bool, True = may attend -> (B, H, G, D)), where the kernels are available and the model is on
+    the CPU; returns whether it did. ``LanguageModel.compile`` calls it."""
     layers = [m for m in model.modules() if hasattr(m, "decode_kernel")]
     on = bool(layers) and all(p.device.type == "cpu" for p in model.parameters()) and available()
     for layer in layers:
