@@ -10,12 +10,14 @@
  * Why by hand: a decode step's attention is a few small loops (SmolLM2 at batch 1: 9 heads x
  * up to a few hundred slots x 64), and torch.compile made it a matmul call plus a fused softmax
  * and sum, ~20 us a layer at batch 1 and ~150 us at batch 8 with a 128-slot cache (AMD EPYC,
- * 2 threads), mostly call and thread overhead, every slot of the cache included. Here masked
- * slots are skipped, and a step's 30 layers cost a few microseconds each.
+ * 2 threads), mostly call and thread overhead, every slot of the cache included. Here only the
+ * slots between a row's first and last allowed one are read (left padding and the cache's
+ * unwritten tail are skipped; a masked slot inside that range is computed and zeroed), and a
+ * layer costs a few microseconds.
  *
  * Layout: q and out (B, H, G, D) contiguous; k and v (B, H, S, D) with any batch, head and
- * slot strides (a slice of the cache, or one new token's keys), each slot's D values contiguous; mask (B, S) bytes, 1 = may
- * attend. D a multiple of 8. A row whose mask lets nothing in gets NaN, as a softmax over
+ * slot strides (a slice of the cache, or one new token's keys), each slot's D values
+ * contiguous; mask (B, S) bytes, 1 = may attend. D a multiple of 8. A row whose mask lets nothing in gets NaN, as a softmax over
  * nothing does in torch. Threads: OpenMP over (row, kv head) once the work is large enough to
  * pay for waking them.
  */
