@@ -36,8 +36,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* ask for n 64-byte lines from p on: the weights a few groups ahead of the loop (each ISA's
+ * PREFETCH_GROUPS), as the hardware prefetcher alone left the batch-1 matmul short of the memory
+ * bandwidth; a prefetch never faults, so running past the end of a matrix is harmless */
+static inline void prefetch_lines(const void *p, int n) {
+    for (int i = 0; i < n; i++) _mm_prefetch((const char *)p + 64 * i, _MM_HINT_T0);
+}
+
 /* The inner loops, for the CPU it is compiled for (-march=native): quantize_row, block_rows
- * (int4), block_rows_int8, ROWS_AT_ONCE and SHIFT_INT8_CODES. */
+ * (int4), block_rows_int8, ROWS_AT_ONCE, SHIFT_INT8_CODES and PREFETCH_GROUPS. */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
     defined(__AVX512BF16__)
 #include "blocks32_avx512.h"

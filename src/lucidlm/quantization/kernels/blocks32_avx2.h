@@ -19,12 +19,6 @@
 #define SHIFT_INT8_CODES 0
 #define PREFETCH_GROUPS 4 /* groups ahead that the first half's pass asks the cache for (5-10 % at batch 1) */
 
-/* ask for n 64-byte lines from p on (the weights a few groups ahead: the hardware prefetcher
- * alone left the batch-1 matmul short of the memory bandwidth); never faults */
-static inline void prefetch_lines(const void *p, int n) {
-    for (int i = 0; i < n; i++) _mm_prefetch((const char *)p + 64 * i, _MM_HINT_T0);
-}
-
 static inline __m256 load_bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
