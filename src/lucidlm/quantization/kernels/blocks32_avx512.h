@@ -3,11 +3,13 @@
  * in one instruction. The layout and the arithmetic are in blocks32.c's comment. */
 #define ROWS_AT_ONCE 8 /* activation rows sharing one unpacking of the weights */
 #define SHIFT_INT8_CODES 1 /* vpdpbusd's unsigned side is x: int8 codes + 128 */
-/* Groups ahead whose weights, scales and zeros (or code sums) each group's pass asks the cache
- * for: ~5 KB of int4 codes, ~100 ns of DRAM latency at this loop's pace. SmolLM2's 211 matrices
- * in one process, variants alternating (AMD EPYC Zen 4, 2026-11-26): at batch 1 the int4 ones
- * 4.56 -> 3.72 ms and the int8 token table 2.34 -> 1.85 ms (medians, 2 threads; 1 thread
- * -21 %); at batch 8 -14 %. 8 and 32 groups ahead did no better. */
+/* Groups ahead whose weights, scales and zeros (or code sums) each group's pass asks L2 for:
+ * ~5 KB of int4 codes, ~100 ns of DRAM latency at this loop's pace. SmolLM2's 211 matrices in
+ * one process, variants alternating (AMD EPYC Zen 4, 2 threads, medians, 2026-11-26): at batch
+ * 1 the int4 ones 4.56 -> 3.72 ms and the int8 token table 2.34 -> 1.85 ms when asking L1; asking
+ * L2 instead, against L1 in another run, 4.15 -> 3.58 and 2.10 -> 1.36 ms (L1 fills crowd out
+ * the loop's own loads). At batch 8 -14 % (L1), the same again with L2. 8, 24 and 32 groups
+ * ahead did no better. */
 #define PREFETCH_GROUPS 16
 
 /* bfloat16 <-> float32: bf16 is the top half of a float32 */
@@ -83,9 +85,9 @@ static void block_rows_int8(const int8_t *codes, const float *s, const float *qs
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < G; g++) {
         __m512i w[8];
-        prefetch_lines(codes + 512 * (size_t)(g + PREFETCH_GROUPS), 8);
-        prefetch_lines(s + 16 * (size_t)(g + PREFETCH_GROUPS), 1);
-        prefetch_lines(qsum + 16 * (size_t)(g + PREFETCH_GROUPS), 1);
+        prefetch_lines_l2(codes + 512 * (size_t)(g + PREFETCH_GROUPS), 8);
+        prefetch_lines_l2(s + 16 * (size_t)(g + PREFETCH_GROUPS), 1);
+        prefetch_lines_l2(qsum + 16 * (size_t)(g + PREFETCH_GROUPS), 1);
         for (int t = 0; t < 8; t++) w[t] = _mm512_loadu_si512((const void *)(codes + 512 * (size_t)g + 64 * t));
         __m512 sv = _mm512_loadu_ps(s + 16 * (size_t)g), shift = _mm512_mul_ps(_mm512_set1_ps(128.0f),
                                                                              _mm512_loadu_ps(qsum + 16 * (size_t)g));
@@ -110,9 +112,9 @@ static void block_rows(const uint8_t *codes, const uint16_t *s, const uint16_t *
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < G; g++) {
         __m512i w[8]; /* w[t]: columns 4t..4t+3 of the group, w[t + 4]: columns 16 + 4t.. */
-        prefetch_lines(codes + 256 * (size_t)(g + PREFETCH_GROUPS), 4);
-        prefetch_lines(s + 16 * (size_t)(g + PREFETCH_GROUPS), 1);
-        prefetch_lines(z + 16 * (size_t)(g + PREFETCH_GROUPS), 1);
+        prefetch_lines_l2(codes + 256 * (size_t)(g + PREFETCH_GROUPS), 4);
+        prefetch_lines_l2(s + 16 * (size_t)(g + PREFETCH_GROUPS), 1);
+        prefetch_lines_l2(z + 16 * (size_t)(g + PREFETCH_GROUPS), 1);
         for (int t = 0; t < 4; t++) {
             __m512i v = _mm512_loadu_si512((const void *)(codes + 256 * (size_t)g + 64 * t));
             w[t] = _mm512_and_si512(v, low4);
