@@ -69,25 +69,33 @@ static int blocks_mm(int int8, const void *x, void *y, int bf16, int64_t M, int6
     int8_t *xq = malloc((size_t)M * K), *xr = malloc((size_t)M * K);
     float *xa = malloc(sizeof(float) * M * G), *xsum = malloc(sizeof(float) * M * G);
     if (!xq || !xr || !xa || !xsum) { free(xq); free(xr); free(xa); free(xsum); return -1; }
-    for (int64_t r = 0; r < M; r++)
-        quantize_row((const char *)x + (size_t)r * K * (bf16 ? 2 : 4), bf16, (int)K, xq + r * K, xr + r * K, xa + r * G,
-                     xsum + r * G, int8 && SHIFT_INT8_CODES);
     int64_t blocks = N / 16, chunks = (M + ROWS_AT_ONCE - 1) / ROWS_AT_ONCE;
     size_t block_bytes = (size_t)G * (int8 ? 512 : 256);
-    #pragma omp parallel for schedule(static) collapse(2) if (blocks * chunks > 1)
-    for (int64_t b = 0; b < blocks; b++)
-        for (int64_t c = 0; c < chunks; c++) {
-            int64_t r0 = c * ROWS_AT_ONCE, rows = M - r0 < ROWS_AT_ONCE ? M - r0 : ROWS_AT_ONCE;
-            void *yc = (char *)y + (size_t)r0 * N * (bf16 ? 2 : 4);
-            if (int8)
-                block_rows_int8((const int8_t *)codes + b * block_bytes, (const float *)s + (size_t)b * G * 16, (const float *)extra + (size_t)b * G * 16, G,
-                                xq + r0 * K, xr + r0 * K, xa + r0 * G, (int)rows, (int)K, yc, bf16, (size_t)N,
-                                (size_t)b * 16);
-            else
-                block_rows((const uint8_t *)codes + b * block_bytes, (const uint16_t *)s + (size_t)b * G * 16, (const uint16_t *)extra + (size_t)b * G * 16, G,
-                           xq + r0 * K, xr + r0 * K, xa + r0 * G, xsum + r0 * G, (int)rows, (int)K, yc, bf16, (size_t)N,
-                           (size_t)b * 16);
-        }
+    /* One parallel region: the threads quantize x's rows between them (8 rows at a batch-8 step:
+     * -3 % of its matmul time against one thread quantizing them all, benchmarks/bench_kernel_ab.py,
+     * AMD EPYC Zen 4, 2026-11-26), and the implicit barrier of that loop has every row's codes
+     * ready before the row blocks are shared out. */
+    #pragma omp parallel if (blocks * chunks > 1)
+    {
+        #pragma omp for schedule(static)
+        for (int64_t r = 0; r < M; r++)
+            quantize_row((const char *)x + (size_t)r * K * (bf16 ? 2 : 4), bf16, (int)K, xq + r * K, xr + r * K, xa + r * G,
+                         xsum + r * G, int8 && SHIFT_INT8_CODES);
+        #pragma omp for schedule(static) collapse(2)
+        for (int64_t b = 0; b < blocks; b++)
+            for (int64_t c = 0; c < chunks; c++) {
+                int64_t r0 = c * ROWS_AT_ONCE, rows = M - r0 < ROWS_AT_ONCE ? M - r0 : ROWS_AT_ONCE;
+                void *yc = (char *)y + (size_t)r0 * N * (bf16 ? 2 : 4);
+                if (int8)
+                    block_rows_int8((const int8_t *)codes + b * block_bytes, (const float *)s + (size_t)b * G * 16, (const float *)extra + (size_t)b * G * 16, G,
+                                    xq + r0 * K, xr + r0 * K, xa + r0 * G, (int)rows, (int)K, yc, bf16, (size_t)N,
+                                    (size_t)b * 16);
+                else
+                    block_rows((const uint8_t *)codes + b * block_bytes, (const uint16_t *)s + (size_t)b * G * 16, (const uint16_t *)extra + (size_t)b * G * 16, G,
+                               xq + r0 * K, xr + r0 * K, xa + r0 * G, xsum + r0 * G, (int)rows, (int)K, yc, bf16, (size_t)N,
+                               (size_t)b * 16);
+            }
+    }
     free(xq); free(xr); free(xa); free(xsum);
     return 0;
 }
