@@ -31,9 +31,8 @@ from pathlib import Path
 
 import torch
 
-from bench_cpu_kernels import GROUP, int4_groups
+from bench_cpu_kernels import D, FFN, GROUP, KV, LAYERS, VOCAB, int4_groups
 
-D, FFN, KV, VOCAB, LAYERS = 576, 1536, 192, 49152, 30
 SHAPES = [(D + 2 * KV, D), (D, D), (2 * FFN, D), (D, FFN)] * LAYERS + [(VOCAB, D)]  # (out, in), as fused
 
 
