@@ -34,8 +34,8 @@ static inline void store_int8x8(int8_t *p, __m256i v) {
 }
 
 /* One row of x -> per group of 32: codes r1 (scale a), codes r2 of what r1 misses (scale
- * a / 254) and sum(x); as quantize_row in blocks32_avx512.h (shift is 0 here). */
-static void quantize_row(const void *x, int bf16, int K, int8_t *codes, int8_t *rest, float *scale, float *sum,
+ * a / 254), the unit a / 254 and sum(x); as quantize_row in blocks32_avx512.h (shift is 0 here). */
+static void quantize_row(const void *x, int bf16, int K, int8_t *codes, int8_t *rest, float *unit, float *sum,
                          int shift) {
     (void)shift;
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -52,7 +52,7 @@ static void quantize_row(const void *x, int bf16, int K, int8_t *codes, int8_t *
             store_int8x8(codes + 32 * g + 8 * h, r1);
             store_int8x8(rest + 32 * g + 8 * h, r2);
         }
-        scale[g] = a;
+        unit[g] = a / 254.0f;
         sum[g] = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
     }
 }
@@ -83,6 +83,11 @@ static inline __m256i group_dot(const __m256i *w, const int8_t *r) {
     return _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1)); /* exact: |sum| <= 30480 */
 }
 
+/* 254 main + rest in int32: the sums of x's two codes joined into one (blocks32.c) */
+static inline __m256i joined_sums(__m256i main, __m256i rest) {
+    return _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(main, 8), _mm256_slli_epi32(main, 1)), rest);
+}
+
 /* sum over the group of q * r for 8 rows: wabs |q| (8 vectors), w q, r x's 32 int8 codes */
 static inline __m256i group_dot_int8(const __m256i *wabs, const __m256i *w, const int8_t *r) {
     const int32_t *a = (const int32_t *)r;
@@ -99,7 +104,7 @@ static inline __m256i group_dot_int8(const __m256i *wabs, const __m256i *w, cons
 
 /* int8 weights: 16 rows (block b, one half at a time) x up to ROWS_AT_ONCE rows of x. */
 static void block_rows_int8(const int8_t *codes, const float *s, const float *qsum, int G, const int8_t *xq,
-                            const int8_t *xr, const float *xa, int rows, int K, void *y, int bf16, size_t N, size_t n0) {
+                            const int8_t *xr, const float *xu, int rows, int K, void *y, int bf16, size_t N, size_t n0) {
     (void)qsum;
     for (int h = 0; h < 2; h++) {
         __m256 acc[ROWS_AT_ONCE];
@@ -114,11 +119,9 @@ static void block_rows_int8(const int8_t *codes, const float *s, const float *qs
             __m256 sv = _mm256_loadu_ps(s + 16 * (size_t)g + 8 * h);
             for (int r = 0; r < rows; r++) {
                 size_t at = (size_t)r * K + 32 * (size_t)g;
-                float a = xa[(size_t)r * G + g];
-                __m256 main = _mm256_cvtepi32_ps(group_dot_int8(wabs, w, xq + at));
-                __m256 rest = _mm256_cvtepi32_ps(group_dot_int8(wabs, w, xr + at));
-                acc[r] = _mm256_fmadd_ps(main, _mm256_mul_ps(sv, _mm256_set1_ps(a)), acc[r]);
-                acc[r] = _mm256_fmadd_ps(rest, _mm256_mul_ps(sv, _mm256_set1_ps(a / 254.0f)), acc[r]);
+                __m256i joined = joined_sums(group_dot_int8(wabs, w, xq + at), group_dot_int8(wabs, w, xr + at));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(joined), _mm256_mul_ps(sv, _mm256_set1_ps(xu[(size_t)r * G + g])),
+                                         acc[r]);
             }
         }
         for (int r = 0; r < rows; r++) store_y8(y, bf16, (size_t)r * N + n0 + 8 * h, acc[r]);
@@ -131,7 +134,7 @@ static void block_rows_int8(const int8_t *codes, const float *s, const float *qs
  * multiplies; this pass is 12-17 % faster than two (AMD EPYC, one thread, SmolLM2's matrices),
  * with the same numbers: the integer sums are exact and the float steps keep their order. */
 static void block_one_row(const uint8_t *codes, const uint16_t *s, const uint16_t *z, int G, const int8_t *xq,
-                          const int8_t *xr, const float *xa, const float *xsum, void *y, int bf16, size_t n0) {
+                          const int8_t *xr, const float *xu, const float *xsum, void *y, int bf16, size_t n0) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  /* rows 0..7, rows 8..15 */
     for (int g = 0; g < G; g++) {
@@ -152,14 +155,11 @@ static void block_one_row(const uint8_t *codes, const uint16_t *s, const uint16_
                                                                      _mm256_maddubs_epi16(high, b_high)));
             }
         }
-        float scale = xa[g];
-        for (int h = 0; h < 2; h++) {  /* as block_rows: the same three steps in the same order */
+        for (int h = 0; h < 2; h++) {  /* as block_rows: the same steps in the same order */
             __m256 sv = load_bf16x8(s + 16 * (size_t)g + 8 * h), zv = load_bf16x8(z + 16 * (size_t)g + 8 * h);
             __m256 mv = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), sv, zv);
-            __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(main[h], ones));
-            __m256 dot_rest = _mm256_cvtepi32_ps(_mm256_madd_epi16(rest[h], ones));
-            acc[h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(sv, _mm256_set1_ps(scale)), acc[h]);
-            acc[h] = _mm256_fmadd_ps(dot_rest, _mm256_mul_ps(sv, _mm256_set1_ps(scale / 254.0f)), acc[h]);
+            __m256i joined = joined_sums(_mm256_madd_epi16(main[h], ones), _mm256_madd_epi16(rest[h], ones));
+            acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(joined), _mm256_mul_ps(sv, _mm256_set1_ps(xu[g])), acc[h]);
             acc[h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xsum[g]), acc[h]);
         }
     }
@@ -169,10 +169,10 @@ static void block_one_row(const uint8_t *codes, const uint16_t *s, const uint16_
 
 /* int4 weights: 16 rows (block b, one half at a time) x up to ROWS_AT_ONCE rows of x. */
 static void block_rows(const uint8_t *codes, const uint16_t *s, const uint16_t *z, int G, const int8_t *xq,
-                       const int8_t *xr, const float *xa, const float *xsum, int rows, int K, void *y, int bf16,
+                       const int8_t *xr, const float *xu, const float *xsum, int rows, int K, void *y, int bf16,
                        size_t N, size_t n0) {
     if (rows == 1) {
-        block_one_row(codes, s, z, G, xq, xr, xa, xsum, y, bf16, n0);
+        block_one_row(codes, s, z, G, xq, xr, xu, xsum, y, bf16, n0);
         return;
     }
     const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -191,11 +191,9 @@ static void block_rows(const uint8_t *codes, const uint16_t *s, const uint16_t *
             __m256 mv = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), sv, zv); /* z - 8 s: the weight of code 0 */
             for (int r = 0; r < rows; r++) {
                 size_t at = (size_t)r * K + 32 * (size_t)g;
-                float a = xa[(size_t)r * G + g];
-                __m256 main = _mm256_cvtepi32_ps(group_dot(w, xq + at));
-                __m256 rest = _mm256_cvtepi32_ps(group_dot(w, xr + at));
-                acc[r] = _mm256_fmadd_ps(main, _mm256_mul_ps(sv, _mm256_set1_ps(a)), acc[r]);
-                acc[r] = _mm256_fmadd_ps(rest, _mm256_mul_ps(sv, _mm256_set1_ps(a / 254.0f)), acc[r]);
+                __m256i joined = joined_sums(group_dot(w, xq + at), group_dot(w, xr + at));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(joined), _mm256_mul_ps(sv, _mm256_set1_ps(xu[(size_t)r * G + g])),
+                                         acc[r]);
                 acc[r] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xsum[(size_t)r * G + g]), acc[r]);
             }
         }
