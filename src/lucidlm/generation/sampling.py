@@ -131,6 +131,8 @@ def sample_next(logits: torch.Tensor, settings: SamplingSettings, seen_ids: Opti
     """Next token ids (B,) from logits (B, V)."""
     logits = process_logits(logits.float(), settings, seen_ids)
     if settings.greedy:
-        return logits.argmax(dim=-1)
+        from lucidlm.quantization.blocks_kernel import argmax_rows
+
+        return argmax_rows(logits)  # logits.argmax(dim=-1), in C on a CPU
     probs = logits.softmax(dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

@@ -1,8 +1,9 @@
 """lucidlm's own CPU kernel for int4 and int8 weights in groups of 32 (``kernels/blocks32.c``).
 
-The same library carries one more loop, a float32 decode step's attention
+The same library carries two more loops: a float32 decode step's attention
 (``kernels/decode_attention.c``), which ``LanguageModel.compile`` switches on for the model's
-attention layers on a CPU (``use_decode_attention`` below).
+attention layers on a CPU (``use_decode_attention`` below), and greedy decoding's argmax over
+the logits (``kernels/argmax_rows.c``, ``argmax_rows`` below).
 
 torch's int4 kernel (``_weight_int4pack_mm_for_cpu``) multiplies in floating point and its
 time grows with every row of the input (SmolLM2's matrices, 2 threads: 5 ms for one row,
@@ -52,7 +53,7 @@ from lucidlm.cache_dir import cache_root
 from lucidlm.staging import publish, staging_file
 
 KERNELS = Path(__file__).with_name("kernels")
-# the C loops (blocks32.c, decode_attention.c) and the files that make them torch operators
+# the C loops (blocks32.c, decode_attention.c, argmax_rows.c) and the files that make them torch operators
 C_SOURCES, OP_SOURCES = sorted(KERNELS.glob("*.c")), sorted(KERNELS.glob("*.cpp"))
 C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC")
 # the CPU features of the two builds of the inner loops (blocks32_avx512.h, blocks32_avx2.h)
@@ -157,6 +158,7 @@ def _library() -> Optional[Path]:
         return None
     torch.library.register_fake("lucidlm::blocks_mm")(_blocks_mm_shape)
     torch.library.register_fake("lucidlm::decode_attention")(_decode_attention_shape)
+    torch.library.register_fake("lucidlm::argmax_rows")(_argmax_rows_shape)
     return target
 
 
@@ -312,6 +314,21 @@ def use_decode_attention(model: torch.nn.Module) -> bool:
 def _decode_attention_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                             scale: float) -> torch.Tensor:
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(dim=-1)`` for float32 logits (B, V) on the CPU, through
+    ``torch.ops.lucidlm.argmax_rows`` (``kernels/argmax_rows.c``: ~45 us a row of SmolLM2's
+    49152 logits in torch, a few in C) where the kernels are available; torch's own elsewhere.
+    The same indices either way: the first of equal values, the first NaN if there is one."""
+    if (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
+            and logits.shape[-1] > 0 and available()):
+        return torch.ops.lucidlm.argmax_rows(logits)
+    return logits.argmax(dim=-1)
+
+
+def _argmax_rows_shape(logits: torch.Tensor) -> torch.Tensor:
+    return logits.new_empty((logits.shape[0],), dtype=torch.long)
 
 
 # -- which layers use it ------------------------------------------------------------------------
