@@ -109,3 +109,19 @@ def test_off_where_the_kernels_are_not_available(monkeypatch):
     model = tiny_model()
     assert blocks_kernel.use_decode_attention(model) is False
     assert not any(block.attn.decode_kernel for block in model.blocks)
+
+
+def test_the_embedded_default_takes_it_eagerly_and_the_exact_float_path_does_not():
+    import lucidlm
+    from lucidlm.generation import generate_batch
+
+    default = lucidlm.load()  # Q4_1 layers on lucidlm's kernels
+    layers = [block.attn for block in default.blocks]
+    assert all(layer.decode_kernel for layer in layers)
+    assert not any(block.attn.decode_kernel for block in lucidlm.load(dtype="float32").blocks)
+    prompts = [default.tokenizer.encode("The capital of France is"), default.tokenizer.encode("def fib(n):")]
+    got = generate_batch(default, prompts, max_new_tokens=24, temperature=0, stop_on_eos=False)
+    for layer in layers:
+        layer.decode_kernel = False  # SDPA, as before the loader switched the loop on
+    want = generate_batch(default, prompts, max_new_tokens=24, temperature=0, stop_on_eos=False)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
