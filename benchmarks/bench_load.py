@@ -112,9 +112,9 @@ def first_token(command: list[str], env: dict[str, str]) -> dict:
     with tempfile.TemporaryFile() as sink:
         start = time.perf_counter()
         proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=sink)
-        first = proc.stdout.read(1)
+        proc.stdout.read(1)  # blocks until the token (or the exit)
         output_s = time.perf_counter() - start
-        first += proc.stdout.read()
+        proc.stdout.read()  # the rest, so the child never blocks on a full pipe
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - start
         if status != 0:

@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from lucidlm.errors import GenerationError
+from lucidlm.quantization.blocks_kernel import argmax_rows
 
 _TINY_TEMPERATURE = 1e-20  # below this, logits / temperature can overflow float32
 
@@ -131,8 +132,6 @@ def sample_next(logits: torch.Tensor, settings: SamplingSettings, seen_ids: Opti
     """Next token ids (B,) from logits (B, V)."""
     logits = process_logits(logits.float(), settings, seen_ids)
     if settings.greedy:
-        from lucidlm.quantization.blocks_kernel import argmax_rows
-
         return argmax_rows(logits)  # logits.argmax(dim=-1), in C on a CPU
     probs = logits.softmax(dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
