@@ -29,7 +29,7 @@ from lucidlm.model.hook_options import set_hook_options
 from lucidlm.model.hooks import HookFn
 from lucidlm.model.transformer import Transformer
 from lucidlm.peft import merge_adapter, set_adapter, unmerge_adapter
-from lucidlm.quantization.blocks_kernel import use_decode_attention
+from lucidlm.quantization.blocks_kernel import use_cpu_loops
 
 Prompt = Union[str, Sequence[int], torch.Tensor]
 Prompts = Union[Prompt, Sequence[str], Sequence[Sequence[int]]]
@@ -113,7 +113,7 @@ class LanguageModel(Transformer):
         # Fewer, larger matmuls where the layers allow it; float layers too on CUDA, where small
         # matmuls are launch-bound (model/fused.py).
         fuse_projections(self, float_layers=self.device.type == "cuda")
-        use_decode_attention(self)  # a C loop for float32 decode attention on the CPU
+        use_cpu_loops(self)  # C loops for float32 decode attention (and eager RMSNorm) on the CPU
         self._compiled = CompiledSteps(self, mode, options, backend, prefill, cuda_graphs, decode_options)
         return self
 

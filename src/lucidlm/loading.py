@@ -27,7 +27,7 @@ from lucidlm.devices import resolve_device, resolve_dtype
 from lucidlm.errors import AdapterError, ConfigError, LucidLMError, QuantizationError
 from lucidlm.language_model import LanguageModel
 from lucidlm.model.fused import fuse_projections
-from lucidlm.quantization.blocks_kernel import use_decode_attention
+from lucidlm.quantization.blocks_kernel import use_cpu_loops
 from lucidlm.suggest import did_you_mean
 from lucidlm.validation import check_seed
 
@@ -110,12 +110,13 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
     # they are): eager int4 SmolLM2 decodes 7-10 % faster at batch 1.
     fuse_projections(model)
     # Layers on lucidlm's CPU kernels (the embedded model's default) take its decode attention
-    # loop too (kernels/decode_attention.c), which model.compile() switches on for any CPU model:
-    # eagerly, one decode layer's attention took 19 against 13 us at batch 1 and 55 against 30
-    # at batch 8 (SmolLM2, 80 and 48 cache slots, alternating in one process, 2 threads). The
-    # float paths (dtype=float32, the parity tests' exact path) keep SDPA.
+    # and RMSNorm loops too (kernels/decode_attention.c, rms_norm_rows.c), which model.compile()
+    # switches on for any CPU model: eagerly, one decode layer's attention took 19 against 13 us
+    # at batch 1 and 55 against 30 at batch 8 (SmolLM2, 80 and 48 cache slots, alternating in one
+    # process, 2 threads), and an RMSNorm ~18 against ~3 us. The float paths (dtype=float32, the
+    # parity tests' exact path) keep torch's SDPA and rms_norm.
     if any(getattr(m, "uses_blocks_kernel", False) for m in model.modules()):
-        use_decode_attention(model)
+        use_cpu_loops(model)
     if compile:
         model.compile()
     return model

@@ -107,7 +107,7 @@ def test_a_layers_decode_attention_goes_through_the_kernel_and_equals_sdpa(monke
 def test_off_where_the_kernels_are_not_available(monkeypatch):
     monkeypatch.setattr(blocks_kernel, "available", lambda: False)
     model = tiny_model()
-    assert blocks_kernel.use_decode_attention(model) is False
+    assert blocks_kernel.use_cpu_loops(model) is False
     assert not any(block.attn.decode_kernel for block in model.blocks)
 
 

@@ -25,10 +25,17 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.hook_scale = HookPoint()  # (B, T, 1): rms(x) = sqrt(mean(x^2) + eps)
         self.hook_normalized = HookPoint()  # (B, T, d): x / rms(x), before the weight
+        # Inference on the CPU through lucidlm's C loop (quantization/kernels/rms_norm_rows.c),
+        # switched on by ``blocks_kernel.use_cpu_loops``: torch's rms_norm is a chain of small ops,
+        # ~18 us a call at SmolLM2's decode shapes (2 threads) against ~3, 61 calls a token.
+        self.row_kernel = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         looking = self.hook_scale.active or self.hook_normalized.active
         if x.dtype in (torch.float32, torch.float64) and not looking:
+            if (self.row_kernel and x.dtype == self.weight.dtype == torch.float32 and x.is_cpu
+                    and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
+                return torch.ops.lucidlm.rms_norm_rows(x, self.weight, self.eps)  # the same sums in one pass
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # fused; same numbers
         x32 = x.to(torch.promote_types(x.dtype, torch.float32))
         scale = self.hook_scale((x32.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())

@@ -1,9 +1,9 @@
 """lucidlm's own CPU kernel for int4 and int8 weights in groups of 32 (``kernels/blocks32.c``).
 
-The same library carries two more loops: a float32 decode step's attention
-(``kernels/decode_attention.c``), which ``LanguageModel.compile`` switches on for the model's
-attention layers on a CPU (``use_decode_attention`` below), and greedy decoding's argmax over
-the logits (``kernels/argmax_rows.c``, ``argmax_rows`` below).
+The same library carries three more loops: a float32 decode step's attention
+(``kernels/decode_attention.c``) and RMSNorm over float32 rows (``kernels/rms_norm_rows.c``),
+which ``use_cpu_loops`` below switches on for a model's layers on a CPU, and greedy
+decoding's argmax over the logits (``kernels/argmax_rows.c``, ``argmax_rows`` below).
 
 torch's int4 kernel (``_weight_int4pack_mm_for_cpu``) multiplies in floating point and its
 time grows with every row of the input (SmolLM2's matrices, 2 threads: 5 ms for one row,
@@ -53,7 +53,7 @@ from lucidlm.cache_dir import cache_root
 from lucidlm.staging import publish, staging_file
 
 KERNELS = Path(__file__).with_name("kernels")
-# the C loops (blocks32.c, decode_attention.c, argmax_rows.c) and the files that make them torch operators
+# the C loops (blocks32.c, decode_attention.c, rms_norm_rows.c, argmax_rows.c) and the files that make them torch operators
 C_SOURCES, OP_SOURCES = sorted(KERNELS.glob("*.c")), sorted(KERNELS.glob("*.cpp"))
 C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC")
 # the CPU features of the two builds of the inner loops (blocks32_avx512.h, blocks32_avx2.h)
@@ -159,6 +159,7 @@ def _library() -> Optional[Path]:
     torch.library.register_fake("lucidlm::blocks_mm")(_blocks_mm_shape)
     torch.library.register_fake("lucidlm::decode_attention")(_decode_attention_shape)
     torch.library.register_fake("lucidlm::argmax_rows")(_argmax_rows_shape)
+    torch.library.register_fake("lucidlm::rms_norm_rows")(_rms_norm_rows_shape)
     return target
 
 
@@ -298,17 +299,28 @@ def _blocks_mm_shape(x: torch.Tensor, blocks: torch.Tensor, scales: torch.Tensor
     return x.new_empty((x.shape[0], blocks.shape[0] * ROW_BLOCK))  # what torch.compile's tracing sees
 
 
-def use_decode_attention(model: torch.nn.Module) -> bool:
-    """Let every attention layer of ``model`` (those with a ``decode_kernel`` flag) run its float32
-    decode steps through ``torch.ops.lucidlm.decode_attention`` (``kernels/decode_attention.c``:
-    q (B, H, G, D), the G query heads of each of the H kv heads; k, v (B, H, S, D); mask (B, S)
-    bool, True = may attend -> (B, H, G, D)), where the kernels are available and the model is on
-    the CPU; returns whether it did. ``LanguageModel.compile`` calls it."""
-    layers = [m for m in model.modules() if hasattr(m, "decode_kernel")]
+def use_cpu_loops(model: torch.nn.Module) -> bool:
+    """Let ``model``'s layers run their float32 inference through this library's loops, where the
+    kernels are available and the model is on the CPU; returns whether it did:
+
+    - attention layers (a ``decode_kernel`` flag): decode steps through
+      ``torch.ops.lucidlm.decode_attention`` (``kernels/decode_attention.c``: q (B, H, G, D), the G
+      query heads of each of the H kv heads; k, v (B, H, S, D); mask (B, S) bool, True = may
+      attend -> (B, H, G, D));
+    - RMSNorm layers (a ``row_kernel`` flag): ``torch.ops.lucidlm.rms_norm_rows``
+      (``kernels/rms_norm_rows.c``: x (..., D), weight (D,), eps -> (..., D)) outside autograd
+      and outside a compiled graph, where inductor fuses the norm itself.
+
+    ``LanguageModel.compile`` calls it, and ``lucidlm.load`` for models on lucidlm's kernels."""
+    layers = [m for m in model.modules() if hasattr(m, "decode_kernel") or hasattr(m, "row_kernel")]
     on = bool(layers) and all(p.device.type == "cpu" for p in model.parameters()) and available()
     for layer in layers:
-        layer.decode_kernel = on
+        setattr(layer, "decode_kernel" if hasattr(layer, "decode_kernel") else "row_kernel", on)
     return on
+
+
+def _rms_norm_rows_shape(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _decode_attention_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
