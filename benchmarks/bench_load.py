@@ -17,6 +17,7 @@ load from other processes on a shared machine hits all of them alike:
 Prints a table of medians with the load average, and writes benchmarks/results/load.json.
 
     python benchmarks/bench_load.py [--rounds 3] [--threads 2] [--transformers] [--before OLD_SRC]
+                                    [--runtime-python VENV/bin/python]
 
 ``--before`` measures another source tree in the same run (same machine state), e.g.
 ``git worktree add /tmp/old 1dfb9c3 && python benchmarks/bench_load.py --before /tmp/old/src``.
@@ -131,6 +132,10 @@ def main() -> None:
     parser.add_argument("--before", metavar="SRC", default=None,
                         help="another lucidlm source tree (e.g. a worktree of an older commit) measured in the same "
                              "run, rows marked 'before'")
+    parser.add_argument("--runtime-python", metavar="PY", default=None,
+                        help="an interpreter with lucidlm's runtime dependencies only, as the README's main command "
+                             "installs them (e.g. a venv set up by PYTHON=venv/bin/python bash scripts/install.sh): "
+                             "the first-token rows again under it, marked 'runtime install'")
     args = parser.parse_args()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
            "OMP_NUM_THREADS": str(args.threads)}
@@ -167,6 +172,9 @@ def main() -> None:
         for name in ("lucidlm generate (default)", "lucidlm generate --quantize int4"):
             tokens[f"{name}, before"] = tokens[name]
             token_envs[f"{name}, before"] = old_env
+    if args.runtime_python:  # this machine's test oracles (and what they pull into import torch) left out
+        for name in ("lucidlm generate (default)", "python -c 'import torch'"):
+            tokens[f"{name}, runtime install"] = [args.runtime_python, *tokens[name][1:]]
     if "llama.cpp (same file)" in sides:
         tokens["llama.cpp first token"] = [py, str(ROOT / "benchmarks" / "llama_peer.py"), "--first-token",
                                            str(args.threads)]
@@ -194,18 +202,19 @@ def main() -> None:
                "first_token": {name: {k: median(rows, k) for k in ("output_s", "wall_s", "peak_mb")}
                                for name, rows in starts.items()}}
     print(f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after; medians of {args.rounds}")
-    print(f"{'load':34s} {'first s':>8s} {'warm s':>8s} {'peak RSS MB':>12s}")
+    print(f"{'load':44s} {'first s':>8s} {'warm s':>8s} {'peak RSS MB':>12s}")
     for name, row in summary["load"].items():
         cells = [f"{row[k]:8.3f}" if row[k] is not None else f"{'':8s}" for k in ("first_s", "warm_s")]
-        print(f"{name:34s} {cells[0]} {cells[1]} {row['peak_mb']:12.0f}")
-    print(f"{'fresh process to first token':34s} {'token s':>8s} {'exit s':>8s} {'peak RSS MB':>12s}")
+        print(f"{name:44s} {cells[0]} {cells[1]} {row['peak_mb']:12.0f}")
+    print(f"{'fresh process to first token':44s} {'token s':>8s} {'exit s':>8s} {'peak RSS MB':>12s}")
     for name, row in summary["first_token"].items():
-        print(f"{name:34s} {row['output_s']:8.2f} {row['wall_s']:8.2f} {row['peak_mb']:12.0f}")
+        print(f"{name:44s} {row['output_s']:8.2f} {row['wall_s']:8.2f} {row['peak_mb']:12.0f}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
         "benchmark": "load the embedded smollm2-135m (Q4_1 GGUF) and a fresh generate to its first token",
         "machine": machine(threads=args.threads, load_average_before=load_before, load_average_after=load_after),
-        "rounds": args.rounds, "before": args.before, "medians": summary, "runs": {"load": loads, "first_token": starts},
+        "rounds": args.rounds, "before": args.before, "runtime_python": args.runtime_python, "medians": summary,
+        "runs": {"load": loads, "first_token": starts},
     }, indent=2) + "\n")
     print(f"wrote {RESULTS}")
 
