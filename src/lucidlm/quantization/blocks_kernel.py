@@ -53,7 +53,8 @@ from lucidlm.cache_dir import cache_root
 from lucidlm.staging import publish, staging_file
 
 KERNELS = Path(__file__).with_name("kernels")
-# the C loops (blocks32.c, decode_attention.c, rms_norm_rows.c, argmax_rows.c) and the files that make them torch operators
+# the C loops (blocks32.c, decode_attention.c, rms_norm_rows.c, argmax_rows.c) and the files that
+# make them torch operators
 C_SOURCES, OP_SOURCES = sorted(KERNELS.glob("*.c")), sorted(KERNELS.glob("*.cpp"))
 C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC")
 # the CPU features of the two builds of the inner loops (blocks32_avx512.h, blocks32_avx2.h)
@@ -315,7 +316,10 @@ def use_cpu_loops(model: torch.nn.Module) -> bool:
     layers = [m for m in model.modules() if hasattr(m, "decode_kernel") or hasattr(m, "row_kernel")]
     on = bool(layers) and all(p.device.type == "cpu" for p in model.parameters()) and available()
     for layer in layers:
-        setattr(layer, "decode_kernel" if hasattr(layer, "decode_kernel") else "row_kernel", on)
+        if hasattr(layer, "decode_kernel"):
+            layer.decode_kernel = on
+        else:
+            layer.row_kernel = on
     return on
 
 
