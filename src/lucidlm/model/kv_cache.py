@@ -12,6 +12,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from lucidlm.devices import as_dtype
+
 
 class KVCache(nn.Module):
     def __init__(self, batch_size: int, max_seq_len: int, n_kv_heads: int, head_dim: int,
@@ -35,9 +37,8 @@ class KVCache(nn.Module):
         (B, n_kv, max_seq_len, hd), or its first ``length`` slots. Slots not written yet hold
         stale values: the caller's mask hides them (``masks.attention_mask_for``). Same shapes
         every step, no read-back."""
-        dtype = self.k.dtype  # (a no-op .to still costs its dispatch: converted only where needed)
-        self.k.index_copy_(2, input_pos, k if k.dtype == dtype else k.to(dtype))
-        self.v.index_copy_(2, input_pos, v if v.dtype == dtype else v.to(dtype))
+        self.k.index_copy_(2, input_pos, as_dtype(k, self.k.dtype))
+        self.v.index_copy_(2, input_pos, as_dtype(v, self.v.dtype))
         if length is not None and length < self.max_seq_len:
             return self.k[:, :, :length], self.v[:, :, :length]  # (B, n_kv, length, hd)
         return self.k, self.v

@@ -19,6 +19,8 @@ import math
 import torch
 from torch import nn
 
+from lucidlm.devices import as_dtype
+
 
 def rope_inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
     """(head_dim/2,) angle per position step for each rotated pair: theta^(-2i/d)."""
@@ -83,13 +85,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, variant: s
     partners times the signed sin. Four ops a call instead of a split, six products and sums
     and a join: a decode step rotates q and k in every layer, and in eager mode each op's
     dispatch costs more than its arithmetic. The sums are the same floats as the split form."""
-    xf = x if x.dtype == cos.dtype else x.to(cos.dtype)  # (a no-op .to still costs its dispatch)
+    xf = as_dtype(x, cos.dtype)
     if variant == "half":
         partners = xf.roll(xf.shape[-1] // 2, dims=-1)  # (x2, x1): the halves swapped
     else:
         partners = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x2, x1) within each pair
-    rotated = xf * cos + partners * sin
-    return rotated if rotated.dtype == x.dtype else rotated.to(x.dtype)
+    return as_dtype(xf * cos + partners * sin, x.dtype)
 
 
 def apply_rope_complex(x: torch.Tensor, position_ids: torch.Tensor, theta: float) -> torch.Tensor:

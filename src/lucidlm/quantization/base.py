@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Optional
 import torch
 from torch import nn
 
+from lucidlm.devices import as_dtype
 from lucidlm.errors import QuantizationError
 from lucidlm.quantization import blocks_kernel
 
@@ -141,14 +142,11 @@ class QuantizedLinear(nn.Module):
         return self.compute_dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape, dtype = x.shape, self.matmul_dtype(x.dtype)
-        # .to only where it converts: even a no-op .to costs ~1.5 us of dispatch, and an eager
-        # SmolLM2 decode step would make ~240 of them here
-        x2 = x.reshape(-1, shape[-1])  # (M, in)
-        y = self._matmul(x2 if x2.dtype == dtype else x2.to(dtype))  # (M, out)
+        shape = x.shape
+        y = self._matmul(as_dtype(x.reshape(-1, shape[-1]), self.matmul_dtype(x.dtype)))  # (M, in) -> (M, out)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
-        return (y if y.dtype == x.dtype else y.to(x.dtype)).reshape(*shape[:-1], self.out_features)
+        return as_dtype(y, x.dtype).reshape(*shape[:-1], self.out_features)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The float matrix (out, in) these codes stand for."""
