@@ -113,8 +113,9 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
     # and RMSNorm loops too (kernels/decode_attention.c, rms_norm_rows.c), which model.compile()
     # switches on for any CPU model: eagerly, one decode layer's attention took 19 against 13 us
     # at batch 1 and 55 against 30 at batch 8 (SmolLM2, 80 and 48 cache slots, alternating in one
-    # process, 2 threads), and an RMSNorm ~18 against ~3 us. The float paths (dtype=float32, the
-    # parity tests' exact path) keep torch's SDPA and rms_norm.
+    # process, 2 threads), and an RMSNorm ~18 against ~3 us; a whole decode step of a block in one
+    # C++ call (model/decode_block.py) took a batch-1 token from ~13 to ~8 ms. The float paths
+    # (dtype=float32, the parity tests' exact path) keep torch's SDPA and rms_norm.
     if any(getattr(m, "uses_blocks_kernel", False) for m in model.modules()):
         use_cpu_loops(model)
     if compile:

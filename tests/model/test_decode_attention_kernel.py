@@ -120,6 +120,8 @@ def test_the_embedded_default_takes_it_eagerly_and_the_exact_float_path_does_not
     assert all(layer.decode_kernel for layer in layers)
     assert not any(block.attn.decode_kernel for block in lucidlm.load(dtype="float32").blocks)
     prompts = [default.tokenizer.encode("The capital of France is"), default.tokenizer.encode("def fib(n):")]
+    for block in default.blocks:
+        block.decode_kernel = False  # each layer through its module (test_decode_block.py covers the one-call step)
     got = generate_batch(default, prompts, max_new_tokens=24, temperature=0, stop_on_eos=False)
     for layer in layers:
         layer.decode_kernel = False  # SDPA, as before the loader switched the loop on

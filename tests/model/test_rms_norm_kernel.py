@@ -138,6 +138,8 @@ def test_the_embedded_default_takes_it_and_greedy_tokens_do_not_change():
     assert norms and all(n.row_kernel for n in norms)
     assert not any(m.row_kernel for m in lucidlm.load(dtype="float32").modules() if isinstance(m, RMSNorm))
     prompts = [default.tokenizer.encode("The capital of France is"), default.tokenizer.encode("def fib(n):")]
+    for block in default.blocks:
+        block.decode_kernel = False  # each layer through its module (test_decode_block.py covers the one-call step)
     got = generate_batch(default, prompts, max_new_tokens=24, temperature=0, stop_on_eos=False)
     for norm in norms:
         norm.row_kernel = False  # torch's rms_norm, as before the loader switched the loop on

@@ -39,12 +39,7 @@ def _attach(model: nn.Module, pairs: list[tuple[str, HookFn]], dir: str = "fwd",
 
 def _detach(attached: list[tuple[HookPoint, HookFn, str]]) -> None:
     for point, fn, dir in attached:
-        fns = point.fns if dir == "fwd" else point.bwd_fns
-        # Remove by identity: the same function may be attached elsewhere, or twice.
-        for i in range(len(fns) - 1, -1, -1):
-            if fns[i] is fn:
-                del fns[i]
-                break
+        point.remove_hook(fn, dir)
 
 
 def _as_ids(model: nn.Module, ids: Any, forward_kwargs: dict[str, Any], prepend_bos: Optional[bool] = None,

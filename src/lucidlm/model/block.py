@@ -17,6 +17,7 @@ from torch import nn
 
 from lucidlm.config import ModelConfig
 from lucidlm.model.attention import Attention, RopeCosSin
+from lucidlm.model.decode_block import one_call_step
 from lucidlm.model.hook_options import per_head
 from lucidlm.model.hooks import HookPoint
 from lucidlm.model.kv_cache import KVCache
@@ -45,11 +46,18 @@ class Block(nn.Module):
         self.hook_resid_post = HookPoint()  # (B, T, d)
         # Opt-in hook points (hook_q_input, hook_attn_in, hook_mlp_in, ...): see hook_options.py.
         self.use_split_qkv_input = self.use_attn_in = self.use_mlp_in = False
+        # A float32 decode step on the CPU in one C++ call where it computes exactly what
+        # forward() below does (decode_block.py); switched on by ``blocks_kernel.use_cpu_loops``.
+        self.decode_kernel = False
 
     def forward(self, x: torch.Tensor, rope: Optional[RopeCosSin] = None, mask: Optional[torch.Tensor] = None,
                 kv_cache: Optional[KVCache] = None, input_pos: Optional[torch.Tensor] = None,
                 prefix_kv: Optional[torch.Tensor] = None, kv_len: Optional[int] = None) -> torch.Tensor:
         """x: (B, T, d) -> (B, T, d). The other arguments go to attention (see Attention.forward)."""
+        if self.decode_kernel and prefix_kv is None and kv_len is None:
+            out = one_call_step(self, x, rope, mask, kv_cache, input_pos)
+            if out is not None:
+                return out
         x = self.hook_resid_pre(x)
         q_in, k_in, v_in = self._attn_inputs(x)
         attn_out = self.attn(q_in, rope, mask, kv_cache, input_pos, prefix_kv, k_in, v_in, kv_len)

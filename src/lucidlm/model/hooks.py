@@ -45,6 +45,16 @@ class HookPoint(nn.Module):
             self.bwd_fns.clear()
         HookPoint.version += 1
 
+    def remove_hook(self, fn: HookFn, dir: str = "fwd") -> None:
+        """Detach one attachment of ``fn`` (the last, by identity: the same function may be
+        attached twice, or elsewhere)."""
+        fns = self.fns if dir == "fwd" else self.bwd_fns
+        for i in range(len(fns) - 1, -1, -1):
+            if fns[i] is fn:
+                del fns[i]
+                break
+        HookPoint.version += 1
+
     @property
     def active(self) -> bool:
         return bool(self.fns) or bool(self.bwd_fns)

@@ -126,6 +126,12 @@ class QuantizedLinear(nn.Module):
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def blocks_operands(self) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """(blocks, scales, extra), as ``blocks_kernel.blocks_mm`` reads them, where this layer's
+        weights are on lucidlm's kernel; else None. ``model/decode_block.py`` hands them to its
+        one-call decode step."""
+        return None
+
     def blocks_kernel_fits(self, out_features: int) -> bool:
         """Whether CPU weights of this layer go to lucidlm's kernel (``blocks_kernel.py``)."""
         return self.wants_blocks_kernel and kernel_layout_fits(out_features, self.in_features, self.group_size,

@@ -1,9 +1,10 @@
 """lucidlm's own CPU kernel for int4 and int8 weights in groups of 32 (``kernels/blocks32.c``).
 
-The same library carries three more loops: a float32 decode step's attention
-(``kernels/decode_attention.c``) and RMSNorm over float32 rows (``kernels/rms_norm_rows.c``),
-which ``use_cpu_loops`` below switches on for a model's layers on a CPU, and greedy
-decoding's argmax over the logits (``kernels/argmax_rows.c``, ``argmax_rows`` below).
+The same library carries more loops: a float32 decode step's attention
+(``kernels/decode_attention.c``), RMSNorm over float32 rows (``kernels/rms_norm_rows.c``) and a
+whole block's decode step (``kernels/decode_block_op.cpp``), which ``use_cpu_loops`` below
+switches on for a model's layers on a CPU, and greedy decoding's argmax over the logits
+(``kernels/argmax_rows.c``, ``argmax_rows`` below).
 
 torch's int4 kernel (``_weight_int4pack_mm_for_cpu``) multiplies in floating point and its
 time grows with every row of the input (SmolLM2's matrices, 2 threads: 5 ms for one row,
@@ -99,7 +100,7 @@ def _build_commands(cc: str, cxx: str, work: Path, out: Path) -> list[list[str]]
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     objects = [work / f"{source.stem}.o" for source in (*C_SOURCES, *OP_SOURCES)]
     return [*[[cc, *C_FLAGS, "-c", str(source), "-o", str(work / f"{source.stem}.o")] for source in C_SOURCES],
-            *[[cxx, "-O2", "-std=c++20", "-fPIC", abi, f"-I{torch_dir / 'include'}", "-c", str(source),
+            *[[cxx, "-O2", "-std=c++20", "-ffp-contract=off", "-fPIC", abi, f"-I{torch_dir / 'include'}", "-c", str(source),
                "-o", str(work / f"{source.stem}.o")] for source in OP_SOURCES],
             # libgomp by its soname: the process already holds torch's copy, so both share one thread pool
             [cxx, "-shared", *map(str, objects), "-fopenmp", f"-L{torch_dir / 'lib'}",
@@ -310,7 +311,11 @@ def use_cpu_loops(model: torch.nn.Module) -> bool:
       attend -> (B, H, G, D));
     - RMSNorm layers (a ``row_kernel`` flag): ``torch.ops.lucidlm.rms_norm_rows``
       (``kernels/rms_norm_rows.c``: x (..., D), weight (D,), eps -> (..., D)) outside autograd
-      and outside a compiled graph, where inductor fuses the norm itself.
+      and outside a compiled graph, where inductor fuses the norm itself;
+    - blocks (a ``decode_kernel`` flag too): an eager decode step of a plain pre-norm block
+      whose matmuls are on this kernel in one call, ``torch.ops.lucidlm.decode_block``
+      (``kernels/decode_block_op.cpp``, the loops above and the matmuls from C++), where it
+      computes bit for bit what the block's modules do (``model/decode_block.py`` says when).
 
     ``LanguageModel.compile`` calls it, and ``lucidlm.load`` for models on lucidlm's kernels."""
     layers = [m for m in model.modules() if hasattr(m, "decode_kernel") or hasattr(m, "row_kernel")]

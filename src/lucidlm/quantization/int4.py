@@ -376,9 +376,13 @@ class Int4Linear(QuantizedLinear):
         zeros = self.scales_and_zeros[..., 1].t().contiguous().unsqueeze(-1)  # row-major: addcmul's output follows it
         return torch.addcmul(zeros, centred, scales).view(Npad, K)
 
+    def blocks_operands(self) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        b = self._buffers  # read directly: a decode step asks for 120 of these (base.py)
+        return (b["weight_int4"], b["block_scales"], b["block_zeros"]) if self.uses_blocks_kernel else None
+
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.uses_blocks_kernel and x.dtype in BLOCKS_KERNEL_DTYPES:
-            return blocks_kernel.blocks_mm(x, self.weight_int4, self.block_scales, self.block_zeros)  # (M, N)
+            return blocks_kernel.blocks_mm(x, *self.blocks_operands())  # (M, N)
         if self.uses_cpu_kernel and x.dtype == self.scales_and_zeros.dtype:
             if torch.compiler.is_compiling() and self.tile_block is not None and prompt_sized(x.shape[0]):
                 y = F.linear(x, self.dequantized_tiles())  # see the module docstring

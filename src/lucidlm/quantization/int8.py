@@ -108,9 +108,13 @@ class Int8Linear(QuantizedLinear):
                     "scales": blocks_kernel.rows_from_lanes(self.block_scales).to(self.scale_dtype).contiguous()}
         return {"weight_int8": self.weight_int8, "scales": self.scales}
 
+    def blocks_operands(self) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        b = self._buffers  # read directly: a decode step asks for 120 of these (base.py)
+        return (b["code_blocks"], b["block_scales"], b["code_sums"]) if self.uses_blocks_kernel else None
+
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.uses_blocks_kernel and x.dtype in BLOCKS_KERNEL_DTYPES:
-            return blocks_kernel.blocks_mm(x, self.code_blocks, self.block_scales, self.code_sums)  # (M, N)
+            return blocks_kernel.blocks_mm(x, *self.blocks_operands())  # (M, N)
         if self.group_size is None:
             if x.device.type == "cpu" and x.dtype == torch.bfloat16:
                 return torch.ops.aten._weight_int8pack_mm(x, self.weight_int8, self.scales[:, 0].to(x.dtype))  # (M, N)

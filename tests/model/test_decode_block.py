@@ -1,0 +1,291 @@
+"""A block's decode step in one C++ call (model/decode_block.py, ``torch.ops.lucidlm.decode_block``)
+against the modules it stands in for (model/block.py with the switch off): the same logits and
+the same KV cache bit for bit, on random models of several shapes and on the embedded default;
+and the modules, not the call, wherever anything could tell the difference (hooks, flags, LoRA,
+prefixes, autograd, other dtypes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lucidlm.config import ModelConfig
+from lucidlm.language_model import LanguageModel
+from lucidlm.model.fused import fuse_projections
+from lucidlm.quantization import blocks_kernel, quantize
+
+
+@pytest.fixture(autouse=True, scope="module")
+def kernels_loaded():
+    # built by scripts/install.sh on CI's machines (AVX-512 VNNI or AVX2): test_blocks_kernel.py says so
+    assert blocks_kernel.available(), blocks_kernel.unavailable_reason()
+
+
+def int4_model(seed: int = 0, **overrides) -> LanguageModel:
+    """A random LLaMA-shaped model in int4 on lucidlm's kernels, fused and switched on as
+    ``lucidlm.load`` leaves the embedded default."""
+    torch.manual_seed(seed)
+    shape = dict(vocab_size=48, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, max_seq_len=96, positions="rope",
+                 norm="rms", mlp="swiglu", d_mlp=96, tie_embeddings=False)
+    model = LanguageModel(ModelConfig(**{**shape, **overrides})).eval()
+    with torch.no_grad():  # weights big enough that the layers matter
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    quantize(model, "int4", group_size=32, embeddings=False)
+    assert fuse_projections(model) == 2 * len(model.blocks)
+    assert blocks_kernel.use_cpu_loops(model)
+    assert all(block.decode_kernel for block in model.blocks)
+    return model
+
+
+def switch(model: LanguageModel, on: bool) -> None:
+    for block in model.blocks:
+        block.decode_kernel = on
+
+
+def counted(monkeypatch) -> list:
+    calls, real = [], torch.ops.lucidlm.decode_block
+    monkeypatch.setattr(torch.ops.lucidlm, "decode_block", lambda *args: calls.append(args[0].shape) or real(*args))
+    return calls
+
+
+def decode(model: LanguageModel, prompts: list[list[int]], steps: int = 12,
+           ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Left-padded prompts, a prefill and ``steps`` greedy decode steps through ``model.step``:
+    every step's last logits (steps + 1, B, vocab) and the caches it leaves."""
+    B, T = len(prompts), max(map(len, prompts))
+    ids = torch.zeros(B, T, dtype=torch.long)
+    real = torch.zeros(B, T + steps, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, T - len(prompt):] = torch.tensor(prompt)
+        real[row, T - len(prompt):] = 1
+    model.setup_kv_cache(B, T + steps + 4)
+    out = []
+    with torch.no_grad():
+        logits = model.step(ids, torch.arange(T), real[:, :T], last_token_only=True, new_cache=True)[:, -1]
+        out.append(logits)
+        for i in range(steps):
+            step_mask = torch.cat([real, torch.zeros(B, 4, dtype=torch.long)], dim=1)
+            step_mask[:, T + i + 1:] = 0
+            logits = model.step(logits.argmax(-1, keepdim=True), torch.tensor([T + i]), step_mask)[:, -1]
+            out.append(logits)
+    caches = [t.clone() for cache in model.kv_caches for t in (cache.k, cache.v)]
+    model.clear_kv_cache()
+    return torch.stack(out), caches
+
+
+def assert_same_bits(got, want) -> None:
+    (got_logits, got_caches), (want_logits, want_caches) = got, want
+    assert torch.equal(got_logits, want_logits), (got_logits - want_logits).abs().max()
+    assert all(torch.equal(a, b) for a, b in zip(got_caches, want_caches))
+
+
+PROMPTS = [[1, 5, 9, 2, 7, 3, 11], [4, 4, 8], [30, 2, 17, 9, 9]]
+
+
+@pytest.mark.parametrize("overrides", [
+    {},  # grouped-query, RoPE "half" (Hugging Face's layout)
+    {"rope_variant": "interleaved"},  # GGUF / Meta's layout
+    {"n_kv_heads": 1},  # multi-query
+    {"n_kv_heads": 4},  # one kv head per query head
+    {"n_heads": 2, "n_kv_heads": 2, "rope_theta": 500000.0},  # head_dim 32
+    {"sliding_window": 4, "n_layers": 4},  # local layers get their own mask
+])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_equals_the_modules_bit_for_bit(monkeypatch, overrides, rows):
+    model = int4_model(**overrides)
+    calls = counted(monkeypatch)
+    got = decode(model, PROMPTS[:rows])
+    assert calls == [(rows, 1, 64)] * (12 * len(model.blocks))  # every decode step of every block; not the prefill
+    switch(model, False)
+    calls.clear()
+    want = decode(model, PROMPTS[:rows])
+    assert calls == []
+    assert_same_bits(got, want)
+
+
+def test_generate_and_the_embedded_default_give_the_same_tokens(monkeypatch):
+    import lucidlm
+    from lucidlm.generation import generate_batch
+
+    model = lucidlm.load()  # Q4_1 layers on lucidlm's kernels: the loader switches it on
+    assert all(block.decode_kernel for block in model.blocks)
+    prompts = [model.tokenizer.encode("The capital of France is"), model.tokenizer.encode("def fib(n):")]
+    calls = counted(monkeypatch)
+    got = generate_batch(model, prompts, max_new_tokens=16, temperature=0, stop_on_eos=False)
+    assert len(calls) == 15 * len(model.blocks)
+    got_logits = decode(model, prompts, steps=6)
+    switch(model, False)
+    want = generate_batch(model, prompts, max_new_tokens=16, temperature=0, stop_on_eos=False)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert_same_bits(got_logits, decode(model, prompts, steps=6))
+    assert not any(block.decode_kernel for block in lucidlm.load(dtype="float32").blocks)  # the exact float path
+
+
+def test_a_hook_inside_the_block_gets_the_modules_and_sees_its_values(monkeypatch):
+    model = int4_model()
+    calls = counted(monkeypatch)
+    for name in ("blocks.1.attn.hook_rot_k", "blocks.0.mlp.hook_post", "blocks.2.ln2.hook_scale",
+                 "blocks.1.hook_resid_mid"):
+        seen = []
+        point = model.hook_points()[name]
+        point.add_hook(lambda t, hook: seen.append(t.clone()))
+        got = decode(model, PROMPTS)
+        assert len(seen) == 13  # the prefill and every decode step ran the module with the hook
+        assert len(calls) == 12 * (len(model.blocks) - 1) and all(c == (3, 1, 64) for c in calls)  # the others took it
+        switch(model, False)
+        seen_by_modules = []
+        point.fns[0] = lambda t, hook: seen_by_modules.append(t.clone())
+        want = decode(model, PROMPTS)
+        point.remove_hooks()
+        switch(model, True)
+        # (a hook on a norm's scale has it spelled out, in other sums: the same either way)
+        assert_same_bits(got, want)
+        assert all(torch.equal(a, b) for a, b in zip(seen, seen_by_modules))
+        calls.clear()
+
+
+def test_an_editing_hook_changes_the_output_as_it_does_through_the_modules():
+    model = int4_model()
+    point = model.hook_points()["blocks.1.hook_mlp_out"]
+    point.add_hook(lambda t, hook: t * 0.5)
+    got = decode(model, PROMPTS)
+    switch(model, False)
+    assert_same_bits(got, decode(model, PROMPTS))
+    point.remove_hooks()
+    assert not torch.equal(got[0], decode(model, PROMPTS)[0])
+
+
+def test_run_with_cache_leaves_no_trace(monkeypatch):
+    model = int4_model()
+    model.run_with_cache(torch.tensor([[1, 2, 3]]))  # attaches and detaches a hook at every point
+    calls = counted(monkeypatch)
+    decode(model, PROMPTS[:1])
+    assert len(calls) == 12 * len(model.blocks)
+
+
+def test_torch_hooks_on_the_replaced_modules_get_the_modules_and_on_the_block_see_the_call(monkeypatch):
+    model = int4_model()
+    want = decode(model, PROMPTS)
+    calls = counted(monkeypatch)
+    block = model.blocks[0]
+    for module in (block.attn.o_proj, block.ln1, block.mlp, block.attn.fused_qkv):
+        seen = []
+        handle = module.register_forward_hook(lambda m, args, out: seen.append(1))
+        got = decode(model, PROMPTS)
+        handle.remove()
+        assert seen and len(calls) == 12 * (len(model.blocks) - 1)
+        assert_same_bits(got, want)
+        calls.clear()
+    outputs = []
+    handle = block.register_forward_hook(lambda m, args, out: outputs.append(out.clone()))
+    got = decode(model, PROMPTS)
+    handle.remove()
+    assert len(calls) == 12 * len(model.blocks) and len(outputs) == 13  # the block's own hook wraps the call
+    assert_same_bits(got, want)
+
+
+@pytest.mark.parametrize("option", ["attn_result", "split_qkv_input", "mlp_in"])
+def test_opt_in_hook_sites_get_the_modules(monkeypatch, option):
+    from lucidlm.model.hook_options import set_hook_options
+
+    model = int4_model()
+    before = decode(model, PROMPTS)
+    set_hook_options(model, **{option: True})
+    calls = counted(monkeypatch)
+    got = decode(model, PROMPTS)
+    assert calls == []
+    switch(model, False)
+    assert_same_bits(got, decode(model, PROMPTS))
+    switch(model, True)
+    set_hook_options(model, **{option: False})
+    assert_same_bits(decode(model, PROMPTS), before)
+    assert len(calls) == 12 * len(model.blocks)
+
+
+def test_the_explicit_attention_path_gets_the_modules(monkeypatch):
+    model = int4_model()
+    for block in model.blocks:
+        block.attn.use_explicit = True
+    calls = counted(monkeypatch)
+    got = decode(model, PROMPTS)
+    assert calls == []
+    switch(model, False)
+    assert_same_bits(got, decode(model, PROMPTS))
+
+
+class Wrapped(torch.nn.Module):
+    """A module put in a layer's place, as a user's patch or a PEFT wrapper would be."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) * 2
+
+
+@pytest.mark.parametrize("parent_name, child", [("attn", "o_proj"), ("mlp", "down_proj"), ("attn", "q_proj"),
+                                                 ("mlp", "up_proj"), ("", "ln2")])
+def test_a_replaced_layer_gets_the_modules(monkeypatch, parent_name, child):
+    model = int4_model()
+    want = decode(model, PROMPTS)
+    parent = model.blocks[1].get_submodule(parent_name)
+    original = getattr(parent, child)
+    setattr(parent, child, Wrapped(original))
+    calls = counted(monkeypatch)
+    got = decode(model, PROMPTS)
+    assert len(calls) == 12 * (len(model.blocks) - 1)  # block 1 ran its modules, with the wrapper
+    assert not torch.equal(got[0], want[0])
+    switch(model, False)
+    assert_same_bits(got, decode(model, PROMPTS))
+    setattr(parent, child, original)
+    switch(model, True)
+    assert_same_bits(decode(model, PROMPTS), want)
+
+
+def test_autograd_and_bfloat16_get_the_modules(monkeypatch):
+    model = int4_model()
+    calls = counted(monkeypatch)
+    model.setup_kv_cache(1, 16)
+    model.step(torch.tensor([[1, 2, 3]]), torch.arange(3), new_cache=True)
+    with torch.enable_grad():
+        model.step(torch.tensor([[4]]), torch.tensor([3]))
+    assert calls == []
+    with torch.no_grad():
+        model.step(torch.tensor([[4]]), torch.tensor([3]))
+    assert len(calls) == len(model.blocks)
+
+
+def test_bad_inputs_are_refused_by_name():
+    model = int4_model()
+    model.setup_kv_cache(1, 16)
+    block, cache = model.blocks[0], model.kv_caches[0]
+    x = torch.randn(1, 1, 64)
+    cos, sin = torch.ones(1, 1, 1, 16), torch.zeros(1, 1, 1, 16)
+    mask = torch.ones(1, 1, 1, 16, dtype=torch.bool)
+    from lucidlm.model.decode_block import _plan
+    attn, ln1, qkv, o, ln2, gate_up, down = _plan(block)
+
+    def call(x=x, slot=torch.tensor([2]), k=cache.k, mask=mask, qkv=qkv, n_heads=4):
+        return torch.ops.lucidlm.decode_block(x, ln1.weight, 1e-5, *qkv, cos, sin, False, k, cache.v, slot, mask,
+                                              0.25, n_heads, *o, ln2.weight, 1e-5, *gate_up, *down)
+
+    assert call().shape == (1, 1, 64)
+    with pytest.raises(RuntimeError, match="one new token per row"):
+        call(x=torch.randn(1, 2, 64))
+    with pytest.raises(RuntimeError, match="one new token per row"):
+        call(x=x.double())
+    with pytest.raises(RuntimeError, match="slot 16 is outside the cache's 16 slots"):
+        call(slot=torch.tensor([16]))
+    with pytest.raises(RuntimeError, match="slot -1 is outside"):
+        call(slot=torch.tensor([-1]))
+    with pytest.raises(RuntimeError, match="caches must be contiguous float32"):
+        call(k=cache.k.bfloat16())
+    with pytest.raises(RuntimeError, match="mask must be"):
+        call(mask=torch.ones(1, 1, 1, 15, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match="the fused q/k/v gives 128 outputs, the heads need 96"):
+        call(n_heads=2)
+    with pytest.raises(RuntimeError, match="the fused q/k/v reads 96 inputs"):
+        call(qkv=down)
