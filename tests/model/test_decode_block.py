@@ -21,19 +21,18 @@ def kernels_loaded():
     assert blocks_kernel.available(), blocks_kernel.unavailable_reason()
 
 
-def int4_model(seed: int = 0, **overrides) -> LanguageModel:
-    """A random LLaMA-shaped model in int4 on lucidlm's kernels, fused and switched on as
-    ``lucidlm.load`` leaves the embedded default."""
+def int4_model(seed: int = 0, scheme: str = "int4", **overrides) -> LanguageModel:
+    """A random model in int4 (or int8) groups of 32 on lucidlm's kernels, fused where the scheme
+    can be and switched on as ``lucidlm.load`` leaves the embedded default."""
     torch.manual_seed(seed)
     shape = dict(vocab_size=48, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, max_seq_len=96, positions="rope",
                  norm="rms", mlp="swiglu", d_mlp=96, tie_embeddings=False)
     model = LanguageModel(ModelConfig(**{**shape, **overrides})).eval()
-    with torch.no_grad():  # weights big enough that the layers matter
+    with torch.no_grad():  # weights big enough that the layers matter, norms that are not all ones
         for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3)
-    quantize(model, "int4", group_size=32, embeddings=False)
-    assert fuse_projections(model) == 2 * len(model.blocks)
+            p.normal_(0, 0.3) if p.dim() == 2 else p.uniform_(0.5, 1.5)
+    quantize(model, scheme, group_size=32, embeddings=False)
+    assert fuse_projections(model) == (2 * len(model.blocks) if scheme == "int4" else 0)  # int8 layers stay apart
     assert blocks_kernel.use_cpu_loops(model)
     assert all(block.decode_kernel for block in model.blocks)
     return model
@@ -91,6 +90,12 @@ PROMPTS = [[1, 5, 9, 2, 7, 3, 11], [4, 4, 8], [30, 2, 17, 9, 9]]
     {"n_kv_heads": 4},  # one kv head per query head
     {"n_heads": 2, "n_kv_heads": 2, "rope_theta": 500000.0},  # head_dim 32
     {"sliding_window": 4, "n_layers": 4},  # local layers get their own mask
+    {"qk_norm": True},  # Qwen 3: RMSNorm over each head's query and key
+    # Gemma 3: sandwich norms, q/k norms, GeGLU, its own score scale, local and global layers
+    {"qk_norm": True, "post_sublayer_norm": True, "mlp": "geglu", "query_pre_attn_scalar": 24.0,
+     "sliding_window": 4, "n_layers": 4},
+    {"scheme": "int8"},  # q/k/v and gate/up one matmul each (int8 layers are not fused)
+    {"scheme": "int8", "qk_norm": True, "post_sublayer_norm": True, "mlp": "geglu"},
 ])
 @pytest.mark.parametrize("rows", [1, 3])
 def test_equals_the_modules_bit_for_bit(monkeypatch, overrides, rows):
@@ -121,6 +126,19 @@ def test_generate_and_the_embedded_default_give_the_same_tokens(monkeypatch):
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
     assert_same_bits(got_logits, decode(model, prompts, steps=6))
     assert not any(block.decode_kernel for block in lucidlm.load(dtype="float32").blocks)  # the exact float path
+
+
+def test_the_gemma3_file_kept_quantized_gives_the_same_bits(monkeypatch, gemma3_gguf):
+    import lucidlm
+
+    model = lucidlm.load("gemma3-270m", quantize="gguf")  # its K-quants as int4 and int8 groups of 32, apart
+    assert all(block.decode_kernel for block in model.blocks)
+    prompts = [model.tokenizer.encode("The capital of France is"), model.tokenizer.encode("def fib(n):")]
+    calls = counted(monkeypatch)
+    got = decode(model, prompts, steps=4)
+    assert len(calls) == 4 * len(model.blocks)
+    switch(model, False)
+    assert_same_bits(got, decode(model, prompts, steps=4))
 
 
 def test_a_hook_inside_the_block_gets_the_modules_and_sees_its_values(monkeypatch):
@@ -266,11 +284,14 @@ def test_bad_inputs_are_refused_by_name():
     cos, sin = torch.ones(1, 1, 1, 16), torch.zeros(1, 1, 1, 16)
     mask = torch.ones(1, 1, 1, 16, dtype=torch.bool)
     from lucidlm.model.decode_block import _plan
-    attn, ln1, qkv, o, ln2, gate_up, down = _plan(block)
+    attn, ln1, q_norm, k_norm, ln1_post, ln2, ln2_post, qkv, o, gate_up, activation, down = _plan(block)
+    assert (q_norm, k_norm, ln1_post, ln2_post, activation) == (None, None, None, None, 0) and len(qkv) == 3
 
-    def call(x=x, slot=torch.tensor([2]), k=cache.k, mask=mask, qkv=qkv, n_heads=4):
-        return torch.ops.lucidlm.decode_block(x, ln1.weight, 1e-5, *qkv, cos, sin, False, k, cache.v, slot, mask,
-                                              0.25, n_heads, *o, ln2.weight, 1e-5, *gate_up, *down)
+    def call(x=x, slot=torch.tensor([2]), k=cache.k, mask=mask, qkv=qkv, n_heads=4, q_norm=None, activation=0,
+             gate_up=gate_up):
+        return torch.ops.lucidlm.decode_block(x, ln1.weight, 1e-5, qkv, q_norm, None, 1e-6, cos, sin, False, k, cache.v,
+                                              slot, mask, 0.25, n_heads, o, None, 0.0, ln2.weight, 1e-5, gate_up,
+                                              activation, down, None, 0.0)
 
     assert call().shape == (1, 1, 64)
     with pytest.raises(RuntimeError, match="one new token per row"):
@@ -289,3 +310,11 @@ def test_bad_inputs_are_refused_by_name():
         call(n_heads=2)
     with pytest.raises(RuntimeError, match="the fused q/k/v reads 96 inputs"):
         call(qkv=down)
+    with pytest.raises(RuntimeError, match="qkv takes 3 or 9 tensors"):
+        call(qkv=qkv[:2])
+    with pytest.raises(RuntimeError, match="q_norm's weight must be a contiguous float32 \\(16,\\)"):
+        call(q_norm=torch.ones(64))
+    with pytest.raises(RuntimeError, match="activation must be 0 \\(silu\\) or 1"):
+        call(activation=2)
+    with pytest.raises(RuntimeError, match="gate_proj gives 192 outputs, up_proj 64"):
+        call(gate_up=gate_up + o)

@@ -1,8 +1,8 @@
 """A block's decode step in one C++ call, where that call computes exactly what block.py does.
 
-An eager decode step of a pre-norm LLaMA-style block on lucidlm's CPU kernels is ~15 module
-calls and ~25 small torch ops around four quantized matmuls; at SmolLM2's size the calls cost
-more than the arithmetic (batch 1, 2 threads: ~13 ms a token, of which the kernels take ~6).
+An eager decode step of a pre-norm block on lucidlm's CPU kernels is ~15 module calls and ~25
+small torch ops around four quantized matmuls; at SmolLM2's size the calls cost more than the
+arithmetic (batch 1, 2 threads: ~13 ms a token, of which the kernels take ~6).
 ``torch.ops.lucidlm.decode_block`` (quantization/kernels/decode_block_op.cpp) makes the same
 kernel calls from C++ and writes the element-wise steps between them (RoPE, the cache write,
 the residual sums, the gate's product) in torch's order, so its output and the cache it writes
@@ -13,9 +13,11 @@ the difference; anything else returns None and the modules run:
 
 - a decode step: one new token per row, float32 on the CPU, a KV cache and the rotation given,
   no prefix, no autograd, not inside a compiled graph;
-- the block is the plain pre-norm one: RMSNorm, fused q/k/v and gate/up on lucidlm's blocks
-  kernel (``model/fused.py``, still serving their parts), RoPE without q/k norms, SwiGLU,
-  o_proj and down_proj on the kernel, no biases, no dropout in effect, no opt-in hook sites;
+- a pre-norm block of the LLaMA kind: RMSNorm (with Gemma's sandwich norms or without),
+  RoPE (with Qwen 3 / Gemma 3's q/k norms or without), a SwiGLU or GeGLU MLP, every matmul on
+  lucidlm's blocks kernel without a bias (q/k/v and gate/up fused by ``model/fused.py`` where
+  they can be, else one by one), the C loops switched on for its norms and attention, no
+  dropout in effect, no opt-in hook sites;
 - nothing is listening: no function on any of the block's hook points, no torch hook on the
   modules it replaces (a hook on the block itself still runs: it wraps this call as it
   wrapped the modules).
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lucidlm.model.hooks import HookPoint
+from lucidlm.model.mlp import ACTIVATIONS
 from lucidlm.model.norms import RMSNorm
 
 RopeCosSin = tuple[torch.Tensor, torch.Tensor]  # each (B, 1, 1, hd), from RotaryEmbedding.cos_sin
@@ -41,8 +44,10 @@ def one_call_step(block: nn.Module, x: torch.Tensor, rope: Optional[RopeCosSin],
                   kv_cache: Optional[nn.Module], input_pos: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """x (B, 1, d) -> the block's output (B, 1, d), having written this token's key and value into
     ``kv_cache`` at ``input_pos`` (1,); or None where the modules must run (module docstring)."""
+    if torch.compiler.is_compiling():  # first: a traced graph reads nothing below (no guard on shapes)
+        return None
     if (kv_cache is None or input_pos is None or rope is None or mask is None or x.shape[1] != 1
-            or x.dtype != torch.float32 or not x.is_cpu or torch.is_grad_enabled() or torch.compiler.is_compiling()):
+            or x.dtype != torch.float32 or not x.is_cpu or torch.is_grad_enabled()):
         return None
     plan = _plan(block)
     if plan is None or not _quiet(block):
@@ -50,43 +55,79 @@ def one_call_step(block: nn.Module, x: torch.Tensor, rope: Optional[RopeCosSin],
     k_cache, v_cache = kv_cache._buffers["k"], kv_cache._buffers["v"]
     if k_cache.dtype != torch.float32:
         return None
-    attn, ln1, qkv, o, ln2, gate_up, down = plan
+    attn, ln1, q_norm, k_norm, ln1_post, ln2, ln2_post, qkv, o, gate_up, activation, down = plan
     cos, sin = rope
     return torch.ops.lucidlm.decode_block(
-        x, ln1.weight, ln1.eps, *qkv, cos, sin, attn.rope_variant == "interleaved", k_cache, v_cache, input_pos,
-        mask, attn.scale, attn.n_heads, *o, ln2.weight, ln2.eps, *gate_up, *down)
+        x, ln1.weight, ln1.eps, qkv, _weight(q_norm), _weight(k_norm), _eps(q_norm if q_norm is not None else k_norm),
+        cos, sin, attn.rope_variant == "interleaved", k_cache, v_cache, input_pos, mask, attn.scale, attn.n_heads, o,
+        _weight(ln1_post), _eps(ln1_post), ln2.weight, ln2.eps, gate_up, activation, down, _weight(ln2_post),
+        _eps(ln2_post))
+
+
+ACTIVATION_CODES = ((F.silu, 0), (ACTIVATIONS["gelu_tanh"], 1))  # the gate's activation -> the operator's code
 
 
 def _plan(block: nn.Module) -> Optional[tuple]:
-    """(attn, ln1, qkv, o, ln2, gate_up, down): the modules and each matmul's blocks-kernel
-    operands, where the block is the plain one the C++ step computes; else None.
+    """The modules and each matmul's blocks-kernel operands (a list of 3 tensors a matmul), where the
+    block is one the C++ step computes; else None.
 
-    Checked afresh every step (a LoRA wrapper, a reloaded weight, a torch hook or a flag may come
-    between two steps), so it reads the registered children from ``_modules`` directly:
-    ``nn.Module.__getattr__`` costs ~1 us a name on a slow CPU, and ~40 names a block made this
-    check a tenth of a batch-1 step."""
+    Checked afresh every step (a wrapper in a layer's place, a reloaded weight, a torch hook or a
+    flag may come between two steps), so it reads the registered children from ``_modules``
+    directly: ``nn.Module.__getattr__`` costs ~1 us a name on a slow CPU, and ~40 names a block
+    made this check a tenth of a batch-1 step."""
     child = block._modules
-    ln1, ln2, attn, mlp = child["ln1"], child["ln2"], child["attn"], child["mlp"]
+    ln1, ln2, ln1_post, ln2_post, attn, mlp = (child[name] for name in ("ln1", "ln2", "ln1_post", "ln2_post", "attn",
+                                                                        "mlp"))
+    a, m = attn._modules, mlp._modules
+    q_norm, k_norm = a.get("q_norm"), a.get("k_norm")
+    norms = [n for n in (ln1, ln2, ln1_post, ln2_post, q_norm, k_norm) if n is not None and type(n) is not nn.Identity]
+    activation = next((code for fn, code in ACTIVATION_CODES if mlp.gate_activation is fn), None)
+    # the loops the modules would run (use_cpu_loops switches them on together): the same sums
     if not (block.pre_norm and type(ln1) is RMSNorm and type(ln2) is RMSNorm
-            and type(child["ln1_post"]) is nn.Identity and type(child["ln2_post"]) is nn.Identity
+            and all(type(n) is RMSNorm and n.row_kernel for n in norms) and attn.decode_kernel
             and (type(child["dropout"]) is nn.Identity or not block.training)
             and not (block.use_split_qkv_input or block.use_attn_in or block.use_mlp_in)
-            and not (attn.use_explicit or attn.use_attn_result) and attn.q_norm is None
-            and attn.rope_variant in ("half", "interleaved") and mlp.gate_activation is F.silu):
+            and not (attn.use_explicit or attn.use_attn_result)
+            and attn.rope_variant in ("half", "interleaved") and activation is not None
+            and (q_norm is None or k_norm is None or q_norm.eps == k_norm.eps)):  # the operator takes one eps
         return None
-    a, m = attn._modules, mlp._modules
-    fused_qkv, fused_gate_up, o_proj, down_proj = a.get("fused_qkv"), m.get("fused_gate_up"), a["o_proj"], m["down_proj"]
-    if (fused_qkv is None or fused_gate_up is None or not fused_qkv.serves(a["q_proj"], a["k_proj"], a["v_proj"])
-            or not fused_gate_up.serves(m["gate_proj"], m["up_proj"])):
+    qkv = _matmuls(a.get("fused_qkv"), (a["q_proj"], a["k_proj"], a["v_proj"]))
+    gate_up = _matmuls(m.get("fused_gate_up"), (m["gate_proj"], m["up_proj"]))
+    o, down = _matmuls(None, (a["o_proj"],)), _matmuls(None, (m["down_proj"],))
+    if qkv is None or gate_up is None or o is None or down is None:
         return None
-    linears = (fused_qkv.kernel, o_proj, fused_gate_up.kernel, down_proj)
-    operands = [getattr(layer, "blocks_operands", _none)() for layer in linears]
-    if any(ops is None for ops in operands) or o_proj.bias is not None or down_proj.bias is not None:
+    if any(n._forward_hooks or n._forward_pre_hooks for n in (attn, mlp, *norms)):
         return None
-    if any(m._forward_hooks or m._forward_pre_hooks for m in (ln1, ln2, attn, mlp, fused_qkv, fused_gate_up, *linears)):
+    return (attn, ln1, _norm(q_norm), _norm(k_norm), _norm(ln1_post), ln2, _norm(ln2_post), qkv, o, gate_up,
+            activation, down)
+
+
+def _matmuls(fused: Optional[nn.Module], parts: tuple[nn.Module, ...]) -> Optional[list[torch.Tensor]]:
+    """The blocks-kernel operands of ``parts``' matmuls: the fused layer's (3 tensors) where it
+    still serves them, else each part's (3 each); None where one is not on the kernel, has a
+    bias, or has a torch hook."""
+    layers = (fused.kernel,) if fused is not None and fused.serves(*parts) else parts
+    if fused is not None and layers[0] is fused.kernel and (fused._forward_hooks or fused._forward_pre_hooks):
         return None
-    qkv, o, gate_up, down = operands
-    return attn, ln1, qkv, o, ln2, gate_up, down
+    operands: list[torch.Tensor] = []
+    for layer in layers:
+        ops = getattr(layer, "blocks_operands", _none)()
+        if ops is None or layer._buffers.get("bias") is not None or layer._forward_hooks or layer._forward_pre_hooks:
+            return None
+        operands += ops
+    return operands
+
+
+def _norm(module: Optional[nn.Module]) -> Optional[nn.Module]:
+    return None if module is None or type(module) is nn.Identity else module
+
+
+def _weight(norm: Optional[nn.Module]) -> Optional[torch.Tensor]:
+    return norm.weight if norm is not None else None
+
+
+def _eps(norm: Optional[nn.Module]) -> float:
+    return norm.eps if norm is not None else 0.0
 
 
 def _none() -> None:

@@ -13,9 +13,12 @@
 // The element-wise loops need exact IEEE products and sums, as torch's: this file is built
 // with -ffp-contract=off (blocks_kernel.py), so a * b + c * d is never fused into an FMA.
 #include <algorithm>
+#include <optional>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
 #include <ATen/ops/silu.h>
 #include <torch/library.h>
 
@@ -80,19 +83,36 @@ void rotate(const float *x, const float *cos, const float *sin, int64_t hd, bool
 
 }  // namespace
 
-// x (B, 1, D) float32 -> (B, 1, D): x + attn(ln1(x)), then that + mlp(ln2(that)), writing this
-// token's rotated key and value at slot input_pos[0] of k_cache, v_cache (B, n_kv, S, hd) float32.
-// cos, sin (B, 1, 1, hd): the rotation of each row's position (RotaryEmbedding.cos_sin); mask (B,
-// 1, 1, S) bool, True = may attend; scale: the scores' factor; n_heads query heads of hd values.
-static at::Tensor decode_block(const at::Tensor &x_in, const at::Tensor &ln1, double eps1, const at::Tensor &qkv_blocks,
-                               const at::Tensor &qkv_scales, const at::Tensor &qkv_extra, const at::Tensor &cos_in,
-                               const at::Tensor &sin_in, bool interleaved, const at::Tensor &k_cache,
-                               const at::Tensor &v_cache, const at::Tensor &input_pos, const at::Tensor &mask_in,
-                               double scale, int64_t n_heads, const at::Tensor &o_blocks, const at::Tensor &o_scales,
-                               const at::Tensor &o_extra, const at::Tensor &ln2, double eps2,
-                               const at::Tensor &gate_up_blocks, const at::Tensor &gate_up_scales,
-                               const at::Tensor &gate_up_extra, const at::Tensor &down_blocks,
-                               const at::Tensor &down_scales, const at::Tensor &down_extra) {
+// The operands of one matmul (blocks, scales, extra) starting at `at` in a list of them.
+static Blocks blocks_at(at::TensorList list, size_t at, const char *name) {
+    return Blocks{list[at], list[at + 1], list[at + 2], name};
+}
+
+// An optional RMSNorm weight: nullptr where absent, else checked to be (D,) float32.
+static const float *optional_norm(const std::optional<at::Tensor> &w, int64_t D, const char *name) {
+    if (!w.has_value()) return nullptr;
+    check_vector(*w, D, name);
+    return w->data_ptr<float>();
+}
+
+// x (B, 1, D) float32 -> (B, 1, D), a pre-norm block's decode step:
+//     x = x + post1(o_proj(attend(rope(qn(q)), rope(kn(k)), v)))     q, k, v from ln1(x)
+//     x = x + post2(down_proj(act(gate) * up))                      gate, up from ln2(x)
+// writing this token's rotated key and its value at slot input_pos[0] of k_cache, v_cache
+// (B, n_kv, S, hd) float32. qkv: one matmul's operands (q/k/v fused, 3 tensors) or three (9);
+// gate_up: one (fused) or two (6); o, down: one each. q_norm, k_norm (hd,): Qwen 3 / Gemma 3's
+// RMSNorm of each head's query and key; ln1_post, ln2_post (D,): Gemma's sandwich norms; each
+// optional. activation: 0 silu (SwiGLU), 1 gelu with tanh (GeGLU). cos, sin (B, 1, 1, hd): each
+// row's rotation (RotaryEmbedding.cos_sin); mask (B or 1, 1, 1, S) bool, True = may attend;
+// scale: the scores' factor; n_heads query heads of hd values.
+static at::Tensor decode_block(const at::Tensor &x_in, const at::Tensor &ln1, double eps1, at::TensorList qkv_ops,
+                               const std::optional<at::Tensor> &q_norm, const std::optional<at::Tensor> &k_norm,
+                               double qk_eps, const at::Tensor &cos_in, const at::Tensor &sin_in, bool interleaved,
+                               const at::Tensor &k_cache, const at::Tensor &v_cache, const at::Tensor &input_pos,
+                               const at::Tensor &mask_in, double scale, int64_t n_heads, at::TensorList o_ops,
+                               const std::optional<at::Tensor> &ln1_post, double eps1_post, const at::Tensor &ln2,
+                               double eps2, at::TensorList gate_up_ops, int64_t activation, at::TensorList down_ops,
+                               const std::optional<at::Tensor> &ln2_post, double eps2_post) {
     TORCH_CHECK(x_in.dim() == 3 && x_in.size(1) == 1 && x_in.scalar_type() == at::kFloat,
                 "decode_block: x must be (B, 1, D) float32, one new token per row; got ", x_in.scalar_type(), " ",
                 x_in.sizes());
@@ -103,11 +123,12 @@ static at::Tensor decode_block(const at::Tensor &x_in, const at::Tensor &ln1, do
                 "decode_block: the caches must be contiguous float32 (", B, ", n_kv, S, hd); got ", k_cache.sizes(),
                 " and ", v_cache.sizes());
     const int64_t n_kv = k_cache.size(1), S = k_cache.size(2), hd = k_cache.size(3);
-    TORCH_CHECK(n_kv > 0 && n_heads % n_kv == 0 && hd % 8 == 0 && hd % 2 == 0,
+    TORCH_CHECK(n_kv > 0 && n_heads % n_kv == 0 && hd % 8 == 0,
                 "decode_block: ", n_heads, " query heads cannot share ", n_kv, " kv heads of ", hd,
                 " values (a multiple of 8)");
     const int64_t q_dim = n_heads * hd, kv_dim = n_kv * hd;
-    TORCH_CHECK(input_pos.dim() == 1 && input_pos.numel() == 1 && input_pos.scalar_type() == at::kLong,
+    TORCH_CHECK(input_pos.dim() == 1 && input_pos.numel() == 1 && input_pos.scalar_type() == at::kLong
+                    && input_pos.device().is_cpu(),
                 "decode_block: input_pos must be one int64 slot, got ", input_pos.sizes());
     const int64_t slot = input_pos.data_ptr<int64_t>()[0];
     TORCH_CHECK(slot >= 0 && slot < S, "decode_block: slot ", slot, " is outside the cache's ", S, " slots");
@@ -117,43 +138,100 @@ static at::Tensor decode_block(const at::Tensor &x_in, const at::Tensor &ln1, do
     TORCH_CHECK(mask_in.scalar_type() == at::kBool && mask_in.dim() == 4 && mask_in.size(-1) == S
                     && mask_in.numel() / S == (mask_in.size(0) == 1 ? 1 : B),
                 "decode_block: mask must be (B or 1, 1, 1, ", S, ") bool, got ", mask_in.sizes());
+    TORCH_CHECK(activation == 0 || activation == 1, "decode_block: activation must be 0 (silu) or 1 (gelu tanh), got ",
+                activation);
+    TORCH_CHECK((qkv_ops.size() == 3 || qkv_ops.size() == 9) && (gate_up_ops.size() == 3 || gate_up_ops.size() == 6)
+                    && o_ops.size() == 3 && down_ops.size() == 3,
+                "decode_block: qkv takes 3 or 9 tensors, gate_up 3 or 6, o and down 3 each; got ", qkv_ops.size(), ", ",
+                gate_up_ops.size(), ", ", o_ops.size(), ", ", down_ops.size());
     check_vector(ln1, D, "ln1's weight");
     check_vector(ln2, D, "ln2's weight");
-    const Blocks qkv{qkv_blocks, qkv_scales, qkv_extra, "the fused q/k/v"}, o{o_blocks, o_scales, o_extra, "o_proj"},
-        gate_up{gate_up_blocks, gate_up_scales, gate_up_extra, "the fused gate/up"},
-        down{down_blocks, down_scales, down_extra, "down_proj"};
-    qkv.check(D);
-    TORCH_CHECK(qkv.rows() == q_dim + 2 * kv_dim, "decode_block: the fused q/k/v gives ", qkv.rows(),
-                " outputs, the heads need ", q_dim + 2 * kv_dim);
+    const float *qn = optional_norm(q_norm, hd, "q_norm's weight"), *kn = optional_norm(k_norm, hd, "k_norm's weight"),
+                *post1 = optional_norm(ln1_post, D, "ln1_post's weight"),
+                *post2 = optional_norm(ln2_post, D, "ln2_post's weight");
+
+    // q/k/v: one fused matmul whose output rows hold q, k, v side by side, or one each
+    const bool fused_qkv = qkv_ops.size() == 3;
+    std::vector<Blocks> qkv_mms;
+    if (fused_qkv) {
+        qkv_mms.push_back(blocks_at(qkv_ops, 0, "the fused q/k/v"));
+        qkv_mms[0].check(D);
+        TORCH_CHECK(qkv_mms[0].rows() == q_dim + 2 * kv_dim, "decode_block: the fused q/k/v gives ", qkv_mms[0].rows(),
+                    " outputs, the heads need ", q_dim + 2 * kv_dim);
+    } else {
+        const char *names[] = {"q_proj", "k_proj", "v_proj"};
+        const int64_t widths[] = {q_dim, kv_dim, kv_dim};
+        for (int i = 0; i < 3; i++) {
+            qkv_mms.push_back(blocks_at(qkv_ops, 3 * i, names[i]));
+            qkv_mms[i].check(D);
+            TORCH_CHECK(qkv_mms[i].rows() == widths[i], "decode_block: ", names[i], " gives ", qkv_mms[i].rows(),
+                        " outputs, the heads need ", widths[i]);
+        }
+    }
+    const Blocks o = blocks_at(o_ops, 0, "o_proj"), down = blocks_at(down_ops, 0, "down_proj");
     o.check(q_dim);
     TORCH_CHECK(o.rows() == D, "decode_block: o_proj gives ", o.rows(), " outputs, the stream has ", D);
-    gate_up.check(D);
-    const int64_t d_mlp = gate_up.rows() / 2;
+    const bool fused_gate_up = gate_up_ops.size() == 3;
+    std::vector<Blocks> gate_up_mms;
+    if (fused_gate_up) {
+        gate_up_mms.push_back(blocks_at(gate_up_ops, 0, "the fused gate/up"));
+        gate_up_mms[0].check(D);
+        TORCH_CHECK(gate_up_mms[0].rows() % 2 == 0, "decode_block: the fused gate/up gives an odd ",
+                    gate_up_mms[0].rows(), " outputs");
+    } else {
+        gate_up_mms.push_back(blocks_at(gate_up_ops, 0, "gate_proj"));
+        gate_up_mms.push_back(blocks_at(gate_up_ops, 3, "up_proj"));
+        gate_up_mms[0].check(D);
+        gate_up_mms[1].check(D);
+        TORCH_CHECK(gate_up_mms[0].rows() == gate_up_mms[1].rows(), "decode_block: gate_proj gives ",
+                    gate_up_mms[0].rows(), " outputs, up_proj ", gate_up_mms[1].rows());
+    }
+    const int64_t d_mlp = fused_gate_up ? gate_up_mms[0].rows() / 2 : gate_up_mms[0].rows();
     down.check(d_mlp);
-    TORCH_CHECK(down.rows() == D && gate_up.rows() % 2 == 0, "decode_block: down_proj gives ", down.rows(),
-                " outputs, the stream has ", D);
+    TORCH_CHECK(down.rows() == D, "decode_block: down_proj gives ", down.rows(), " outputs, the stream has ", D);
 
     const at::Tensor x = x_in.contiguous(), cos = cos_in.contiguous(), sin = sin_in.contiguous();
     const at::Tensor mask = mask_in.expand({B, 1, 1, S}).reshape({B, S}).contiguous();
     const auto options = x.options();
-    at::Tensor normed = at::empty({B, D}, options), qkv_out = at::empty({B, qkv.rows()}, options);
-    at::Tensor q = at::empty({B, q_dim}, options), z = at::empty({B, q_dim}, options);
-    at::Tensor attn_out = at::empty({B, D}, options), out = at::empty({B, 1, D}, options);
-    float *stream = out.data_ptr<float>(), *h = normed.data_ptr<float>();
+    at::Tensor normed = at::empty({B, D}, options), q = at::empty({B, q_dim}, options), z = at::empty({B, q_dim}, options);
+    at::Tensor branch = at::empty({B, D}, options), out = at::empty({B, 1, D}, options);
+    float *stream = out.data_ptr<float>(), *h = normed.data_ptr<float>(), *br = branch.data_ptr<float>();
 
-    // attention: x + o_proj(attend(rope(q), cache with rope(k), v)) over ln1(x)
+    // attention
     lucidlm_rms_norm_rows(x.data_ptr<float>(), ln1.data_ptr<float>(), B, D, static_cast<float>(eps1), h);
-    qkv.mm(h, qkv_out.data_ptr<float>(), B);
+    // each of q, k, v: where its row b starts and how far apart rows are
+    at::Tensor qkv_out[3];
+    const float *part[3];
+    int64_t part_stride[3];
+    if (fused_qkv) {
+        qkv_out[0] = at::empty({B, q_dim + 2 * kv_dim}, options);
+        qkv_mms[0].mm(h, qkv_out[0].data_ptr<float>(), B);
+        const float *base = qkv_out[0].data_ptr<float>();
+        part[0] = base, part[1] = base + q_dim, part[2] = base + q_dim + kv_dim;
+        part_stride[0] = part_stride[1] = part_stride[2] = q_dim + 2 * kv_dim;
+    } else {
+        for (int i = 0; i < 3; i++) {
+            qkv_out[i] = at::empty({B, qkv_mms[i].rows()}, options);
+            qkv_mms[i].mm(h, qkv_out[i].data_ptr<float>(), B);
+            part[i] = qkv_out[i].data_ptr<float>();
+            part_stride[i] = qkv_mms[i].rows();
+        }
+    }
     float *k_base = k_cache.data_ptr<float>(), *v_base = v_cache.data_ptr<float>();
+    std::vector<float> head(hd);
     for (int64_t b = 0; b < B; b++) {
-        const float *row = qkv_out.data_ptr<float>() + b * qkv.rows(), *c = cos.data_ptr<float>() + b * hd,
-                    *s = sin.data_ptr<float>() + b * hd;
-        for (int64_t head = 0; head < n_heads; head++)
-            rotate(row + head * hd, c, s, hd, interleaved, q.data_ptr<float>() + b * q_dim + head * hd);
-        for (int64_t head = 0; head < n_kv; head++) {
-            const int64_t at = ((b * n_kv + head) * S + slot) * hd;  // the cache's (b, head, slot, :)
-            rotate(row + q_dim + head * hd, c, s, hd, interleaved, k_base + at);
-            std::copy_n(row + q_dim + kv_dim + head * hd, hd, v_base + at);
+        const float *c = cos.data_ptr<float>() + b * hd, *s = sin.data_ptr<float>() + b * hd;
+        for (int64_t i = 0; i < n_heads; i++) {
+            const float *raw = part[0] + b * part_stride[0] + i * hd;
+            if (qn) lucidlm_rms_norm_rows(raw, qn, 1, hd, static_cast<float>(qk_eps), head.data()), raw = head.data();
+            rotate(raw, c, s, hd, interleaved, q.data_ptr<float>() + b * q_dim + i * hd);
+        }
+        for (int64_t i = 0; i < n_kv; i++) {
+            const int64_t at = ((b * n_kv + i) * S + slot) * hd;  // the cache's (b, i, slot, :)
+            const float *raw = part[1] + b * part_stride[1] + i * hd;
+            if (kn) lucidlm_rms_norm_rows(raw, kn, 1, hd, static_cast<float>(qk_eps), head.data()), raw = head.data();
+            rotate(raw, c, s, hd, interleaved, k_base + at);
+            std::copy_n(part[2] + b * part_stride[2] + i * hd, hd, v_base + at);
         }
     }
     TORCH_CHECK(lucidlm_decode_attention(q.data_ptr<float>(), k_base, v_base,
@@ -162,35 +240,42 @@ static at::Tensor decode_block(const at::Tensor &x_in, const at::Tensor &ln1, do
                                          k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
                                          static_cast<float>(scale)) == 0,
                 "decode_block: out of memory for the attention scores");
-    o.mm(z.data_ptr<float>(), attn_out.data_ptr<float>(), B);
-    const float *x_data = x.data_ptr<float>(), *a = attn_out.data_ptr<float>();
-    for (int64_t i = 0; i < B * D; i++) stream[i] = x_data[i] + a[i];
+    o.mm(z.data_ptr<float>(), br, B);
+    if (post1) lucidlm_rms_norm_rows(br, post1, B, D, static_cast<float>(eps1_post), br);
+    const float *x_data = x.data_ptr<float>();
+    for (int64_t i = 0; i < B * D; i++) stream[i] = x_data[i] + br[i];
 
-    // MLP: that + down_proj(silu(gate) * up) over ln2(that)
+    // MLP
     lucidlm_rms_norm_rows(stream, ln2.data_ptr<float>(), B, D, static_cast<float>(eps2), h);
-    at::Tensor gate_up_out = at::empty({B, 2 * d_mlp}, options);
-    gate_up.mm(h, gate_up_out.data_ptr<float>(), B);
-    // torch's own silu on the same (B, d_mlp) view of the gate as model/mlp.py's: its vectorized exp,
-    // not libm's, so the same bits
-    at::Tensor hidden = at::silu(gate_up_out.narrow(1, 0, d_mlp));
+    at::Tensor gate, up;  // (B, d_mlp) each: views of the fused output, or the two outputs
+    if (fused_gate_up) {
+        at::Tensor both = at::empty({B, 2 * d_mlp}, options);
+        gate_up_mms[0].mm(h, both.data_ptr<float>(), B);
+        gate = both.narrow(1, 0, d_mlp), up = both.narrow(1, d_mlp, d_mlp);
+    } else {
+        gate = at::empty({B, d_mlp}, options), up = at::empty({B, d_mlp}, options);
+        gate_up_mms[0].mm(h, gate.data_ptr<float>(), B);
+        gate_up_mms[1].mm(h, up.data_ptr<float>(), B);
+    }
+    // torch's own activation on the same (B, d_mlp) view of the gate as model/mlp.py's: its
+    // vectorized exp and tanh, not libm's, so the same bits
+    at::Tensor hidden = activation == 0 ? at::silu(gate) : at::gelu(gate, "tanh");
     float *hid = hidden.data_ptr<float>();
     for (int64_t b = 0; b < B; b++) {
-        const float *up = gate_up_out.data_ptr<float>() + b * 2 * d_mlp + d_mlp;
-        for (int64_t i = 0; i < d_mlp; i++) hid[b * d_mlp + i] *= up[i];
+        const float *u = up.data_ptr<float>() + b * up.stride(0);
+        for (int64_t i = 0; i < d_mlp; i++) hid[b * d_mlp + i] *= u[i];
     }
-    at::Tensor mlp_out = at::empty({B, D}, options);
-    down.mm(hid, mlp_out.data_ptr<float>(), B);
-    const float *m = mlp_out.data_ptr<float>();
-    for (int64_t i = 0; i < B * D; i++) stream[i] += m[i];
+    down.mm(hid, br, B);
+    if (post2) lucidlm_rms_norm_rows(br, post2, B, D, static_cast<float>(eps2_post), br);
+    for (int64_t i = 0; i < B * D; i++) stream[i] += br[i];
     return out;
 }
 
 TORCH_LIBRARY_FRAGMENT(lucidlm, m) {
-    m.def("decode_block(Tensor x, Tensor ln1, float eps1, Tensor qkv_blocks, Tensor qkv_scales, Tensor qkv_extra, "
+    m.def("decode_block(Tensor x, Tensor ln1, float eps1, Tensor[] qkv, Tensor? q_norm, Tensor? k_norm, float qk_eps, "
           "Tensor cos, Tensor sin, bool interleaved, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor input_pos, "
-          "Tensor mask, float scale, int n_heads, Tensor o_blocks, Tensor o_scales, Tensor o_extra, Tensor ln2, "
-          "float eps2, Tensor gate_up_blocks, Tensor gate_up_scales, Tensor gate_up_extra, Tensor down_blocks, "
-          "Tensor down_scales, Tensor down_extra) -> Tensor");
+          "Tensor mask, float scale, int n_heads, Tensor[] o, Tensor? ln1_post, float eps1_post, Tensor ln2, "
+          "float eps2, Tensor[] gate_up, int activation, Tensor[] down, Tensor? ln2_post, float eps2_post) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(lucidlm, CPU, m) {
