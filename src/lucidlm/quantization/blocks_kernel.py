@@ -58,6 +58,9 @@ KERNELS = Path(__file__).with_name("kernels")
 # make them torch operators
 C_SOURCES, OP_SOURCES = sorted(KERNELS.glob("*.c")), sorted(KERNELS.glob("*.cpp"))
 C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC")
+# the operator files: vectorized for this CPU too (decode_block_op.cpp's element-wise loops over a
+# batch), never contracting a * b + c into an FMA, which would round differently from torch
+CXX_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++20", "-fPIC")
 # the CPU features of the two builds of the inner loops (blocks32_avx512.h, blocks32_avx2.h)
 CPU_FLAG_SETS = (("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"), ("avx2", "fma", "f16c"))
 ROW_BLOCK = 16  # output rows per vector (one 32-bit lane each)
@@ -100,7 +103,7 @@ def _build_commands(cc: str, cxx: str, work: Path, out: Path) -> list[list[str]]
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     objects = [work / f"{source.stem}.o" for source in (*C_SOURCES, *OP_SOURCES)]
     return [*[[cc, *C_FLAGS, "-c", str(source), "-o", str(work / f"{source.stem}.o")] for source in C_SOURCES],
-            *[[cxx, "-O2", "-std=c++20", "-ffp-contract=off", "-fPIC", abi, f"-I{torch_dir / 'include'}", "-c", str(source),
+            *[[cxx, *CXX_FLAGS, abi, f"-I{torch_dir / 'include'}", "-c", str(source),
                "-o", str(work / f"{source.stem}.o")] for source in OP_SOURCES],
             # libgomp by its soname: the process already holds torch's copy, so both share one thread pool
             [cxx, "-shared", *map(str, objects), "-fopenmp", f"-L{torch_dir / 'lib'}",
@@ -148,7 +151,7 @@ def _library() -> Optional[Path]:
         _unavailable.append(f"no compiler {' or '.join(map(repr, absent))} on PATH (apt-get install g++)")
         return None
     key = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(KERNELS.iterdir()) if p.suffix in (".c", ".h", ".cpp"))
-                         + repr((C_FLAGS, cc, cxx, torch.__version__, cpu, sorted(flags))).encode())
+                         + repr((C_FLAGS, CXX_FLAGS, cc, cxx, torch.__version__, cpu, sorted(flags))).encode())
     target = cache_root() / "kernels" / f"blocks32-{key.hexdigest()[:16]}.so"
     try:
         if not target.exists():

@@ -72,13 +72,20 @@ void check_vector(const at::Tensor &w, int64_t D, const char *name) {
 }
 
 // RoPE on one head's hd values: out[j] = x[j] cos[j] + x[partner(j)] sin[j] (model/positions.py
-// apply_rope: the two products, then their sum). partner: j + hd/2 mod hd ("half"), j ^ 1 ("interleaved").
-void rotate(const float *x, const float *cos, const float *sin, int64_t hd, bool interleaved, float *out) {
-    for (int64_t j = 0; j < hd; j++) {
-        const int64_t partner = interleaved ? (j ^ 1) : (j + hd / 2) % hd;
-        const float straight = x[j] * cos[j], crossed = x[partner] * sin[j];
-        out[j] = straight + crossed;
+// apply_rope: the two products, then their sum). partner(j): j + hd/2 for the first half and
+// j - hd/2 for the second ("half"), j + 1 for even j and j - 1 for odd ("interleaved").
+void rotate(const float *__restrict x, const float *__restrict cos, const float *__restrict sin, int64_t hd,
+            bool interleaved, float *__restrict out) {
+    if (interleaved) {
+        for (int64_t j = 0; j < hd; j += 2) {
+            const float even = x[j] * cos[j] + x[j + 1] * sin[j], odd = x[j + 1] * cos[j + 1] + x[j] * sin[j + 1];
+            out[j] = even, out[j + 1] = odd;
+        }
+        return;
     }
+    const int64_t half = hd / 2;
+    for (int64_t j = 0; j < half; j++) out[j] = x[j] * cos[j] + x[j + half] * sin[j];
+    for (int64_t j = half; j < hd; j++) out[j] = x[j] * cos[j] + x[j - half] * sin[j];
 }
 
 }  // namespace
