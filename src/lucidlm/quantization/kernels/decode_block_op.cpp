@@ -1,6 +1,7 @@
-// torch.ops.lucidlm.decode_block: one decode step of a pre-norm LLaMA-style block (RMSNorm,
-// fused q/k/v, RoPE, KV cache, grouped-query attention, SwiGLU MLP) in one C++ call, for B rows
-// of one new token each, float32 activations and weights on lucidlm's blocks kernel.
+// torch.ops.lucidlm.decode_block: one decode step of a pre-norm block of the LLaMA kind (RMSNorm,
+// q/k/v, RoPE, KV cache, grouped-query attention, gated MLP; Qwen 3 / Gemma 3's q/k norms and
+// Gemma's sandwich norms optional) in one C++ call, for B rows of one new token each, float32
+// activations and every matmul on lucidlm's blocks kernel.
 //
 // Why: an eager decode step of such a block is ~15 module calls and ~25 small torch ops, each
 // a few microseconds of Python and dispatch, around ~150 us of arithmetic (SmolLM2 int4, batch
