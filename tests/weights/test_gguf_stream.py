@@ -2,8 +2,9 @@
 dtype or quantized layout. What it must not change is the numbers:
 
 - with row chunks forced down to a few rows, every weight equals ``gguf.quants.dequantize``
-  of the stored bytes (float32), that rounded once (bfloat16), or the scheme's quantization
-  of that reference done in one piece (int4 / int8), for every type the loader reads;
+  of the stored bytes (float32), that rounded once (bfloat16), the file's blocks in the scheme
+  where they map onto it (Q8_0, Q4_0/1, Q5_0, Q4_K), or else the scheme's quantization of that
+  reference done in one piece (int4 / int8), for every type the loader reads;
 - int4's CPU tiles made a few rows at a time equal one call of torch's packing;
 - the embedded SmolLM2 file: float32 weights exactly gguf's, bfloat16 exactly those rounded;
 - in a fresh process, loading the embedded model in int4 stays far below the float path's
@@ -47,6 +48,30 @@ def reference(raw: np.ndarray, kind: Q, gguf_name: str) -> torch.Tensor:
     if gguf_name.endswith("attn_k.weight"):
         return permute_qk_to_half(w, N_KV)
     return w
+
+
+def mapped_plain(raw: np.ndarray, kind: Q, gguf_name: str) -> dict[str, torch.Tensor]:
+    """The plain layout a Q5_0 (int8/32) or Q4_K (int4/32) matrix maps onto, block by block, from
+    its bytes (test_gguf_quants.q4_k_fields reads Q4_K's): Q5_0 codes q - 16 with the float16
+    scale exact; Q4_K codes q, scale d sc and zero 8 d sc - dmin m rounded to bfloat16."""
+    rows = raw.shape[0]
+    if kind == Q.Q5_0:
+        blocks = raw.reshape(rows, -1, 22)
+        d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        fifth = blocks[..., 2:6].copy().view(np.uint32)  # (N, G, 1)
+        high = (fifth >> np.arange(32, dtype=np.uint32)) & 1
+        low = np.concatenate([blocks[..., 6:] & 15, blocks[..., 6:] >> 4], axis=-1)
+        codes = (low.astype(np.int32) | (high.astype(np.int32) << 4)) - 16
+        out = {"weight_int8": torch.from_numpy(codes.astype(np.int8).reshape(rows, -1)), "scales": torch.from_numpy(d)}
+    else:
+        from test_gguf_quants import q4_k_fields
+
+        codes, scales, mins = q4_k_fields(raw)
+        packed = codes.astype(np.uint8)
+        out = {"weight_int4": torch.from_numpy(packed[:, 0::2] | (packed[:, 1::2] << 4)),
+               "scales": torch.from_numpy(scales).bfloat16(), "zeros": torch.from_numpy(8 * scales - mins).bfloat16()}
+    heads = N_HEADS if gguf_name.endswith("attn_q.weight") else N_KV if gguf_name.endswith("attn_k.weight") else 0
+    return {k: permute_qk_to_half(v, heads) for k, v in out.items()} if heads else out
 
 
 def file_plain(raw: np.ndarray, kind: Q, gguf_name: str) -> dict[str, torch.Tensor]:
@@ -95,6 +120,8 @@ def test_chunked_streaming_gives_the_reference_weights(tmp_path, tiny_chunks, ki
             got = model.get_submodule(ours).plain_state()
             if kind in (Q.Q4_0, Q.Q4_1) and cls is Int4Linear or kind == Q.Q8_0 and cls is Int8Linear:
                 want = file_plain(*stored[gguf_name], gguf_name)  # the file's own blocks, bit for bit
+            elif kind == Q.Q4_K and cls is Int4Linear or kind == Q.Q5_0 and cls is Int8Linear:
+                want = mapped_plain(*stored[gguf_name], gguf_name)  # block by block (gguf_quants.MAPPED)
             else:
                 want = cls.quantize_weight(expected, group, torch.bfloat16)
             for name in cls.plain_names:

@@ -100,9 +100,9 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: str 
 
     quantize=None: every tensor dequantized to float (``dtype``), exactly as ``gguf.quants``
     does. quantize="gguf": each matrix kept in the nearest lucidlm scheme to its own type
-    (Q8_0 -> int8/32, Q4_0/Q4_1 -> int4/32 exactly, K-quants their nearest); "int8"/"int4":
-    that scheme everywhere, bit for bit where the file's blocks already are that scheme and
-    group size, through float otherwise. ``dtype`` is then the residual stream's dtype, and
+    (Q8_0 -> int8/32, Q4_0/Q4_1 -> int4/32 exactly, Q5_0 -> int8/32 and Q4_K -> int4/32 block by
+    block, other K-quants their nearest); "int8"/"int4": that scheme everywhere, from the file's
+    blocks where they are (or map onto) that scheme and group size, through float otherwise. ``dtype`` is then the residual stream's dtype, and
     vectors (norms) stay float; with ``quantize_embeddings=False`` so do the token embedding
     and the unembedding (in ``dtype``). The chat template, if the file has one, is
     ``model.tokenizer.chat_template``. The tensors stream from the memory map into the model

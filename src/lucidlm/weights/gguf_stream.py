@@ -28,8 +28,9 @@ from lucidlm.config import ModelConfig
 from lucidlm.errors import GGUFError
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.weights.gguf_families import FAMILIES, gguf_tensors_check_name, our_name
-from lucidlm.weights.gguf_quants import (EXACT, FLOAT_TYPES, exact_float, exact_group_codes, exact_nibble_words,
-                                         exact_plain, finite_parts, native_scheme, q4_blocks)
+from lucidlm.weights.gguf_quants import (EXACT, FLOAT_TYPES, MAPPED, exact_float, exact_group_codes,
+                                         exact_nibble_words, exact_plain, finite_parts, mapped_plain, native_scheme,
+                                         q4_blocks)
 from lucidlm.host_memory import Scratch
 
 CHUNK_BYTES = 8 << 20  # float32 bytes converted at once for a large tensor
@@ -182,6 +183,8 @@ def quantized_plain(item: Planned, source: str, scale_dtype: torch.dtype,
     scheme, group_size = item.target
     if EXACT.get(kind) == item.target:
         plain = exact_plain(item.tensor, kind, scale_dtype)
+    elif MAPPED.get(kind) == item.target:
+        plain = mapped_plain(item.tensor, kind, scale_dtype)
     else:
         cls = scheme_class(scheme)
         parts = [cls.quantize_weight(dequantize_tensor(part, source, scratch), group_size, scale_dtype)
