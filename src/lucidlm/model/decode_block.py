@@ -33,11 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lucidlm.model.attention import RopeCosSin
 from lucidlm.model.hooks import HookPoint
 from lucidlm.model.mlp import ACTIVATIONS
 from lucidlm.model.norms import RMSNorm
-
-RopeCosSin = tuple[torch.Tensor, torch.Tensor]  # each (B, 1, 1, hd), from RotaryEmbedding.cos_sin
 
 
 def one_call_step(block: nn.Module, x: torch.Tensor, rope: Optional[RopeCosSin], mask: Optional[torch.Tensor],
@@ -49,8 +48,10 @@ def one_call_step(block: nn.Module, x: torch.Tensor, rope: Optional[RopeCosSin],
     if (kv_cache is None or input_pos is None or rope is None or mask is None or x.shape[1] != 1
             or x.dtype != torch.float32 or not x.is_cpu or torch.is_grad_enabled()):
         return None
+    if not _quiet(block):  # first: cached, where the plan is looked up afresh
+        return None
     plan = _plan(block)
-    if plan is None or not _quiet(block):
+    if plan is None:
         return None
     k_cache, v_cache = kv_cache._buffers["k"], kv_cache._buffers["v"]
     if k_cache.dtype != torch.float32:

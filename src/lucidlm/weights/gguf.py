@@ -102,8 +102,8 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: str 
     does. quantize="gguf": each matrix kept in the nearest lucidlm scheme to its own type
     (Q8_0 -> int8/32, Q4_0/Q4_1 -> int4/32 exactly, Q5_0 -> int8/32 and Q4_K -> int4/32 block by
     block, other K-quants their nearest); "int8"/"int4": that scheme everywhere, from the file's
-    blocks where they are (or map onto) that scheme and group size, through float otherwise. ``dtype`` is then the residual stream's dtype, and
-    vectors (norms) stay float; with ``quantize_embeddings=False`` so do the token embedding
+    blocks where they are (or map onto) that scheme and group size, through float otherwise.
+    ``dtype`` is then the residual stream's dtype, and vectors (norms) stay float; with ``quantize_embeddings=False`` so do the token embedding
     and the unembedding (in ``dtype``). The chat template, if the file has one, is
     ``model.tokenizer.chat_template``. The tensors stream from the memory map into the model
     a few at a time (``gguf_fill.py``): the peak memory is the model plus a few tensors.

@@ -89,7 +89,7 @@ def _from_numpy(data: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(data)
 
 
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q4_K": 144}  # Q4_K: a superblock of 256
 
 
 def _blocks(tensor: Any, type_name: str) -> torch.Tensor:
@@ -101,10 +101,10 @@ def _blocks(tensor: Any, type_name: str) -> torch.Tensor:
 
 
 def _scales(blocks: torch.Tensor, type_name: str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(d, m or None), float32 (N, G): the f16 fields at bytes 0 and 2 of each block, read
-    through one float16 view of the blocks (every block size is even)."""
+    """(d, m or None), float32 (N, G): the f16 fields at bytes 0 and 2 of each block (Q4_K: d and
+    dmin of each superblock), read through one float16 view of the blocks (every block size is even)."""
     halves = blocks.view(torch.float16)  # (N, G, block bytes / 2), strided reads below: no byte copies
-    return halves[..., 0].float(), (halves[..., 1].float() if type_name == "Q4_1" else None)
+    return halves[..., 0].float(), (halves[..., 1].float() if type_name in ("Q4_1", "Q4_K") else None)
 
 
 def _codes(blocks: torch.Tensor, type_name: str, dtype: torch.dtype, scratch: Any = None) -> torch.Tensor:
@@ -198,14 +198,10 @@ def mapped_plain(tensor: Any, type_name: str, scale_dtype: torch.dtype) -> dict[
     """Plain-layout tensors of our scheme for a Q5_0 (int8) or Q4_K (int4) tensor, read from its
     blocks (module docstring): Q5_0 exactly, Q4_K up to its scales' and zeros' rounding to
     ``scale_dtype``. Vectorized over every block of the tensor (one copy of the codes)."""
-    data = np.asarray(tensor.data)
-    rows = data.shape[0]
-    with warnings.catch_warnings():  # a read-only map: we only ever read it (every use copies)
-        warnings.simplefilter("ignore", UserWarning)
-        raw = torch.from_numpy(data.reshape(rows, -1))
+    blocks = _blocks(tensor, type_name)  # (N, G, 22) or (N, S, 144): S superblocks of 256 weights
+    rows = blocks.shape[0]
     if type_name == "Q5_0":
-        blocks = raw.view(rows, -1, 22)  # (N, G, 22)
-        d = blocks[..., 0:2].contiguous().view(torch.float16).float()[..., 0]  # (N, G)
+        d = _scales(blocks, type_name)[0]  # (N, G)
         fifth = blocks[..., 2:6].contiguous().view(torch.int32)  # (N, G, 1): bit i is weight i's fifth bit
         high = (fifth >> torch.arange(32, dtype=torch.int32)) & 1  # (N, G, 32)
         nibbles = blocks[..., 6:].to(torch.int32)  # (N, G, 16): weight i low, weight i + 16 high
@@ -213,10 +209,8 @@ def mapped_plain(tensor: Any, type_name: str, scale_dtype: torch.dtype) -> dict[
         codes = (low | (high << 4)) - 16
         return {"weight_int8": codes.to(torch.int8).reshape(rows, -1), "scales": d}
     assert type_name == "Q4_K", type_name
-    blocks = raw.view(rows, -1, 144)  # (N, S, 144): S superblocks of 256 weights
     S = blocks.shape[1]
-    halves = blocks[..., 0:4].contiguous().view(torch.float16).float()  # (N, S, 2)
-    d, dmin = halves[..., 0:1], halves[..., 1:2]  # (N, S, 1)
+    d, dmin = (t[..., None] for t in _scales(blocks, type_name))  # (N, S, 1) each
     packed = blocks[..., 4:16].to(torch.int32)  # (N, S, 12): eight 6-bit scales and mins
     first, second, rest = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
     sc = torch.cat([first & 63, (rest & 15) | ((first >> 6) << 4)], dim=-1)  # (N, S, 8)
