@@ -8,6 +8,9 @@ the figure is the best of the timed runs, prompt pass included. The limit is a m
 device-to-device copy: a decode step reads every weight once, so weight bytes / bandwidth is
 the shortest a step can take; "% of copy" = tok/s x weight bytes / bandwidth (batch 1).
 
+"lucidlm compiled" is ``model.compile()`` as a user gets it; "lucidlm compiled, cuBLAS
+matmuls" is ``compile(options={})``, the same CUDA graphs without ``CUDA_DECODE_OPTIONS``.
+
 Also checks, on a tiny bf16 model on the GPU, that compiled greedy tokens equal eager ones.
 ``--diagnose`` adds, for eager and compiled lucidlm at batch 1, the time of a bare decode step
 (no sampling, no loop around it: what the loop costs is the difference) and of a one-token
@@ -381,6 +384,10 @@ def main() -> None:
     ours.compile()
     measure("lucidlm compiled", lambda p: lucidlm_run(ours, p))
     diagnose("lucidlm compiled", ours, "generation_gpu_profile.txt")
+    # The same step compiled without the CUDA decode options (coordinate-descent tuning):
+    # every matmul on cuBLAS, as before 2026-11-27. What those options buy, in the same run.
+    ours.compile(options={})
+    measure("lucidlm compiled, cuBLAS matmuls", lambda p: lucidlm_run(ours, p))
     del ours
     from lucidlm.quantization import quantize
 

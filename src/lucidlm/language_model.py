@@ -76,6 +76,12 @@ class LanguageModel(Transformer):
     # instead of 170 (on the Xeon, 2026-11-23: 4-5 % for 36 s more). The prefill keeps Python's
     # wrapper: its shapes are dynamic, and it runs once per prompt.
     CPU_DECODE_OPTIONS: dict[str, Any] = {"cpp_wrapper": True}
+    # On CUDA the decode step gets coordinate-descent tuning, as gpt-fast sets it: inductor then
+    # writes each one-row matmul (batch 1) as a reduction kernel of its own, tuned for its shape
+    # (torch._inductor.decomposition.mm), instead of calling cuBLAS, whose kernels for q/k/v, o
+    # and the down projection reached 43-72 % of copy bandwidth (H100, 2026-11-26); an int8
+    # weight's conversion to bf16 then happens inside that kernel, not as a copy of the matrix.
+    CUDA_DECODE_OPTIONS: dict[str, Any] = {"coordinate_descent_tuning": True}
 
     def compile(self, mode: Optional[str] = None, *, backend: Any = "inductor", prefill: bool = True,
                 options: Optional[dict[str, Any]] = None) -> "LanguageModel":
@@ -83,8 +89,8 @@ class LanguageModel(Transformer):
 
         The decode step (one token per row against the static KV cache) is compiled once,
         with fixed shapes; ``mode`` defaults to ``"reduce-overhead"`` on CUDA, which replays
-        it as a CUDA graph, and on CPU to inductor with ``CPU_INDUCTOR_OPTIONS`` (and
-        ``CPU_DECODE_OPTIONS`` for the decode step).
+        it as a CUDA graph (the decode step with ``CUDA_DECODE_OPTIONS``), and on CPU to
+        inductor with ``CPU_INDUCTOR_OPTIONS`` (and ``CPU_DECODE_OPTIONS`` for the decode step).
         ``options``: inductor settings instead (not with ``mode``), e.g. ``{"freezing": True}``,
         which folds the weights into the compiled steps at their first call: after editing
         weights in place, call ``compile()`` again. The prefill (the prompt) is compiled with dynamic lengths, so a
@@ -104,12 +110,15 @@ class LanguageModel(Transformer):
         if options is not None and not isinstance(options, dict):
             raise ConfigError(f"compile(options={options!r}): give a dict of inductor settings, e.g. "
                               f"{{'freezing': True}}, or {{}} for torch's defaults.")
+        decode_options: dict[str, Any] = {}
+        if mode is None and options is None:
+            if self.device.type == "cpu":
+                options, decode_options = dict(self.CPU_INDUCTOR_OPTIONS), dict(self.CPU_DECODE_OPTIONS)
+            elif self.device.type == "cuda":
+                decode_options = dict(self.CUDA_DECODE_OPTIONS)
         cuda_graphs = mode == "reduce-overhead" or (mode is None and self.device.type == "cuda")
         if mode is None and self.device.type == "cuda":
             mode = "reduce-overhead"
-        decode_options: dict[str, Any] = {}
-        if mode is None and options is None and self.device.type == "cpu":
-            options, decode_options = dict(self.CPU_INDUCTOR_OPTIONS), dict(self.CPU_DECODE_OPTIONS)
         # Fewer, larger matmuls where the layers allow it; float layers too on CUDA, where small
         # matmuls are launch-bound (model/fused.py).
         fuse_projections(self, float_layers=self.device.type == "cuda")

@@ -131,6 +131,24 @@ def test_cpu_compile_uses_the_chosen_inductor_options_unless_told_otherwise(monk
     assert decode["options"] == slim and decode["backend"] == "aot_eager"
 
 
+def test_cuda_compile_adds_coordinate_descent_tuning_to_the_decode_step_only(monkeypatch):
+    """On CUDA the default is reduce-overhead (CUDA graphs) for the decode step, plus the
+    tuning that turns batch-1 matmuls into inductor's own reduction kernels; the prefill gets
+    neither, and a mode or options given by the caller replace the default."""
+    model = toy_model(seed=1, model_cls=LanguageModel)
+    monkeypatch.setattr(LanguageModel, "device", property(lambda self: torch.device("cuda")))
+    slim = {"guard_filter_fn": keep_input_guards}
+    decode, prefill = _recorded_compile_kwargs(monkeypatch, model)
+    assert decode["options"] == {**list_mode_options("reduce-overhead", False), "coordinate_descent_tuning": True,
+                                 **slim}
+    assert decode["options"]["triton.cudagraphs"] and "options" not in prefill
+    assert model._compiled.cuda_graphs
+    decode, _ = _recorded_compile_kwargs(monkeypatch, model, options={})  # CUDA graphs, cuBLAS matmuls
+    assert decode["options"] == {**list_mode_options("reduce-overhead", False), **slim}
+    decode, _ = _recorded_compile_kwargs(monkeypatch, model, mode="reduce-overhead")
+    assert "coordinate_descent_tuning" not in decode["options"]
+
+
 def test_guard_filter_drops_module_guards_and_keeps_inputs_and_cache():
     """What the filter keeps, on the guards dynamo really produced for a tiny model's decode step."""
     model = toy_model(seed=2, model_cls=LanguageModel, n_layers=1)
