@@ -174,9 +174,11 @@ def gemma3_gguf():
 
 @pytest.fixture(scope="session")
 def gemma3(gemma3_gguf):
+    import torch
+
     import lucidlm
 
-    return lucidlm.load("gemma3-270m")
+    return lucidlm.load("gemma3-270m", dtype=torch.float32)  # the exact float path (the default keeps its quants)
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,8 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
             Default float32, except that a pretrained model with neither ``dtype`` nor
             ``quantize`` loads its measured default (``pretrained.DEFAULT_LOAD``; for SmolLM2 the
             file's own Q4_1 layers and Q8_0 embedding with a float32 residual stream, the same
-            as ``quantize="gguf"``; float bfloat16 weights off the CPU);
+            as ``quantize="gguf"``, and for Gemma 3 270M its Q4_K / Q5_0 / Q8_0 likewise; float
+            bfloat16 weights off the CPU);
             ``dtype=torch.float32`` is its exact float path.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` or ``"auto"`` (the best available).
         adapter: a LoRA / adapter / prefix-tuning directory to apply on top (on float weights).

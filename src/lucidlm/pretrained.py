@@ -93,8 +93,13 @@ class LoadDefault:
 # float32 as readily as bfloat16, and without conversions around every matmul, rotation and norm
 # an eager decode step is ~10 % shorter (bfloat16 was the stream until 2026-11-26; compiled, the
 # two are within noise). Measurements in the README ("Quantized weights").
+# Gemma 3 270M likewise keeps its file's quants (tests/quantization/test_gemma3_quantized.py): Q5_0
+# and Q8_0 exactly, Q4_K per sub-block up to its scales' rounding, Q6_K requantized to int8
+# groups of 32 (weights/gguf_quants.py). 2 threads, AMD EPYC Zen 4, 2026-11-27: 32 greedy
+# tokens in 0.59 s against 3.93 s in float32, peak RSS 877 against 1590 MB.
 DEFAULT_LOAD: dict[str, LoadDefault] = {
-    "smollm2-135m": LoadDefault(dtype=torch.float32, quantize="gguf", off_cpu_dtype=torch.bfloat16)}
+    "smollm2-135m": LoadDefault(dtype=torch.float32, quantize="gguf", off_cpu_dtype=torch.bfloat16),
+    "gemma3-270m": LoadDefault(dtype=torch.float32, quantize="gguf", off_cpu_dtype=torch.bfloat16)}
 
 
 def find_gguf(name: str) -> Path:

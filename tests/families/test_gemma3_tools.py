@@ -64,7 +64,7 @@ def test_real_gemma3_inspect_and_lora_step(gemma3):
     torch.testing.assert_close(cache["blocks.5.attn.hook_pattern"].sum(-1), torch.ones(1, 4, len(ids)))
     torch.testing.assert_close(logits, gemma3(torch.tensor([ids])), atol=1e-4, rtol=1e-4)
 
-    model = lucidlm.load("gemma3-270m")  # its own copy: the session fixture must stay unchanged
+    model = lucidlm.load("gemma3-270m", dtype=torch.float32)  # its own copy: the session fixture must stay unchanged
     freeze_base(model)
     add_lora(model, r=4, targets="q,v")
     batch = torch.tensor([gemma3.tokenizer.encode("Roses are red, violets are blue.")])
