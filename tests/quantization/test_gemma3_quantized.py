@@ -12,12 +12,9 @@ its exact float32 self, held to what SmolLM2's default is held to
 
 from __future__ import annotations
 
-import importlib.util
-import math
-from pathlib import Path
-
 import pytest
 import torch
+from against_float import clear_greedy_picks_kept, perplexity, prompts_of
 
 pytestmark = pytest.mark.slow
 
@@ -27,14 +24,6 @@ pytestmark = pytest.mark.slow
 WINDOW, WINDOWS = 256, 8
 MARGIN = 0.1
 NEW_TOKENS = 16
-
-
-def parity_prompts() -> list[str]:
-    path = Path(__file__).resolve().parents[1] / "families" / "test_gemma3_parity.py"
-    spec = importlib.util.spec_from_file_location("gemma3_parity_prompts", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.PROMPTS + ["The three primary colors are"]
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +43,6 @@ def heldout_ids(gemma3, shared_dir) -> torch.Tensor:
     return torch.cat([bos, windows], dim=1)  # (WINDOWS, WINDOW)
 
 
-def perplexity(model, ids: torch.Tensor) -> float:
-    total = 0.0
-    for row in ids.split(1):  # one window a forward: Gemma's (1, 256, 262144) float32 logits are 268 MB
-        with torch.no_grad():
-            logits = model(row).float()[0]  # (T, V)
-        total += torch.nn.functional.cross_entropy(logits[:-1], row[0, 1:], reduction="sum").item()
-    return math.exp(total / (ids.shape[0] * (ids.shape[1] - 1)))
-
-
 def test_default_keeps_the_files_quants():
     from lucidlm.pretrained import DEFAULT_LOAD, LoadDefault
 
@@ -75,24 +55,13 @@ def test_default_perplexity_within_one_percent_of_float32(gemma3, gemma3_default
     from lucidlm.quantization import is_quantized
 
     assert is_quantized(gemma3_default) and not is_quantized(gemma3)
-    float_ppl = perplexity(gemma3, heldout_ids)
-    ppl = perplexity(gemma3_default, heldout_ids)
+    float_ppl = perplexity(gemma3, heldout_ids, batch=1)  # one window a forward: (1, 256, 262144) float32 logits are 268 MB
+    ppl = perplexity(gemma3_default, heldout_ids, batch=1)
     assert 3 < float_ppl < 80, float_ppl  # English the model can read
     assert abs(ppl / float_ppl - 1) < 0.01, (ppl, float_ppl)
 
 
 def test_default_agrees_with_float32_greedy_where_the_margin_is_clear(gemma3, gemma3_default):
-    checked = 0
-    for prompt in parity_prompts():
-        ids = gemma3.tokenizer.encode(prompt)
-        path = gemma3.generate(ids, max_new_tokens=NEW_TOKENS, temperature=0, stop_on_eos=False).token_ids
-        full = torch.tensor([ids + list(path)])
-        with torch.no_grad():
-            ref = gemma3(full)[0, len(ids) - 1:-1].float()  # the logits that chose each generated token
-            got = gemma3_default(full)[0, len(ids) - 1:-1].float()
-        top2 = ref.topk(2, dim=-1).values
-        clear = (top2[:, 0] - top2[:, 1]) > MARGIN
-        assert torch.equal(ref.argmax(-1), torch.tensor(path))
-        assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear]), prompt
-        checked += int(clear.sum())
+    prompts = prompts_of("families/test_gemma3_parity.py") + ["The three primary colors are"]
+    checked = clear_greedy_picks_kept(gemma3, gemma3_default, prompts, NEW_TOKENS, MARGIN)
     assert checked >= 50  # most steps have a clear winner: the comparison means something

@@ -12,12 +12,11 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 import lucidlm
+from against_float import clear_greedy_picks_kept, perplexity, prompts_of
 
 pytestmark = pytest.mark.slow
 
@@ -36,18 +35,6 @@ MARGIN = 0.1
 NEW_TOKENS = 12
 
 
-def parity_prompts() -> list[str]:
-    """The prompts of tests/weights/test_smollm2_parity.py, the float parity test."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "weights" / "test_smollm2_parity.py"
-    spec = importlib.util.spec_from_file_location("smollm2_parity_prompts", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.PROMPTS
-
-
 @pytest.fixture(scope="module")
 def heldout_ids(smollm2, shared_dir) -> torch.Tensor:
     text = (shared_dir / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[-40_000:]
@@ -56,25 +43,15 @@ def heldout_ids(smollm2, shared_dir) -> torch.Tensor:
     return torch.tensor(ids[: WINDOW * WINDOWS]).reshape(WINDOWS, WINDOW)
 
 
-def perplexity(model, ids: torch.Tensor) -> float:
-    total = 0.0
-    for batch in ids.split(BATCH):  # (b, T) each
-        with torch.no_grad():
-            logits = model(batch).float()  # (b, T, V)
-        total += torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                                   batch[:, 1:].reshape(-1), reduction="sum").item()
-    return math.exp(total / (ids.shape[0] * (ids.shape[1] - 1)))
-
-
 @pytest.fixture(scope="module")
 def float_ppl(smollm2, heldout_ids) -> float:
-    return perplexity(smollm2, heldout_ids)
+    return perplexity(smollm2, heldout_ids, BATCH)
 
 
 @pytest.mark.parametrize("scheme,group_size", list(PPL_BOUNDS))
 def test_perplexity_within_bound(smollm2, heldout_ids, float_ppl, scheme, group_size):
     model = lucidlm.load("smollm2-135m", quantize=scheme, group_size=group_size)
-    ppl = perplexity(model, heldout_ids)
+    ppl = perplexity(model, heldout_ids, BATCH)
     assert 5 < float_ppl < 80  # the slice is English the model can read
     assert abs(ppl / float_ppl - 1) < PPL_BOUNDS[scheme, group_size], (scheme, ppl, float_ppl)
 
@@ -82,7 +59,7 @@ def test_perplexity_within_bound(smollm2, heldout_ids, float_ppl, scheme, group_
 def test_default_perplexity_within_the_float_bound(smollm2_default, heldout_ids, float_ppl):
     """The default (the file's Q4_1 layers and Q8_0 embedding kept exactly, lucidlm's kernel, a
     float32 residual stream) is held to int8's 1 %."""
-    ppl = perplexity(smollm2_default, heldout_ids)
+    ppl = perplexity(smollm2_default, heldout_ids, BATCH)
     assert abs(ppl / float_ppl - 1) < 0.01, (ppl, float_ppl)
 
 
@@ -109,17 +86,5 @@ def test_default_is_quantized_and_agrees_with_float_greedy(smollm2, smollm2_defa
     assert model.dtype == default.dtype
     if not default.quantize_embeddings:  # one float matrix in and out, quantized layers in between
         assert type(model.embed) is torch.nn.Embedding and model.unembed.weight is model.embed.weight
-    checked = 0
-    for prompt in parity_prompts():
-        ids = smollm2.tokenizer.encode(prompt)
-        path = smollm2.generate(ids, max_new_tokens=NEW_TOKENS, temperature=0, stop_on_eos=False).token_ids
-        full = torch.tensor([ids + list(path)])
-        with torch.no_grad():
-            ref = smollm2(full)[0, len(ids) - 1:-1].float()  # logits that chose each generated token
-            got = model(full)[0, len(ids) - 1:-1].float()
-        top2 = ref.topk(2, dim=-1).values
-        clear = (top2[:, 0] - top2[:, 1]) > MARGIN
-        assert torch.equal(ref.argmax(-1), torch.tensor(path))
-        assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear]), prompt
-        checked += int(clear.sum())
+    checked = clear_greedy_picks_kept(smollm2, model, prompts_of("weights/test_smollm2_parity.py"), NEW_TOKENS, MARGIN)
     assert checked >= 40  # most steps have a clear winner: the comparison means something
