@@ -60,7 +60,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto (CUDA if torch sees a GPU, else CPU), cpu, cuda, cuda:N or mps")
     parser.add_argument("--dtype", default=None,
                         help="float weights of this dtype: " + ", ".join(DTYPES) + " (default float32; the "
-                             "embedded model loads its quantized default unless --dtype or --quantize is given)")
+                             "pretrained models, smollm2-135m and gemma3-270m, load their files' quants unless "
+                             "--dtype or --quantize is given)")
     parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
                         help="keep weights as integer codes: int8 (per channel), int4 (groups of "
                              "--group-size, 32 by default), or gguf (a GGUF file's own quantization)")
