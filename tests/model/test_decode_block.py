@@ -44,9 +44,25 @@ def switch(model: LanguageModel, on: bool) -> None:
         block.decode_kernel = on
 
 
-def counted(monkeypatch) -> list:
-    calls, real = [], torch.ops.lucidlm.decode_block
-    monkeypatch.setattr(torch.ops.lucidlm, "decode_block", lambda *args: calls.append(args[0].shape) or real(*args))
+class Calls(list):
+    """x's shape once for each block the C++ step computed, through ``decode_block`` (one block)
+    or ``decode_stack`` (all of them); ``stacks``: the number of blocks of each decode_stack call."""
+
+    stacks: list[int]
+
+
+def counted(monkeypatch) -> Calls:
+    calls, block_op, stack_op = Calls(), torch.ops.lucidlm.decode_block, torch.ops.lucidlm.decode_stack
+    calls.stacks = []
+
+    def stack(*args):
+        n_blocks = len(args[8])  # one k cache a block
+        calls.extend([args[0].shape] * n_blocks)
+        calls.stacks.append(n_blocks)
+        return stack_op(*args)
+
+    monkeypatch.setattr(torch.ops.lucidlm, "decode_block", lambda *args: calls.append(args[0].shape) or block_op(*args))
+    monkeypatch.setattr(torch.ops.lucidlm, "decode_stack", stack)
     return calls
 
 
@@ -105,6 +121,7 @@ def test_equals_the_modules_bit_for_bit(monkeypatch, overrides, rows):
     calls = counted(monkeypatch)
     got = decode(model, PROMPTS[:rows])
     assert calls == [(rows, 1, 64)] * (12 * len(model.blocks))  # every decode step of every block; not the prefill
+    assert calls.stacks == [len(model.blocks)] * 12  # all the blocks of a step in one call
     switch(model, False)
     calls.clear()
     want = decode(model, PROMPTS[:rows])
@@ -138,7 +155,7 @@ def test_the_gemma3_file_kept_quantized_gives_the_same_bits(monkeypatch, gemma3_
     prompts = [model.tokenizer.encode("The capital of France is"), model.tokenizer.encode("def fib(n):")]
     calls = counted(monkeypatch)
     got = decode(model, prompts, steps=4)
-    assert len(calls) == 4 * len(model.blocks)
+    assert len(calls) == 4 * len(model.blocks) and calls.stacks == [len(model.blocks)] * 4  # local and global layers
     switch(model, False)
     assert_same_bits(got, decode(model, prompts, steps=4))
 
@@ -154,6 +171,7 @@ def test_a_hook_inside_the_block_gets_the_modules_and_sees_its_values(monkeypatc
         got = decode(model, PROMPTS)
         assert len(seen) == 13  # the prefill and every decode step ran the module with the hook
         assert len(calls) == 12 * (len(model.blocks) - 1) and all(c == (3, 1, 64) for c in calls)  # the others took it
+        assert calls.stacks == []  # one by one: the hooked block runs its modules
         switch(model, False)
         seen_by_modules = []
         point.fns[0] = lambda t, hook: seen_by_modules.append(t.clone())
@@ -203,6 +221,7 @@ def test_torch_hooks_on_the_replaced_modules_get_the_modules_and_on_the_block_se
     got = decode(model, PROMPTS)
     handle.remove()
     assert len(calls) == 12 * len(model.blocks) and len(outputs) == 13  # the block's own hook wraps the call
+    assert calls.stacks == []  # so that block is called on its own
     assert_same_bits(got, want)
 
 
@@ -265,6 +284,35 @@ def test_a_replaced_layer_gets_the_modules(monkeypatch, parent_name, child):
     assert_same_bits(decode(model, PROMPTS), want)
 
 
+def test_a_block_of_its_own_class_or_forward_is_called_and_the_others_take_the_one_block_call(monkeypatch):
+    from lucidlm.model.block import Block
+
+    class Doubled(Block):  # a user's block: its own forward, around the block's
+        def forward(self, x, *args, **kwargs):
+            return super().forward(x, *args, **kwargs) * 2
+
+    model = int4_model()
+    want = decode(model, PROMPTS)
+    calls = counted(monkeypatch)
+    block = model.blocks[1]
+    block.__class__ = Doubled
+    got = decode(model, PROMPTS)
+    assert calls.stacks == [] and len(calls) == 12 * len(model.blocks)  # Block.forward still takes one_call_step
+    assert not torch.equal(got[0], want[0])
+    switch(model, False)
+    assert_same_bits(got, decode(model, PROMPTS))
+    switch(model, True)
+    block.__class__ = Block
+    block.forward = lambda *args: Block.forward(block, *args) * 2  # a patch on the instance
+    calls.clear()
+    assert_same_bits(decode(model, PROMPTS), got)
+    assert calls.stacks == []
+    del block.forward
+    calls.clear()
+    assert_same_bits(decode(model, PROMPTS), want)
+    assert calls.stacks == [len(model.blocks)] * 12
+
+
 def test_autograd_and_bfloat16_get_the_modules(monkeypatch):
     model = int4_model()
     calls = counted(monkeypatch)
@@ -320,3 +368,34 @@ def test_bad_inputs_are_refused_by_name():
         call(activation=2)
     with pytest.raises(RuntimeError, match="gate_proj gives 192 outputs, up_proj 64"):
         call(gate_up=gate_up + o)
+
+
+def test_bad_stack_inputs_are_refused_by_name():
+    model = int4_model(n_layers=2)
+    model.setup_kv_cache(1, 16)
+    from lucidlm.model.decode_block import _plan
+    x = torch.randn(1, 1, 64)
+    cos, sin = torch.ones(1, 1, 1, 16), torch.zeros(1, 1, 1, 16)
+    mask = torch.ones(1, 1, 1, 16, dtype=torch.bool)
+    plans = [_plan(block) for block in model.blocks]
+    matmuls = [t for plan in plans for part in (plan[7], plan[8], plan[9], plan[11]) for t in part]
+
+    def call(norms=None, counts=(3, 3, 3, 3) * 2, floats=(1e-5, 0.0, 0.25, 0.0, 1e-5, 0.0) * 2, slot=2,
+             k_caches=None):
+        norms = norms if norms is not None else [t for plan in plans for t in (plan[1].weight, plan[5].weight)]
+        k_caches = k_caches if k_caches is not None else [cache.k for cache in model.kv_caches]
+        return torch.ops.lucidlm.decode_stack(x, norms, [None] * 8, matmuls, list(counts), [cos] * 2, [sin] * 2,
+                                              [mask] * 2, k_caches, [cache.v for cache in model.kv_caches],
+                                              torch.tensor([slot]), list(floats), [0, 4, 0] * 2)
+
+    assert call().shape == (1, 1, 64)
+    with pytest.raises(RuntimeError, match="for 2 layers .* 6 floats and 3 ints a layer; got 2, 8, 8"):
+        call(norms=[plans[0][1].weight, plans[0][5].weight])
+    with pytest.raises(RuntimeError, match="the matmul counts add up to 27 tensors, 24 given"):
+        call(counts=(3, 3, 3, 3, 3, 3, 3, 6))
+    with pytest.raises(RuntimeError, match="layer 0: decode_block: slot 16 is outside the cache's 16 slots"):
+        call(slot=16)
+    with pytest.raises(RuntimeError, match="layer 1: decode_block: the caches must be contiguous float32"):
+        call(k_caches=[model.kv_caches[0].k, model.kv_caches[1].k.bfloat16()])
+    with pytest.raises(RuntimeError, match="layer 1: decode_block: ln2's weight must be a contiguous float32"):
+        call(norms=[plans[0][1].weight, plans[0][5].weight, plans[1][1].weight, torch.ones(63)])

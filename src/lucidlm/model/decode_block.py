@@ -22,12 +22,17 @@ the difference; anything else returns None and the modules run:
   modules it replaces (a hook on the block itself still runs: it wraps this call as it
   wrapped the modules).
 
+``one_call_stack`` goes one further: where every block of the model would take the call and
+none has a torch hook of its own, ``Transformer.step`` hands all of them to one
+``torch.ops.lucidlm.decode_stack`` call (``decode_block`` for each layer, from C++), which saves
+the ~30 us of Python each block's call costs around its arithmetic.
+
 ``blocks_kernel.use_cpu_loops`` switches it on (``Block.decode_kernel``) with the other C loops.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -43,11 +48,73 @@ def one_call_step(block: nn.Module, x: torch.Tensor, rope: Optional[RopeCosSin],
                   kv_cache: Optional[nn.Module], input_pos: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """x (B, 1, d) -> the block's output (B, 1, d), having written this token's key and value into
     ``kv_cache`` at ``input_pos`` (1,); or None where the modules must run (module docstring)."""
+    if not _a_decode_step(x, rope, mask, input_pos) or kv_cache is None:
+        return None
+    operands = _operands(block, kv_cache)
+    if operands is None:
+        return None
+    (attn, ln1, q_norm, k_norm, ln1_post, ln2, ln2_post, qkv, o, gate_up, activation, down), k_cache, v_cache = operands
+    cos, sin = rope
+    return torch.ops.lucidlm.decode_block(
+        x, ln1.weight, ln1.eps, qkv, _weight(q_norm), _weight(k_norm), _eps(q_norm if q_norm is not None else k_norm),
+        cos, sin, attn.rope_variant == "interleaved", k_cache, v_cache, input_pos, mask, attn.scale, attn.n_heads, o,
+        _weight(ln1_post), _eps(ln1_post), ln2.weight, ln2.eps, gate_up, activation, down, _weight(ln2_post),
+        _eps(ln2_post))
+
+
+def one_call_stack(blocks: Sequence[nn.Module], block_class: type, x: torch.Tensor, rope: Optional[RopeCosSin],
+                   rope_local: Optional[RopeCosSin], mask: Optional[torch.Tensor], local_mask: Optional[torch.Tensor],
+                   kv_caches: Sequence[Optional[nn.Module]], input_pos: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """x (B, 1, d) -> the output of all ``blocks`` (B, 1, d) in one C++ call
+    (``torch.ops.lucidlm.decode_stack``: ``decode_block`` for each layer in turn), where every
+    block would take ``one_call_step`` and is a plain ``block_class`` with no torch hook of its
+    own (a hook on a block wraps that block's call, so that block must be called); else None,
+    and the blocks run one by one, each deciding for itself. A local block (``block.local``)
+    gets ``rope_local`` and ``local_mask``, as in ``Transformer.step``.
+
+    Why: one decode_block call from Python costs ~30 us besides its arithmetic (the module call,
+    the checks here, boxing 26 arguments): ~1 ms of SmolLM2's 7 ms batch-1 token."""
+    if not _a_decode_step(x, rope, mask, input_pos):
+        return None
+    norms, optional_norms, matmuls, counts, cos, sin, masks, k_caches, v_caches, floats, ints = ([] for _ in range(11))
+    for block, kv_cache in zip(blocks, kv_caches, strict=True):
+        if (type(block) is not block_class or not block.decode_kernel or kv_cache is None or block._forward_hooks
+                or block._forward_pre_hooks or "forward" in block.__dict__):
+            return None
+        operands = _operands(block, kv_cache)
+        if operands is None:
+            return None
+        (attn, ln1, q_norm, k_norm, ln1_post, ln2, ln2_post, qkv, o, gate_up, activation, down), k, v = operands
+        block_cos, block_sin = rope_local if block.local else rope
+        norms += (ln1.weight, ln2.weight)
+        optional_norms += (_weight(q_norm), _weight(k_norm), _weight(ln1_post), _weight(ln2_post))
+        for operand_list in (qkv, o, gate_up, down):
+            matmuls += operand_list
+            counts.append(len(operand_list))
+        cos.append(block_cos)
+        sin.append(block_sin)
+        masks.append(local_mask if block.local else mask)
+        k_caches.append(k)
+        v_caches.append(v)
+        floats += (ln1.eps, _eps(q_norm if q_norm is not None else k_norm), attn.scale, _eps(ln1_post), ln2.eps,
+                   _eps(ln2_post))
+        ints += (int(attn.rope_variant == "interleaved"), attn.n_heads, activation)
+    return torch.ops.lucidlm.decode_stack(x, norms, optional_norms, matmuls, counts, cos, sin, masks, k_caches,
+                                          v_caches, input_pos, floats, ints)
+
+
+def _a_decode_step(x: torch.Tensor, rope: Optional[RopeCosSin], mask: Optional[torch.Tensor],
+                   input_pos: Optional[torch.Tensor]) -> bool:
+    """Whether these are a decode step's inputs the C++ step takes: one new token a row, float32
+    on the CPU, a slot, a rotation and a mask, no autograd, not inside a compiled graph."""
     if torch.compiler.is_compiling():  # first: a traced graph reads nothing below (no guard on shapes)
-        return None
-    if (kv_cache is None or input_pos is None or rope is None or mask is None or x.shape[1] != 1
-            or x.dtype != torch.float32 or not x.is_cpu or torch.is_grad_enabled()):
-        return None
+        return False
+    return not (input_pos is None or rope is None or mask is None or x.shape[1] != 1 or x.dtype != torch.float32
+                or not x.is_cpu or torch.is_grad_enabled())
+
+
+def _operands(block: nn.Module, kv_cache: nn.Module) -> Optional[tuple]:
+    """(the block's plan, its k cache, its v cache) where the C++ step computes this block; else None."""
     if not _quiet(block):  # first: cached, where the plan is looked up afresh
         return None
     plan = _plan(block)
@@ -56,13 +123,7 @@ def one_call_step(block: nn.Module, x: torch.Tensor, rope: Optional[RopeCosSin],
     k_cache, v_cache = kv_cache._buffers["k"], kv_cache._buffers["v"]
     if k_cache.dtype != torch.float32:
         return None
-    attn, ln1, q_norm, k_norm, ln1_post, ln2, ln2_post, qkv, o, gate_up, activation, down = plan
-    cos, sin = rope
-    return torch.ops.lucidlm.decode_block(
-        x, ln1.weight, ln1.eps, qkv, _weight(q_norm), _weight(k_norm), _eps(q_norm if q_norm is not None else k_norm),
-        cos, sin, attn.rope_variant == "interleaved", k_cache, v_cache, input_pos, mask, attn.scale, attn.n_heads, o,
-        _weight(ln1_post), _eps(ln1_post), ln2.weight, ln2.eps, gate_up, activation, down, _weight(ln2_post),
-        _eps(ln2_post))
+    return plan, k_cache, v_cache
 
 
 ACTIVATION_CODES = ((F.silu, 0), (ACTIVATIONS["gelu_tanh"], 1))  # the gate's activation -> the operator's code

@@ -19,6 +19,7 @@ from lucidlm.config import ModelConfig
 from lucidlm.errors import InputError
 from lucidlm.validation import check_allocation, check_int
 from lucidlm.model.block import Block
+from lucidlm.model.decode_block import one_call_stack
 from lucidlm.model.hooks import HookPoint
 from lucidlm.model.input_checks import check_ids, check_length, check_slots
 from lucidlm.model.kv_cache import KVCache
@@ -253,11 +254,18 @@ class Transformer(nn.Module):
         if prefix_kv is None and self.prefix_encoder is not None:
             prefix_kv = self.prefix_encoder()
         caches = self.kv_caches if cached else [None] * len(self.blocks)
-        for i, (block, cache) in enumerate(zip(self.blocks, caches)):
-            # run_block: block(...), traced once for all the blocks alike when compiled (traced_once.py)
-            x = run_block(block, x, rope_local if block.local else rope, local_mask if block.local else mask, cache,
-                          input_pos if cached else None, prefix_kv[i] if prefix_kv is not None else None,
-                          T if cached and new_cache else None)  # kv_len: None attends over the whole cache
+        # An eager decode step on lucidlm's CPU kernels: every block in one C++ call, where that
+        # computes exactly what the loop below does (decode_block.py); else None
+        stacked = one_call_stack(self.blocks, Block, x, rope, rope_local, mask, local_mask, caches, input_pos) \
+            if cached and not new_cache and prefix_kv is None else None
+        if stacked is not None:
+            x = stacked
+        else:
+            for i, (block, cache) in enumerate(zip(self.blocks, caches)):
+                # run_block: block(...), traced once for all the blocks alike when compiled (traced_once.py)
+                x = run_block(block, x, rope_local if block.local else rope, local_mask if block.local else mask,
+                              cache, input_pos if cached else None, prefix_kv[i] if prefix_kv is not None else None,
+                              T if cached and new_cache else None)  # kv_len: None attends over the whole cache
         if last_token_only:
             x = x[:, -1:]
         if self.ln_final is not None:

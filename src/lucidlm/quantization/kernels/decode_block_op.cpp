@@ -279,13 +279,72 @@ static at::Tensor decode_block(const at::Tensor &x_in, const at::Tensor &ln1, do
     return out;
 }
 
+// x (B, 1, D) -> the output of n_layers blocks' decode steps, one after the other: decode_block
+// above for each layer, in one call. Why: at SmolLM2's size a layer's step is ~140 us of
+// arithmetic at batch 1, and each decode_block call from Python (the module call, the checks of
+// model/decode_block.py, boxing its 26 arguments) adds ~30 us more: ~1 ms of a 7 ms token. The
+// per-layer arguments of decode_block come flattened, layer after layer:
+//     norms          ln1, ln2 (2 a layer)
+//     optional_norms q_norm, k_norm, ln1_post, ln2_post (4 a layer; None where absent)
+//     matmuls        the operands of qkv, o, gate_up, down, as many as matmul_counts says
+//     matmul_counts  how many tensors each of those four takes (4 a layer)
+//     cos, sin, masks, k_caches, v_caches (1 a layer: local and global layers differ)
+//     floats         eps1, qk_eps, scale, eps1_post, eps2, eps2_post (6 a layer)
+//     ints           interleaved, n_heads, activation (3 a layer)
+// and each layer is checked by decode_block as it comes.
+static at::Tensor decode_stack(const at::Tensor &x_in, at::TensorList norms,
+                               const c10::List<std::optional<at::Tensor>> &optional_norms, at::TensorList matmuls,
+                               at::IntArrayRef matmul_counts, at::TensorList cos, at::TensorList sin,
+                               at::TensorList masks, at::TensorList k_caches, at::TensorList v_caches,
+                               const at::Tensor &input_pos, at::ArrayRef<double> floats, at::IntArrayRef ints) {
+    const size_t L = k_caches.size();
+    TORCH_CHECK(norms.size() == 2 * L && optional_norms.size() == 4 * L && matmul_counts.size() == 4 * L
+                    && cos.size() == L && sin.size() == L && masks.size() == L && v_caches.size() == L
+                    && floats.size() == 6 * L && ints.size() == 3 * L,
+                "decode_stack: for ", L, " layers (one k cache each) it takes 2 norms, 4 optional norms, 4 matmul "
+                "counts, one cos, sin, mask and v cache, 6 floats and 3 ints a layer; got ", norms.size(), ", ",
+                optional_norms.size(), ", ", matmul_counts.size(), ", ", cos.size(), ", ", sin.size(), ", ",
+                masks.size(), ", ", v_caches.size(), ", ", floats.size(), ", ", ints.size());
+    int64_t total = 0;
+    for (const int64_t count : matmul_counts) {
+        TORCH_CHECK(count >= 0, "decode_stack: a matmul count is negative (", count, ")");
+        total += count;
+    }
+    TORCH_CHECK(total == static_cast<int64_t>(matmuls.size()), "decode_stack: the matmul counts add up to ", total,
+                " tensors, ", matmuls.size(), " given");
+    at::Tensor x = x_in;
+    size_t at = 0;  // the next layer's first matmul operand
+    for (size_t i = 0; i < L; i++) {
+        at::TensorList part[4];
+        for (int j = 0; j < 4; j++) {
+            part[j] = matmuls.slice(at, matmul_counts[4 * i + j]);
+            at += matmul_counts[4 * i + j];
+        }
+        const double *f = floats.data() + 6 * i;
+        const int64_t *n = ints.data() + 3 * i;
+        try {
+            x = decode_block(x, norms[2 * i], f[0], part[0], optional_norms.get(4 * i), optional_norms.get(4 * i + 1),
+                             f[1], cos[i], sin[i], n[0] != 0, k_caches[i], v_caches[i], input_pos, masks[i], f[2],
+                             n[1], part[1], optional_norms.get(4 * i + 2), f[3], norms[2 * i + 1], f[4], part[2], n[2],
+                             part[3], optional_norms.get(4 * i + 3), f[5]);
+        } catch (const c10::Error &error) {  // which layer, then decode_block's own words
+            TORCH_CHECK(false, "decode_stack: layer ", i, ": ", error.what_without_backtrace());
+        }
+    }
+    return x;
+}
+
 TORCH_LIBRARY_FRAGMENT(lucidlm, m) {
     m.def("decode_block(Tensor x, Tensor ln1, float eps1, Tensor[] qkv, Tensor? q_norm, Tensor? k_norm, float qk_eps, "
           "Tensor cos, Tensor sin, bool interleaved, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor input_pos, "
           "Tensor mask, float scale, int n_heads, Tensor[] o, Tensor? ln1_post, float eps1_post, Tensor ln2, "
           "float eps2, Tensor[] gate_up, int activation, Tensor[] down, Tensor? ln2_post, float eps2_post) -> Tensor");
+    m.def("decode_stack(Tensor x, Tensor[] norms, Tensor?[] optional_norms, Tensor[] matmuls, int[] matmul_counts, "
+          "Tensor[] cos, Tensor[] sin, Tensor[] masks, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, "
+          "Tensor input_pos, float[] floats, int[] ints) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(lucidlm, CPU, m) {
     m.impl("decode_block", decode_block);
+    m.impl("decode_stack", decode_stack);
 }
