@@ -146,7 +146,10 @@ int lucidlm_decode_attention(const float *q, const float *k, const float *v, con
                              int64_t k_slot, int64_t v_batch, int64_t v_head, int64_t v_slot, float scale) {
     float *p = malloc(sizeof(float) * B * H * G * S);  /* each (row, head) its own scores */
     if (!p) return -1;
-    #pragma omp parallel for schedule(static) collapse(2) if (B * H * G * S * D >= (1 << 18))
+    /* 2^16: 8 rows of SmolLM2 over a 47-slot cache (bench_generation's batch 8) took 21-31 us on
+     * one thread and 12-17 us on two, 1 row over 256 slots 15-16 -> 11.6 us; 2^18 had left both
+     * on one thread while the other waited (AMD EPYC Zen 4, 2026-11-27). */
+    #pragma omp parallel for schedule(static) collapse(2) if (B * H * G * S * D >= (1 << 16))
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             one_head(q + (b * H + h) * G * D, k + b * k_batch + h * k_head, k_slot, v + b * v_batch + h * v_head, v_slot,
