@@ -2,7 +2,7 @@
 
 The same library carries more loops: a float32 decode step's attention
 (``kernels/decode_attention.c``), RMSNorm over float32 rows (``kernels/rms_norm_rows.c``) and a
-whole block's decode step (``kernels/decode_block_op.cpp``), which ``use_cpu_loops`` below
+whole block's decode step, or the whole stack's (``kernels/decode_block_op.cpp``), which ``use_cpu_loops`` below
 switches on for a model's layers on a CPU, and greedy decoding's argmax over the logits
 (``kernels/argmax_rows.c``, ``argmax_rows`` below).
 
@@ -318,7 +318,9 @@ def use_cpu_loops(model: torch.nn.Module) -> bool:
     - blocks (a ``decode_kernel`` flag too): an eager decode step of a plain pre-norm block
       whose matmuls are on this kernel in one call, ``torch.ops.lucidlm.decode_block``
       (``kernels/decode_block_op.cpp``, the loops above and the matmuls from C++), where it
-      computes bit for bit what the block's modules do (``model/decode_block.py`` says when).
+      computes bit for bit what the block's modules do (``model/decode_block.py`` says when),
+      and all of a model's blocks in one call, ``torch.ops.lucidlm.decode_stack``, where
+      every one of them would take it.
 
     ``LanguageModel.compile`` calls it, and ``lucidlm.load`` for models on lucidlm's kernels."""
     layers = [m for m in model.modules() if hasattr(m, "decode_kernel") or hasattr(m, "row_kernel")]

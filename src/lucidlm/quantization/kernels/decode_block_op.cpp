@@ -10,6 +10,8 @@
 // steps between them out in the order torch computes them, so the result is bit for bit what
 // model/block.py computes (tests/model/test_decode_block.py holds it to that). model/block.py
 // stays the definition; model/decode_block.py decides when this call may stand in for it.
+// torch.ops.lucidlm.decode_stack (at the end) runs decode_block for every layer of a model in
+// one call.
 //
 // The element-wise loops need exact IEEE products and sums, as torch's: this file is built
 // with -ffp-contract=off (blocks_kernel.py), so a * b + c * d is never fused into an FMA.
