@@ -399,3 +399,78 @@ def test_bad_stack_inputs_are_refused_by_name():
         call(k_caches=[model.kv_caches[0].k, model.kv_caches[1].k.bfloat16()])
     with pytest.raises(RuntimeError, match="layer 1: decode_block: ln2's weight must be a contiguous float32"):
         call(norms=[plans[0][1].weight, plans[0][5].weight, plans[1][1].weight, torch.ones(63)])
+
+
+def plan_lookups(monkeypatch) -> list:
+    """One entry each time the stack's operands are looked up (``decode_block._stack_plan``)."""
+    import lucidlm.model.decode_block as decode_block
+
+    looked_up, real = [], decode_block._stack_plan
+    monkeypatch.setattr(decode_block, "_stack_plan", lambda *args: looked_up.append(1) or real(*args))
+    return looked_up
+
+
+def test_a_steady_run_looks_the_stack_up_once_with_the_same_bits(monkeypatch):
+    from lucidlm.generation import generate_batch
+
+    model = int4_model()
+    looked_up, calls = plan_lookups(monkeypatch), counted(monkeypatch)
+    with model.steady_decode():
+        got = decode(model, PROMPTS)
+    assert len(looked_up) == 1 and calls.stacks == [len(model.blocks)] * 12
+    looked_up.clear()
+    assert_same_bits(decode(model, PROMPTS), got)  # model.step outside: every step looks again
+    assert len(looked_up) == 12
+    switch(model, False)
+    assert_same_bits(got, decode(model, PROMPTS))
+    switch(model, True)
+    looked_up.clear()
+    tokens = [r.token_ids for r in generate_batch(model, PROMPTS, max_new_tokens=9, temperature=0, stop_on_eos=False)]
+    assert len(looked_up) == 1 and model._steady is None  # generate's own loop runs steady; it ends with the call
+    assert tokens == [[int(t) for t in column] for column in got[0][:9].argmax(-1).T]
+
+
+def test_a_steady_run_looks_again_after_a_hook_point_or_new_caches_and_not_at_all_with_a_listener(monkeypatch):
+    model = int4_model()
+    looked_up, calls = plan_lookups(monkeypatch), counted(monkeypatch)
+    ids = torch.tensor([[1, 5, 9]])
+    seen = []
+    with torch.no_grad(), model.steady_decode():
+        model.setup_kv_cache(1, 16)
+        model.step(ids, torch.arange(3), new_cache=True)
+        for slot in (3, 4):
+            model.step(torch.tensor([[2]]), torch.tensor([slot]))
+        assert len(looked_up) == 1 and calls.stacks == [3, 3]
+        point = model.hook_points()["blocks.1.attn.hook_rot_k"]
+        point.add_hook(lambda t, hook: seen.append(t.clone()))
+        model.step(torch.tensor([[2]]), torch.tensor([5]))
+        assert len(looked_up) == 2 and len(seen) == 1 and calls.stacks == [3, 3]  # block 1 ran its modules
+        point.remove_hooks()
+        model.step(torch.tensor([[2]]), torch.tensor([6]))
+        assert len(looked_up) == 3 and calls.stacks == [3, 3, 3]
+        model.setup_kv_cache(1, 16)  # new caches: the kept operands name the old ones
+        model.step(ids, torch.arange(3), new_cache=True)
+        model.step(torch.tensor([[2]]), torch.tensor([3]))
+        assert len(looked_up) == 4 and calls.stacks == [3, 3, 3, 3]
+    handle = model.embed.register_forward_hook(lambda m, args, out: seen.append(out))
+    looked_up.clear()
+    with torch.no_grad(), model.steady_decode():  # a listener: its code may change the model
+        assert model._steady is None
+        model.step(torch.tensor([[2]]), torch.tensor([4]))
+        model.step(torch.tensor([[2]]), torch.tensor([5]))
+    handle.remove()
+    assert len(looked_up) == 2  # every step looked again
+
+
+def test_a_stream_is_not_steady_so_a_hook_added_between_tokens_runs(monkeypatch):
+    import lucidlm
+
+    model = lucidlm.load()
+    looked_up, seen = plan_lookups(monkeypatch), []
+    pieces = model.stream("The capital of France is", max_new_tokens=8, temperature=0)
+    for i, piece in enumerate(pieces):
+        assert model._steady is None
+        if i == 0:
+            handle = model.blocks[3].mlp.register_forward_hook(lambda m, args, out: seen.append(1))
+    handle.remove()
+    assert seen and len(looked_up) >= len(seen)  # the hooked MLP ran at every step after it came

@@ -35,8 +35,11 @@ class DecodeSession:
     """
 
     def __init__(self, model: Any, rows: Sequence[Sequence[int]], capacity: int,
-                 pad_id: int = 0) -> None:
+                 pad_id: int = 0, steady: bool = False) -> None:
         self.model = model
+        # steady: the caller runs no code of its own between steps (``sample_rows``' lookahead),
+        # so the model may keep what its decode step looks up (``Transformer.steady_decode``)
+        self._steady = model.steady_decode() if steady and hasattr(model, "steady_decode") else None
         self.batch_size = len(rows)
         self.prompt_len = max(len(r) for r in rows)
         self.capacity = capacity
@@ -60,6 +63,8 @@ class DecodeSession:
     @torch.inference_mode()
     def __enter__(self) -> "DecodeSession":
         self.model.setup_kv_cache(self.batch_size, max_seq_len=self.capacity)
+        if self._steady is not None:
+            self._steady.__enter__()
         caches = getattr(self.model, "kv_caches", None)
         if self.attention_mask is not None and caches is not None:
             # The model may round its cache up (a compiled one does): the mask covers all of
@@ -69,6 +74,8 @@ class DecodeSession:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._steady is not None:
+            self._steady.__exit__(None, None, None)
         self.model.clear_kv_cache()
 
     @torch.inference_mode()
@@ -123,7 +130,8 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
     copy, not for the step queued behind it); the tokens are the same, and a row that ends
     wastes one step. Queueing two steps ahead was measured and gained nothing (H100,
     2026-11-26: 679 against 683 tok/s). Only for callers whose code between tokens cannot
-    change the model (``generate``, not ``stream``, whose loop body may attach hooks).
+    change the model (``generate``, not ``stream``, whose loop body may attach hooks); for the
+    same reason the model may keep what its decode step looks up (``DecodeSession``'s ``steady``).
     """
     from lucidlm.generation.sampling import sample_next
 
@@ -137,7 +145,7 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
         seen[i, :L] = torch.tensor([row[0]] * (L - len(row)) + list(row), dtype=torch.long)
     seen = seen.to(model.device)
     readback = TokenReadback(seen.device, B, max_new_tokens)
-    with DecodeSession(model, rows, capacity=L + max_new_tokens - 1, pad_id=pad_id) as session:
+    with DecodeSession(model, rows, capacity=L + max_new_tokens - 1, pad_id=pad_id, steady=lookahead) as session:
         logits = session.prefill()
         for t in range(max_new_tokens):
             with torch.inference_mode():

@@ -7,9 +7,10 @@ Read this file top to bottom with ``block.py`` beside it and you have the whole 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from contextvars import ContextVar
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
@@ -19,7 +20,7 @@ from lucidlm.config import ModelConfig
 from lucidlm.errors import InputError
 from lucidlm.validation import check_allocation, check_int
 from lucidlm.model.block import Block
-from lucidlm.model.decode_block import one_call_stack
+from lucidlm.model.decode_block import nothing_listens, one_call_stack
 from lucidlm.model.hooks import HookPoint
 from lucidlm.model.input_checks import check_ids, check_length, check_slots
 from lucidlm.model.kv_cache import KVCache
@@ -87,6 +88,7 @@ class Transformer(nn.Module):
         # of every layer, (n_layers, 2, n_kv, P, hd) or None (peft.add_prefix installs one).
         self.kv_caches: Optional[nn.ModuleList] = None
         self.register_module("prefix_encoder", None)
+        self._steady: Optional[dict] = None  # inside steady_decode(): what its decode steps keep
 
         self.hook_embed = HookPoint()  # (B, T, d)
         if self.pos_embed is not None:
@@ -256,8 +258,8 @@ class Transformer(nn.Module):
         caches = self.kv_caches if cached else [None] * len(self.blocks)
         # An eager decode step on lucidlm's CPU kernels: every block in one C++ call, where that
         # computes exactly what the loop below does (decode_block.py); else None
-        stacked = one_call_stack(self.blocks, Block, x, rope, rope_local, mask, local_mask, caches, input_pos) \
-            if cached and not new_cache and prefix_kv is None else None
+        stacked = one_call_stack(self.blocks, Block, x, rope, rope_local, mask, local_mask, caches, input_pos,
+                                 self._steady) if cached and not new_cache and prefix_kv is None else None
         if stacked is not None:
             x = stacked
         else:
@@ -298,6 +300,20 @@ class Transformer(nn.Module):
 
     def clear_kv_cache(self) -> None:
         self.kv_caches = None
+
+    @contextlib.contextmanager
+    def steady_decode(self) -> Iterator[None]:
+        """For a run of decode steps between which nothing changes the model: generation's own
+        loops where no caller code runs between tokens (``generate``, ``generate_batch``). If
+        nothing listens when it starts (no hook function, no torch hook: so no code but the
+        model's runs in its passes), the one-call decode step (``model/decode_block.py``) looks
+        its operands up at the first step and keeps them for the others, instead of checking
+        every block again at every step. Leaving it forgets them."""
+        previous, self._steady = self._steady, ({} if nothing_listens(self) else None)
+        try:
+            yield
+        finally:
+            self._steady = previous
 
     def reorder_kv_cache(self, rows: torch.Tensor) -> None:
         """Keep cache rows ``rows`` (B,), in that order (beam search reshuffles hypotheses)."""
