@@ -11,6 +11,7 @@ its greedy tokens equal the first tree's; writes benchmarks/results/step_ab.json
 
     git worktree add /tmp/before HEAD~1
     python benchmarks/bench_step_ab.py /tmp/before/src src --batch 1 8 --processes 3 --rounds 4
+    python benchmarks/bench_step_ab.py /tmp/before/src src --model gemma3-270m --output /tmp/gemma_ab.json
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 torch.set_num_threads({threads})
 import lucidlm
 from lucidlm.generation import generate_batch
-model = lucidlm.load()
+model = lucidlm.load({model!r})
 prompt = model.tokenizer.encode({prompt!r})
 out = {{}}
 for batch in {batches!r}:
@@ -60,12 +61,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="timed generations per batch size in each process")
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default=None, help="a name lucidlm.load takes (default: the embedded model)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="the results file")
     args = parser.parse_args()
     trees = [str(Path(t).resolve()) for t in args.trees]
     for tree in trees:
         if not (Path(tree) / "lucidlm" / "__init__.py").is_file():
             sys.exit(f"bench_step_ab: {tree} holds no lucidlm package; pass a tree's src directory.")
-    code = CHILD.format(threads=args.threads, prompt=PROMPT, batches=args.batch, rounds=args.rounds,
+    code = CHILD.format(threads=args.threads, model=args.model, prompt=PROMPT, batches=args.batch, rounds=args.rounds,
                         new=args.new_tokens)
     runs: dict[str, dict[str, list]] = {t: {str(b): [] for b in args.batch} for t in trees}
     tokens: dict[str, dict[str, list]] = {t: {} for t in trees}
@@ -91,11 +94,12 @@ def main() -> None:
             row = summary[tree][batch]
             print(f"  {tree}  batch {batch}: {row['median_ms']:.2f} / {row['min_ms']:.2f}"
                   f"{'' if same else '  (greedy tokens differ from the first tree)'}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "benchmark": "eager decode step of lucidlm.load() from several source trees, fresh processes taking turns",
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({
+        "benchmark": f"eager decode step of lucidlm.load({args.model or ''}) from several source trees, fresh "
+                     "processes taking turns",
         "machine": machine(threads=args.threads, load_average_before=load_before, load_average_after=os.getloadavg()),
-        "settings": vars(args), "summary": summary, "runs": runs}, indent=1) + "\n")
+        "settings": {**vars(args), "output": str(args.output)}, "summary": summary, "runs": runs}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
