@@ -226,15 +226,18 @@ class LanguageModel(Transformer):
                         stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty, chat=chat,
                         **options)
 
-    def stream(self, prompt: Prompt, **options: Any) -> TextStream:
+    def stream(self, prompt: Prompt, *, steady: bool = False, **options: Any) -> TextStream:
         """Like ``generate`` (same options, one prompt) but yields text pieces as they are
         decoded; they join to exactly ``generate(...).text`` (never half a UTF-8 character,
         never a stop string). After the last piece, ``.result`` is the ``GenerationResult``.
+        ``steady=True``: the loop reading the pieces changes nothing in the model (no hook
+        attached, no layer swapped), so the decode steps may keep what they look up
+        (``lucidlm.generation.stream``).
 
         >>> for piece in model.stream("Tell me a story", max_new_tokens=64):
         ...     print(piece, end="", flush=True)
         """
-        return stream(self, prompt, **options)
+        return stream(self, prompt, steady=steady, **options)
 
     # ------------------------------------------------------------------ inspection
     def run_with_cache(self, ids: Prompt, names_filter: Any = None, **options: Any,

@@ -474,3 +474,17 @@ def test_a_stream_is_not_steady_so_a_hook_added_between_tokens_runs(monkeypatch)
             handle = model.blocks[3].mlp.register_forward_hook(lambda m, args, out: seen.append(1))
     handle.remove()
     assert seen and len(looked_up) >= len(seen)  # the hooked MLP ran at every step after it came
+
+
+def test_a_stream_made_steady_looks_the_stack_up_once_and_says_the_same(monkeypatch):
+    import lucidlm
+    from lucidlm.errors import GenerationError
+
+    model = lucidlm.load()
+    looked_up = plan_lookups(monkeypatch)
+    prompt = "The capital of France is"
+    text = "".join(model.stream(prompt, max_new_tokens=8, temperature=0, steady=True))
+    assert len(looked_up) == 1
+    assert text == model.generate(prompt, max_new_tokens=8, temperature=0).text
+    with pytest.raises(GenerationError, match="steady must be True or False, got 'yes'"):
+        model.stream(prompt, steady="yes")

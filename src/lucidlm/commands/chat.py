@@ -182,7 +182,7 @@ class ChatSession:
                      f"messages{'; the system prompt stays' if convo.system else ''})")
         start = time.perf_counter()
         try:
-            with closing(convo.reply(self.model, **self.settings)) as pieces:
+            with closing(convo.reply(self.model, steady=True, **self.settings)) as pieces:  # printed, nothing else
                 shown: Iterable[str] = pieces
                 if self.compile_pending:
                     from lucidlm.commands.loading_status import first_piece_announced

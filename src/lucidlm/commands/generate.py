@@ -176,7 +176,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from lucidlm.generation import stream
 
     start = time.perf_counter()
-    pieces = stream(model, prompt, **kwargs)
+    pieces = stream(model, prompt, steady=True, **kwargs)  # the loop below only prints
     shown: Iterable[str] = pieces
     if model.compiled:  # the first token waits on torch.compile: say so instead of looking hung
         from lucidlm.commands.loading_status import first_piece_announced

@@ -115,7 +115,7 @@ class DecodeSession:
 def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, settings: Any,
                 generator: Optional[torch.Generator], finished: torch.Tensor, pad_id: int = 0,
                 min_new_tokens: int = 0, eos_ids: Sequence[int] = (),
-                lookahead: bool = False) -> Iterator[torch.Tensor]:
+                lookahead: bool = False, steady: bool = False) -> Iterator[torch.Tensor]:
     """Yield the next token of every row (B,) for up to ``max_new_tokens`` steps; the
     ``eos_ids`` cannot be chosen in the first ``min_new_tokens`` steps.
 
@@ -132,6 +132,8 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
     2026-11-26: 679 against 683 tok/s). Only for callers whose code between tokens cannot
     change the model (``generate``, not ``stream``, whose loop body may attach hooks); for the
     same reason the model may keep what its decode step looks up (``DecodeSession``'s ``steady``).
+    ``steady`` alone makes the second promise without the first (``stream(..., steady=True)``:
+    on a CPU, queueing the next step before yielding a token would only delay the token).
     """
     from lucidlm.generation.sampling import sample_next
 
@@ -145,7 +147,8 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
         seen[i, :L] = torch.tensor([row[0]] * (L - len(row)) + list(row), dtype=torch.long)
     seen = seen.to(model.device)
     readback = TokenReadback(seen.device, B, max_new_tokens)
-    with DecodeSession(model, rows, capacity=L + max_new_tokens - 1, pad_id=pad_id, steady=lookahead) as session:
+    with DecodeSession(model, rows, capacity=L + max_new_tokens - 1, pad_id=pad_id,
+                       steady=lookahead or steady) as session:
         logits = session.prefill()
         for t in range(max_new_tokens):
             with torch.inference_mode():
