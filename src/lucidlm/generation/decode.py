@@ -37,7 +37,7 @@ class DecodeSession:
     def __init__(self, model: Any, rows: Sequence[Sequence[int]], capacity: int,
                  pad_id: int = 0, steady: bool = False) -> None:
         self.model = model
-        # steady: the caller runs no code of its own between steps (``sample_rows``' lookahead),
+        # steady: the caller runs no code of its own between steps (``sample_rows``' lookahead or steady),
         # so the model may keep what its decode step looks up (``Transformer.steady_decode``)
         self._steady = model.steady_decode() if steady and hasattr(model, "steady_decode") else None
         self.batch_size = len(rows)
