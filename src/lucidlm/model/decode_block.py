@@ -84,9 +84,8 @@ def one_call_stack(blocks: Sequence[nn.Module], block_class: type, x: torch.Tens
     the step's weights."""
     if not _a_decode_step(x, rope, mask, input_pos):
         return None
-    hooks = nn.modules.module
-    if steady is not None and not (hooks._global_forward_hooks or hooks._global_forward_pre_hooks) \
-            and steady.get("caches") is kv_caches and steady.get("version") == HookPoint.version:
+    if (steady is not None and not _global_hooks() and steady.get("caches") is kv_caches
+            and steady.get("version") == HookPoint.version):
         plan = steady["plan"]
     else:
         plan = _stack_plan(blocks, block_class, kv_caches)
@@ -95,8 +94,8 @@ def one_call_stack(blocks: Sequence[nn.Module], block_class: type, x: torch.Tens
     if plan is None:
         return None
     norms, optional_norms, matmuls, counts, k_caches, v_caches, floats, ints, local = plan
-    cos = [(rope_local if is_local else rope)[0] for is_local in local]
-    sin = [(rope_local if is_local else rope)[1] for is_local in local]
+    ropes = [rope_local if is_local else rope for is_local in local]
+    cos, sin = [r[0] for r in ropes], [r[1] for r in ropes]
     masks = [local_mask if is_local else mask for is_local in local]
     return torch.ops.lucidlm.decode_stack(x, norms, optional_norms, matmuls, counts, cos, sin, masks, k_caches,
                                           v_caches, input_pos, floats, ints)
@@ -132,10 +131,7 @@ def _stack_plan(blocks: Sequence[nn.Module], block_class: type, kv_caches: Seque
 def nothing_listens(model: nn.Module) -> bool:
     """No function on any hook point of ``model`` and no torch hook on any of its modules or
     global: running it calls no code but its own (``Transformer.steady_decode`` asks)."""
-    hooks = nn.modules.module
-    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
-        return False
-    return not any(m.active if isinstance(m, HookPoint) else (m._forward_hooks or m._forward_pre_hooks)
+    return not _global_hooks() and not any(m.active if isinstance(m, HookPoint) else (m._forward_hooks or m._forward_pre_hooks)
                    for m in model.modules())
 
 
@@ -236,11 +232,16 @@ def _quiet(block: nn.Module) -> bool:
     """No function on any hook point inside ``block`` and no global torch module hook. Which hook
     points are active is looked up again only when ``HookPoint.version`` moved (any hook added
     or removed anywhere)."""
-    hooks = nn.modules.module
-    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+    if _global_hooks():
         return False
     seen = block.__dict__.get("_hook_points_checked")
     if seen is None or seen[0] != HookPoint.version:
         idle = not any(m.active for m in block.modules() if isinstance(m, HookPoint))
         seen = block.__dict__["_hook_points_checked"] = (HookPoint.version, idle)
     return seen[1]
+
+
+def _global_hooks() -> bool:
+    """Whether a torch forward hook is registered for every module (``register_module_forward_hook``)."""
+    hooks = nn.modules.module
+    return bool(hooks._global_forward_hooks or hooks._global_forward_pre_hooks)
