@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 import torch
 
+from lucidlm.collector import older_objects_frozen
 from lucidlm.config import PRESETS, preset
 from lucidlm.devices import resolve_device, resolve_dtype
 from lucidlm.errors import AdapterError, ConfigError, LucidLMError, QuantizationError
@@ -99,8 +100,9 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
     device = resolve_device(device)
     source = DEFAULT_MODEL if source is None else source
     _check_overrides(random_init, config_overrides)
-    model = _load_base(source, dtype, device, seed, config_overrides, random_init, quantize, group_size,
-                       quantize_embeddings)
+    with older_objects_frozen():  # collections during the load skip torch's objects (collector.py)
+        model = _load_base(source, dtype, device, seed, config_overrides, random_init, quantize, group_size,
+                           quantize_embeddings)
     if not random_init:
         from lucidlm.generation.defaults import sampling_defaults_for
         model.generation_defaults = sampling_defaults_for(source)

@@ -118,28 +118,19 @@ def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, A
         if options is not None:
             from lucidlm.generation import check_options
             check_options(**options)
-        import gc
-
         import lucidlm
         import lucidlm.loading  # noqa: F401 - torch and the model code, before the freeze
+        from lucidlm.collector import kept_until_exit
 
-        # Everything imported so far (~170k objects, torch's) lives as long as this process; a
-        # full garbage collection walked them all, ~0.2 s, once or twice before the first token.
-        # The load's own ~100k containers (the tokenizer's, the module tree) live as long, so the
-        # collector stays off while they are made (~110 collections that freed nothing) and they
-        # join the frozen set after.
-        gc.freeze()
-        gc.disable()
-        try:
+        # torch's ~170k objects, the tokenizer and the module tree live as long as this process:
+        # a full collection walked them all, ~0.2 s, once or twice before the first token
+        with kept_until_exit():
             model = lucidlm.load(args.model, dtype=args.dtype, device=args.device, adapter=args.adapter,
                                  quantize=getattr(args, "quantize", None),
                                  group_size=getattr(args, "group_size", None),
                                  quantize_embeddings=not getattr(args, "float_embeddings", False),
                                  random_init=getattr(args, "random_init", False),
                                  compile=getattr(args, "compile", False))
-        finally:
-            gc.enable()
-        gc.freeze()
         model.eval()
     args.load_seconds = status.seconds
     return model
