@@ -161,10 +161,6 @@ def _library() -> Optional[Path]:
         detail = getattr(error, "stderr", b"") or b""
         _unavailable.append(f"building the kernels failed: {error} {detail.decode(errors='replace')[-400:]}")
         return None
-    torch.library.register_fake("lucidlm::blocks_mm")(_blocks_mm_shape)
-    torch.library.register_fake("lucidlm::decode_attention")(_decode_attention_shape)
-    torch.library.register_fake("lucidlm::argmax_rows")(_argmax_rows_shape)
-    torch.library.register_fake("lucidlm::rms_norm_rows")(_rms_norm_rows_shape)
     return target
 
 
@@ -300,10 +296,6 @@ def blocks_mm(x: torch.Tensor, blocks: torch.Tensor, scales: torch.Tensor, extra
     return torch.ops.lucidlm.blocks_mm(x, blocks, scales, extra)
 
 
-def _blocks_mm_shape(x: torch.Tensor, blocks: torch.Tensor, scales: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((x.shape[0], blocks.shape[0] * ROW_BLOCK))  # what torch.compile's tracing sees
-
-
 def use_cpu_loops(model: torch.nn.Module) -> bool:
     """Let ``model``'s layers run their float32 inference through this library's loops, where the
     kernels are available and the model is on the CPU; returns whether it did:
@@ -333,15 +325,6 @@ def use_cpu_loops(model: torch.nn.Module) -> bool:
     return on
 
 
-def _rms_norm_rows_shape(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-def _decode_attention_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                            scale: float) -> torch.Tensor:
-    return torch.empty_like(q, memory_format=torch.contiguous_format)
-
-
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """``logits.argmax(dim=-1)`` for float32 logits (B, V) on the CPU, through
     ``torch.ops.lucidlm.argmax_rows`` (``kernels/argmax_rows.c``: ~45 us a row of SmolLM2's
@@ -351,10 +334,6 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
             and logits.shape[-1] > 0 and available()):
         return torch.ops.lucidlm.argmax_rows(logits)
     return logits.argmax(dim=-1)
-
-
-def _argmax_rows_shape(logits: torch.Tensor) -> torch.Tensor:
-    return logits.new_empty((logits.shape[0],), dtype=torch.long)
 
 
 # -- which layers use it ------------------------------------------------------------------------

@@ -23,3 +23,12 @@ TORCH_LIBRARY_FRAGMENT(lucidlm, m) {
 TORCH_LIBRARY_IMPL(lucidlm, CPU, m) {
     m.impl("argmax_rows", argmax_rows);
 }
+
+// torch.compile's tracing: the output's shape only (blocks32_op.cpp says why in C++)
+static at::Tensor argmax_rows_meta(const at::Tensor &logits) {
+    return at::empty_symint({logits.sym_size(0)}, logits.options().dtype(at::kLong));
+}
+
+TORCH_LIBRARY_IMPL(lucidlm, Meta, m) {
+    m.impl("argmax_rows", argmax_rows_meta);
+}

@@ -46,3 +46,13 @@ TORCH_LIBRARY_FRAGMENT(lucidlm, m) {
 TORCH_LIBRARY_IMPL(lucidlm, CPU, m) {
     m.impl("decode_attention", decode_attention);
 }
+
+// torch.compile's tracing: the output's shape only (blocks32_op.cpp says why in C++)
+static at::Tensor decode_attention_meta(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                                        const at::Tensor &mask, double scale) {
+    return at::empty_symint(q.sym_sizes(), q.options());
+}
+
+TORCH_LIBRARY_IMPL(lucidlm, Meta, m) {
+    m.impl("decode_attention", decode_attention_meta);
+}

@@ -26,3 +26,12 @@ TORCH_LIBRARY_FRAGMENT(lucidlm, m) {
 TORCH_LIBRARY_IMPL(lucidlm, CPU, m) {
     m.impl("rms_norm_rows", rms_norm_rows);
 }
+
+// torch.compile's tracing: the output's shape only (blocks32_op.cpp says why in C++)
+static at::Tensor rms_norm_rows_meta(const at::Tensor &x, const at::Tensor &weight, double eps) {
+    return at::empty_symint(x.sym_sizes(), x.options());
+}
+
+TORCH_LIBRARY_IMPL(lucidlm, Meta, m) {
+    m.impl("rms_norm_rows", rms_norm_rows_meta);
+}
