@@ -286,3 +286,31 @@ def test_int8linear_per_group_of_32_uses_it():
     x = torch.randn(3, 128, generator=torch.Generator().manual_seed(7))
     exact = x @ theirs.dequantize().t() + linear.bias.detach()
     assert ((ours(x) - exact).norm() / exact.norm()).item() < 5e-3
+
+
+def test_fake_tensors_get_the_real_outputs_shapes_dtypes_and_strides():
+    # torch.compile traces with fake tensors, which run the operators' Meta kernels; with a shape
+    # environment the sizes may be symbolic (dynamic prefill lengths).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    layer = Int4Linear.from_float(torch.nn.Linear(64, 32, bias=False), group_size=32)
+    assert layer.uses_blocks_kernel
+    buffers = (layer.weight_int4, layer.block_scales, layer.block_zeros)
+    calls = {
+        "blocks_mm": lambda: (torch.randn(5, 64), *buffers),
+        "argmax_rows": lambda: (torch.randn(3, 11),),
+        "rms_norm_rows": lambda: (torch.randn(2, 3, 8), torch.randn(8), 1e-5),
+        "decode_attention": lambda: (torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8),
+                                     torch.ones(2, 6, dtype=torch.bool), 0.35),
+    }
+    for name, make in calls.items():
+        op = getattr(torch.ops.lucidlm, name)
+        real = op(*make())
+        mode = FakeTensorMode(shape_env=ShapeEnv())
+        fake_args = [mode.from_tensor(a, static_shapes=False) if isinstance(a, torch.Tensor) else a for a in make()]
+        with mode:
+            fake = op(*fake_args)
+        sizes = [int(s) for s in fake.shape]  # hints of the symbolic sizes: the real ones
+        assert sizes == list(real.shape), name
+        assert fake.dtype == real.dtype and [int(s) for s in fake.stride()] == list(real.stride()), name
