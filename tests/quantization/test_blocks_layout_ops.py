@@ -104,6 +104,19 @@ def test_q4_blocks_match_the_format_and_the_torch_spelling(size, permuted, monke
     assert_same_bfloat16(scales, want[1])
     assert_same_bfloat16(zeros, want[2])
 
+    # the loader's call writes the same into its own buffers and counts the blocks whose d or
+    # m is NaN or infinite, which it then need not read again
+    out = (torch.empty_like(codes), torch.empty_like(scales), torch.empty_like(zeros))
+    nonfinite = torch.ops.lucidlm.q4_blocks_into(view, rows if permuted else None, *out)
+    fields = blocks.numpy().view(np.float16)[..., :2 if size == 20 else 1]  # (N, G, 1 or 2): d (and m)
+    assert nonfinite == int((~np.isfinite(fields)).any(-1).sum()) > 0
+    assert torch.equal(out[0], codes)
+    assert_same_bfloat16(out[1], want[1])
+    assert_same_bfloat16(out[2], want[2])
+    clean = blocks.clone()
+    clean.view(torch.float16)[..., :2] = 0.5  # finite d and m in every block
+    assert torch.ops.lucidlm.q4_blocks_into(clean, None, *out) == 0
+
     # the torch spelling the loader used before: the nibble words and the (N, G) scales, permuted
     words = blocks[..., size - 16:].contiguous().view(torch.int32)
     d = blocks.view(torch.float16)[..., 0].float()

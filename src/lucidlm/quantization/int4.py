@@ -218,12 +218,15 @@ class Int4Linear(QuantizedLinear):
     @classmethod
     def from_q4_blocks(cls, blocks: torch.Tensor, rows: Optional[torch.Tensor] = None,
                        compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE,
-                       out: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None) -> Optional["Int4Linear"]:
-        """A module in groups of 32 from GGUF Q4_0 / Q4_1 blocks, (N, G, 18 or 20) uint8 (a view
-        of the file's map), output row n taken from row ``rows[n]`` (all rows in order when
-        None), in lucidlm's kernel layout by one C pass (``torch.ops.lucidlm.q4_blocks``: the
-        nibble bytes reordered, scale d and zero m + 8 d rounded to bfloat16; the same bytes
-        ``from_nibble_words`` makes in ~10 torch ops). ``out``: (codes (N/16, G, 256) uint8,
+                       out: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+                       ) -> Optional[tuple["Int4Linear", int]]:
+        """(A module in groups of 32 from GGUF Q4_0 / Q4_1 blocks, how many of those blocks have a
+        scale d or minimum m that is NaN or infinite). blocks: (N, G, 18 or 20) uint8 (a view of
+        the file's map); output row n is taken from row ``rows[n]`` (all rows in order when
+        None). One C pass (``torch.ops.lucidlm.q4_blocks_into``) writes lucidlm's kernel layout:
+        the nibble bytes reordered, scale d and zero m + 8 d rounded to bfloat16 (the same bytes
+        ``from_nibble_words`` makes in ~10 torch ops), and counts the non-finite scales on the
+        way, so a loader need not read them again. ``out``: (codes (N/16, G, 256) uint8,
         scales, zeros (N/16, G, 16) bfloat16) to write into, e.g. slices of a fused layer's
         buffers. None where that layout does not apply."""
         N, G, _ = blocks.shape
@@ -231,13 +234,12 @@ class Int4Linear(QuantizedLinear):
         if blocks.device.type != "cpu" or not module.blocks_kernel_fits(N):
             return None
         if out is None:
-            codes, scales, zeros = torch.ops.lucidlm.q4_blocks(blocks, rows)
-        else:
-            codes, scales, zeros = out
-            torch.ops.lucidlm.q4_blocks_into(blocks, rows, codes, scales, zeros)
+            out = (torch.empty((N // blocks_kernel.ROW_BLOCK, G, 256), dtype=torch.uint8),
+                   *(torch.empty((N // blocks_kernel.ROW_BLOCK, G, 16), dtype=torch.bfloat16) for _ in range(2)))
+        nonfinite = torch.ops.lucidlm.q4_blocks_into(blocks, rows, *out)
         module.installs += 1
-        module._install_block_lanes(codes, scales, zeros)
-        return module
+        module._install_block_lanes(*out)
+        return module, nonfinite
 
     @classmethod
     def concatenated(cls, parts: tuple["Int4Linear", ...]) -> Optional["Int4Linear"]:

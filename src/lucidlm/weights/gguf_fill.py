@@ -170,8 +170,13 @@ def _convert(model: Transformer, item: Planned, source: str, dtype: torch.dtype,
     scheme, group_size = item.target
     old = model.get_submodule(item.module)
     lookup_only = isinstance(old, nn.Embedding) and not model.config.tie_embeddings
-    if EXACT.get(item.tensor.tensor_type.name) == item.target and not lookup_only:
-        linear = int4_from_blocks(item, device, out) if scheme == "int4" else int8_from_blocks(item, device)  # no detour
+    exact = EXACT.get(item.tensor.tensor_type.name) == item.target and not lookup_only  # no float detour
+    if exact and scheme == "int4":
+        linear, checked = int4_from_blocks(item, device, out)
+        if checked:  # its C pass read every block scale and found them finite: no second pass
+            finite = (torch.zeros(0), "values")
+    elif exact:
+        linear = int8_from_blocks(item, device)
     else:
         plain = {k: v.to(device) for k, v in quantized_plain(item, source, DEFAULT_COMPUTE_DTYPE, scratch).items()}
         if lookup_only:  # an untied token table is only ever gathered from: the plain layout

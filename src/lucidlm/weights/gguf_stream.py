@@ -196,22 +196,24 @@ def quantized_plain(item: Planned, source: str, scale_dtype: torch.dtype,
 
 
 def int4_from_blocks(item: Planned, device: str | torch.device,
-                     out: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None) -> nn.Module:
-    """An Int4Linear from a Q4_0 / Q4_1 matrix's blocks, bit for bit: the nibble bytes go to
-    the module as they are stored (lucidlm's CPU kernel reads them as they are, reordered),
-    never unpacked to codes and packed again."""
+                     out: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None) -> tuple[nn.Module, bool]:
+    """(An Int4Linear from a Q4_0 / Q4_1 matrix's blocks, whether its block scales were found
+    finite on the way). Bit for bit: the nibble bytes go to the module as they are stored
+    (lucidlm's CPU kernel reads them as they are, reordered), never unpacked to codes and
+    packed again."""
     from lucidlm.quantization import Int4Linear
 
     if torch.device(device).type == "cpu":  # lucidlm's kernel layout, one C pass (None where it does not apply)
         blocks = q4_blocks(item.tensor)
         rows = None if item.heads is None else permute_qk_to_half(torch.arange(blocks.shape[0]), item.heads)
-        module = Int4Linear.from_q4_blocks(blocks, rows, out=out)
-        if module is not None:
-            return module
+        made = Int4Linear.from_q4_blocks(blocks, rows, out=out)
+        if made is not None:
+            module, nonfinite = made
+            return module, nonfinite == 0
     words, scales, zeros = exact_nibble_words(item.tensor, item.tensor.tensor_type.name)
     if item.heads is not None:  # permuting output rows (codes with their row's scales) is exact
         words, scales, zeros = (permute_qk_to_half(t, item.heads) for t in (words, scales, zeros))
-    return Int4Linear.from_nibble_words(words.to(device), scales.to(device), zeros.to(device))
+    return Int4Linear.from_nibble_words(words.to(device), scales.to(device), zeros.to(device)), False
 
 
 def int8_from_blocks(item: Planned, device: str | torch.device) -> nn.Module:

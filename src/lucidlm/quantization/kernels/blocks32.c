@@ -168,10 +168,13 @@ static uint16_t bf16_from_float(float value) {
  * lays out the nibble bytes (which are already the layout's bytes: byte i holds column i low,
  * 16 + i high), s = d and z = m + 8 d (Q4_0: 0), computed in float32 and rounded to bfloat16,
  * in lanes (N/16, G, 16). src holds N rows of G blocks, row r at src + r * row_stride; output
- * row n reads source row rows[n] (rows NULL: n), which un-permutes LLaMA's Q/K rows exactly. */
-void lucidlm_q4_blocks(const uint8_t *src, int64_t block_bytes, int64_t N, int64_t G, int64_t row_stride,
-                       const int64_t *rows, uint8_t *codes, uint16_t *s, uint16_t *z) {
+ * row n reads source row rows[n] (rows NULL: n), which un-permutes LLaMA's Q/K rows exactly.
+ * Returns how many blocks have a d or m that is NaN or infinite (all exponent bits set): the
+ * loader's finiteness check of the file's scales, made in this pass instead of another one. */
+int64_t lucidlm_q4_blocks(const uint8_t *src, int64_t block_bytes, int64_t N, int64_t G, int64_t row_stride,
+                          const int64_t *rows, uint8_t *codes, uint16_t *s, uint16_t *z) {
     const int64_t nibbles = block_bytes - 16;  /* 2 (Q4_0) or 4 (Q4_1): where the nibble bytes start */
+    int64_t nonfinite = 0;
     for (int64_t b = 0; b < N / 16; b++) {
         const uint8_t *row[16];
         for (int i = 0; i < 16; i++) row[i] = src + (rows ? rows[b * 16 + i] : b * 16 + i) * row_stride;
@@ -187,9 +190,11 @@ void lucidlm_q4_blocks(const uint8_t *src, int64_t block_bytes, int64_t N, int64
                     memcpy(&half_m, block + 2, 2);
                     zero = _cvtsh_ss(half_m) + 8.0f * d;  /* 8 d is exact: one rounding, fused or not */
                 }
+                nonfinite += (half_d & 0x7c00u) == 0x7c00u || (half_m & 0x7c00u) == 0x7c00u;
                 s[(b * G + g) * 16 + i] = bf16_from_float(d);
                 z[(b * G + g) * 16 + i] = bf16_from_float(zero);
             }
         }
     }
+    return nonfinite;
 }

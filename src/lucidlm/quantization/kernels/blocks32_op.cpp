@@ -16,8 +16,8 @@ extern "C" void lucidlm_lanes_from_groups(const uint8_t *src, int64_t N, int64_t
                                           int64_t group_stride, uint8_t *dst);
 extern "C" void lucidlm_int8_group_sums(const int8_t *src, int64_t N, int64_t G, int64_t row_stride,
                                         int64_t group_stride, float *dst);
-extern "C" void lucidlm_q4_blocks(const uint8_t *src, int64_t block_bytes, int64_t N, int64_t G,
-                                  int64_t row_stride, const int64_t *rows, uint8_t *codes, uint16_t *s, uint16_t *z);
+extern "C" int64_t lucidlm_q4_blocks(const uint8_t *src, int64_t block_bytes, int64_t N, int64_t G,
+                                     int64_t row_stride, const int64_t *rows, uint8_t *codes, uint16_t *s, uint16_t *z);
 
 // x (M, K) float32 or bfloat16; blocks uint8 (N/16, G, 256) for int4 or int8 (N/16, G, 512);
 // scales (N/16, G, 16) bfloat16 for int4, float32 for int8; extra: the int4 zeros (bfloat16) or
@@ -88,7 +88,8 @@ static at::Tensor int8_group_sums(const at::Tensor &codes) {
 // contiguous) and an optional row order (N,) int64 -> codes (N/16, G, 256) uint8, scales and
 // zeros (N/16, G, 16) bfloat16 of the int4 blocks layout (blocks32.c: lucidlm_q4_blocks),
 // written into the given tensors (the loader hands it slices of a fused q/k/v or gate/up).
-static void q4_blocks_into(const at::Tensor &blocks, const std::optional<at::Tensor> &rows, at::Tensor codes,
+// Returns the number of blocks whose f16 d or m is NaN or infinite (the loader refuses those).
+static int64_t q4_blocks_into(const at::Tensor &blocks, const std::optional<at::Tensor> &rows, at::Tensor codes,
                            at::Tensor scales, at::Tensor zeros) {
     TORCH_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && (blocks.size(2) == 18 || blocks.size(2) == 20)
                     && blocks.stride(2) == 1 && blocks.stride(1) == blocks.size(2) && blocks.size(0) % 16 == 0,
@@ -111,10 +112,11 @@ static void q4_blocks_into(const at::Tensor &blocks, const std::optional<at::Ten
         for (int64_t n = 0; n < N; n++)
             TORCH_CHECK(order[n] >= 0 && order[n] < N, "q4_blocks: row index ", order[n], " is outside [0, ", N, ")");
     }
-    if (codes.numel() > 0)
-        lucidlm_q4_blocks(static_cast<const uint8_t *>(blocks.data_ptr()), blocks.size(2), N, G, blocks.stride(0), order,
-                          static_cast<uint8_t *>(codes.data_ptr()), static_cast<uint16_t *>(scales.data_ptr()),
-                          static_cast<uint16_t *>(zeros.data_ptr()));
+    if (codes.numel() == 0)
+        return 0;
+    return lucidlm_q4_blocks(static_cast<const uint8_t *>(blocks.data_ptr()), blocks.size(2), N, G, blocks.stride(0),
+                             order, static_cast<uint8_t *>(codes.data_ptr()), static_cast<uint16_t *>(scales.data_ptr()),
+                             static_cast<uint16_t *>(zeros.data_ptr()));
 }
 
 static std::tuple<at::Tensor, at::Tensor, at::Tensor> q4_blocks(const at::Tensor &blocks,
@@ -124,7 +126,7 @@ static std::tuple<at::Tensor, at::Tensor, at::Tensor> q4_blocks(const at::Tensor
     at::Tensor codes = at::empty({N / 16, G, 256}, blocks.options().dtype(at::kByte));
     at::Tensor scales = at::empty({N / 16, G, 16}, blocks.options().dtype(at::kBFloat16));
     at::Tensor zeros = at::empty({N / 16, G, 16}, blocks.options().dtype(at::kBFloat16));
-    q4_blocks_into(blocks, rows, codes, scales, zeros);
+    q4_blocks_into(blocks, rows, codes, scales, zeros);  // the count of non-finite scales: the loader's, via _into
     return {codes, scales, zeros};
 }
 
@@ -133,7 +135,7 @@ TORCH_LIBRARY(lucidlm, m) {
     m.def("lanes_from_groups(Tensor groups) -> Tensor");
     m.def("int8_group_sums(Tensor codes) -> Tensor");
     m.def("q4_blocks(Tensor blocks, Tensor? rows) -> (Tensor, Tensor, Tensor)");
-    m.def("q4_blocks_into(Tensor blocks, Tensor? rows, Tensor(a!) codes, Tensor(b!) scales, Tensor(c!) zeros) -> ()");
+    m.def("q4_blocks_into(Tensor blocks, Tensor? rows, Tensor(a!) codes, Tensor(b!) scales, Tensor(c!) zeros) -> int");
 }
 
 TORCH_LIBRARY_IMPL(lucidlm, CPU, m) {
