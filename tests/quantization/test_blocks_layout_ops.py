@@ -1,5 +1,5 @@
 """The loader's C passes into lucidlm's kernel layout (``torch.ops.lucidlm.lanes_from_groups``,
-``int8_group_sums``, ``q4_blocks`` in kernels/blocks32.c) against NumPy spellings of the
+``int8_group_sums``, ``q4_blocks``, ``q8_blocks_into`` in kernels/blocks32.c) against NumPy spellings of the
 layout's definition and of GGUF's Q4 block format, and bit for bit against the torch spelling
 they replace (taken by hiding the kernel library)."""
 
@@ -130,6 +130,37 @@ def test_q4_blocks_match_the_format_and_the_torch_spelling(size, permuted, monke
     assert_same_bfloat16(zeros, layer.block_zeros.view(torch.int16).numpy())
 
 
+@pytest.mark.parametrize("permuted", [False, True])
+def test_q8_blocks_match_the_format_and_the_separate_passes(permuted):
+    N, G = 48, 5
+    blocks = random_bytes((N, G, 34), seed=34)
+    blocks.view(torch.int16)[..., 0] = torch.from_numpy(f16_fields(34, N * G).view(np.int16)).view(N, G)
+    file_rows = torch.zeros(N + 2, G, 34, dtype=torch.uint8)
+    file_rows[:N] = blocks
+    view = file_rows[:N]  # like a tensor inside the map
+    rows = permute_qk_to_half(torch.arange(N), 3) if permuted else torch.arange(N)
+    out = (torch.empty(N // 16, G, 512, dtype=torch.int8), torch.empty(N // 16, G, 16), torch.empty(N // 16, G, 16))
+    nonfinite = torch.ops.lucidlm.q8_blocks_into(view, rows if permuted else None, *out)
+
+    # the format: block = f16 d, then 32 int8 codes; output row n is source row rows[n]
+    src = blocks.numpy()[rows.numpy()]
+    d = src[..., 0:2].copy().view(np.float16)[..., 0]  # (N, G)
+    codes = src[..., 2:].view(np.int8)  # (N, G, 32)
+    np.testing.assert_array_equal(out[0].numpy(), lanes_reference(codes))
+    lanes = lambda values: values.reshape(N // 16, 16, G).transpose(0, 2, 1)  # noqa: E731 - (N, G) -> lanes
+    np.testing.assert_array_equal(out[1].numpy(), lanes(d.astype(np.float32)))  # NaN == NaN here
+    np.testing.assert_array_equal(out[2].numpy(), lanes(codes.astype(np.int64).sum(-1).astype(np.float32)))
+    assert nonfinite == int((~np.isfinite(d)).sum()) > 0  # the specials are in the data
+
+    # the same bytes as the separate passes it replaces (lanes_from_groups, int8_group_sums)
+    ordered = blocks[rows][..., 2:].view(torch.int8)
+    assert torch.equal(out[0], torch.ops.lucidlm.lanes_from_groups(ordered))
+    assert torch.equal(out[2], torch.ops.lucidlm.int8_group_sums(ordered))
+    clean = blocks.clone()
+    clean.view(torch.float16)[..., 0] = 0.25
+    assert torch.ops.lucidlm.q8_blocks_into(clean, None, *out) == 0
+
+
 def assert_same_bfloat16(got: torch.Tensor, want_bits: np.ndarray) -> None:
     """Bit for bit, except that any NaN matches any NaN (torch's own conversions differ in a
     NaN's bits); infinities, zeros' signs and every rounding must agree exactly."""
@@ -148,6 +179,12 @@ def test_bad_inputs_are_refused_by_name():
         torch.ops.lucidlm.q4_blocks(torch.zeros(16, 2, 34, dtype=torch.uint8), None)
     with pytest.raises(RuntimeError, match="outside"):
         torch.ops.lucidlm.q4_blocks(torch.zeros(16, 2, 20, dtype=torch.uint8), torch.arange(16) + 1)
+    with pytest.raises(RuntimeError, match="q8_blocks: blocks must be"):
+        torch.ops.lucidlm.q8_blocks_into(torch.zeros(16, 2, 20, dtype=torch.uint8), None,
+                                         torch.empty(1, 2, 512, dtype=torch.int8), torch.empty(1, 2, 16), torch.empty(1, 2, 16))
+    with pytest.raises(RuntimeError, match="q8_blocks: row index"):
+        torch.ops.lucidlm.q8_blocks_into(torch.zeros(16, 2, 34, dtype=torch.uint8), torch.arange(16) - 1,
+                                         torch.empty(1, 2, 512, dtype=torch.int8), torch.empty(1, 2, 16), torch.empty(1, 2, 16))
     with pytest.raises(RuntimeError, match="int8_group_sums"):
         torch.ops.lucidlm.int8_group_sums(torch.zeros(16, 2, 32, dtype=torch.uint8))
 

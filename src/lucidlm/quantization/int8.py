@@ -73,13 +73,19 @@ class Int8Linear(QuantizedLinear):
 
     def _install_blocks(self, codes: torch.Tensor, scales: torch.Tensor) -> None:
         """The codes ((N, K), or (N, G, 32) possibly strided) in lucidlm's kernel layout only."""
+        self._install_block_lanes(blocks_kernel.int8_blocks_from_codes(codes), blocks_kernel.lanes_from_rows(scales),
+                                  blocks_kernel.int8_code_sums(codes))
+
+    def _install_block_lanes(self, code_blocks: torch.Tensor, block_scales: torch.Tensor,
+                             code_sums: torch.Tensor) -> None:
+        """Codes (N/16, G, 512), float32 scales and code sums (N/16, G, 16), all in the kernel's layout."""
         self.installs += 1
         self.uses_blocks_kernel = True
         self.register_buffer("weight_int8", None)
         self.register_buffer("scales", None)
-        self.register_buffer("code_blocks", blocks_kernel.int8_blocks_from_codes(codes))
-        self.register_buffer("block_scales", blocks_kernel.lanes_from_rows(scales))
-        self.register_buffer("code_sums", blocks_kernel.int8_code_sums(codes))
+        self.register_buffer("code_blocks", code_blocks)
+        self.register_buffer("block_scales", block_scales)
+        self.register_buffer("code_sums", code_sums)
 
     @classmethod
     def from_group_codes(cls, codes: torch.Tensor, scales: torch.Tensor,
@@ -95,6 +101,28 @@ class Int8Linear(QuantizedLinear):
             return module
         module._install({"weight_int8": codes.reshape(N, G * 32), "scales": scales})
         return module
+
+    @classmethod
+    def from_q8_blocks(cls, blocks: torch.Tensor, rows: Optional[torch.Tensor] = None,
+                       compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> Optional[tuple["Int8Linear", int]]:
+        """(A module in groups of 32 from GGUF Q8_0 blocks, how many of those blocks have a scale
+        that is NaN or infinite). blocks: (N, G, 34) uint8 (a view of the file's map); output
+        row n is taken from row ``rows[n]`` (all rows in order when None). One C pass
+        (``torch.ops.lucidlm.q8_blocks_into``) writes lucidlm's kernel layout, the codes
+        reordered, d in float32 (exact) and each group's code sum, and counts the non-finite
+        scales on the way, so a loader need not read them again. None where that layout does
+        not apply."""
+        N, G, _ = blocks.shape
+        module = cls(G * 32, N, False, 32, compute_dtype)
+        if blocks.device.type != "cpu" or not module.blocks_kernel_fits(N):
+            return None
+        lanes = (N // blocks_kernel.ROW_BLOCK, G)
+        out = (torch.empty((*lanes, 512), dtype=torch.int8),
+               *(torch.empty((*lanes, 16), dtype=torch.float32) for _ in range(2)))
+        nonfinite = torch.ops.lucidlm.q8_blocks_into(blocks, rows, *out)
+        module.scale_dtype = torch.float32  # Q8_0's float16 scales, exactly
+        module._install_block_lanes(*out)
+        return module, nonfinite
 
     def plain_rows(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.uses_blocks_kernel:

@@ -118,7 +118,7 @@ def _fused_outputs(model: Transformer, planned: list[Planned],
     from lucidlm.model.fused import FUSED
     from lucidlm.quantization import DEFAULT_COMPUTE_DTYPE, blocks_kernel
     from lucidlm.quantization.base import kernel_layout_fits
-    from lucidlm.weights.gguf_quants import q4_blocks
+    from lucidlm.weights.gguf_quants import stored_blocks
 
     if torch.device(device).type != "cpu" or not blocks_kernel.preferred():
         return {}
@@ -127,7 +127,7 @@ def _fused_outputs(model: Transformer, planned: list[Planned],
     def layout(item: Optional[Planned]) -> Optional[tuple[int, int]]:  # (rows, groups) of an exact Q4 matrix
         if item is None or item.target != ("int4", 32) or EXACT.get(item.tensor.tensor_type.name) != item.target:
             return None
-        N, G, _ = q4_blocks(item.tensor).shape
+        N, G, _ = stored_blocks(item.tensor).shape
         return (N, G) if kernel_layout_fits(N, G * 32, 32, DEFAULT_COMPUTE_DTYPE) else None
 
     outputs = {}
@@ -170,13 +170,10 @@ def _convert(model: Transformer, item: Planned, source: str, dtype: torch.dtype,
     scheme, group_size = item.target
     old = model.get_submodule(item.module)
     lookup_only = isinstance(old, nn.Embedding) and not model.config.tie_embeddings
-    exact = EXACT.get(item.tensor.tensor_type.name) == item.target and not lookup_only  # no float detour
-    if exact and scheme == "int4":
-        linear, checked = int4_from_blocks(item, device, out)
+    if EXACT.get(item.tensor.tensor_type.name) == item.target and not lookup_only:  # no float detour
+        linear, checked = int4_from_blocks(item, device, out) if scheme == "int4" else int8_from_blocks(item, device)
         if checked:  # its C pass read every block scale and found them finite: no second pass
             finite = (torch.zeros(0), "values")
-    elif exact:
-        linear = int8_from_blocks(item, device)
     else:
         plain = {k: v.to(device) for k, v in quantized_plain(item, source, DEFAULT_COMPUTE_DTYPE, scratch).items()}
         if lookup_only:  # an untied token table is only ever gathered from: the plain layout

@@ -165,9 +165,9 @@ def exact_nibble_words(tensor: Any, type_name: str) -> tuple[torch.Tensor, torch
     return words, d, zeros
 
 
-def q4_blocks(tensor: Any) -> torch.Tensor:
-    """(N, G, 18 or 20) uint8: a Q4_0 / Q4_1 tensor's blocks as stored, a view of the map,
-    for ``Int4Linear.from_q4_blocks``."""
+def stored_blocks(tensor: Any) -> torch.Tensor:
+    """(N, G, block bytes) uint8: a Q4_0 / Q4_1 / Q8_0 tensor's blocks as stored, a view of the
+    map, for ``Int4Linear.from_q4_blocks`` and ``Int8Linear.from_q8_blocks``."""
     return _blocks(tensor, tensor.tensor_type.name)
 
 

@@ -30,7 +30,7 @@ from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.weights.gguf_families import FAMILIES, gguf_tensors_check_name, our_name
 from lucidlm.weights.gguf_quants import (EXACT, FLOAT_TYPES, MAPPED, exact_float, exact_group_codes,
                                          exact_nibble_words, exact_plain, finite_parts, mapped_plain, native_scheme,
-                                         q4_blocks)
+                                         stored_blocks)
 from lucidlm.host_memory import Scratch
 
 CHUNK_BYTES = 8 << 20  # float32 bytes converted at once for a large tensor
@@ -204,7 +204,7 @@ def int4_from_blocks(item: Planned, device: str | torch.device,
     from lucidlm.quantization import Int4Linear
 
     if torch.device(device).type == "cpu":  # lucidlm's kernel layout, one C pass (None where it does not apply)
-        blocks = q4_blocks(item.tensor)
+        blocks = stored_blocks(item.tensor)
         rows = None if item.heads is None else permute_qk_to_half(torch.arange(blocks.shape[0]), item.heads)
         made = Int4Linear.from_q4_blocks(blocks, rows, out=out)
         if made is not None:
@@ -216,11 +216,19 @@ def int4_from_blocks(item: Planned, device: str | torch.device,
     return Int4Linear.from_nibble_words(words.to(device), scales.to(device), zeros.to(device)), False
 
 
-def int8_from_blocks(item: Planned, device: str | torch.device) -> nn.Module:
-    """An Int8Linear in groups of 32 from a Q8_0 matrix's blocks, codes and float16 scales exact."""
+def int8_from_blocks(item: Planned, device: str | torch.device) -> tuple[nn.Module, bool]:
+    """(An Int8Linear in groups of 32 from a Q8_0 matrix's blocks, codes and float16 scales
+    exact, whether its block scales were found finite on the way)."""
     from lucidlm.quantization import Int8Linear
 
+    if torch.device(device).type == "cpu":  # lucidlm's kernel layout, one C pass (None where it does not apply)
+        blocks = stored_blocks(item.tensor)
+        rows = None if item.heads is None else permute_qk_to_half(torch.arange(blocks.shape[0]), item.heads)
+        made = Int8Linear.from_q8_blocks(blocks, rows)
+        if made is not None:
+            module, nonfinite = made
+            return module, nonfinite == 0
     codes, scales = exact_group_codes(item.tensor)
     if item.heads is not None:
         codes, scales = (permute_qk_to_half(t, item.heads) for t in (codes, scales))
-    return Int8Linear.from_group_codes(codes.to(device), scales.to(device))
+    return Int8Linear.from_group_codes(codes.to(device), scales.to(device)), False

@@ -198,3 +198,32 @@ int64_t lucidlm_q4_blocks(const uint8_t *src, int64_t block_bytes, int64_t N, in
     }
     return nonfinite;
 }
+
+/* A GGUF Q8_0 matrix (34-byte blocks: f16 d, 32 int8 codes) -> the int8 blocks layout, one pass:
+ * codes as lucidlm_lanes_from_groups lays them out (W = 32), d in float32 (exact) and each row's
+ * code sum per group as lucidlm_int8_group_sums computes it, both in lanes (N/16, G, 16). src,
+ * row_stride and rows as in lucidlm_q4_blocks. Returns how many blocks have a NaN or infinite d. */
+int64_t lucidlm_q8_blocks(const uint8_t *src, int64_t N, int64_t G, int64_t row_stride, const int64_t *rows,
+                          int8_t *codes, float *s, float *sums) {
+    int64_t nonfinite = 0;
+    for (int64_t b = 0; b < N / 16; b++) {
+        const uint8_t *row[16];
+        for (int i = 0; i < 16; i++) row[i] = src + (rows ? rows[b * 16 + i] : b * 16 + i) * row_stride;
+        for (int64_t g = 0; g < G; g++) {
+            int8_t *out = codes + (b * G + g) * 512;
+            for (int i = 0; i < 16; i++) {
+                const uint8_t *block = row[i] + g * 34;
+                const int8_t *q = (const int8_t *)(block + 2);
+                for (int t = 0; t < 8; t++) memcpy(out + t * 64 + i * 4, q + t * 4, 4);
+                int32_t sum = 0;
+                for (int j = 0; j < 32; j++) sum += q[j];
+                uint16_t half_d;
+                memcpy(&half_d, block, 2);
+                nonfinite += (half_d & 0x7c00u) == 0x7c00u;
+                s[(b * G + g) * 16 + i] = _cvtsh_ss(half_d);
+                sums[(b * G + g) * 16 + i] = (float)sum;
+            }
+        }
+    }
+    return nonfinite;
+}

@@ -16,6 +16,8 @@ extern "C" void lucidlm_lanes_from_groups(const uint8_t *src, int64_t N, int64_t
                                           int64_t group_stride, uint8_t *dst);
 extern "C" void lucidlm_int8_group_sums(const int8_t *src, int64_t N, int64_t G, int64_t row_stride,
                                         int64_t group_stride, float *dst);
+extern "C" int64_t lucidlm_q8_blocks(const uint8_t *src, int64_t N, int64_t G, int64_t row_stride, const int64_t *rows,
+                                     int8_t *codes, float *s, float *sums);
 extern "C" int64_t lucidlm_q4_blocks(const uint8_t *src, int64_t block_bytes, int64_t N, int64_t G,
                                      int64_t row_stride, const int64_t *rows, uint8_t *codes, uint16_t *s, uint16_t *z);
 
@@ -84,6 +86,19 @@ static at::Tensor int8_group_sums(const at::Tensor &codes) {
     return out;
 }
 
+// An optional output row order (N,) int64, each index in [0, N): contiguous, or undefined for none.
+static at::Tensor checked_rows(const std::optional<at::Tensor> &rows, int64_t N, const char *op) {
+    if (!rows.has_value())
+        return at::Tensor();
+    at::Tensor rows_c = rows->contiguous();
+    TORCH_CHECK(rows_c.scalar_type() == at::kLong && rows_c.dim() == 1 && rows_c.size(0) == N,
+                op, ": rows must be (", N, ",) int64, got ", rows_c.sizes(), " ", rows_c.scalar_type());
+    const int64_t *order = rows_c.data_ptr<int64_t>();
+    for (int64_t n = 0; n < N; n++)
+        TORCH_CHECK(order[n] >= 0 && order[n] < N, op, ": row index ", order[n], " is outside [0, ", N, ")");
+    return rows_c;
+}
+
 // GGUF Q4_0 / Q4_1 blocks (N, G, 18 or 20) uint8 (rows may be strided, each row's blocks
 // contiguous) and an optional row order (N,) int64 -> codes (N/16, G, 256) uint8, scales and
 // zeros (N/16, G, 16) bfloat16 of the int4 blocks layout (blocks32.c: lucidlm_q4_blocks),
@@ -102,16 +117,8 @@ static int64_t q4_blocks_into(const at::Tensor &blocks, const std::optional<at::
                     && zeros.scalar_type() == at::kBFloat16 && zeros.is_contiguous(),
                 "q4_blocks: the outputs must be contiguous codes (", N / 16, ", ", G, ", 256) uint8 and scales and zeros (",
                 N / 16, ", ", G, ", 16) bfloat16");
-    const int64_t *order = nullptr;
-    at::Tensor rows_c;
-    if (rows.has_value()) {
-        rows_c = rows->contiguous();
-        TORCH_CHECK(rows_c.scalar_type() == at::kLong && rows_c.dim() == 1 && rows_c.size(0) == N,
-                    "q4_blocks: rows must be (", N, ",) int64, got ", rows_c.sizes(), " ", rows_c.scalar_type());
-        order = rows_c.data_ptr<int64_t>();
-        for (int64_t n = 0; n < N; n++)
-            TORCH_CHECK(order[n] >= 0 && order[n] < N, "q4_blocks: row index ", order[n], " is outside [0, ", N, ")");
-    }
+    at::Tensor rows_c = checked_rows(rows, N, "q4_blocks");
+    const int64_t *order = rows_c.defined() ? rows_c.data_ptr<int64_t>() : nullptr;
     if (codes.numel() == 0)
         return 0;
     return lucidlm_q4_blocks(static_cast<const uint8_t *>(blocks.data_ptr()), blocks.size(2), N, G, blocks.stride(0),
@@ -130,12 +137,38 @@ static std::tuple<at::Tensor, at::Tensor, at::Tensor> q4_blocks(const at::Tensor
     return {codes, scales, zeros};
 }
 
+// GGUF Q8_0 blocks (N, G, 34) uint8 (rows may be strided, each row's blocks contiguous) and an
+// optional row order -> codes (N/16, G, 512) int8, scales and code sums (N/16, G, 16) float32 of
+// the int8 blocks layout (blocks32.c: lucidlm_q8_blocks), written into the given tensors.
+// Returns the number of blocks whose f16 d is NaN or infinite (the loader refuses those).
+static int64_t q8_blocks_into(const at::Tensor &blocks, const std::optional<at::Tensor> &rows, at::Tensor codes,
+                              at::Tensor scales, at::Tensor sums) {
+    TORCH_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && blocks.size(2) == 34 && blocks.stride(2) == 1
+                    && blocks.stride(1) == 34 && blocks.size(0) % 16 == 0,
+                "q8_blocks: blocks must be (N, G, 34) uint8, N a multiple of 16, each row's blocks contiguous; got ",
+                blocks.sizes(), " ", blocks.scalar_type(), " with strides ", blocks.strides());
+    const int64_t N = blocks.size(0), G = blocks.size(1);
+    TORCH_CHECK(codes.sizes() == at::IntArrayRef({N / 16, G, 512}) && codes.scalar_type() == at::kChar
+                    && codes.is_contiguous() && scales.sizes() == at::IntArrayRef({N / 16, G, 16})
+                    && scales.scalar_type() == at::kFloat && scales.is_contiguous() && sums.sizes() == scales.sizes()
+                    && sums.scalar_type() == at::kFloat && sums.is_contiguous(),
+                "q8_blocks: the outputs must be contiguous codes (", N / 16, ", ", G, ", 512) int8 and scales and sums (",
+                N / 16, ", ", G, ", 16) float32");
+    at::Tensor rows_c = checked_rows(rows, N, "q8_blocks");
+    if (codes.numel() == 0)
+        return 0;
+    return lucidlm_q8_blocks(static_cast<const uint8_t *>(blocks.data_ptr()), N, G, blocks.stride(0),
+                             rows_c.defined() ? rows_c.data_ptr<int64_t>() : nullptr,
+                             static_cast<int8_t *>(codes.data_ptr()), scales.data_ptr<float>(), sums.data_ptr<float>());
+}
+
 TORCH_LIBRARY(lucidlm, m) {
     m.def("blocks_mm(Tensor x, Tensor blocks, Tensor scales, Tensor extra) -> Tensor");
     m.def("lanes_from_groups(Tensor groups) -> Tensor");
     m.def("int8_group_sums(Tensor codes) -> Tensor");
     m.def("q4_blocks(Tensor blocks, Tensor? rows) -> (Tensor, Tensor, Tensor)");
     m.def("q4_blocks_into(Tensor blocks, Tensor? rows, Tensor(a!) codes, Tensor(b!) scales, Tensor(c!) zeros) -> int");
+    m.def("q8_blocks_into(Tensor blocks, Tensor? rows, Tensor(a!) codes, Tensor(b!) scales, Tensor(c!) sums) -> int");
 }
 
 TORCH_LIBRARY_IMPL(lucidlm, CPU, m) {
@@ -144,6 +177,7 @@ TORCH_LIBRARY_IMPL(lucidlm, CPU, m) {
     m.impl("int8_group_sums", int8_group_sums);
     m.impl("q4_blocks", q4_blocks);
     m.impl("q4_blocks_into", q4_blocks_into);
+    m.impl("q8_blocks_into", q8_blocks_into);
 }
 
 // What torch.compile's tracing runs (fake tensors take an operator's Meta kernel): the output's
