@@ -163,6 +163,13 @@ static uint16_t bf16_from_float(float value) {
     return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
+/* The 16 source rows of output row block b: rows[16 b + i] (rows NULL: 16 b + i), each at
+ * src + r * row_stride. */
+static void row_block_sources(const uint8_t *src, int64_t b, int64_t row_stride, const int64_t *rows,
+                              const uint8_t *row[16]) {
+    for (int i = 0; i < 16; i++) row[i] = src + (rows ? rows[b * 16 + i] : b * 16 + i) * row_stride;
+}
+
 /* A GGUF Q4_0 (18-byte blocks: f16 d, 16 nibble bytes) or Q4_1 (20 bytes: f16 d, f16 m, 16
  * nibble bytes) matrix -> the int4 blocks layout, one pass: codes as lucidlm_lanes_from_groups
  * lays out the nibble bytes (which are already the layout's bytes: byte i holds column i low,
@@ -177,7 +184,7 @@ int64_t lucidlm_q4_blocks(const uint8_t *src, int64_t block_bytes, int64_t N, in
     int64_t nonfinite = 0;
     for (int64_t b = 0; b < N / 16; b++) {
         const uint8_t *row[16];
-        for (int i = 0; i < 16; i++) row[i] = src + (rows ? rows[b * 16 + i] : b * 16 + i) * row_stride;
+        row_block_sources(src, b, row_stride, rows, row);
         for (int64_t g = 0; g < G; g++) {
             uint8_t *out = codes + (b * G + g) * 256;
             for (int i = 0; i < 16; i++) {
@@ -208,7 +215,7 @@ int64_t lucidlm_q8_blocks(const uint8_t *src, int64_t N, int64_t G, int64_t row_
     int64_t nonfinite = 0;
     for (int64_t b = 0; b < N / 16; b++) {
         const uint8_t *row[16];
-        for (int i = 0; i < 16; i++) row[i] = src + (rows ? rows[b * 16 + i] : b * 16 + i) * row_stride;
+        row_block_sources(src, b, row_stride, rows, row);
         for (int64_t g = 0; g < G; g++) {
             int8_t *out = codes + (b * G + g) * 512;
             for (int i = 0; i < 16; i++) {

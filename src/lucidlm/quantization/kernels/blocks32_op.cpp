@@ -3,6 +3,8 @@
 // Python custom op costs ~20 us, and a decode step makes ~200 of these calls).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <algorithm>
+#include <initializer_list>
 #include <optional>
 #include <tuple>
 #include <torch/library.h>
@@ -86,6 +88,39 @@ static at::Tensor int8_group_sums(const at::Tensor &codes) {
     return out;
 }
 
+// torch's own name for the dtypes the loader passes use, as a user writes them
+static const char *dtype_name(at::ScalarType type) {
+    switch (type) {
+    case at::kByte: return "uint8";
+    case at::kChar: return "int8";
+    case at::kBFloat16: return "bfloat16";
+    case at::kFloat: return "float32";
+    default: return c10::toString(type);
+    }
+}
+
+// A loader pass's operands: GGUF blocks (N, G, one of block_sizes bytes) uint8, N a multiple of 16,
+// rows possibly strided and each row's blocks contiguous; outputs contiguous codes (N/16, G,
+// code_bytes) and two per-lane tensors (N/16, G, 16) of lane_type (what lane_names says they are).
+static void check_block_pass(const char *op, const at::Tensor &blocks, std::initializer_list<int64_t> block_sizes,
+                             const char *sizes_text, const at::Tensor &codes, int64_t code_bytes,
+                             at::ScalarType code_type, const at::Tensor &lanes, const at::Tensor &more_lanes,
+                             at::ScalarType lane_type, const char *lane_names) {
+    const bool known_size = blocks.dim() == 3 && std::find(block_sizes.begin(), block_sizes.end(), blocks.size(2))
+                                                     != block_sizes.end();
+    TORCH_CHECK(known_size && blocks.scalar_type() == at::kByte && blocks.stride(2) == 1
+                    && blocks.stride(1) == blocks.size(2) && blocks.size(0) % 16 == 0,
+                op, ": blocks must be (N, G, ", sizes_text, ") uint8, N a multiple of 16, each row's blocks contiguous; got ",
+                blocks.sizes(), " ", dtype_name(blocks.scalar_type()), " with strides ", blocks.strides());
+    const int64_t B = blocks.size(0) / 16, G = blocks.size(1);
+    TORCH_CHECK(codes.sizes() == at::IntArrayRef({B, G, code_bytes}) && codes.scalar_type() == code_type
+                    && codes.is_contiguous() && lanes.sizes() == at::IntArrayRef({B, G, 16})
+                    && lanes.scalar_type() == lane_type && lanes.is_contiguous() && more_lanes.sizes() == lanes.sizes()
+                    && more_lanes.scalar_type() == lane_type && more_lanes.is_contiguous(),
+                op, ": the outputs must be contiguous codes (", B, ", ", G, ", ", code_bytes, ") ", dtype_name(code_type),
+                " and ", lane_names, " (", B, ", ", G, ", 16) ", dtype_name(lane_type));
+}
+
 // An optional output row order (N,) int64, each index in [0, N): contiguous, or undefined for none.
 static at::Tensor checked_rows(const std::optional<at::Tensor> &rows, int64_t N, const char *op) {
     if (!rows.has_value())
@@ -106,17 +141,9 @@ static at::Tensor checked_rows(const std::optional<at::Tensor> &rows, int64_t N,
 // Returns the number of blocks whose f16 d or m is NaN or infinite (the loader refuses those).
 static int64_t q4_blocks_into(const at::Tensor &blocks, const std::optional<at::Tensor> &rows, at::Tensor codes,
                            at::Tensor scales, at::Tensor zeros) {
-    TORCH_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && (blocks.size(2) == 18 || blocks.size(2) == 20)
-                    && blocks.stride(2) == 1 && blocks.stride(1) == blocks.size(2) && blocks.size(0) % 16 == 0,
-                "q4_blocks: blocks must be (N, G, 18 or 20) uint8, N a multiple of 16, each row's blocks contiguous; got ",
-                blocks.sizes(), " ", blocks.scalar_type(), " with strides ", blocks.strides());
+    check_block_pass("q4_blocks", blocks, {18, 20}, "18 or 20", codes, 256, at::kByte, scales, zeros, at::kBFloat16,
+                     "scales and zeros");
     const int64_t N = blocks.size(0), G = blocks.size(1);
-    TORCH_CHECK(codes.sizes() == at::IntArrayRef({N / 16, G, 256}) && codes.scalar_type() == at::kByte
-                    && codes.is_contiguous() && scales.sizes() == at::IntArrayRef({N / 16, G, 16})
-                    && scales.scalar_type() == at::kBFloat16 && scales.is_contiguous() && zeros.sizes() == scales.sizes()
-                    && zeros.scalar_type() == at::kBFloat16 && zeros.is_contiguous(),
-                "q4_blocks: the outputs must be contiguous codes (", N / 16, ", ", G, ", 256) uint8 and scales and zeros (",
-                N / 16, ", ", G, ", 16) bfloat16");
     at::Tensor rows_c = checked_rows(rows, N, "q4_blocks");
     const int64_t *order = rows_c.defined() ? rows_c.data_ptr<int64_t>() : nullptr;
     if (codes.numel() == 0)
@@ -143,17 +170,8 @@ static std::tuple<at::Tensor, at::Tensor, at::Tensor> q4_blocks(const at::Tensor
 // Returns the number of blocks whose f16 d is NaN or infinite (the loader refuses those).
 static int64_t q8_blocks_into(const at::Tensor &blocks, const std::optional<at::Tensor> &rows, at::Tensor codes,
                               at::Tensor scales, at::Tensor sums) {
-    TORCH_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && blocks.size(2) == 34 && blocks.stride(2) == 1
-                    && blocks.stride(1) == 34 && blocks.size(0) % 16 == 0,
-                "q8_blocks: blocks must be (N, G, 34) uint8, N a multiple of 16, each row's blocks contiguous; got ",
-                blocks.sizes(), " ", blocks.scalar_type(), " with strides ", blocks.strides());
+    check_block_pass("q8_blocks", blocks, {34}, "34", codes, 512, at::kChar, scales, sums, at::kFloat, "scales and sums");
     const int64_t N = blocks.size(0), G = blocks.size(1);
-    TORCH_CHECK(codes.sizes() == at::IntArrayRef({N / 16, G, 512}) && codes.scalar_type() == at::kChar
-                    && codes.is_contiguous() && scales.sizes() == at::IntArrayRef({N / 16, G, 16})
-                    && scales.scalar_type() == at::kFloat && scales.is_contiguous() && sums.sizes() == scales.sizes()
-                    && sums.scalar_type() == at::kFloat && sums.is_contiguous(),
-                "q8_blocks: the outputs must be contiguous codes (", N / 16, ", ", G, ", 512) int8 and scales and sums (",
-                N / 16, ", ", G, ", 16) float32");
     at::Tensor rows_c = checked_rows(rows, N, "q8_blocks");
     if (codes.numel() == 0)
         return 0;
