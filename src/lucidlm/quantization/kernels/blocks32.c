@@ -185,6 +185,14 @@ int64_t lucidlm_q4_blocks(const uint8_t *src, int64_t block_bytes, int64_t N, in
     for (int64_t b = 0; b < N / 16; b++) {
         const uint8_t *row[16];
         row_block_sources(src, b, row_stride, rows, row);
+#ifdef LOADER_TILES
+        for (int64_t g = 0; g < G; g++) {
+            const uint8_t *p[16];
+            for (int i = 0; i < 16; i++) p[i] = row[i] + g * block_bytes;
+            nonfinite += q4_tile(p, (int)nibbles, codes + (b * G + g) * 256, s + (b * G + g) * 16, z + (b * G + g) * 16);
+        }
+        continue;
+#endif
         for (int64_t g = 0; g < G; g++) {
             uint8_t *out = codes + (b * G + g) * 256;
             for (int i = 0; i < 16; i++) {
@@ -216,6 +224,14 @@ int64_t lucidlm_q8_blocks(const uint8_t *src, int64_t N, int64_t G, int64_t row_
     for (int64_t b = 0; b < N / 16; b++) {
         const uint8_t *row[16];
         row_block_sources(src, b, row_stride, rows, row);
+#ifdef LOADER_TILES
+        for (int64_t g = 0; g < G; g++) {
+            const uint8_t *p[16];
+            for (int i = 0; i < 16; i++) p[i] = row[i] + g * 34;
+            nonfinite += q8_tile(p, codes + (b * G + g) * 512, s + (b * G + g) * 16, sums + (b * G + g) * 16);
+        }
+        continue;
+#endif
         for (int64_t g = 0; g < G; g++) {
             int8_t *out = codes + (b * G + g) * 512;
             for (int i = 0; i < 16; i++) {
