@@ -58,7 +58,8 @@ static inline void prefetch_lines_l2(const void *p, int n) {
 }
 
 /* The inner loops, for the CPU it is compiled for (-march=native): quantize_row, block_rows
- * (int4), block_rows_int8, ROWS_AT_ONCE, SHIFT_INT8_CODES and PREFETCH_GROUPS. */
+ * (int4), block_rows_int8, ROWS_AT_ONCE, SHIFT_INT8_CODES and PREFETCH_GROUPS, and the loader's
+ * q4_tile and q8_tile. */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
     defined(__AVX512BF16__)
 #include "blocks32_avx512.h"
@@ -153,16 +154,6 @@ void lucidlm_int8_group_sums(const int8_t *src, int64_t N, int64_t G, int64_t ro
             }
 }
 
-/* float32 -> bfloat16, rounding to nearest even as torch's .to(torch.bfloat16) does; a NaN
- * stays a quiet NaN (its bits differ between torch's own vector and scalar paths; a file with
- * a NaN scale is refused anyway, weights/finite.py). */
-static uint16_t bf16_from_float(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
-    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
 /* The 16 source rows of output row block b: rows[16 b + i] (rows NULL: 16 b + i), each at
  * src + r * row_stride. */
 static void row_block_sources(const uint8_t *src, int64_t b, int64_t row_stride, const int64_t *rows,
@@ -180,35 +171,13 @@ static void row_block_sources(const uint8_t *src, int64_t b, int64_t row_stride,
  * loader's finiteness check of the file's scales, made in this pass instead of another one. */
 int64_t lucidlm_q4_blocks(const uint8_t *src, int64_t block_bytes, int64_t N, int64_t G, int64_t row_stride,
                           const int64_t *rows, uint8_t *codes, uint16_t *s, uint16_t *z) {
-    const int64_t nibbles = block_bytes - 16;  /* 2 (Q4_0) or 4 (Q4_1): where the nibble bytes start */
     int64_t nonfinite = 0;
     for (int64_t b = 0; b < N / 16; b++) {
-        const uint8_t *row[16];
+        const uint8_t *row[16], *block[16];
         row_block_sources(src, b, row_stride, rows, row);
-#ifdef LOADER_TILES
-        for (int64_t g = 0; g < G; g++) {
-            const uint8_t *p[16];
-            for (int i = 0; i < 16; i++) p[i] = row[i] + g * block_bytes;
-            nonfinite += q4_tile(p, (int)nibbles, codes + (b * G + g) * 256, s + (b * G + g) * 16, z + (b * G + g) * 16);
-        }
-        continue;
-#endif
-        for (int64_t g = 0; g < G; g++) {
-            uint8_t *out = codes + (b * G + g) * 256;
-            for (int i = 0; i < 16; i++) {
-                const uint8_t *block = row[i] + g * block_bytes;
-                for (int t = 0; t < 4; t++) memcpy(out + t * 64 + i * 4, block + nibbles + t * 4, 4);
-                uint16_t half_d, half_m = 0;
-                memcpy(&half_d, block, 2);
-                float d = _cvtsh_ss(half_d), zero = 0.0f;
-                if (nibbles == 4) {
-                    memcpy(&half_m, block + 2, 2);
-                    zero = _cvtsh_ss(half_m) + 8.0f * d;  /* 8 d is exact: one rounding, fused or not */
-                }
-                nonfinite += (half_d & 0x7c00u) == 0x7c00u || (half_m & 0x7c00u) == 0x7c00u;
-                s[(b * G + g) * 16 + i] = bf16_from_float(d);
-                z[(b * G + g) * 16 + i] = bf16_from_float(zero);
-            }
+        for (int64_t g = 0, lanes = b * G * 16; g < G; g++, lanes += 16) {
+            for (int i = 0; i < 16; i++) block[i] = row[i] + g * block_bytes;
+            nonfinite += q4_tile(block, (int)block_bytes - 16, codes + 16 * lanes, s + lanes, z + lanes);
         }
     }
     return nonfinite;
@@ -222,30 +191,11 @@ int64_t lucidlm_q8_blocks(const uint8_t *src, int64_t N, int64_t G, int64_t row_
                           int8_t *codes, float *s, float *sums) {
     int64_t nonfinite = 0;
     for (int64_t b = 0; b < N / 16; b++) {
-        const uint8_t *row[16];
+        const uint8_t *row[16], *block[16];
         row_block_sources(src, b, row_stride, rows, row);
-#ifdef LOADER_TILES
-        for (int64_t g = 0; g < G; g++) {
-            const uint8_t *p[16];
-            for (int i = 0; i < 16; i++) p[i] = row[i] + g * 34;
-            nonfinite += q8_tile(p, codes + (b * G + g) * 512, s + (b * G + g) * 16, sums + (b * G + g) * 16);
-        }
-        continue;
-#endif
-        for (int64_t g = 0; g < G; g++) {
-            int8_t *out = codes + (b * G + g) * 512;
-            for (int i = 0; i < 16; i++) {
-                const uint8_t *block = row[i] + g * 34;
-                const int8_t *q = (const int8_t *)(block + 2);
-                for (int t = 0; t < 8; t++) memcpy(out + t * 64 + i * 4, q + t * 4, 4);
-                int32_t sum = 0;
-                for (int j = 0; j < 32; j++) sum += q[j];
-                uint16_t half_d;
-                memcpy(&half_d, block, 2);
-                nonfinite += (half_d & 0x7c00u) == 0x7c00u;
-                s[(b * G + g) * 16 + i] = _cvtsh_ss(half_d);
-                sums[(b * G + g) * 16 + i] = (float)sum;
-            }
+        for (int64_t g = 0, lanes = b * G * 16; g < G; g++, lanes += 16) {
+            for (int i = 0; i < 16; i++) block[i] = row[i] + g * 34;
+            nonfinite += q8_tile(block, codes + 32 * lanes, s + lanes, sums + lanes);
         }
     }
     return nonfinite;

@@ -200,3 +200,50 @@ static void block_rows(const uint8_t *codes, const uint16_t *s, const uint16_t *
         for (int r = 0; r < rows; r++) store_y8(y, bf16, (size_t)r * N + n0 + 8 * h, acc[r]);
     }
 }
+
+/* float32 -> bfloat16, rounding to nearest even as torch's .to(torch.bfloat16) does; a NaN
+ * stays a quiet NaN (its bits differ between torch's own vector and scalar paths; a file with
+ * a NaN scale is refused anyway, weights/finite.py). */
+static uint16_t bf16_from_float(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* The loader's passes (lucidlm_q4_blocks, lucidlm_q8_blocks in blocks32.c), a tile at a time: the
+ * 16 blocks of one row block and group, block i at p[i], one by one (blocks32_avx512.h transposes
+ * a tile in registers). Each returns how many of its blocks have a NaN or infinite scale. */
+static inline int q4_tile(const uint8_t *const p[16], int nibbles, uint8_t *codes, uint16_t *s, uint16_t *z) {
+    int nonfinite = 0;
+    for (int i = 0; i < 16; i++) {
+        for (int t = 0; t < 4; t++) memcpy(codes + t * 64 + i * 4, p[i] + nibbles + t * 4, 4);
+        uint16_t half_d, half_m = 0;
+        memcpy(&half_d, p[i], 2);
+        float d = _cvtsh_ss(half_d), zero = 0.0f;
+        if (nibbles == 4) {
+            memcpy(&half_m, p[i] + 2, 2);
+            zero = _cvtsh_ss(half_m) + 8.0f * d;  /* 8 d is exact: one rounding, fused or not */
+        }
+        nonfinite += (half_d & 0x7c00u) == 0x7c00u || (half_m & 0x7c00u) == 0x7c00u;
+        s[i] = bf16_from_float(d);
+        z[i] = bf16_from_float(zero);
+    }
+    return nonfinite;
+}
+
+static inline int q8_tile(const uint8_t *const p[16], int8_t *codes, float *s, float *sums) {
+    int nonfinite = 0;
+    for (int i = 0; i < 16; i++) {
+        const int8_t *q = (const int8_t *)(p[i] + 2);
+        for (int t = 0; t < 8; t++) memcpy(codes + t * 64 + i * 4, q + t * 4, 4);
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++) sum += q[j];
+        uint16_t half_d;
+        memcpy(&half_d, p[i], 2);
+        nonfinite += (half_d & 0x7c00u) == 0x7c00u;
+        s[i] = _cvtsh_ss(half_d);
+        sums[i] = (float)sum;
+    }
+    return nonfinite;
+}

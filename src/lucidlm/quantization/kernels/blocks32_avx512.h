@@ -149,10 +149,8 @@ static void block_rows(const uint8_t *codes, const uint16_t *s, const uint16_t *
  * rows (one per 128-bit lane), then two-table permutes; the scales come through the same
  * transpose of each block's first word (d | m << 16). Returns how many of the blocks have a NaN
  * or infinite d or m. Measured on SmolLM2's 210 Q4_1 matrices (Zen 4, one thread, pages mapped):
- * 13.4 ms, against 29-39 ms for the scalar loop (blocks32.c, the AVX2 build's) and 41 ms with a
- * gather per vector. */
-#define LOADER_TILES 1
-
+ * 13.4 ms, against 29-39 ms for the scalar tiles (blocks32_avx2.h) and 41 ms with a gather per
+ * vector. */
 static inline __m512i four_rows(const uint8_t *const *p, int at) {  /* 16 bytes of p[0..3] + at, a lane each */
     __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p[0] + at)));
     v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p[1] + at)), 1);
@@ -195,7 +193,7 @@ static inline int q4_tile(const uint8_t *const p[16], int nibbles, uint8_t *code
 
 /* The loader's Q8_0 pass (lucidlm_q8_blocks), a tile at a time as q4_tile: 34-byte blocks (f16 d,
  * 32 int8 codes), a 16 x 8 matrix of words, transposed in two halves of four words. SmolLM2's
- * token table (49152 x 576): 8.5 ms, against 35-38 ms for the scalar loop. */
+ * token table (49152 x 576): 8.5 ms, against 35-38 ms for the scalar tiles. */
 static inline int q8_tile(const uint8_t *const p[16], int8_t *codes, float *s, float *sums) {
     const __m512i ones = _mm512_set1_epi8(1);
     __m512i sum = _mm512_setzero_si512(), q[4];
