@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 import torch
@@ -195,6 +195,20 @@ def quantized_plain(item: Planned, source: str, scale_dtype: torch.dtype,
     return plain
 
 
+def _kernel_layout(item: Planned, device: str | torch.device,
+                   make: Callable[[torch.Tensor, Optional[torch.Tensor]], Optional[tuple[nn.Module, int]]]
+                   ) -> Optional[tuple[nn.Module, bool]]:
+    """(module, whether its block scales were found finite) from ``make(blocks, rows)``, one C pass
+    from the file's blocks into lucidlm's CPU kernel layout (LLaMA's Q/K rows un-permuted on the
+    way); None off the CPU or where ``make`` says that layout does not apply."""
+    if torch.device(device).type != "cpu":
+        return None
+    blocks = stored_blocks(item.tensor)
+    rows = None if item.heads is None else permute_qk_to_half(torch.arange(blocks.shape[0]), item.heads)
+    made = make(blocks, rows)
+    return None if made is None else (made[0], made[1] == 0)
+
+
 def int4_from_blocks(item: Planned, device: str | torch.device,
                      out: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None) -> tuple[nn.Module, bool]:
     """(An Int4Linear from a Q4_0 / Q4_1 matrix's blocks, whether its block scales were found
@@ -203,13 +217,9 @@ def int4_from_blocks(item: Planned, device: str | torch.device,
     packed again."""
     from lucidlm.quantization import Int4Linear
 
-    if torch.device(device).type == "cpu":  # lucidlm's kernel layout, one C pass (None where it does not apply)
-        blocks = stored_blocks(item.tensor)
-        rows = None if item.heads is None else permute_qk_to_half(torch.arange(blocks.shape[0]), item.heads)
-        made = Int4Linear.from_q4_blocks(blocks, rows, out=out)
-        if made is not None:
-            module, nonfinite = made
-            return module, nonfinite == 0
+    made = _kernel_layout(item, device, lambda blocks, rows: Int4Linear.from_q4_blocks(blocks, rows, out=out))
+    if made is not None:
+        return made
     words, scales, zeros = exact_nibble_words(item.tensor, item.tensor.tensor_type.name)
     if item.heads is not None:  # permuting output rows (codes with their row's scales) is exact
         words, scales, zeros = (permute_qk_to_half(t, item.heads) for t in (words, scales, zeros))
@@ -221,13 +231,9 @@ def int8_from_blocks(item: Planned, device: str | torch.device) -> tuple[nn.Modu
     exact, whether its block scales were found finite on the way)."""
     from lucidlm.quantization import Int8Linear
 
-    if torch.device(device).type == "cpu":  # lucidlm's kernel layout, one C pass (None where it does not apply)
-        blocks = stored_blocks(item.tensor)
-        rows = None if item.heads is None else permute_qk_to_half(torch.arange(blocks.shape[0]), item.heads)
-        made = Int8Linear.from_q8_blocks(blocks, rows)
-        if made is not None:
-            module, nonfinite = made
-            return module, nonfinite == 0
+    made = _kernel_layout(item, device, Int8Linear.from_q8_blocks)
+    if made is not None:
+        return made
     codes, scales = exact_group_codes(item.tensor)
     if item.heads is not None:
         codes, scales = (permute_qk_to_half(t, item.heads) for t in (codes, scales))

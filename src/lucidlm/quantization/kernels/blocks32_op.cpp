@@ -140,7 +140,7 @@ static at::Tensor checked_rows(const std::optional<at::Tensor> &rows, int64_t N,
 // written into the given tensors (the loader hands it slices of a fused q/k/v or gate/up).
 // Returns the number of blocks whose f16 d or m is NaN or infinite (the loader refuses those).
 static int64_t q4_blocks_into(const at::Tensor &blocks, const std::optional<at::Tensor> &rows, at::Tensor codes,
-                           at::Tensor scales, at::Tensor zeros) {
+                              at::Tensor scales, at::Tensor zeros) {
     check_block_pass("q4_blocks", blocks, {18, 20}, "18 or 20", codes, 256, at::kByte, scales, zeros, at::kBFloat16,
                      "scales and zeros");
     const int64_t N = blocks.size(0), G = blocks.size(1);
