@@ -109,6 +109,33 @@ def test_empty_build_then_load_equals_original() -> None:
     torch.testing.assert_close(empty.eval()(ids), model(ids))
 
 
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_skeleton_draws_no_random_values(name: str) -> None:
+    """A skeleton's weights are all overwritten by its loader, so building it must not run
+    torch's initialisers, not even on the meta device (each is a decomposed op per tensor).
+    nn.Linear calls ``nn.init.kaiming_uniform_``, which reaches ``uniform_`` inside it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Recorder() as recorder:
+        skeleton = Transformer.skeleton(FAMILIES[name])
+    draws = [op for op in recorder.ops if op.split(".")[0] in {"uniform_", "normal_", "zero_", "fill_"}]
+    assert draws == []
+    assert all(p.is_meta for p in skeleton.parameters())
+    # the same ops run where random weights are wanted: the recorder does see them
+    with Recorder() as recorder:
+        Transformer(FAMILIES[name])
+    assert any(op.startswith(("uniform_", "normal_")) for op in recorder.ops)
+
+
 @pytest.mark.parametrize("bad,message", [
     (-1, r"token id -1 is out of range: this model's vocabulary has ids 0\.\.96 \(vocab_size=97\)"),
     (97, r"token id 97 is out of range: this model's vocabulary has ids 0\.\.96 \(vocab_size=97\)"),

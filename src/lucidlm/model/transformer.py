@@ -38,14 +38,23 @@ class _NoRandomInit(TorchFunctionMode):
     """Inside ``Transformer.skeleton``: torch's layers initialise their own weights in their
     constructors (``nn.Linear`` draws kaiming-uniform values); on the meta device that is no
     data but still a decomposed op per tensor, 0.1 s for SmolLM2's 211 layers. Every weight
-    of a skeleton is overwritten, so those in-place draws return their tensor untouched."""
+    of a skeleton is overwritten, so those in-place draws return their tensor untouched.
+    ``torch.nn.init``'s functions are caught too, not only the tensor methods they call: a mode
+    is off while it runs the function it was handed, so ``nn.Linear``'s ``kaiming_uniform_``
+    passed through would reach its ``uniform_`` unseen (~10 ms of SmolLM2's skeleton)."""
 
-    DRAWS = frozenset({torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.zero_, torch.Tensor.fill_})
+    DRAWS = frozenset({torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.zero_, torch.Tensor.fill_,
+                       nn.init.kaiming_uniform_, nn.init.kaiming_normal_, nn.init.xavier_uniform_,
+                       nn.init.xavier_normal_, nn.init.uniform_, nn.init.normal_, nn.init.trunc_normal_,
+                       nn.init.zeros_, nn.init.ones_, nn.init.constant_})
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func in self.DRAWS and isinstance(args[0], torch.Tensor) and args[0].is_meta:
-            return args[0]
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if func in self.DRAWS:
+            target = args[0] if args else kwargs.get("tensor")  # nn.init hands its tensor by keyword
+            if isinstance(target, torch.Tensor) and target.is_meta:
+                return target
+        return func(*args, **kwargs)
 
 
 class Transformer(nn.Module):
