@@ -52,6 +52,19 @@ def publish(staging: Path, target: Path, mode: int = 0o666) -> None:
     os.replace(staging, target)
 
 
+def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through a staging file: readers see the old file or
+    the whole new one, never a part. Ordinary permissions (mkstemp makes files private)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out, staging = staging_file(path)
+    try:
+        with out:
+            out.write(text.encode("utf-8"))
+        publish(staging, path, mode)
+    finally:
+        staging.unlink(missing_ok=True)
+
+
 def owner_marker(pid: int | None = None) -> str:
     """``<host>-<pid>-``: what a staging name carries to say who is writing it (default: us)."""
     return f"{_host()}-{os.getpid() if pid is None else pid}-"

@@ -32,7 +32,8 @@ from lucidlm.peft.adapter_meta import (  # noqa: F401  (re-exported: this module
 from lucidlm.peft.gpt2_names import gpt2_module_name, is_gpt2, to_gpt2_peft
 from lucidlm.peft.lora import adapter_names, linear_module_names, lora_layers
 from lucidlm.peft.peft_format import PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, hf_module_name, peft_config, to_peft_tensors
-from lucidlm.weights.checkpoint import atomic_save_safetensors, atomic_write_text
+from lucidlm.staging import atomic_write_text
+from lucidlm.weights.checkpoint import atomic_save_safetensors
 
 
 def method_of(model: nn.Module) -> Optional[str]:

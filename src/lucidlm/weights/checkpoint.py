@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from lucidlm.config import ModelConfig
 from lucidlm.errors import CheckpointError
 from lucidlm.model.transformer import Transformer
-from lucidlm.staging import publish, staging_file
+from lucidlm.staging import atomic_write_text, publish, staging_file
 from lucidlm.weights.finite import check_finite
 from lucidlm.weights.integrity import sha256_file, verify_sha256
 from lucidlm.weights.state import load_into, own_state_dict
@@ -56,17 +56,6 @@ def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path,
     try:
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
         publish(tmp, path, 0o644)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    out, tmp = staging_file(path)
-    try:
-        with out:
-            out.write(text.encode("utf-8"))
-        publish(tmp, path, 0o644)  # mkstemp makes files private; these are ordinary outputs
     finally:
         tmp.unlink(missing_ok=True)
 

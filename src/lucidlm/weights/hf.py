@@ -30,8 +30,9 @@ from lucidlm.errors import (
     WeightsError,
 )
 from lucidlm.model.transformer import Transformer
+from lucidlm.staging import atomic_write_text
 from lucidlm.validation import read_json_object
-from lucidlm.weights.checkpoint import atomic_save_safetensors, atomic_write_text
+from lucidlm.weights.checkpoint import atomic_save_safetensors
 from lucidlm.weights.finite import FiniteCheck
 from lucidlm.weights.hf_config import (CONFIG_NAME, GPT2_NAMES, LLAMA_NAMES, SUPPORTED, config_from_hf, hf_family,
                                        read_hf_config)

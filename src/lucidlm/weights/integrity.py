@@ -80,17 +80,10 @@ def _racy(key: dict) -> bool:
 
 def write_stamp(stamp_path: Path, key: dict) -> None:
     """Best effort: a cache that cannot be written only means hashing again next time."""
-    from lucidlm.staging import publish, staging_file
+    from lucidlm.staging import atomic_write_text
 
     try:
-        stamp_path.parent.mkdir(parents=True, exist_ok=True)
-        out, staging = staging_file(stamp_path)
-        try:
-            with out:
-                out.write(json.dumps(key).encode())
-            publish(staging, stamp_path)
-        finally:
-            staging.unlink(missing_ok=True)
+        atomic_write_text(stamp_path, json.dumps(key), 0o666)
     except OSError:
         pass
 
