@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Optional
@@ -202,6 +203,4 @@ def _place(model: nn.Module, name: str, value: Any) -> None:
 
 
 def _float32_bytes(tensor: Any) -> int:
-    import numpy as np
-
-    return 4 * int(np.prod(tensor.shape))  # about what converting it allocated and freed
+    return 4 * math.prod(tensor.shape.tolist())  # about what converting it allocated and freed
