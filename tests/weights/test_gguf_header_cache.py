@@ -60,14 +60,25 @@ def count_parses(monkeypatch) -> list[str]:
     return parsed
 
 
-def test_second_load_reuses_the_header_and_gives_its_own_tokenizer(tmp_path, monkeypatch):
+ACROSS = pytest.mark.parametrize("across", ["in one process", "in a new process (from disk)"])
+
+
+def between_loads(across: str) -> None:
+    if across != "in one process":
+        new_process()
+
+
+@ACROSS
+def test_second_load_reuses_the_header_and_gives_its_own_tokenizer(tmp_path, monkeypatch, across):
     path, _ = write_f32_gguf(tmp_path / "tiny.gguf")
     parsed = count_parses(monkeypatch)
     first = load_gguf(path)
     first.tokenizer.chat_template = "changed by the user"
     first.tokenizer.special_tokens["<|mine|>"] = 7
+    between_loads(across)
     second = load_gguf(path)
     assert parsed == [str(path)]  # the second load hashed the header and reused it
+    assert second.config == first.config
     assert second.tokenizer is not first.tokenizer
     assert second.tokenizer.chat_template.startswith("{% for m in messages %}")
     assert "<|mine|>" not in second.tokenizer.special_tokens
@@ -76,7 +87,8 @@ def test_second_load_reuses_the_header_and_gives_its_own_tokenizer(tmp_path, mon
         assert torch.equal(a, b), name
 
 
-def test_a_file_patched_in_place_is_parsed_again(tmp_path, monkeypatch):
+@ACROSS
+def test_a_file_patched_in_place_is_parsed_again(tmp_path, monkeypatch, across):
     path, _ = write_f32_gguf(tmp_path / "tiny.gguf")
     stat = path.stat()
     parsed = count_parses(monkeypatch)
@@ -87,8 +99,12 @@ def test_a_file_patched_in_place_is_parsed_again(tmp_path, monkeypatch):
     path.write_bytes(bytes(raw))
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # and the same modification time
     assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    between_loads(across)
     assert load_gguf(path).tokenizer.chat_template.startswith("{% for x in messages %}")
     assert parsed == [str(path), str(path)]
+    new_process()  # the new header replaced the old one on disk
+    assert load_gguf(path).tokenizer.chat_template.startswith("{% for x in messages %}")
+    assert parsed == [str(path), str(path)] and len(disk_files(tmp_path)) == 1
 
 
 def test_a_nan_written_after_a_cached_load_is_refused(tmp_path):
@@ -131,34 +147,23 @@ def gguf_reader_value(field) -> object:
 
 
 def write_tricky_gguf(path) -> dict:
-    values = {
-        "general.architecture": "llama",
-        "t.f32_nan": float("nan"), "t.f32_inf": float("-inf"), "t.f32_third": 1 / 3,
-        "t.f64_tiny": 5e-324, "t.u64_max": 2**64 - 1, "t.i64_min": -2**63, "t.bool": True,
-        "t.text": "Zürich 東京 \u2603 \"quoted\" \\ tab\t", "t.empty": "",
-        "t.bools": [True, False, True], "t.f32s": [0.1, float("inf"), -0.0], "t.strings": ["a", "é", ""],
-        "t.nested": [[1, 2], [3]],
-    }
+    typed = [  # (writer method, key, value)
+        ("add_float32", "t.f32_nan", float("nan")), ("add_float32", "t.f32_inf", float("-inf")),
+        ("add_float32", "t.f32_third", 1 / 3), ("add_float64", "t.f64_tiny", 5e-324),
+        ("add_uint64", "t.u64_max", 2**64 - 1), ("add_int64", "t.i64_min", -2**63), ("add_bool", "t.bool", True),
+        ("add_string", "t.text", "Zürich 東京 \u2603 \"quoted\" \\ tab\t"), ("add_string", "t.empty", ""),
+        ("add_array", "t.bools", [True, False, True]), ("add_array", "t.f32s", [0.1, float("inf"), -0.0]),
+        ("add_array", "t.strings", ["a", "é", ""]), ("add_array", "t.nested", [[1, 2], [3]]),
+    ]
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_float32("t.f32_nan", values["t.f32_nan"])
-    writer.add_float32("t.f32_inf", values["t.f32_inf"])
-    writer.add_float32("t.f32_third", values["t.f32_third"])
-    writer.add_float64("t.f64_tiny", values["t.f64_tiny"])
-    writer.add_uint64("t.u64_max", values["t.u64_max"])
-    writer.add_int64("t.i64_min", values["t.i64_min"])
-    writer.add_bool("t.bool", values["t.bool"])
-    writer.add_string("t.text", values["t.text"])
-    writer.add_string("t.empty", values["t.empty"])
-    writer.add_array("t.bools", values["t.bools"])
-    writer.add_array("t.f32s", values["t.f32s"])
-    writer.add_array("t.strings", values["t.strings"])
-    writer.add_array("t.nested", values["t.nested"])
+    for method, key, value in typed:
+        getattr(writer, method)(key, value)
     writer.add_tensor("w", np.arange(64, dtype=np.float32).reshape(2, 32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return values
+    return {key: value for _, key, value in typed}
 
 
 def test_a_header_on_disk_is_exactly_what_the_file_holds(tmp_path, monkeypatch):
@@ -183,37 +188,6 @@ def test_a_header_on_disk_is_exactly_what_the_file_holds(tmp_path, monkeypatch):
     tensor = reread.tensors[0]
     assert (tensor.name, tensor.shape.tolist()) == ("w", [32, 2])
     np.testing.assert_array_equal(tensor.data, np.arange(64, dtype=np.float32).reshape(2, 32))
-
-
-def test_a_model_loads_the_same_from_the_disk_cache(tmp_path, monkeypatch):
-    path, _ = write_f32_gguf(tmp_path / "tiny.gguf")
-    parsed = count_parses(monkeypatch)
-    first = load_gguf(path)
-    new_process()
-    second = load_gguf(path)
-    assert parsed == [str(path)]
-    assert second.config == first.config
-    assert second.tokenizer.encode("ab abx<|endoftext|>") == [257, 260, 1 + ord("x"), 0]
-    for (name, a), (_, b) in zip(first.state_dict().items(), second.state_dict().items()):
-        assert torch.equal(a, b), name
-
-
-def test_a_file_patched_in_place_is_parsed_again_in_a_new_process(tmp_path, monkeypatch):
-    path, _ = write_f32_gguf(tmp_path / "tiny.gguf")
-    stat = path.stat()
-    parsed = count_parses(monkeypatch)
-    load_gguf(path)
-    raw = bytearray(path.read_bytes())
-    at = raw.index(b"{% for m in messages %}")
-    raw[at:at + 23] = b"{% for x in messages %}"
-    path.write_bytes(bytes(raw))
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    new_process()
-    assert load_gguf(path).tokenizer.chat_template.startswith("{% for x in messages %}")
-    assert parsed == [str(path), str(path)]
-    new_process()  # the new header replaced the old one on disk
-    assert load_gguf(path).tokenizer.chat_template.startswith("{% for x in messages %}")
-    assert parsed == [str(path), str(path)] and len(disk_files(tmp_path)) == 1
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not json", "a list", "wrong types", "another path",
