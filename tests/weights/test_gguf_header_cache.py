@@ -227,10 +227,17 @@ def test_a_damaged_cache_file_means_parsing(tmp_path, monkeypatch, damage):
     assert parsed == [str(path)]  # rewritten whole: the next process reads it
 
 
-def test_an_unwritable_cache_is_skipped(tmp_path, monkeypatch):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a directory")
-    monkeypatch.setenv("LUCIDLM_CACHE", str(blocker / "cache"))  # cannot be created, even by root
+@pytest.mark.parametrize("why", ["not a directory", "no home directory"])
+def test_an_unusable_cache_is_skipped(tmp_path, monkeypatch, why):
+    if why == "not a directory":
+        blocker = tmp_path / "a-file"
+        blocker.write_text("not a directory")
+        monkeypatch.setenv("LUCIDLM_CACHE", str(blocker / "cache"))  # cannot be created, even by root
+    else:
+        def no_home():
+            raise RuntimeError("Could not determine home directory.")  # what Path.home() raises
+
+        monkeypatch.setattr(gguf_header_cache, "cache_root", no_home)
     path, _ = write_f32_gguf(tmp_path / "tiny.gguf")
     parsed = count_parses(monkeypatch)
     assert load_gguf(path).config.n_layers == 2

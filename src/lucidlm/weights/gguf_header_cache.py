@@ -113,21 +113,21 @@ def _from_disk(key: str, buf: memoryview) -> Header | None:
         if data["format"] != DISK_FORMAT or data["path"] != key or not isinstance(entry.metadata, dict) or \
                 not isinstance(entry.header_len, int) or not all(isinstance(info[0], str) for info in entry.infos):
             return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none yet, or not ours: parse
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError, AttributeError):  # none, or not ours: parse
         return None
     return entry if _matches(entry, buf) else None
 
 
 def _to_disk(key: str, entry: Header) -> None:
-    target = _disk_path(key)
     record = {"format": DISK_FORMAT, "path": key, "size": entry.size, "header_len": entry.header_len,
               "digest": entry.digest.hex(), "metadata": entry.metadata, "infos": entry.infos}
     try:
+        target = _disk_path(key)  # (no home directory: RuntimeError)
         atomic_write_text(target, json.dumps(record, separators=(",", ":")))
         kept = sorted(target.parent.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
         for old in kept[DISK_MAX_FILES:]:
             old.unlink(missing_ok=True)
-    except (OSError, ValueError):  # a cache: not writable, full, or a value JSON cannot hold
+    except (OSError, RuntimeError, ValueError):  # a cache: not writable, full, no home, or a value JSON cannot hold
         pass
 
 
