@@ -5,6 +5,9 @@
 # Needs torch with CUDA and transformers (a GPU image has them; lucidlm's own CPU pin is not
 # used here). Results go to $OUT (default benchmarks/results); extra arguments go to the script.
 #   OUT=/tmp/gpu bash benchmarks/gpu_checks.sh --int4
+# Everything (all engines, batch 1 and 8, the diagnostics) takes more than one session's 15
+# minutes of device time; what fits, with the machine's start (438 s of command on 2026-11-27):
+#   BENCH_TIMEOUT=500 bash benchmarks/gpu_checks.sh --quick
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
