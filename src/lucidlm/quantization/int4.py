@@ -48,6 +48,7 @@ rounding.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -60,6 +61,24 @@ ROW_TILE = 16  # the CPU packing works on 16 output rows at a time
 PACK_BLOCK = 64  # ... and lays out each block of 64 rows on its own (32 on AVX2: a divisor)
 TILE_CHUNK = 4096  # rows converted at once (a multiple of the packing's 64-row blocks)
 DEQUANTIZE_ROWS = 128  # compiled matmuls with this many rows or more dequantize (module docstring)
+
+
+# Measured (README, "On a GPU"): lucidlm has no CUDA int4 kernel, so the codes are dequantized
+# for every matmul; a user who picked int4 for speed on a GPU should hear it once.
+CUDA_NOTE = ("int4 layers on CUDA run without a fused kernel in lucidlm: each matmul dequantizes its whole "
+             "matrix (a 1B model decoded 229 tok/s on an H100, against 693 in bf16 and 773 in int8). They save "
+             "memory, not time: for speed on a GPU use quantize='int8' or no quantization.")
+_cuda_noted = False
+
+
+def note_cuda_int4(device: torch.device) -> bool:
+    """Warn once per process that int4 on CUDA is slow; whether this call warned."""
+    global _cuda_noted
+    if device.type != "cuda" or _cuda_noted:
+        return False
+    _cuda_noted = True
+    warnings.warn(CUDA_NOTE, UserWarning, stacklevel=4)
+    return True
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
@@ -293,6 +312,7 @@ class Int4Linear(QuantizedLinear):
                               plain["scales"], plain["zeros"])
             return
         self.installs += 1  # (the CPU path counts in _install_cpu)
+        note_cuda_int4(packed.device)
         self.uses_cpu_kernel = self.uses_blocks_kernel = False
         self.tile_block = None
         scales = plain["scales"].to(self.compute_dtype).reshape(packed.shape[0], -1)
