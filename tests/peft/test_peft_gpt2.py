@@ -92,8 +92,50 @@ def test_peft_gpt2_adapter_runs_in_lucidlm(base_dir, tmp_path):
         assert (again(ids()).logits - their_logits).abs().max() <= 1e-5
 
 
-def test_q_alone_cannot_be_a_gpt2_peft_file(base_dir, tmp_path):
+@pytest.mark.parametrize("targets", ["q", "q_proj,v_proj", r"blocks\.0\.attn\.[qkv]_proj|blocks\.1\.attn\.q_proj"])
+def test_part_of_c_attn_is_refused_before_training(base_dir, targets):
+    """Only some of a block's q/k/v could never be saved as a GPT-2 PEFT file: refused when the
+    LoRA is added, before any training, naming the layer and what to target instead."""
     model = load(base_dir)
-    add_lora(model, r=2, targets="q")
+    with pytest.raises(AdapterError, match=r"blocks\.\d\.attn\.q_proj but not all.*Target c_attn"):
+        add_lora(model, r=2, targets=targets)
+    assert not any(hasattr(m, "lora_A") for m in model.modules())  # refused before anything changed
+
+
+def test_split_q_cannot_be_a_gpt2_peft_file(base_dir, tmp_path):
+    """The check when saving stays for adapters put together otherwise (a q-only LoRA's layers)."""
+    model = load(base_dir)
+    add_lora(model, r=2, targets="c_attn")
+    attn = model.blocks[0].attn
+    attn.k_proj.lora_A["default"] = torch.nn.Parameter(attn.q_proj.lora_A["default"].detach().clone())
     with pytest.raises(AdapterError, match="target c_attn"):
         save_adapter(model, tmp_path)
+
+
+@pytest.mark.parametrize("targets", ["default", "all-linear"])
+def test_default_and_all_linear_adapt_what_peft_adapts_on_gpt2(base_dir, tmp_path, targets):
+    """PEFT's default for GPT2LMHeadModel is c_attn, and its all-linear takes c_attn, c_proj and
+    c_fc: q, k and v as one layer with one A. lucidlm's same names save the same file, so
+    `lucidlm finetune` on a GPT-2 with its default --targets ends in an adapter PEFT loads."""
+    model = load(base_dir)
+    add_lora(model, r=2, alpha=4, targets=targets)
+    attn = model.blocks[1].attn
+    assert attn.q_proj.lora_A["default"] is attn.k_proj.lora_A["default"] is attn.v_proj.lora_A["default"]
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    save_adapter(model, tmp_path)
+    peft_targets = None if targets == "default" else targets
+    reference = peft.get_peft_model(hf_model(base_dir), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=peft_targets, fan_in_fan_out=True, task_type="CAUSAL_LM"))
+    reference.save_pretrained(tmp_path / "peft")
+    from safetensors.torch import load_file
+    ours = load_file(tmp_path / "adapter_model.safetensors")
+    assert sorted(ours) == sorted(load_file(tmp_path / "peft" / "adapter_model.safetensors"))
+
+    theirs = peft.PeftModel.from_pretrained(hf_model(base_dir), tmp_path).eval()
+    with torch.no_grad():
+        ours_logits, their_logits, base_logits = model(ids()), theirs(ids()).logits, hf_model(base_dir)(ids()).logits
+    assert (ours_logits - base_logits).abs().max() > 1e-3
+    assert (ours_logits - their_logits).abs().max() <= 1e-4

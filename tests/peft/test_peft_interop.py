@@ -131,3 +131,20 @@ def test_missing_adapter_dir_is_clear(tmp_path):
 def test_empty_dir_asks_for_the_adapter_files(tmp_path):
     with pytest.raises(AdapterError, match="adapter_config.json does not exist"):
         load_adapter(Transformer(preset("llama", **CONFIG)), tmp_path)
+
+
+@pytest.mark.parametrize("option, value, named", [
+    ("use_dora", True, "DoRA"),
+    ("alora_invocation_tokens", [5, 6], "aLoRA"),
+    ("lora_bias", True, "lora_bias"),
+])
+def test_peft_variants_that_compute_otherwise_are_refused(base_dir, tmp_path, option, value, named):
+    """A PEFT file of a LoRA variant (saved by peft itself) whose forward is not plain LoRA's:
+    read as plain LoRA it would load without a word and give other logits (aLoRA: 3.97 apart
+    on this model when the invocation tokens are absent), so lucidlm names the variant instead."""
+    theirs = peft.get_peft_model(hf_model(base_dir), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM", **{option: value}))
+    theirs.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "adapter_config.json").read_text())[option] == value
+    with pytest.raises(AdapterError, match=f"{named}.*not supported"):
+        load(base_dir, adapter=tmp_path)

@@ -22,10 +22,10 @@ from torch import nn
 
 from lucidlm.errors import AdapterError
 from lucidlm.quantization.base import check_float_model
-from lucidlm.peft.gpt2_names import is_gpt2, tie_fused_qkv
+from lucidlm.peft.gpt2_names import FUSED_QKV, is_gpt2, tie_fused_qkv
 from lucidlm.peft.lora_linear import LoRALinear
 from lucidlm.peft.lora_targets import (  # noqa: F401  (some re-exported: this module was their home)
-    SHORT_TARGETS, expand_targets, linear_module_names, match_targets)
+    DEFAULT_TARGETS, SHORT_TARGETS, expand_targets, linear_module_names, match_targets)
 from lucidlm.peft.trainable import (  # noqa: F401  (re-exported: this module was their home)
     count_parameters, freeze_base, trainable_parameters_report)
 
@@ -46,9 +46,15 @@ def adapter_names(model: nn.Module) -> list[str]:
 
 
 def add_lora(model: nn.Module, name: str = "default", r: int = 8, alpha: float = 16, dropout: float = 0.0,
-             targets: str | Sequence[str] = ("q_proj", "v_proj"), init: str = "kaiming") -> list[str]:
+             targets: str | Sequence[str] = DEFAULT_TARGETS, init: str = "kaiming") -> list[str]:
     """Attach a LoRA adapter called ``name`` to every linear layer matched by ``targets``,
-    make it the active one, and freeze everything else. Returns the adapted module names."""
+    make it the active one, and freeze everything else. Returns the adapted module names.
+
+    ``targets``: module names (``"q_proj,v_proj"``, short forms ``q,k,v,o,gate,up,down``),
+    ``"all-linear"``, a regular expression over full names, or ``"default"``: PEFT's choice for
+    the architecture (q_proj and v_proj; on GPT-2 its fused c_attn). On GPT-2, q, k and v are
+    one layer (c_attn) in its files, so a LoRA takes all three of a block, sharing one A, or
+    none of them (what PEFT does; anything else could not be saved)."""
     if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
         raise AdapterError(f"LoRA rank r={r!r} must be a positive integer (typical: 4, 8, 16).")
     if init not in LORA_INITS:
@@ -64,6 +70,9 @@ def add_lora(model: nn.Module, name: str = "default", r: int = 8, alpha: float =
         raise AdapterError("a LoRA adapter is merged into the model; unmerge it before adding another.")
     check_float_model(model, "adding LoRA")
     chosen = match_targets(model, targets)
+    gpt2 = is_gpt2(model)
+    if gpt2:
+        _check_whole_c_attn(chosen)
     for module_name in chosen:
         linear = model.get_submodule(module_name)
         limit = min(linear.in_features, linear.out_features)
@@ -76,10 +85,21 @@ def add_lora(model: nn.Module, name: str = "default", r: int = 8, alpha: float =
     for module_name in chosen:
         layer = _as_lora(model, module_name)
         layer.add_adapter(name, r, alpha, dropout, init)
-    if "c_attn" in expand_targets(targets) and is_gpt2(model):
+    if gpt2:
         tie_fused_qkv(model, name)  # one LoRA on the fused q/k/v: the three share A (gpt2_names.py)
     set_adapter(model, name)
     return chosen
+
+
+def _check_whole_c_attn(chosen: Sequence[str]) -> None:
+    """On GPT-2: each block's q, k and v all chosen or none (they are c_attn in its files)."""
+    for name in chosen:
+        block, _, layer = name.rpartition(".")
+        if layer in FUSED_QKV and not all(f"{block}.{part}" in chosen for part in FUSED_QKV):
+            raise AdapterError(
+                f"LoRA targets take {name} but not all of {block}.{{{','.join(FUSED_QKV)}}}: GPT-2's q, k and v are "
+                f"one fused layer (c_attn) in transformers and PEFT files, so a LoRA there covers all three with one "
+                f"shared A. Target c_attn (PEFT's default for GPT-2), all-linear, or leave q/k/v out.")
 
 
 def _finite(value: object) -> bool:

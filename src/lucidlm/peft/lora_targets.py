@@ -2,8 +2,9 @@
 
 A plain name (``q_proj``, or a short form ``q``) matches every module whose name is it or ends
 with ``.`` + it; an entry with regex characters must match the whole module name; ``all-linear``
-takes every linear layer but the output head. On GPT-2, its own names (``c_attn``, ``c_proj``,
-``c_fc``) map to lucidlm's (``gpt2_names.py``). Kept apart from ``lora.py`` because the training
+takes every linear layer but the output head; ``default`` is what PEFT picks for the
+architecture when ``target_modules`` is unset (q_proj and v_proj; GPT-2's c_attn). On GPT-2, its
+own names (``c_attn``, ``c_proj``, ``c_fc``) map to lucidlm's (``gpt2_names.py``). Kept apart from ``lora.py`` because the training
 CLI expands targets before any model is adapted.
 """
 
@@ -20,6 +21,13 @@ from lucidlm.peft.gpt2_names import GPT2_TARGETS, is_gpt2
 # What a user may type instead of the full module name (``--targets q,v``).
 SHORT_TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
                  "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+DEFAULT_TARGETS = "default"
+
+
+def default_targets(model: nn.Module) -> list[str]:
+    """PEFT's targets for the architecture when none are given (its
+    TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING): GPT-2's fused q/k/v, else q and v."""
+    return ["c_attn"] if is_gpt2(model) else ["q_proj", "v_proj"]
 
 
 def linear_module_names(model: nn.Module) -> list[str]:
@@ -38,12 +46,18 @@ def expand_targets(targets: str | Iterable[str]) -> list[str]:
     return expanded
 
 
+def resolved_targets(model: nn.Module, targets: str | Iterable[str]) -> list[str]:
+    """``expand_targets``, with ``default`` replaced by the architecture's own targets."""
+    patterns = expand_targets(targets)
+    return default_targets(model) if patterns == [DEFAULT_TARGETS] else patterns
+
+
 def match_targets(model: nn.Module, targets: str | Iterable[str]) -> list[str]:
     """Module names matched by ``targets``, with PEFT's rule: a plain name matches a module
     whose name is it or ends with ``.`` + it (``q_proj`` -> ``blocks.3.attn.q_proj``); an
     entry with regex characters must match the whole module name (``blocks\\.[0-3]\\.attn\\..*``)."""
     candidates = linear_module_names(model)
-    patterns = expand_targets(targets)
+    patterns = resolved_targets(model, targets)
     if patterns == ["all-linear"]:
         return candidates
     if any(p in GPT2_TARGETS for p in patterns) and is_gpt2(model):  # GPT-2's names: c_attn, c_proj, c_fc

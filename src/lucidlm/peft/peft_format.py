@@ -28,9 +28,14 @@ _OURS_TO_HF = [(re.compile(r"^blocks\.(\d+)\.attn\.(\w+)$"), r"model.layers.\1.s
 _HF_TO_OURS = [(re.compile(r"^model\.layers\.(\d+)\.self_attn\.(\w+)$"), r"blocks.\1.attn.\2"),
                (re.compile(r"^model\.layers\.(\d+)\.mlp\.(\w+)$"), r"blocks.\1.mlp.\2")]
 # PEFT options that change what the tensors mean; lucidlm reads only plain LoRA.
+# LoraConfig fields that change what the adapter computes (not only how it was initialised):
+# each one set means the file is not a plain LoRA, and reading it as one would give other logits.
 _UNSUPPORTED = {"use_dora": "DoRA", "use_qalora": "QA-LoRA", "modules_to_save": "modules_to_save",
                 "layer_replication": "layer_replication", "lora_bias": "lora_bias",
-                "trainable_token_indices": "trainable_token_indices", "target_parameters": "target_parameters"}
+                "trainable_token_indices": "trainable_token_indices", "target_parameters": "target_parameters",
+                "alora_invocation_tokens": "aLoRA (activated only after its invocation tokens)",
+                "use_bdlora": "BD-LoRA (block-diagonal)", "arrow_config": "Arrow routing",
+                "kasa_config": "KaSA", "monteclora_config": "MonteCLoRA", "velora_config": "VeLoRA"}
 
 
 def hf_module_name(ours: str) -> str:

@@ -220,8 +220,9 @@ class FinetuneConfig(LoopConfig):
     alpha: float = opt(16.0, "LoRA: updates are scaled by alpha/r")
     lora_dropout: float = opt(0.05, "LoRA: dropout on the LoRA branch's input", flag="--dropout",
                               low=0.0, high=1.0, high_open=True)
-    targets: str = opt("q_proj,v_proj", "LoRA: comma-separated linear layers (q,k,v,o,gate,up,down, all-linear) "
-                                        "or a regular expression over module names")
+    targets: str = opt("default", "LoRA: comma-separated linear layers (q,k,v,o,gate,up,down, all-linear), "
+                                  "a regular expression over module names, or default (PEFT's for the "
+                                  "architecture: q_proj,v_proj; GPT-2's c_attn)")
     init: str = opt("kaiming", "LoRA: initialisation of A (B starts at zero)", choices=("kaiming", "gaussian"))
     adapter_name: str = opt("default", "LoRA: name of the adapter")
     bottleneck: int = opt(32, "adapter: width of each bottleneck adapter", low=1, high=MAX_WIDTH)

@@ -39,10 +39,10 @@ from lucidlm.training.setup import (autocast_dtype, check_same_settings, configu
 def attach_method(model: torch.nn.Module, config: FinetuneConfig) -> str:
     """Add the chosen trainable parts to ``model`` (freezing the rest); a one-line description."""
     from lucidlm.peft import add_adapters, add_lora, add_prefix
-    from lucidlm.peft.lora import expand_targets
+    from lucidlm.peft.lora_targets import resolved_targets
 
     if config.method == "lora":
-        targets = expand_targets(config.targets)
+        targets = resolved_targets(model, config.targets)
         names = add_lora(model, name=config.adapter_name, r=config.rank, alpha=config.alpha,
                          dropout=config.lora_dropout, targets=targets, init=config.init)
         return f"LoRA r={config.rank} alpha={config.alpha:g} on {len(names)} layers ({', '.join(targets)})"
