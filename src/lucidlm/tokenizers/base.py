@@ -204,10 +204,18 @@ class Tokenizer(ABC):
     ) -> Iterator[tuple[int, str, bool]]:
         """Yield (start offset, piece, is_special) covering ``text`` in order."""
         allowed = self._allowed_special_set(allowed_special)
-        return split_on_special(text, allowed, self._special_regex)
+        every = len(allowed) == len(self.special_tokens)  # (allowed is a subset of them)
+        return split_on_special(text, allowed, self._special_regex if every else compile_special_regex(allowed))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab_size={self.vocab_size})"
+
+
+def starts_with_added_bos(tokenizer: Any, ids: list[int]) -> bool:
+    """Whether ``ids`` (from ``tokenizer.encode``) start with the BOS id that encode puts first
+    by itself (a tokenizer whose model wants one: ``add_bos``). Text that goes after other
+    tokens (a completion, a chat the template wrote BOS into) drops it."""
+    return bool(getattr(tokenizer, "add_bos", False)) and bool(ids) and ids[0] == getattr(tokenizer, "bos_id", None)
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from functools import lru_cache
 from typing import Union
 
 from lucidlm.errors import TokenizerError
@@ -56,8 +57,13 @@ def allowed_special_set(allowed_special: AllowedSpecial, special_tokens: dict[st
 
 def compile_special_regex(names: Iterable[str]) -> re.Pattern[str] | None:
     """One regex matching any of ``names``, or None for no names. Longest first, so that a
-    special token which is a prefix of another never wins."""
-    ordered = sorted(names, key=len, reverse=True)
+    special token which is a prefix of another never wins. Cached per set of names."""
+    return _special_regex_for(frozenset(names))
+
+
+@lru_cache(maxsize=32)
+def _special_regex_for(names: frozenset[str]) -> re.Pattern[str] | None:
+    ordered = sorted(names, key=lambda name: (-len(name), name))
     return re.compile("|".join(map(re.escape, ordered))) if ordered else None
 
 
@@ -67,8 +73,9 @@ def split_on_special(
     """Cut the special tokens named in ``allowed`` out of ``text``.
 
     Yields (start offset, piece, is_special) covering ``text`` in order; pieces between
-    specials may be empty. ``special_regex`` may match more names than ``allowed`` (a
-    tokenizer compiles it once for all its specials); the others stay plain text.
+    specials may be empty. ``special_regex`` must match exactly the names in ``allowed`` (a
+    tokenizer's one regex for all its specials, when all are allowed): one that also matched
+    a longer, disallowed name would hide an allowed one inside it (``<|a|>`` in ``<|a|>2``).
     """
     if special_regex is None:
         special_regex = compile_special_regex(allowed)
@@ -77,8 +84,6 @@ def split_on_special(
         return
     pos = 0
     for match in special_regex.finditer(text):
-        if match.group() not in allowed:
-            continue
         yield pos, text[pos : match.start()], False
         yield match.start(), match.group(), True
         pos = match.end()

@@ -113,12 +113,14 @@ class HFTokenizer(Tokenizer):
 
     def _encode_ordinary(self, text: str, offset: int) -> list[int]:
         if self._plain is None:
-            # The same tokenizer without added tokens, so that special-token strings the caller
-            # did not allow stay ordinary text: the backend has no switch for that.
+            # The same tokenizer without its special tokens, so that special-token strings the
+            # caller did not allow stay ordinary text: the backend has no switch for that. Added
+            # tokens that are not special (Gemma's <h1>, runs of newlines) stay: they are how the
+            # model writes that text (transformers' split_special_tokens=True keeps them too).
             from tokenizers import Tokenizer as Backend
 
             plain = json.loads(self._backend.to_str())
-            plain["added_tokens"] = []
+            plain["added_tokens"] = [t for t in plain["added_tokens"] if t["content"] not in self.special_tokens]
             self._plain = Backend.from_str(json.dumps(plain))
         return self._guarded(lambda: self._plain.encode(text, add_special_tokens=False).ids)
 

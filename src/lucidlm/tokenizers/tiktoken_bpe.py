@@ -19,6 +19,7 @@ import regex
 
 from lucidlm.errors import TokenizerError
 from lucidlm.tokenizers.base import Tokenizer
+from lucidlm.tokenizers.bpe_heap_merge import merge_pieces_by_heap
 
 LLAMA3_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
@@ -29,6 +30,7 @@ LLAMA3_SPECIAL_TOKENS = [
     "<|reserved_special_token_2|>", "<|reserved_special_token_3|>", "<|start_header_id|>", "<|end_header_id|>",
     "<|reserved_special_token_4|>", "<|eot_id|>",
 ] + [f"<|reserved_special_token_{i}|>" for i in range(5, 251)]  # 256 in all
+_LONG_CHUNK = 200  # bytes; longer pieces take the O(n log n) merge path (same result)
 
 
 def read_tiktoken_file(path: str | Path) -> dict[bytes, int]:
@@ -97,6 +99,10 @@ class TiktokenTokenizer(Tokenizer):
         if piece in self.ranks:
             return (self.ranks[piece],)
         parts = [piece[i:i + 1] for i in range(len(piece))]
+        if len(parts) > _LONG_CHUNK:  # the loop below is quadratic: same merges in O(n log n)
+            ranks = self.ranks
+            merged = merge_pieces_by_heap(parts, lambda a, b: ranks.get(a + b), lambda a, b, rank: a + b)
+            return tuple(ranks[p] for p in merged)
         while len(parts) > 1:
             best, best_rank = -1, None
             for i in range(len(parts) - 1):
