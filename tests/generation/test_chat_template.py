@@ -30,6 +30,12 @@ RICH_TEMPLATE = """{{ bos_token }}{% set ns = namespace(n=0) %}
 {% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>
 {{ ns.n }}{% endif %}"""
 
+# transformers' {% generation %} block (it marks the assistant's tokens for training masks).
+GENERATION_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}"
+                       "{% generation %}{{ m.content }}<|im_end|>{% endgeneration %}{% else %}{{ m.content }}"
+                       "<|im_end|>{% endif %}\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                       "{% endif %}")
+
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}],
@@ -50,9 +56,10 @@ def smollm2_template() -> str:
 
 @pytest.mark.parametrize("messages", CONVERSATIONS)
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
-@pytest.mark.parametrize("which", ["chatml", "rich", "smollm2"])
+@pytest.mark.parametrize("which", ["chatml", "rich", "generation", "smollm2"])
 def test_render_matches_transformers(which, messages, add_generation_prompt):
-    template = {"chatml": CHATML_TEMPLATE, "rich": RICH_TEMPLATE}.get(which) or smollm2_template()
+    template = ({"chatml": CHATML_TEMPLATE, "rich": RICH_TEMPLATE, "generation": GENERATION_TEMPLATE}.get(which)
+                or smollm2_template())
     specials = dict(bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
     (expected,), _ = render_jinja_template([messages], chat_template=template,
                                            add_generation_prompt=add_generation_prompt, **specials)

@@ -19,6 +19,7 @@ from functools import lru_cache
 from typing import Any, Optional
 
 from lucidlm.errors import ChatTemplateError, GenerationError, TokenizerError
+from lucidlm.tokenizers.base import starts_with_added_bos
 
 # Used when a model has no template of its own.
 CHATML_TEMPLATE = (
@@ -58,22 +59,32 @@ def render_chat(messages: list[Message], template: Optional[str] = None, *, add_
 
 
 def render_chat_for(tokenizer: Any, messages: list[Message], add_generation_prompt: bool = True) -> str:
-    """``render_chat`` with the tokenizer's template and its BOS/EOS strings."""
+    """``render_chat`` with the tokenizer's template and its special-token strings: BOS and EOS,
+    and PAD and UNK where the tokenizer has them (transformers passes its special_tokens_map,
+    which leaves out the roles a tokenizer lacks, so a template sees them undefined there too)."""
     own = getattr(tokenizer, "chat_template", None)
+    optional = {f"{role}_token": _special_string(tokenizer, role) for role in ("pad", "unk")}
     return render_chat(messages, chat_template_of(tokenizer), add_generation_prompt=add_generation_prompt,
                        bos_token=_special_string(tokenizer, "bos"), eos_token=_special_string(tokenizer, "eos"),
-                       source=getattr(tokenizer, "chat_template_source", None) if own else None)
+                       source=getattr(tokenizer, "chat_template_source", None) if own else None,
+                       **{name: text for name, text in optional.items() if text})
 
 
 def encode_chat(tokenizer: Any, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
-    """Render and encode, with the template's special tokens (``<|im_start|>``) as their ids."""
+    """Render and encode, with the template's special tokens (``<|im_start|>``) as their ids.
+
+    The template writes every special token itself (``{{ bos_token }}`` where the model wants
+    one), so the tokenizer's own BOS is not added: transformers' ``apply_chat_template`` encodes
+    with ``add_special_tokens=False`` too, and a Llama 3 or Gemma prompt would otherwise start
+    with two BOS."""
     if tokenizer is None:
         raise GenerationError("chat needs a tokenizer with a chat template, but model.tokenizer is None.")
     text = render_chat_for(tokenizer, messages, add_generation_prompt)
     try:
-        return list(tokenizer.encode(text, allowed_special=True))
+        ids = list(tokenizer.encode(text, allowed_special=True))
     except TypeError:  # tokenizers without the allowed_special option always parse specials
-        return list(tokenizer.encode(text))
+        ids = list(tokenizer.encode(text))
+    return ids[1:] if starts_with_added_bos(tokenizer, ids) else ids
 
 
 def check_chat_template(tokenizer: Any, system: Optional[str] = None) -> None:
@@ -105,10 +116,10 @@ def _compile_or_fail(template: Any, source: Optional[str]) -> Any:
 def _compile(template: str) -> Any:
     from jinja2 import nodes
 
-    from lucidlm.generation.template_sandbox import BoundedSandbox, TemplateProblem
+    from lucidlm.generation.template_sandbox import BoundedSandbox, GenerationBlock, TemplateProblem
 
     # The environment transformers builds for apply_chat_template, with limits.
-    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", GenerationBlock])
     env.add_filter("tojson", _tojson)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(str(fmt)[:200])

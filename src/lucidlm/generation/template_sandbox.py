@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 
 from jinja2 import nodes
 from jinja2.compiler import CodeGenerator
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from lucidlm.generation.template_limits import (  # noqa: F401  (MAX_CHARS, MAX_INT_BITS: re-exported)
@@ -36,6 +37,17 @@ from lucidlm.generation.template_limits import (  # noqa: F401  (MAX_CHARS, MAX_
 MAX_SECONDS = 5.0        # a real template renders in milliseconds
 MAX_DEPTH = 64           # nested calls: macros, recursive loops, caller()
 MAX_TEMPLATE_CHARS = 1 << 20  # the template's own source (real ones are a few KB)
+
+
+class GenerationBlock(Extension):
+    """``{% generation %} ... {% endgeneration %}``: transformers marks the assistant's tokens
+    with it (for training masks) and renders its body unchanged; so does this."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> list[nodes.Node]:
+        next(parser.stream)  # the `generation` name
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
 def render_bounded(template: Any, values: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from lucidlm.errors import InputError, TokenizerError
+from lucidlm.tokenizers.base import starts_with_added_bos
 
 Text = Union[str, Sequence[str]]
 
@@ -58,7 +59,7 @@ def encode(model: nn.Module, text: str, prepend_bos: Optional[bool] = None) -> l
     if not isinstance(text, str):
         raise InputError(f"expected text (a str or a list of str), got {type(text).__name__}.")
     ids = list(tokenizer.encode(text))
-    added = bool(getattr(tokenizer, "add_bos", False)) and bool(ids) and ids[0] == tokenizer.bos_id
+    added = starts_with_added_bos(tokenizer, ids)
     if prepend_bos and not added:
         ids = [bos_id(tokenizer), *ids]
     elif prepend_bos is False and added:

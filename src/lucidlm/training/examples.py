@@ -22,6 +22,7 @@ from typing import Any, Optional
 import torch
 
 from lucidlm.errors import DataError
+from lucidlm.tokenizers.base import starts_with_added_bos
 from lucidlm.training.loss import IGNORE_INDEX
 
 FORMATS = ("auto", "text", "prompt_completion", "messages")
@@ -83,6 +84,8 @@ def encode_example(path: Path, number: int, record: dict[str, Any], fmt: str, to
     if fmt == "prompt_completion":
         prompt = list(tokenizer.encode(_field(path, number, record, "prompt", str)))
         completion = list(tokenizer.encode(_field(path, number, record, "completion", str)))
+        if starts_with_added_bos(tokenizer, completion):  # it continues the prompt: no BOS between them
+            completion = completion[1:]
         return prompt + completion + eos, len(prompt)
     from lucidlm.chat import encode_chat
     from lucidlm.errors import GenerationError
