@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from typing import Any, Callable
 
 import gguf
 import numpy as np
@@ -71,9 +72,9 @@ def to_gguf_layout(name: str, weight: np.ndarray) -> np.ndarray:
 def write_llama_gguf(path: Path, tensors: dict[str, np.ndarray | tuple[np.ndarray, Q]], n_layers: int,
                      architecture: str = "llama",
                      chat_template: str = "{% for m in messages %}{{ m['content'] }}{% endfor %}",
-                     alignment: int | None = None) -> Path:
+                     alignment: int | None = None, extra: Callable[[Any], None] | None = None) -> Path:
     """A GGUF file with LLaMA metadata, a small byte-level BPE tokenizer and ``tensors``
-    (float32 arrays, or (raw bytes, quantization type) pairs)."""
+    (float32 arrays, or (raw bytes, quantization type) pairs); ``extra(writer)`` adds more keys."""
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_context_length(128)
     writer.add_embedding_length(D_MODEL)
@@ -96,6 +97,8 @@ def write_llama_gguf(path: Path, tensors: dict[str, np.ndarray | tuple[np.ndarra
     writer.add_chat_template(chat_template)
     if alignment is not None:
         writer.add_custom_alignment(alignment)
+    if extra is not None:
+        extra(writer)
     for name, value in tensors.items():
         if isinstance(value, tuple):
             raw, kind = value

@@ -7,6 +7,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+import torch
 
 import lucidlm
 from lucidlm.errors import GGUFError, UnsupportedArchitectureError
@@ -66,6 +67,39 @@ def test_unsupported_architecture(tmp_path):
                             architecture="mamba")
     with pytest.raises(UnsupportedArchitectureError, match=r"general.architecture='mamba' is not supported.*llama"):
         load_gguf(path)
+
+
+def scaled_rope_file(tmp_path: Path, name: str, **keys: object) -> Path:
+    weights = tiny_weights(1)
+
+    def extra(writer):
+        for key, value in keys.items():
+            if isinstance(value, str):
+                writer.add_string(f"llama.{key}", value)
+            else:
+                writer.add_float32(f"llama.{key}", value)
+
+    return write_llama_gguf(tmp_path / name, {k: to_gguf_layout(k, v) for k, v in weights.items()}, 1, extra=extra)
+
+
+@pytest.mark.parametrize("keys", [{"rope.scaling.factor": 4.0}, {"rope.scale_linear": 2.0},
+                                  {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}])
+def test_scaled_rope_is_refused_even_without_a_type(tmp_path, keys):
+    """llama.cpp (load_hparams) reads a missing rope.scaling.type as "linear" and scales by the
+    factor (rope.scaling.factor, or the older rope.scale_linear): such a file was read unscaled."""
+    path = scaled_rope_file(tmp_path, "scaled.gguf", **keys)
+    with pytest.raises(UnsupportedArchitectureError, match=r"RoPE scaling '(linear|yarn)' by [24].*not implemented"):
+        load_gguf(path)
+
+
+@pytest.mark.parametrize("keys", [{"rope.scaling.type": "none", "rope.scaling.factor": 4.0},
+                                  {"rope.scaling.factor": 1.0}, {"rope.scaling.type": "linear", "rope.scaling.factor": 0.0}])
+def test_rope_that_llama_cpp_does_not_scale_loads(tmp_path, good_file, keys):
+    """Type "none" never scales in llama.cpp, and a factor of 1 (or 0, "unset") scales nothing."""
+    path = scaled_rope_file(tmp_path, "unscaled.gguf", **keys)
+    ids = torch.randint(0, 200, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(load_gguf(path)(ids), load_gguf(good_file)(ids))
 
 
 def test_unsupported_quant_type(tmp_path):

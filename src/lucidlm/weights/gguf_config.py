@@ -40,10 +40,16 @@ def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
     def fail(problem: str) -> None:
         raise GGUFError(f"{source}: {problem}. {METADATA_FIX[0].upper()}{METADATA_FIX[1:]}.")
 
-    scaling = fields.raw("rope.scaling.type", "none")
-    if scaling != "none":
+    # llama.cpp reads an absent scaling type as "linear", with the factor from rope.scaling.factor
+    # (or the older rope.scale_linear); a factor of 0 or 1 scales nothing, and type "none" never scales.
+    scaling = fields.raw("rope.scaling.type", "linear")
+    factor = fields.float("rope.scaling.factor", default=None)
+    factor = fields.float("rope.scale_linear", default=None) if factor is None else factor
+    if scaling != "none" and not (scaling == "linear" and factor in (None, 0.0, 1.0)):
+        stated = "" if "rope.scaling.type" in fields.data else " (no rope.scaling.type: llama.cpp reads it as linear)"
         raise UnsupportedArchitectureError(
-            f"{source}: RoPE scaling {scaling!r} is not implemented in lucidlm; only unscaled RoPE is supported."
+            f"{source}: RoPE scaling {scaling!r}{f' by {factor:g}' if factor is not None else ''}{stated} is not "
+            f"implemented in lucidlm; only unscaled RoPE is supported."
         )
     d_model = fields.int("embedding_length", low=1, high=MAX_WIDTH)
     n_heads = fields.int("attention.head_count", low=1, high=MAX_HEADS)
