@@ -131,7 +131,10 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
                    seed: Optional[int] = None, stop: Optional[str | Sequence[str]] = None,
                    stop_on_eos: bool = True, min_new_tokens: int = 0, chat: bool = False) -> list[GenerationResult]:
     """Generate for several prompts in one batch (left-padded, one KV cache). Each row
-    stops on its own; greedy results equal one-prompt-at-a-time ``generate``."""
+    stops on its own; greedy results equal one-prompt-at-a-time ``generate``, up to the
+    context: the rows share the cache's ``max_seq_len`` slots, so every row gets at most
+    ``max_seq_len`` minus the *longest* prompt's length new tokens (finish reason "length"),
+    where a short prompt alone could go on further."""
     if isinstance(prompts, str) or len(prompts) == 0:
         raise GenerationError("generate_batch takes a non-empty list of prompts; use generate() for one prompt.")
     kwargs = {k: v for k, v in locals().items() if k not in ("model", "prompts", "chat")}
