@@ -53,6 +53,9 @@ def test_cli_and_python_agree_through_generation_config(tmp_path, capsys):
                                         top_p=0.8).token_ids
     (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": False, "temperature": 0.4}))
     assert sampling_defaults_for(tmp_path) == {"temperature": 0.0}  # transformers would decode greedily
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.4, "top_p": 0.8}))
+    assert sampling_defaults_for(tmp_path) == {"temperature": 0.0}  # no do_sample: greedy too, as transformers
+    # (tests/weights/test_hf_generation_config.py compares with transformers' generate)
 
 
 def test_table_names_the_embedded_model():

@@ -3,10 +3,16 @@
 A sampling option left at ``None`` takes the model's own value, found (first match wins) in
 
 1. the model file: GGUF ``general.sampling.*`` keys (llama.cpp's), or a Hugging Face
-   ``generation_config.json`` beside the weights;
-2. the table below, for models whose files carry none;
-3. ``FALLBACK``: plain sampling from the model's distribution (temperature 1), as in
-   transformers and TransformerLens.
+   ``generation_config.json`` beside the weights, read as transformers' ``generate`` reads it:
+   greedy (temperature 0) unless it says ``"do_sample": true``, then its temperature, top_k,
+   top_p and min_p, and only those (transformers adds its own top-k 50 when the file names no
+   top_k; lucidlm does not); a ``temperature`` without ``do_sample`` is ignored, as transformers
+   ignores it; its repetition_penalty applies either way (``weights/hf_generation_config.py``);
+2. the table below, for models whose files carry none (a GGUF without sampling keys, a
+   pretrained name, a directory without generation_config.json);
+3. ``FALLBACK``: plain sampling from the model's distribution (temperature 1), as
+   TransformerLens's ``generate`` does (transformers with no generation_config.json would be
+   greedy; llama.cpp's CLI samples at temperature 0.8 with top-k 40, top-p 0.95, min-p 0.05).
 
 An explicit value always wins, key by key (``temperature=0.7`` keeps the model's top_p);
 ``top_p=1``, ``top_k=0``, ``min_p=0`` switch a model default off. ``model.generation_defaults``
@@ -15,7 +21,6 @@ An explicit value always wins, key by key (``temperature=0.7`` keeps the model's
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -57,7 +62,7 @@ def sampling_defaults_for(source: Any, name: Optional[str] = None) -> dict[str, 
         found, name = _from_gguf(path)
         keys += [(name or "").lower(), path.name.split(".")[0].lower()]  # SmolLM2-135M-Instruct.Q4_1.gguf
     elif path.is_dir():
-        found = _from_generation_config(path / "generation_config.json")
+        found = _from_generation_config(path)
     if found:
         return found
     for key in keys:
@@ -93,14 +98,11 @@ def _from_gguf(path: Path) -> tuple[dict[str, Any], Optional[str]]:
     return found, name if isinstance(name, str) else None
 
 
-def _from_generation_config(path: Path) -> dict[str, Any]:
-    """Hugging Face's generation_config.json: its sampling values; greedy when it says do_sample=false."""
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(config, dict):
-        return {}
-    if config.get("do_sample") is False:  # transformers decodes greedily then, whatever else it says
-        return {"temperature": 0.0}
-    return {key: config[key] for key in SAMPLING_KEYS if isinstance(config.get(key), (int, float))}
+def _from_generation_config(directory: Path) -> dict[str, Any]:
+    """A Hugging Face generation_config.json's decoding, as transformers reads it (greedy unless
+    do_sample is true); ``{}`` when the directory has none. A damaged file is a ConfigError
+    naming it and the field: the same reader gives the loader the file's eos ids."""
+    from lucidlm.weights.hf_generation_config import read_generation_config, sampling_settings
+
+    config = read_generation_config(directory)
+    return {} if config is None else sampling_settings(config)

@@ -93,14 +93,23 @@ def tokenizer_from_gguf_fields(cls: Any, fields: dict[str, Any], source: str = "
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
     backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
 
-    def token_for(key: str) -> Optional[str]:
+    def id_for(key: str) -> Optional[int]:
         token_id = checked.int(f"tokenizer.ggml.{key}", default=None)
         if token_id is None:
             return None
         if not 0 <= int(token_id) < len(tokens):
             raise TokenizerError(f"{source}: tokenizer.ggml.{key}={token_id} is outside the vocabulary "
                                  f"of {len(tokens)} tokens.")
-        return tokens[int(token_id)]
+        return int(token_id)
+
+    def token_for(key: str) -> Optional[str]:
+        token_id = id_for(key)
+        return None if token_id is None else tokens[token_id]
+
+    # Generation ends on any end-of-generation token, as llama.cpp's llama_vocab_is_eog: the EOS,
+    # and the end-of-turn / end-of-message ids chat models declare (Llama 3's <|eot_id|>, <|eom_id|>).
+    end_ids = [id_for(key) for key in ("eos_token_id", "eot_token_id", "eom_token_id")]
+    eos_ids = list(dict.fromkeys(i for i in end_ids if i is not None))
 
     template = fields.get("tokenizer.chat_template")
     if template is not None and not isinstance(template, str):
@@ -109,7 +118,7 @@ def tokenizer_from_gguf_fields(cls: Any, fields: dict[str, Any], source: str = "
     tokenizer = cls(backend, add_bos=checked.bool("tokenizer.ggml.add_bos_token", default=False),
                     bos_token=token_for("bos_token_id"), eos_token=token_for("eos_token_id"),
                     pad_token=token_for("padding_token_id"), unk_token=token_for("unknown_token_id"),
-                    chat_template=template)
+                    chat_template=template, eos_ids=eos_ids)
     tokenizer.chat_template_source = f"{source} (tokenizer.chat_template)"
     tokenizer.source = source
     return tokenizer

@@ -31,6 +31,7 @@ from lucidlm.tokenizers.gguf_tokenizer import (  # noqa: F401  (re-exported: thi
     PRE_TOKENIZER_SPLITS, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, tokenizer_from_gguf_fields)
 from lucidlm.tokenizers.hf_files import tokenizer_from_file
 from lucidlm.tokenizers.regex_safety import check_backend_regexes
+from lucidlm.validation import Fields
 
 _BYTE_DECODER = {char: byte for byte, char in bytes_to_unicode().items()}
 
@@ -40,13 +41,16 @@ class HFTokenizer(Tokenizer):
 
     ``add_bos``: whether ``encode`` puts the BOS id first (the GGUF's ``add_bos_token``).
     ``chat_template``: the Jinja chat template that came with the model, or None.
+    ``eos_ids``: every id generation stops on (a GGUF's eos/eot/eom ids, a Hugging Face
+    ``generation_config.json``'s ``eos_token_id`` list); by default the EOS role's id alone.
     """
 
     type_name = "hf"
 
     def __init__(self, backend: Any, *, add_bos: bool = False, bos_token: Optional[str] = None,
                  eos_token: Optional[str] = None, pad_token: Optional[str] = None,
-                 unk_token: Optional[str] = None, chat_template: Optional[str] = None) -> None:
+                 unk_token: Optional[str] = None, chat_template: Optional[str] = None,
+                 eos_ids: Optional[Sequence[int]] = None) -> None:
         self._backend = backend
         self.add_bos = add_bos
         self.unk_token = unk_token
@@ -63,6 +67,8 @@ class HFTokenizer(Tokenizer):
                 special[role] = role_id
         super().__init__(special, bos_token=bos_token, eos_token=eos_token, pad_token=pad_token)
         self._vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        default_eos = [] if self.eos_id is None else [self.eos_id]
+        self.eos_ids: list[int] = [int(i) for i in eos_ids] if eos_ids else default_eos  # generation stops on any
         self._byte_level = _has_byte_level_decoder(backend)
         self._strips_leading_space = not self._byte_level and _strips_leading_space(backend)
         self._plain: Any = None  # built when first needed (see _encode_ordinary)
@@ -183,6 +189,7 @@ class HFTokenizer(Tokenizer):
             "tokenizer_json": self._backend.to_str(),
             "add_bos": self.add_bos, "bos_token": self.bos_token, "eos_token": self.eos_token,
             "pad_token": self.pad_token, "unk_token": self.unk_token, "chat_template": self.chat_template,
+            "eos_ids": list(self.eos_ids),
         }
 
     @classmethod
@@ -195,9 +202,17 @@ class HFTokenizer(Tokenizer):
         except Exception as exc:
             raise TokenizerError(f"the embedded tokenizer_json cannot be read ({exc})") from None
         check_backend_regexes(backend, "the embedded tokenizer_json")
+        # absent in files saved before lucidlm kept every end id: the EOS role's id alone, as then
+        eos_ids = Fields(data, "the saved tokenizer", TokenizerError,
+                         fix="save the model again").list("eos_ids", default=None, item=int)
+        size = backend.get_vocab_size(with_added_tokens=True)
+        bad = [i for i in eos_ids or () if not 0 <= i < size]
+        if bad:
+            raise TokenizerError(f"the saved tokenizer's eos_ids hold {bad[0]}, outside its vocabulary of {size} "
+                                 f"tokens; the file is damaged. Save the model again.")
         return cls(backend, add_bos=bool(data.get("add_bos", False)), bos_token=data.get("bos_token"),
                    eos_token=data.get("eos_token"), pad_token=data.get("pad_token"),
-                   unk_token=data.get("unk_token"), chat_template=data.get("chat_template"))
+                   unk_token=data.get("unk_token"), chat_template=data.get("chat_template"), eos_ids=eos_ids)
 
     # ----------------------------------------------------------------- helpers
 

@@ -11,19 +11,22 @@ A Hugging Face directory is ``config.json`` plus ``model.safetensors`` (or shard
 
 Both directions go through one table, ``hf_state_dict(model)`` in ``hf_names.py``: the
 tensors a Hugging Face checkpoint of this model holds, by their Hugging Face names. Saving
-writes it; loading checks the file against its names and shapes, then inverts the mapping.
+writes it; loading checks the file against its names, shapes and float dtypes, refuses any
+tensor left over (a wrong config or an unsupported variant), then inverts the mapping.
 Reading and checking ``config.json`` itself is ``hf_config.py``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 
+from lucidlm.config import ModelConfig
 from lucidlm.errors import (
     MissingTensorError,
     ShapeMismatchError,
@@ -36,6 +39,7 @@ from lucidlm.weights.checkpoint import atomic_save_safetensors
 from lucidlm.weights.finite import FiniteCheck
 from lucidlm.weights.hf_config import (CONFIG_NAME, GPT2_NAMES, LLAMA_NAMES, SUPPORTED, config_from_hf, hf_family,
                                        read_hf_config)
+from lucidlm.weights.hf_generation_config import use_generation_eos_ids
 from lucidlm.weights.hf_names import (ARCHITECTURE_OF_FAMILY, GPT2_ACTIVATION_NAMES, export_family,
                                       hf_state_dict, to_our_names)
 from lucidlm.weights.state import load_into
@@ -77,7 +81,7 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | 
     model = model_cls.empty(config, device)  # checks the memory this config needs first
     tensors = read_safetensors(path)
     load_into(model, _to_our_names(model, family, tensors, path), path)
-    model.tokenizer = _load_tokenizer(path)
+    model.tokenizer = _load_tokenizer(path, config.vocab_size)
     return model.to(dtype).eval()
 
 
@@ -144,17 +148,77 @@ def _to_our_names(model: Transformer, family: str, tensors: dict[str, torch.Tens
                 f"{source}: tensor {name!r} has shape {tuple(tensors[name].shape)}, expected {tuple(shape)} "
                 f"from config.json ({sizes}); the weights and the config do not belong together."
             )
+        _check_float_dtype(tensors[name], name, source)
+    _check_nothing_left_over(model.config, family, tensors, set(expected), source, sizes)
     return to_our_names(model.config, family, tensors)
 
 
-def _load_tokenizer(path: Path) -> Any:
+# Tensors a checkpoint may hold that a model of its config has no use for, and rightly so:
+# GPT-2's causal-mask buffers (attn.bias, attn.masked_bias) and RoPE's inverse frequencies.
+_HARMLESS = re.compile(r"(^transformer\.h\.\d+\.attn\.(bias|masked_bias)$)|(rotary_emb\.inv_freq$)")
+_LAYER_INDEX = re.compile(r"\.(?:layers|h)\.(\d+)\.")
+_FLOAT8 = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+                                       "float8_e8m0fnu") if hasattr(torch, n)}
+
+
+def _check_float_dtype(tensor: torch.Tensor, name: str, source: Path) -> None:
+    """A weight stored as float8 or integers is quantized (it needs scales lucidlm does not read):
+    converting it to float would load wrong numbers without a word."""
+    if tensor.is_floating_point() and tensor.dtype not in _FLOAT8:
+        return
+    raise WeightsError(
+        f"{source}: tensor {name!r} is stored as {str(tensor.dtype).removeprefix('torch.')}, a quantized format; "
+        f"lucidlm reads Hugging Face checkpoints in float32, float16 or bfloat16 (and quantizes them itself with "
+        f"quantize=): use the model's unquantized release."
+    )
+
+
+def _check_nothing_left_over(config: ModelConfig, family: str, tensors: dict[str, torch.Tensor], used: set[str],
+                             source: Path, sizes: str) -> None:
+    """Refuse a checkpoint holding tensors this config has no place for: loading without them
+    would build a different model than the file's (a 2-layer file read as 1 layer, a Qwen 3
+    style q_norm/k_norm checkpoint labelled LLaMA, a tied config with its own lm_head)."""
+    left = {name for name in tensors if name not in used and not _HARMLESS.search(name)}
+    embed = "model.embed_tokens.weight" if family == "llama" else "transformer.wte.weight"
+    if config.tie_embeddings and "lm_head.weight" in left:
+        head = tensors["lm_head.weight"]
+        if head.shape == tensors[embed].shape and torch.equal(head, tensors[embed]):
+            left.discard("lm_head.weight")  # a tied model saved with both names: the same matrix twice
+        else:
+            raise WeightsError(
+                f"{source}: config.json says tie_word_embeddings=true, but the file's 'lm_head.weight' differs from "
+                f"{embed!r}, so which one the output layer uses is ambiguous; set tie_word_embeddings to false in "
+                f"config.json if the model has its own output matrix, or remove lm_head.weight from the file."
+            )
+    if not left:
+        return
+    names = LLAMA_NAMES if family == "llama" else GPT2_NAMES
+    layers = [int(m.group(1)) for m in map(_LAYER_INDEX.search, tensors) if m]
+    if layers and max(layers) >= config.n_layers:
+        cause = (f"the file has tensors for layers 0..{max(layers)} but config.json's {names['n_layers']}="
+                 f"{config.n_layers}; correct config.json")
+    elif family == "llama" and all(name.endswith("_proj.bias") for name in left):
+        cause = ("the file has bias tensors but config.json's attention_bias / mlp_bias say there are none; "
+                 "correct config.json")
+    else:
+        cause = (f"config.json ({sizes}) does not describe these weights, or the checkpoint is an architecture "
+                 f"variant lucidlm does not implement (e.g. q_norm/k_norm, as in Qwen 3); correct config.json or "
+                 f"use a supported model")
+    raise WeightsError(
+        f"{source}: {len(left)} tensor(s) in the file have no place in a model of this config, e.g. "
+        f"{sorted(left)[:4]}; {cause}."
+    )
+
+
+def _load_tokenizer(path: Path, vocab_size: int) -> Any:
     if not (path / TOKENIZER_NAME).is_file():
         return None
     try:
         from lucidlm.tokenizers.pretrained import HFTokenizer
     except ImportError:  # the pretrained-tokenizer module is optional
         return None
-    return HFTokenizer.from_file(path / TOKENIZER_NAME)
+    # generation stops on generation_config.json's eos ids, as in transformers (hf_generation_config.py)
+    return use_generation_eos_ids(HFTokenizer.from_file(path / TOKENIZER_NAME), path, vocab_size)
 
 
 # ----------------------------------------------------------------------------- writing

@@ -1,0 +1,105 @@
+"""What a Hugging Face model directory says about generation besides its weights and tokenizer:
+``generation_config.json`` (and ``config.json``'s ``eos_token_id``), read the way transformers
+reads them, every field checked (one line naming the file and the field when one is wrong).
+
+- End tokens: transformers' ``generate`` stops on every id of ``generation_config.eos_token_id``
+  (an int or a list: Llama-3-Instruct lists ``<|end_of_text|>`` and ``<|eot_id|>``), whatever
+  the tokenizer's own ``eos_token`` is. ``eos_token_ids`` reads them from
+  ``generation_config.json``, else ``config.json``; ``use_generation_eos_ids`` makes them the
+  tokenizer's ``eos_ids``, the ids generation stops on. (transformers 5 does not look at
+  config.json when a generation_config.json exists without an eos_token_id; lucidlm does,
+  rather than never stop.)
+- Sampling: ``sampling_settings`` gives transformers' decoding for the file: greedy unless it
+  says ``"do_sample": true`` (its temperature, top-k, top-p, min-p then); a
+  ``repetition_penalty`` applies either way. ``generation/defaults.py`` calls it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from lucidlm.errors import ConfigError
+from lucidlm.validation import Fields, read_json_object
+
+GENERATION_CONFIG_NAME = "generation_config.json"
+CONFIG_NAME = "config.json"
+_FIX = "fix it, or replace it with the model's original {name}"
+
+
+def read_generation_config(directory: str | Path) -> Optional[Fields]:
+    """``generation_config.json`` of ``directory`` as checked ``Fields``, or None when there is none."""
+    path = Path(directory) / GENERATION_CONFIG_NAME
+    if not path.is_file():
+        return None
+    return read_json_object(path, ConfigError, "generation config", fix=_FIX.format(name=GENERATION_CONFIG_NAME))
+
+
+def sampling_settings(config: Fields) -> dict[str, Any]:
+    """The sampling defaults transformers' ``generate`` takes from this generation config:
+    ``temperature=0`` (greedy) unless ``do_sample`` is true, then the file's temperature, top_k,
+    top_p and min_p; its repetition_penalty in both cases (transformers applies it when greedy too)."""
+    found: dict[str, Any] = {}
+    if config.has("repetition_penalty"):
+        found["repetition_penalty"] = config.float("repetition_penalty", low=0.0, low_open=True)
+    if not config.bool("do_sample", default=False):
+        return {"temperature": 0.0, **found}
+    if config.has("temperature"):
+        found["temperature"] = config.float("temperature", low=0.0)
+    if config.has("top_k"):
+        found["top_k"] = config.int("top_k", low=0)
+    if config.has("top_p"):
+        found["top_p"] = config.float("top_p", low=0.0, high=1.0, low_open=True)
+    if config.has("min_p"):
+        found["min_p"] = config.float("min_p", low=0.0, high=1.0)
+    return found
+
+
+def eos_token_ids(directory: str | Path, vocab_size: int) -> Optional[list[int]]:
+    """The ids generation stops on: ``eos_token_id`` (an int or a list of ints, each a token id
+    below ``vocab_size``) of ``generation_config.json``, else of ``config.json``; None when
+    neither names one."""
+    directory = Path(directory)
+    generation = read_generation_config(directory)
+    sources = [generation] if generation is not None else []
+    if (directory / CONFIG_NAME).is_file():
+        sources.append(read_json_object(directory / CONFIG_NAME, ConfigError, "model config",
+                                        fix=_FIX.format(name=CONFIG_NAME)))
+    for fields in sources:
+        if fields.has("eos_token_id"):
+            ids = _token_ids(fields, "eos_token_id", vocab_size)
+            if ids:
+                return ids
+    return None
+
+
+def use_generation_eos_ids(tokenizer: Any, directory: str | Path, vocab_size: int) -> Any:
+    """``tokenizer`` with ``eos_ids`` set to the directory's end tokens (``eos_token_ids``), when
+    it names any; the tokenizer's bos/eos roles are left as its own files set them."""
+    ids = eos_token_ids(directory, vocab_size)
+    if tokenizer is not None and ids:
+        tokenizer.eos_ids = ids
+    return tokenizer
+
+
+def _token_ids(fields: Fields, key: str, vocab_size: int) -> list[int]:
+    """The field as a list of distinct token ids (an int is a list of one), each in the vocabulary."""
+    value = fields.raw(key)
+    if isinstance(value, list):
+        values = fields.list(key, item=int)
+        names = [f"{key}[{i}]" for i in range(len(values))]
+    else:
+        values = [fields.int(key)]
+        names = [key]
+    ids: list[int] = []
+    for name, token_id in zip(names, values):
+        if not 0 <= token_id < vocab_size:
+            fields.fail(f"field {name!r} is {token_id}, outside the model's vocabulary of {vocab_size} tokens "
+                        f"(ids 0 to {vocab_size - 1})")
+        if token_id not in ids:
+            ids.append(int(token_id))
+    return ids
+
+
+__all__ = ["GENERATION_CONFIG_NAME", "eos_token_ids", "read_generation_config", "sampling_settings",
+           "use_generation_eos_ids"]
