@@ -20,6 +20,8 @@ import torch
 
 from lucidlm.errors import LucidLMError, WeightsError
 
+# Floating dtypes torch's aminmax / isnan / isinf accept everywhere.
+_REDUCIBLE = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
 FIX = "The file is damaged or was saved from a diverged run; re-download, re-convert or re-save it from a good copy."
 
 
@@ -41,6 +43,8 @@ class FiniteCheck:
                 values = torch.from_numpy(values)
         if not values.is_floating_point() or values.numel() == 0:
             return  # integer codes are always finite
+        if values.dtype not in _REDUCIBLE:  # float8 & co.: no min/max/isnan kernels; float32 holds them exactly
+            values = values.float()
         # min and max in one reduction: NaN propagates into both, an infinity is one of them.
         # ~40x faster on CPU than isfinite(values).all(), which builds a boolean copy.
         # (A strided view, e.g. the scales inside quantized blocks, is copied first: reductions

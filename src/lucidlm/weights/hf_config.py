@@ -54,8 +54,23 @@ def config_from_hf(hf: dict[str, Any] | Fields, source: str = CONFIG_NAME) -> Mo
     uses is checked for type and range under its config.json name before anything is built."""
     fields = _fields(hf, source)
     family = hf_family(fields)
+    _refuse_quantized(fields)
     values, names = _llama_fields(fields) if family == "llama" else _gpt2_fields(fields)
     return ModelConfig.from_dict(values, source=fields.source, names=names, fix=_CONFIG_FIX)
+
+
+def _refuse_quantized(hf: Fields) -> None:
+    """A ``quantization_config`` means the weights are stored quantized (FP8, GPTQ, AWQ,
+    bitsandbytes...) with scales and packing lucidlm does not read: refuse before reading them."""
+    quantization = hf.object("quantization_config", default={})
+    if not quantization.data:
+        return
+    method = quantization.raw("quant_method", default=None)
+    raise UnsupportedArchitectureError(
+        f"{hf.source}: the checkpoint is quantized (quantization_config with quant_method={method!r}), which lucidlm "
+        f"does not read; lucidlm reads float checkpoints (float32, float16, bfloat16) and quantizes them itself "
+        f"(lucidlm.load(..., quantize='int8' or 'int4'), --quantize): use the model's unquantized release."
+    )
 
 
 # our ModelConfig field -> config.json's name for it, so refusals name the file's field

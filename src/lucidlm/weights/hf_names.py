@@ -115,6 +115,30 @@ def _common_export_problems(cfg: ModelConfig) -> list[str]:
         problems.append("final_norm=False, but both Hugging Face families apply a final norm")
     if cfg.unembed_bias:
         problems.append("unembed_bias=True, but both Hugging Face families have a bias-free lm_head")
+    # Gemma / Qwen 3 features: LlamaForCausalLM and GPT2LMHeadModel would load the file without them
+    # (dropping their tensors) and compute different logits, so each is a refusal, not a loss.
+    if cfg.qk_norm:
+        problems.append("qk_norm=True (RMSNorm on each head's queries and keys), but neither family has "
+                        "q_norm/k_norm weights (it needs qk_norm=False)")
+    local = sum(cfg.layer_is_local(i) for i in range(cfg.n_layers))
+    if local:
+        problems.append(f"sliding_window={cfg.sliding_window} ({local} of {cfg.n_layers} layers attend locally), "
+                        f"but both families attend globally in every layer (it needs sliding_window=None)")
+        if cfg.positions == "rope" and cfg.rope_local_theta not in (None, cfg.rope_theta):
+            problems.append(f"rope_local_theta={cfg.rope_local_theta!r} differs from rope_theta={cfg.rope_theta!r}, "
+                            f"but LLaMA has one RoPE base for every layer")
+    if cfg.final_logit_softcap is not None:
+        problems.append(f"final_logit_softcap={cfg.final_logit_softcap!r}, but neither family caps its logits "
+                        f"(it needs final_logit_softcap=None)")
+    if cfg.scale_embeddings:
+        problems.append("scale_embeddings=True (embeddings times sqrt(d_model)), but neither family scales its "
+                        "embeddings (it needs scale_embeddings=False)")
+    if cfg.query_pre_attn_scalar is not None and float(cfg.query_pre_attn_scalar) != float(cfg.head_dim):
+        problems.append(f"query_pre_attn_scalar={cfg.query_pre_attn_scalar!r}, but both families scale attention "
+                        f"scores by 1/sqrt(head_dim={cfg.head_dim}) (it needs None or head_dim)")
+    if cfg.post_sublayer_norm:
+        problems.append("post_sublayer_norm=True (a norm on each sub-layer's output), but neither family has "
+                        "post-attention/post-feedforward norms (it needs post_sublayer_norm=False)")
     return problems
 
 
@@ -146,9 +170,40 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     cfg = model.config
     ours = own_state_dict(model)
     family = export_family(cfg)
+    _check_all_mapped(model, family, ours)
     if family == "llama":
         return _llama_from_ours(cfg, ours)
     return _gpt2_from_ours(cfg, ours)
+
+
+def _check_all_mapped(model: Transformer, family: str, ours: dict[str, torch.Tensor]) -> None:
+    """Refuse a model holding a tensor the family's name table has no Hugging Face name for: it
+    would be left out of the file without a word (a quantized model's codes, or the weights of a
+    config feature that ``export_family`` does not know to refuse)."""
+    cfg = model.config
+    if family == "llama":
+        mapped = set(_llama_names(cfg))
+    else:
+        mapped = set()
+        for name, _, layout in _gpt2_names(cfg):  # a "qkv" row's name has {} for q, k or v
+            mapped.update([name.format(part) for part in "qkv"] if layout == "qkv" else [name])
+    unmapped = sorted(set(ours) - mapped)
+    if not unmapped:
+        return
+    from lucidlm.quantization import QuantizedEmbedding, QuantizedLinear
+
+    architecture = ARCHITECTURE_OF_FAMILY[family]
+    if any(isinstance(m, (QuantizedLinear, QuantizedEmbedding)) for m in model.modules()):
+        raise ConfigError(
+            f"this model is quantized ({len(unmapped)} tensors such as {unmapped[:3]} are quantization codes), but a "
+            f"{architecture} directory holds float weights; load the model without quantize= to export it to "
+            f"Hugging Face, or save it in lucidlm's own format (lucidlm convert --to lucidlm --quantize ...)."
+        )
+    raise ConfigError(
+        f"this model cannot be exported to Hugging Face as {architecture}: {len(unmapped)} of its tensors have no "
+        f"{architecture} name and would be left out, e.g. {unmapped[:5]}; save it in lucidlm's own format "
+        f"instead (lucidlm convert --to lucidlm)."
+    )
 
 
 def _llama_from_ours(cfg: ModelConfig, ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
