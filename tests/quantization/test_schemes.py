@@ -312,3 +312,55 @@ def test_int4_on_cuda_is_said_to_be_slow_once(monkeypatch):
     assert not int4.note_cuda_int4(torch.device("cuda", 0))  # once
     monkeypatch.setattr(int4, "_cuda_noted", False)
     assert not int4.note_cuda_int4(torch.device("cpu")) and not int4.note_cuda_int4(torch.device("meta"))
+
+
+@pytest.mark.parametrize("width", [72, 100, 48])
+def test_int8_per_channel_on_widths_torchs_kernel_cannot_read(width):
+    """torch's _weight_int8pack_mm reads the input width in blocks of 16: at 72 or 100 it
+    gave garbage with one row and crashed the process (SIGSEGV) with several, so those widths
+    take the plain path. Every row count equals x @ W.T of the NumPy reference's weight."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(width, 40, bias=False)
+    layer = Int8Linear.from_float(linear, None)
+    w = ref_int8(linear.weight.detach().numpy(), None)
+    for rows in (1, 2, 8, 17):
+        x = torch.randn(rows, width).to(torch.bfloat16)
+        expected = x.float().numpy() @ w.T
+        got = layer(x).float().numpy()
+        assert np.abs(got - expected).max() <= 0.02 * np.abs(expected).max()
+
+
+def test_int4_group_sizes_are_the_kernels():
+    model = tiny_llama()
+    with pytest.raises(QuantizationError, match=r"int4 takes groups of 32, 64, 128, 256 .* not 16"):
+        quantize(model, "int4", group_size=16)
+    assert type(model.blocks[0].attn.q_proj) is torch.nn.Linear  # refused before anything changed
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_non_finite_weights_are_refused_before_anything_changes(scheme):
+    """One NaN or inf would spread over its whole group of codes (and the logits)."""
+    for bad in (float("nan"), float("inf")):
+        model = tiny_llama()
+        with torch.no_grad():
+            model.blocks[1].mlp.down_proj.weight[3, 5] = bad
+        with pytest.raises(QuantizationError, match=r"blocks\.1\.mlp\.down_proj: the weight holds 1 NaN or infinite"):
+            quantize(model, scheme)
+        assert type(model.blocks[0].attn.q_proj) is torch.nn.Linear
+
+
+def test_int4_of_huge_finite_weights_stays_finite():
+    """max - min of +-3e38 overflows float32; the scale (max - min) / 15 does not."""
+    w = torch.full((4, 32), 3e38)
+    w[:, ::2] = -3e38
+    plain = Int4Linear.quantize_weight(w, 32)
+    weight = Int4Linear.dequantize_plain(plain, 32)
+    assert torch.isfinite(weight).all()
+    assert torch.allclose(weight, w, rtol=0.02)
+
+
+def test_quantizing_twice_is_refused():
+    model = quantize(tiny_llama(), "int8")
+    with pytest.raises(QuantizationError, match=r"already holds quantized weights \(int8, per channel\)"):
+        quantize(model, "int4")
+    assert isinstance(model.blocks[0].attn.q_proj, Int8Linear)

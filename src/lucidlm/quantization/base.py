@@ -32,16 +32,32 @@ DEFAULT_COMPUTE_DTYPE = torch.bfloat16
 BLOCKS_KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the activations lucidlm's kernel reads and writes
 
 
-def check_group_size(name: str, in_features: int, group_size: Optional[int], scheme: str) -> None:
+def check_group_size(name: str, in_features: int, group_size: Optional[int], scheme: type["QuantizedLinear"]) -> None:
+    """Refuse a group size that does not tile ``in_features``, or that the scheme's kernels cannot run."""
     if group_size is None:
         return
+    allowed = scheme.group_sizes
     if not isinstance(group_size, int) or group_size <= 0 or in_features % group_size:
-        divisors = [g for g in (16, 32, 64, 128, 256) if in_features % g == 0]
+        divisors = [g for g in allowed or (16, 32, 64, 128, 256) if in_features % g == 0]
         raise QuantizationError(
-            f"{name}: group_size={group_size!r} does not divide the input width {in_features}, so {scheme} "
+            f"{name}: group_size={group_size!r} does not divide the input width {in_features}, so {scheme.scheme} "
             f"groups cannot tile the rows. Use a group size that divides {in_features}"
             f"{' (e.g. ' + ', '.join(map(str, divisors)) + ')' if divisors else ''}."
         )
+    if allowed and group_size not in allowed:
+        raise QuantizationError(
+            f"{name}: {scheme.scheme} takes groups of {', '.join(map(str, allowed))} (the sizes its CPU kernels run), "
+            f"not {group_size}; use one of those.")
+
+
+def check_finite_weight(name: str, weight: torch.Tensor) -> None:
+    """Refuse a weight holding NaN or inf: its group's scale would carry it into every code of
+    the group (and the model's logits), where the float model had one bad value."""
+    low, high = torch.aminmax(weight.detach().float())
+    if not (torch.isfinite(low) and torch.isfinite(high)):
+        bad = int((~torch.isfinite(weight.detach())).sum())
+        raise QuantizationError(f"{name}: the weight holds {bad} NaN or infinite value(s), so it cannot be quantized; "
+                                f"the model is damaged (a diverged run?): load it again from a good file.")
 
 
 def kernel_layout_fits(out_features: int, in_features: int, group_size: Optional[int],
@@ -62,6 +78,7 @@ class QuantizedLinear(nn.Module):
 
     scheme: ClassVar[str] = ""
     default_group_size: ClassVar[Optional[int]] = None
+    group_sizes: ClassVar[Optional[tuple[int, ...]]] = None  # the only ones its kernels run; None: any divisor
     plain_names: ClassVar[tuple[str, ...]] = ()  # plain-layout tensors, in state_dict order
     # Whether the CPU matmul is lucidlm's own (``blocks_kernel.py``) instead of torch's: wanted
     # when the layer is made inside ``blocks_kernel.prefer()``, used where it fits (``_install``).
@@ -83,7 +100,8 @@ class QuantizedLinear(nn.Module):
     def from_float(cls, linear: nn.Linear, group_size: Optional[int] = None, name: str = "linear",
                    compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> "QuantizedLinear":
         group_size = cls.default_group_size if group_size is None else group_size
-        check_group_size(name, linear.in_features, group_size, cls.scheme)
+        check_group_size(name, linear.in_features, group_size, cls)
+        check_finite_weight(name, linear.weight)
         plain = cls.quantize_weight(linear.weight.detach().float(), group_size, compute_dtype)
         bias = linear.bias.detach() if linear.bias is not None else None
         return cls.from_plain(plain, linear.in_features, group_size, bias, compute_dtype)

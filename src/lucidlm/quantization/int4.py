@@ -175,6 +175,7 @@ def tiles_from_codes(codes_of: Callable[[int, int], torch.Tensor], N: int, pad: 
 class Int4Linear(QuantizedLinear):
     scheme = "int4"
     default_group_size = 32
+    group_sizes = (32, 64, 128, 256)  # what torch's CPU int4 kernel (and lucidlm's, at 32) runs
     plain_names = ("weight_int4", "scales", "zeros")
     # Rows per block of the CPU tiles when ``codes_from_tiles`` can read them (set with the
     # tiles): then the codes come back by shifts and views, and compiled prompts dequantize.
@@ -187,7 +188,8 @@ class Int4Linear(QuantizedLinear):
         g = group_size or Int4Linear.default_group_size
         grouped = weight.float().reshape(N, K // g, g)  # (N, G, g)
         low, high = torch.aminmax(grouped, dim=-1)  # (N, G), one pass
-        scales = ((high - low) / 15).to(scale_dtype)
+        span = high - low  # overflows float32 for finite weights near +-3e38: divided first there
+        scales = torch.where(span.isfinite(), span / 15, high / 15 - low / 15).to(scale_dtype)
         safe = scales.float().masked_fill(scales.float() == 0, 1.0)  # a constant group: all codes 8
         zeros = (low + 8 * scales.float()).to(scale_dtype)
         # round((w - zero) / scale + 8), clamped: one temporary, the rest in place (same arithmetic)

@@ -144,7 +144,9 @@ class Int8Linear(QuantizedLinear):
         if self.uses_blocks_kernel and x.dtype in BLOCKS_KERNEL_DTYPES:
             return blocks_kernel.blocks_mm(x, *self.blocks_operands())  # (M, N)
         if self.group_size is None:
-            if x.device.type == "cpu" and x.dtype == torch.bfloat16:
+            # torch's kernel reads K in blocks of 16: any other width gives garbage (and past the
+            # end of x, a crash with several rows), so those take the plain path
+            if x.device.type == "cpu" and x.dtype == torch.bfloat16 and self.in_features % 16 == 0:
                 return torch.ops.aten._weight_int8pack_mm(x, self.weight_int8, self.scales[:, 0].to(x.dtype))  # (M, N)
             return F.linear(x, self.weight_int8.to(x.dtype)) * self.scales[:, 0].to(x.dtype)
         N, K = self.weight_int8.shape

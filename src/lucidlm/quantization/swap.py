@@ -23,7 +23,7 @@ from torch import nn
 
 from lucidlm.errors import QuantizationError
 from lucidlm.quantization.base import (DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding, QuantizedLinear,
-                                       check_group_size, first_quantized)
+                                       check_finite_weight, check_group_size, first_quantized)
 from lucidlm.quantization.int4 import Int4Linear
 from lucidlm.quantization.int8 import Int8Linear
 
@@ -66,15 +66,23 @@ def quantize(model: nn.Module, scheme: str, group_size: Optional[int] = None, *,
         raise QuantizationError(f"quantize() takes a model (torch.nn.Module), got {type(model).__name__}; "
                                 f"e.g. quantize(lucidlm.load(...), 'int8').")
     cls = scheme_class(scheme)
+    done = first_quantized(model)
+    if done is not None:  # its layers would be skipped (they are no nn.Linear): say so, not keep the old scheme
+        held = f"{done.scheme}" + (f", groups of {done.group_size}" if done.group_size else ", per channel")
+        raise QuantizationError(f"this model already holds quantized weights ({held}); "
+                                f"quantize() takes a float model: load it again without quantize= (or with "
+                                f"quantize={scheme!r}).")
     group_size = cls.default_group_size if group_size is None else group_size
     linears = {name: m for name, m in model.named_modules()
                if type(m) is nn.Linear and (embeddings or name != "unembed")}
     embed = getattr(model, "embed", None)
     tie = _tied(model) and isinstance(embed, nn.Embedding)
     for name, linear in linears.items():  # validate everything before changing anything
-        check_group_size(name, linear.in_features, group_size, scheme)
+        check_group_size(name, linear.in_features, group_size, cls)
+        check_finite_weight(name, linear.weight)
     if embeddings and isinstance(embed, nn.Embedding):
-        check_group_size("embed", embed.embedding_dim, group_size, scheme)
+        check_group_size("embed", embed.embedding_dim, group_size, cls)
+        check_finite_weight("embed", embed.weight)
 
     with torch.no_grad():
         if embeddings and isinstance(embed, nn.Embedding):
@@ -118,13 +126,13 @@ def install_quantized(model: nn.Module, layout: Mapping[str, Mapping[str, Any]],
         plain_of[name] = plain
         if isinstance(old, (nn.Embedding, QuantizedEmbedding)):
             width = old.embedding_dim
-            check_group_size(name, width, group_size, cls.scheme)
+            check_group_size(name, width, group_size, cls)
             set_module(model, name, QuantizedEmbedding(cls, plain, width, group_size, torch.float32))
         else:
             bias = tensors.get(f"{name}.bias")
             if bias is not None:
                 used.add(f"{name}.bias")
-            check_group_size(name, old.in_features, group_size, cls.scheme)
+            check_group_size(name, old.in_features, group_size, cls)
             set_module(model, name, cls.from_plain(plain, old.in_features, group_size, bias, compute_dtype))
     if "unembed" in layout and "unembed" not in plain_of:
         spec, plain = layout["unembed"], plain_of.get("embed")

@@ -100,7 +100,7 @@ def plan(reader: Any, config: ModelConfig, source: str, quantize: Optional[str] 
             target = native_scheme(kind) if quantize == "gguf" else (
                 quantize, scheme_class(quantize).default_group_size if group_size is None else group_size)
             if target is not None:  # GGUF shape: [in, out]
-                check_group_size(ours[: -len(".weight")], int(tensor.shape[0]), target[1], target[0])
+                check_group_size(ours[: -len(".weight")], int(tensor.shape[0]), target[1], scheme_class(target[0]))
         heads = None
         if family.permuted_qk and ours.endswith("q_proj.weight"):
             heads = config.n_heads
