@@ -21,7 +21,9 @@ from lucidlm.errors import OutputError
 
 PathLike = Union[str, Path]
 _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
-_NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
+# ENOENT too: a directory that cannot be made where it is asked for (under /proc), or one
+# removed while it was being written
+_NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT}
 
 
 def check_output_dir(path: PathLike, flag: str) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -155,6 +156,9 @@ def test_merge_and_convert_out_paths(places, tiny_dir):
                      names=[r"--out", "a_file"], watch=[places, tiny_dir])
         main_refused("convert", tiny_dir, str(out), "--to", "hf", names=[r"OUT_DIR", "a_file"],
                      watch=[places, tiny_dir])
+    if Path("/proc/self").is_dir():  # a directory that cannot be made there: mkdir says ENOENT, not EACCES
+        main_refused("convert", tiny_dir, "/proc/lucidlm-out", "--to", "lucidlm",
+                     names=[r"cannot write /proc/lucidlm-out", "OUT_DIR"], watch=[tiny_dir])
 
 
 # -- a seeded fuzz of every parser, in process: parse errors exit 2, checks raise lucidlm errors ------------
