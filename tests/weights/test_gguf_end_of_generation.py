@@ -20,14 +20,12 @@ from typing import Optional
 
 import gguf
 import pytest
-from test_gguf import (D_MLP, D_MODEL, EXTRA_TOKENS, HEAD_DIM, MERGES, N_HEADS, N_KV, VOCAB, tiny_weights,
-                       to_gguf_layout)
+from test_gguf import VOCAB, tiny_weights, to_gguf_layout, write_llama_gguf
 
 import lucidlm
 from lucidlm.errors import TokenizerError
 from lucidlm.generation import generate
 from lucidlm.tokenizers.base import load_tokenizer
-from lucidlm.tokenizers.bpe import bytes_to_unicode
 from lucidlm.weights.checkpoint import save_model
 
 PROMPT = [72, 101, 108, 108, 111]  # greedy from here does not reach the EOS (id 0) for 16 tokens
@@ -35,37 +33,16 @@ NEW = 16
 
 
 def write_gguf(path: Path, eot: Optional[int] = None, eom: Optional[int] = None) -> Path:
-    """The tiny LLaMA of test_gguf.py with a pre-tokenizer llama.cpp knows ("default"), EOS id
-    0, and the given end-of-turn / end-of-message ids."""
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(128)
-    writer.add_embedding_length(D_MODEL)
-    writer.add_block_count(2)
-    writer.add_feed_forward_length(D_MLP)
-    writer.add_head_count(N_HEADS)
-    writer.add_head_count_kv(N_KV)
-    writer.add_rope_dimension_count(HEAD_DIM)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(["<|endoftext|>", *(bytes_to_unicode()[b] for b in range(256)), *EXTRA_TOKENS])
-    writer.add_token_types([3] + [1] * (VOCAB - 1))
-    writer.add_token_merges(MERGES)
-    writer.add_bos_token_id(0)
-    writer.add_eos_token_id(0)
-    writer.add_add_bos_token(False)
-    if eot is not None:
-        writer.add_eot_token_id(eot)
-    if eom is not None:
-        writer.add_eom_token_id(eom)
-    for name, weight in tiny_weights(2).items():
-        writer.add_tensor(name, to_gguf_layout(name, weight))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    """The tiny 2-layer LLaMA of test_gguf.py (EOS id 0) with the given end-of-turn /
+    end-of-message ids."""
+    def extra(writer: gguf.GGUFWriter) -> None:
+        if eot is not None:
+            writer.add_eot_token_id(eot)
+        if eom is not None:
+            writer.add_eom_token_id(eom)
+
+    tensors = {name: to_gguf_layout(name, weight) for name, weight in tiny_weights(2).items()}
+    return write_llama_gguf(path, tensors, 2, extra=extra)
 
 
 def reference_greedy(path: Path, prompt: list[int], max_new: int, end_ids: list[int]) -> list[int]:
