@@ -176,3 +176,34 @@ def test_prefix_errors():
         add_prefix(tiny_model(), length=0)
     with pytest.raises(AdapterError, match="no prefix to freeze"):
         freeze_prefix(tiny_model())
+
+
+def test_disable_adapters_nests_and_restores_what_was_off():
+    """Inside an outer block the base model runs even after an inner block ends, and a part
+    switched off before the block stays off after it (each flag comes back as it was)."""
+    from lucidlm.peft.adapters import set_adapters_disabled
+    from lucidlm.peft.prefix import set_prefix_disabled
+
+    batch = ids()
+    for method in ("adapter", "prefix"):
+        model = tiny_model(std=0.2)
+        with torch.no_grad():
+            base = model(batch)
+            if method == "adapter":
+                add_adapters(model, bottleneck=8)
+                for name, param in model.named_parameters():
+                    if "adapter" in name:
+                        param.normal_(0, 0.2)  # the up-projections start at zero: make them count
+            else:
+                add_prefix(model, length=3)
+            tuned = model(batch)
+            assert (tuned - base).abs().max() > 1e-2
+            with disable_adapters(model):
+                with disable_adapters(model):
+                    pass
+                assert torch.equal(model(batch), base)
+            assert torch.equal(model(batch), tuned)
+            (set_adapters_disabled if method == "adapter" else set_prefix_disabled)(model, True)
+            with disable_adapters(model):
+                pass
+            assert torch.equal(model(batch), base)

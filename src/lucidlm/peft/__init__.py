@@ -21,34 +21,38 @@ from typing import Iterator
 
 from torch import nn
 
-from lucidlm.peft.adapters import BottleneckAdapter, add_adapters, adapter_parameter_count, set_adapters_disabled
+from lucidlm.peft.adapters import (BottleneckAdapter, adapted_layers, add_adapters, adapter_parameter_count,  # noqa: F401
+                                   set_adapters_disabled)
 from lucidlm.peft.files import load_adapter, method_of, save_adapter
 from lucidlm.peft.lora import (LoRALinear, adapter_names, add_lora, count_parameters, freeze_base, lora_layers,
                                match_targets, merge_adapter, merge_and_unload, set_adapter,
                                trainable_parameters_report, unload_lora, unmerge_adapter)
-from lucidlm.peft.prefix import PrefixEncoder, add_prefix, freeze_prefix, prefix_parameter_count, set_prefix_disabled
+from lucidlm.peft.prefix import (PrefixEncoder, add_prefix, freeze_prefix, prefix_encoder,  # noqa: F401
+                                 prefix_parameter_count, set_prefix_disabled)
 
 
 @contextmanager
 def disable_adapters(model: nn.Module) -> Iterator[nn.Module]:
     """Run the base model inside the block (for a base-vs-tuned comparison): LoRA, adapters
-    and prefixes are switched off, a merged LoRA is taken out, and all come back after."""
+    and prefixes are switched off, a merged LoRA is taken out, and after the block each is as
+    it was before it (so blocks nest, and a part switched off beforehand stays off). Norms
+    trained by ``add_adapters(train_norms=True)`` are the model's own weights: they stay."""
     lora = [layer for _, layer in lora_layers(model)]
     merged = any(layer.merged_adapter for layer in lora)
     if merged:
         unmerge_adapter(model)
-    previous = [layer.disabled for layer in lora]
-    for layer in lora:
-        layer.disabled = True
-    set_adapters_disabled(model, True)
-    set_prefix_disabled(model, True)
+    switches = [layer for _, layer in adapted_layers(model)] + lora  # each has a `disabled` flag
+    encoder = prefix_encoder(model)
+    if encoder is not None:
+        switches.append(encoder)
+    previous = [part.disabled for part in switches]
+    for part in switches:
+        part.disabled = True
     try:
         yield model
     finally:
-        for layer, was in zip(lora, previous):
-            layer.disabled = was
-        set_adapters_disabled(model, False)
-        set_prefix_disabled(model, False)
+        for part, was in zip(switches, previous):
+            part.disabled = was
         if merged:
             merge_adapter(model)
 
