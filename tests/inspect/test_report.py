@@ -147,3 +147,28 @@ def test_report_displays_inline_in_its_own_frame(tiny_model):
     assert parsed.frames[0]["id"] != parsed.frames[1]["id"]  # two displays never share an id
     assert parsed.frames[0]["srcdoc"] == page  # the whole page, unchanged, self-contained
     assert "allow-scripts" in parsed.frames[0]["sandbox"]
+
+
+def test_report_and_view_show_token_columns_under_a_prefix(make_model):
+    """With prefix tuning a pattern is (nh, T, P + T), the P prefix keys first: the report's
+    rows and the attention view hold the weights on the tokens themselves (column j is
+    token j), not the prefix's columns under the tokens' labels."""
+    from lucidlm.inspect import attention_view
+    from lucidlm.peft import add_prefix
+
+    model = make_model("llama")
+    add_prefix(model, length=3)
+    ids = torch.tensor([model.tokenizer.encode(TEXT)])
+    _, cache = run_with_cache(model, ids)
+    T = ids.shape[1]
+    assert cache["pattern", 0].shape[-2:] == (T, T + 3)
+    data = _embedded_data(build_report(model, TEXT, top_k=2))
+    view = attention_view(model, TEXT)
+    assert view.patterns.shape == (2, 4, T, T)
+    for layer in range(2):
+        on_tokens = cache["pattern", layer][0][..., 3:]  # (nh, T, T)
+        torch.testing.assert_close(view.patterns[layer], on_tokens)
+        for head in range(4):
+            for q in range(T):
+                torch.testing.assert_close(torch.tensor(data["attention"][layer][head][q]),
+                                           on_tokens[head, q, : q + 1], atol=5e-4, rtol=0)

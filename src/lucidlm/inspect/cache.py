@@ -89,6 +89,13 @@ def next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
 
 
+def token_columns(pattern: torch.Tensor) -> torch.Tensor:
+    """(..., T, S) attention weights -> (..., T, T), the weights on the sequence's own tokens.
+    With prefix tuning S = P + T and the P prefix keys come first: their columns are left out
+    (a row then sums to 1 minus what the prefix takes), so column j is token j."""
+    return pattern[..., pattern.shape[-1] - pattern.shape[-2]:]
+
+
 def run_with_cache(model: nn.Module, ids: Any, names_filter: NamesFilter = None,
                    device: Optional[Union[str, torch.device]] = None, remove_batch_dim: bool = False,
                    input_pos: Optional[torch.Tensor] = None, incl_bwd: bool = False,

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from lucidlm.errors import HookError, InputError
 from lucidlm.validation import MAX_CONTEXT, MAX_WIDTH, check_float, check_int
-from lucidlm.inspect.cache import ActivationCache, check_layer
+from lucidlm.inspect.cache import ActivationCache, check_layer, token_columns
 from lucidlm.model.positions import rope_angles, sinusoidal_table
 
 PathLike = Union[str, Path]
@@ -40,7 +40,8 @@ def save_figure(fig: Figure, path: Optional[PathLike]) -> list[Path]:
 
 def attention_pattern(pattern_or_cache: Union[ActivationCache, torch.Tensor], layer: int, head: int,
                       batch: int = 0) -> np.ndarray:
-    """One head's (T, S) attention pattern, from a cache or a (B,) nh, T, S tensor."""
+    """One head's (T, T) attention pattern, from a cache or a (B,) nh, T, S tensor: the weights
+    on the sequence's tokens (a prefix's keys, S - T of them first, left out: ``token_columns``)."""
     if isinstance(pattern_or_cache, ActivationCache):
         layer = check_layer(layer, pattern_or_cache.n_layers)
         pattern = pattern_or_cache["pattern", layer]
@@ -55,7 +56,7 @@ def attention_pattern(pattern_or_cache: Union[ActivationCache, torch.Tensor], la
     n_heads = pattern.shape[0]
     if not isinstance(head, int) or isinstance(head, bool) or not -n_heads <= head < n_heads:
         raise HookError(f"head={head} is out of range: layer {layer} has {n_heads} heads (0..{n_heads - 1}).")
-    return pattern[head].float().cpu().numpy()
+    return token_columns(pattern[head]).float().cpu().numpy()
 
 
 def _draw_heatmap(ax: Any, matrix: np.ndarray, row_labels: Sequence[str], col_labels: Sequence[str],

@@ -23,7 +23,7 @@ from torch import nn
 
 from lucidlm.errors import InputError
 from lucidlm.outputs import check_output_file
-from lucidlm.inspect.cache import run_with_cache
+from lucidlm.inspect.cache import run_with_cache, token_columns
 from lucidlm.inspect.logit_lens import logit_lens
 from lucidlm.inspect.report_page import PAGE
 from lucidlm.inspect.steps import to_str_tokens, to_tokens
@@ -55,7 +55,7 @@ def report_data(model: nn.Module, text: str, top_k: int = 5) -> dict[str, Any]:
     top_probs, top_ids = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
     token_text = model.tokenizer.id_to_token
     lens = logit_lens(model, ids, top_k=1, cache=cache)
-    attention = torch.stack([cache["pattern", i][0] for i in range(cfg.n_layers)])  # (L, nh, T, T)
+    attention = torch.stack([token_columns(cache["pattern", i][0]) for i in range(cfg.n_layers)])  # (L, nh, T, T)
     return {
         "model": getattr(cfg, "name", "model"),
         "config": {"n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from lucidlm.inspect.cache import ActivationCache, run_with_cache
+from lucidlm.inspect.cache import ActivationCache, run_with_cache, token_columns
 
 _TEMPLATE = """<div id="__ID__" class="lucidlm-attention">
 <style>
@@ -115,7 +115,8 @@ def attention_view(model: nn.Module, text_or_ids: Any, cache: Optional[Activatio
     if cache is None:
         with torch.no_grad():
             _, cache = run_with_cache(model, ids, names_filter=lambda n: n.endswith("hook_pattern"))
-    patterns = torch.stack([cache["pattern", layer][0] for layer in range(model.config.n_layers)]).float().cpu()
+    patterns = torch.stack([token_columns(cache["pattern", layer][0])  # (L, nh, T, T): a prefix's keys left out
+                            for layer in range(model.config.n_layers)]).float().cpu()
     tokens = to_str_tokens(model, ids[0]) if getattr(model, "tokenizer", None) is not None else \
         [str(i) for i in ids[0].tolist()]
     return AttentionView(tokens, patterns)
