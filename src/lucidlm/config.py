@@ -188,8 +188,13 @@ class ModelConfig:
         return cls.from_dict(dict(fields.data), source=str(path), fix=fix)
 
     def replace(self, **changes: Any) -> "ModelConfig":
-        """A copy with some fields changed; derived fields are recomputed unless given."""
+        """A copy with some fields changed. Sizes this config derived rather than was given
+        (n_kv_heads, head_dim, d_mlp) are derived again from the new fields unless given:
+        ``replace(d_model=128)`` gets the head_dim and d_mlp of 128, and ``replace(n_heads=8)``
+        of a multi-head config stays multi-head."""
         data = self.to_dict()
+        for key in getattr(self, "_derived", ()):
+            data.pop(key)
         data.update(changes)
         return ModelConfig.from_dict(data)
 

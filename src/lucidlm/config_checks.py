@@ -63,6 +63,8 @@ def check_and_complete(cfg: Any) -> None:
         put("bool", key)
     put("bool", "attn_out_bias", default=cfg.attn_bias)
 
+    # the sizes derived below, so that ModelConfig.replace derives them again from new sizes
+    cfg._derived = {key for key in ("n_kv_heads", "head_dim", "d_mlp") if getattr(cfg, key) is None}
     if cfg.n_kv_heads is None:
         cfg.n_kv_heads = cfg.n_heads
     if cfg.n_kv_heads > cfg.n_heads:

@@ -72,3 +72,16 @@ def test_presets_build_and_unknown_preset() -> None:
     assert preset("seed000").norm_position == "post" and preset("seed004-words").positions == "sinusoidal"
     with pytest.raises(ConfigError, match="unknown preset 'gpt5'; available presets: .*gpt2"):
         preset("gpt5")
+
+
+def test_replace_derives_again_what_was_derived() -> None:
+    """replace() gives what a fresh config of the changed fields gives; sizes that were set
+    (gemma3's head_dim 256, a GQA preset's n_kv_heads) stay as set."""
+    base = ModelConfig(d_model=64, n_heads=4, n_layers=2, vocab_size=100)
+    for changes in ({"d_model": 128}, {"n_heads": 8}, {"n_heads": 2}, {"mlp": "gelu"}):
+        fresh = ModelConfig(**{**dict(d_model=64, n_heads=4, n_layers=2, vocab_size=100), **changes})
+        assert base.replace(**changes) == fresh
+    gemma = preset("gemma3-270m")
+    assert gemma.replace(d_model=1024).head_dim == gemma.head_dim == 256
+    assert gemma.replace(d_model=1024).n_kv_heads == gemma.n_kv_heads
+    assert base.replace(d_model=128, head_dim=8).head_dim == 8
