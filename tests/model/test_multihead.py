@@ -37,6 +37,19 @@ def test_seed004s_square_mask_is_cut_to_the_sequence():
     assert torch.equal(weights[0].triu(1), torch.zeros(6, 6))
 
 
+def test_torchs_additive_float_masks_are_added():
+    """nn.Transformer's causal mask is float: 0 to attend, -inf not (and any float bias is
+    added): read as 1/0 it was inverted, every allowed key blocked and every blocked one seen."""
+    q, k, v = randn(2, 4, 6, 16, seed=6), randn(2, 4, 6, 16, seed=7), randn(2, 4, 6, 8, seed=8)
+    causal = nn.Transformer.generate_square_subsequent_mask(6)
+    bias = randn(6, 6, seed=9)
+    for mask in (causal, bias, causal + bias):
+        out, weights = scaled_dot_product_attention(q, k, v, mask)
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    _, weights = scaled_dot_product_attention(q, k, v, causal)
+    assert torch.equal(weights[..., 0, :], torch.tensor([1.0, 0, 0, 0, 0, 0]).expand(2, 4, 6))
+
+
 def test_a_fully_masked_query_gets_zeros_not_nan():
     q = k = v = randn(1, 3, 4)
     mask = torch.tensor([[False, False, False], [True, False, False], [True, True, False]])

@@ -26,7 +26,10 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v).
     mask: True (or 1) where a query may attend, False (or 0) where not, broadcastable to
         (..., T_q, T_k); a larger square mask (seed 004's ``tril(ones(32, 32))``) is cut to
-        its top-left (T_q, T_k) corner. None: every query sees every key.
+        its top-left (T_q, T_k) corner. A float mask holding anything but 0 and 1 is torch's
+        additive kind (``nn.Transformer.generate_square_subsequent_mask``: 0 attend, -inf
+        not), added to the scores as ``F.scaled_dot_product_attention`` does. None: every
+        query sees every key.
     Returns (output (..., T_q, d_v), weights (..., T_q, T_k)). A query that may attend to
     nothing gets all-zero weights rather than NaN.
     """
@@ -36,10 +39,13 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     T_q, T_k = q.shape[-2], k.shape[-2]
     scores = (q @ k.transpose(-2, -1)) * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
     if mask is not None:
-        mask = mask.to(torch.bool)
         if mask.ndim >= 2 and mask.shape[-2] >= T_q and mask.shape[-1] >= T_k:
             mask = mask[..., :T_q, :T_k]
-        scores = scores.masked_fill(~mask, float("-inf"))  # (..., T_q, T_k)
+        # (reads the mask's values: this is the seed's building block, not the model's decode path)
+        if mask.is_floating_point() and not ((mask == 0) | (mask == 1)).all():
+            scores = scores + mask.to(scores.dtype)  # (..., T_q, T_k)
+        else:
+            scores = scores.masked_fill(~mask.to(torch.bool), float("-inf"))  # (..., T_q, T_k)
     weights = torch.softmax(scores, dim=-1)
     weights = torch.nan_to_num(weights, nan=0.0)  # rows with every key masked
     return weights @ v, weights
