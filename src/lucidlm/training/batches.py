@@ -8,11 +8,14 @@ batch while the device works; ``eval_batches(split, iters)``; ``state_dict()`` f
 resume. Every rank draws the same *global* batch and keeps its own rows, so N processes
 equal one process with an N times larger batch, and one saved state restores all of them.
 
-Why ``share``: DDP and FSDP average the ranks' gradients, which weighs every rank alike. When
-ranks count different numbers of tokens (examples of other lengths, masked prompts), that is
-not the mean over the global batch that one process takes. Scaling rank r's loss by
-``world * tokens_r / tokens_global`` makes the average exact; every rank computes it from the
-global batch it drew, without communication or a device read-back.
+Why ``share``: DDP and FSDP average the ranks' gradients, and gradient accumulation adds the
+micro-batches' losses divided by their number: both weigh every micro-batch alike. When they
+count different numbers of tokens (examples of other lengths, masked prompts), that is not
+the mean over the step's whole batch that one process with one big batch takes. Scaling rank
+r's loss on micro-batch k by ``accumulation * world * tokens_rk / tokens_step`` (the tokens
+counted by every rank in every micro-batch of the optimizer step) makes the sum exact; every
+rank computes it from the rows the step will draw, which are known in advance, without
+communication or a device read-back. The loop divides by ``accumulation``, DDP by ``world``.
 """
 
 from __future__ import annotations
@@ -148,10 +151,14 @@ class ExampleBatches(Prefetching):
     ``ids`` (N, L) and ``targets`` (N, L) with IGNORE_INDEX where no loss counts (padding,
     and the prompt when it is masked). Epoch e visits the examples in the order of a
     permutation seeded by (seed, e); a last partial batch wraps to the epoch's start.
+
+    Micro-batch i (counted from the run's start) is a pure function of i, and optimizer step s
+    is micro-batches s * accumulation to (s + 1) * accumulation - 1, so when a micro-batch is
+    drawn the tokens of its whole step are known: ``share`` weighs every one of them alike.
     """
 
     def __init__(self, train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor],
-                 batch_size: int, seed: int, ctx: DistributedContext) -> None:
+                 batch_size: int, seed: int, ctx: DistributedContext, accumulation: int = 1) -> None:
         self.splits = {"train": train, "val": val}
         self.batch_size, self.seed, self.ctx = batch_size, seed, ctx
         self.device = torch.device(ctx.device)
@@ -160,27 +167,53 @@ class ExampleBatches(Prefetching):
         self.tokens_per_batch = batch_size * train[0].shape[1]
         self.epoch, self.position = 0, 0  # position: micro-batches done in this epoch
         self._order = self._permutation(0)
+        self._counted = (train[1] != IGNORE_INDEX).sum(dim=1)  # (N,) tokens with a loss, per example
+        self.accumulation = 1
+        self._step_tokens = (-1, 0)  # (first micro-batch of a step, tokens counted in the whole step)
+        self.set_accumulation(accumulation)
+
+    def set_accumulation(self, accumulation: int) -> None:
+        """How many micro-batches make one optimizer step (the loop's setting: ``Trainer`` calls
+        this), so that ``share`` weighs every counted token of a step alike."""
+        if not isinstance(accumulation, int) or accumulation < 1:
+            raise ValueError(f"accumulation must be a positive integer, not {accumulation!r}")
+        if accumulation != self.accumulation:
+            self.load_state_dict(self.state_dict())  # a batch held in advance was weighed for the old grouping
+            self.accumulation, self._step_tokens = accumulation, (-1, 0)
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
         return torch.randperm(len(self.splits["train"][0]), generator=generator)
 
+    def _rows(self, index: int) -> torch.Tensor:
+        """The examples of micro-batch ``index`` (counted from the run's start): (B * world,) rows."""
+        epoch, position = divmod(index, self.steps_per_epoch)
+        order = self._order if epoch == self.epoch else self._permutation(epoch)  # a step may span epochs
+        start = position * self.global_batch
+        return order[torch.arange(start, start + self.global_batch) % len(order)]
+
+    def _tokens_in_step(self, index: int) -> int:
+        """Tokens with a loss in every global micro-batch of the optimizer step ``index`` is in."""
+        first = index - index % self.accumulation
+        if self._step_tokens[0] != first:  # counted at the step's first draw; its others reuse it
+            total = sum(int(self._counted[self._rows(i)].sum()) for i in range(first, first + self.accumulation))
+            self._step_tokens = (first, total)
+        return self._step_tokens[1]
+
     def _draw(self) -> tuple[torch.Tensor, torch.Tensor, float]:
-        n = len(self._order)
-        start = self.position * self.global_batch
-        rows = self._order[torch.arange(start, start + self.global_batch) % n]  # (B * world,)
+        index = self.epoch * self.steps_per_epoch + self.position  # micro-batches drawn since the run began
+        rows = self._rows(index)  # (B * world,)
+        share = 1.0
+        if self.ctx.enabled or self.accumulation > 1:  # counted on the CPU: nothing is read back from a device
+            mine = int(rank_slice(self._counted[rows], self.ctx).sum())
+            share = self.accumulation * self.ctx.world_size * mine / max(self._tokens_in_step(index), 1)
         self.position += 1
         if self.position == self.steps_per_epoch:
             self.epoch, self.position = self.epoch + 1, 0
             self._order = self._permutation(self.epoch)
         ids, targets = self.splits["train"]
-        y = targets[rows]  # (B * world, L), on the CPU: counting here reads nothing back from a device
-        share = 1.0
-        if self.ctx.enabled:
-            counted = (y != IGNORE_INDEX).sum(dim=1)  # (B * world,) tokens with a loss, per example
-            share = self.ctx.world_size * int(rank_slice(counted, self.ctx).sum()) / max(int(counted.sum()), 1)
         return (to_device(rank_slice(ids[rows], self.ctx), self.device),
-                to_device(rank_slice(y, self.ctx), self.device), share)
+                to_device(rank_slice(targets[rows], self.ctx), self.device), share)
 
     def _get_state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}

@@ -47,6 +47,11 @@ class Trainer:
         self.ctx = ctx or DistributedContext(device=str(next(model.parameters()).device))
         self.device = torch.device(self.ctx.device)
         self.autocast_dtype = autocast_dtype
+        # A source whose micro-batches count different numbers of tokens weighs each by its part of
+        # the whole step's tokens (its ``share``, batches.py): it must know which micro-batches make a step.
+        set_accumulation = getattr(data, "set_accumulation", None)
+        if set_accumulation is not None:
+            set_accumulation(config.gradient_accumulation_steps)
         self.step, self.last_eval_step, self.best_val_loss = 0, -1, math.inf
         self.train_losses: list[float] = []
         self.metrics: list[dict[str, Any]] = []
@@ -98,7 +103,9 @@ class Trainer:
         for micro_step in range(accumulation):
             if cuda_graphs:  # a new replay may reuse the last one's output memory
                 torch.compiler.cudagraph_mark_step_begin()
-            # (B, T) each, on the device; a source may add its rank's share of the loss (batches.py)
+            # (B, T) each, on the device; a source may add the share of the step's loss that this
+            # micro-batch on this rank holds, times accumulation x processes (batches.py): then the
+            # step's gradient and ``total`` are the mean over every token the whole step counts.
             x, y, *extra = self.data.next()
             share = extra[0] if extra else 1.0
             last = micro_step == accumulation - 1
