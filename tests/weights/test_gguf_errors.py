@@ -102,6 +102,36 @@ def test_rope_that_llama_cpp_does_not_scale_loads(tmp_path, good_file, keys):
         assert torch.equal(load_gguf(path)(ids), load_gguf(good_file)(ids))
 
 
+def test_big_endian_file_is_named_with_its_conversion(tmp_path):
+    """gguf's writer makes big-endian files (version 3 reads as 3 << 24 little-endian): the
+    error says so and names gguf's converter, not "version 50331648"."""
+    weights = tiny_weights(1)
+    path = tmp_path / "be.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama", endianess=gguf.GGUFEndian.BIG)
+    writer.add_block_count(1)
+    for name, w in weights.items():
+        writer.add_tensor(name, to_gguf_layout(name, w).byteswap())  # the writer takes big-endian data
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert gguf.GGUFReader(str(path)).endianess == gguf.GGUFEndian.BIG
+    with pytest.raises(GGUFError, match=r"big-endian GGUF file .* gguf-convert-endian .* little$"):
+        load_gguf(path)
+
+
+def test_float64_matrices_load_as_float(tmp_path, good_file):
+    """F64 is a float type (llama.cpp's converter writes it for float64 checkpoints): it loads
+    like F32, to the same values; gguf.quants has no F64 dequantizer to fall back on."""
+    weights = tiny_weights(1)
+    path = write_llama_gguf(tmp_path / "f64.gguf", {k: to_gguf_layout(k, v).astype(np.float64) if v.ndim == 2
+                                                     else to_gguf_layout(k, v) for k, v in weights.items()}, 1)
+    assert {t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors} == {"F64", "F32"}
+    ids = torch.randint(0, 200, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(load_gguf(path)(ids), load_gguf(good_file)(ids))
+
+
 def test_unsupported_quant_type(tmp_path):
     assert "Q8_K" not in supported_types()  # gguf.quants has no dequantizer for it
     weights = {k: to_gguf_layout(k, v) for k, v in tiny_weights(1).items()}

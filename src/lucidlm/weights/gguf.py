@@ -41,7 +41,7 @@ GGUF_MAGIC = b"GGUF"
 def open_gguf(path: str | Path) -> Any:
     """A ``GGUFFile`` (our fast memory-mapped reader) over ``path``, with every way a file can
     be broken turned into a GGUFError that names the file."""
-    from lucidlm.weights.gguf_reader import (GGUFFile, GGUFFormatError, TensorOutOfBounds,
+    from lucidlm.weights.gguf_reader import (BigEndian, GGUFFile, GGUFFormatError, TensorOutOfBounds,
                                              UnknownTensorType, UnsupportedVersion, VERSIONS)
 
     path = Path(path)
@@ -58,6 +58,9 @@ def open_gguf(path: str | Path) -> Any:
     damaged = f"the file is truncated or corrupted ({size} bytes). Download or convert it again."
     try:
         return GGUFFile(path)
+    except BigEndian:
+        raise GGUFError(f"{path} is a big-endian GGUF file and lucidlm reads little-endian ones; convert it in place "
+                        f"with the gguf package's script: gguf-convert-endian {path} little") from None
     except UnsupportedVersion as exc:
         raise GGUFError(f"{path} is GGUF version {exc.version}, which lucidlm cannot read (it reads versions "
                         f"{', '.join(map(str, VERSIONS))}); convert the model with a current llama.cpp.") from None

@@ -108,6 +108,8 @@ class GGUFFile:
         if magic != b"GGUF":
             raise GGUFFormatError(f"it starts with {magic!r}, not the magic bytes b'GGUF'")
         if version not in VERSIONS:
+            if int.from_bytes(version.to_bytes(4, "little"), "big") in VERSIONS:  # e.g. 3 << 24
+                raise BigEndian(version)
             raise UnsupportedVersion(version)
         # each metadata entry takes >= 13 bytes (key length, type, one byte), each tensor info >= 24
         self._need(n_kv * 13, f"{n_kv} metadata entries")
@@ -225,6 +227,10 @@ class GGUFFormatError(ValueError):
 
 class Truncated(GGUFFormatError):
     """A count or length points past the end of the file."""
+
+
+class BigEndian(GGUFFormatError):
+    """The version field reads byte-swapped: a big-endian file (s390x builds write them)."""
 
 
 class UnsupportedVersion(GGUFFormatError):

@@ -128,7 +128,7 @@ def dequantize_tensor(tensor: Any, source: str, scratch: Optional[Scratch] = Non
     kind = tensor.tensor_type
     if kind.name in EXACT:  # the common types: same numbers as gguf.quants, computed in torch
         return exact_float(tensor, kind.name, scratch)
-    if kind.name in ("F32", "F16"):  # gguf.quants: the values, or float16 cast to float32 (no gguf import)
+    if kind.name in ("F32", "F16", "F64"):  # the values as float32 (gguf.quants has no F64 at all)
         return torch.from_numpy(np.array(tensor.data, dtype=np.float32, copy=True))
     from gguf import quants
 
