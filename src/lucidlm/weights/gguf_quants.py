@@ -27,7 +27,8 @@ perplexity by +3 %.
 Every other type (the other K-quants, Q5_1, ...) has no counterpart in our schemes: it is
 dequantized one tensor at a time with ``gguf.quants`` and quantized again to its nearest
 representation, ``NEAREST`` (int8 in groups of 32: int4 put a grid over two sub-blocks of
-different scales, 4-7 % off for Q2_K/Q3_K), and the error that adds is measured in the tests. Float tensors (norms; F16/F32 matrices) stay float.
+different scales, 4-7 % off for Q2_K/Q3_K), and the error that adds is measured in the tests.
+Float tensors (norms; F16/F32/F64 matrices) stay float.
 """
 
 from __future__ import annotations
