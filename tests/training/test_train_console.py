@@ -112,7 +112,8 @@ def test_a_schedule_that_ends_early_is_warned_about(max_iters, capsys):
     line = schedule_warning(config)
     expected = cosine_lr(max_iters - 1, 1e-3, 100, 2000, 1e-4)
     assert printed_lr(line) == pytest.approx(expected, rel=2e-3)
-    where = "inside the 100-step warm-up" if max_iters < 100 else "before the cosine decay reaches --min-lr"
+    # step 99 of a 100-step run is still the warm-up's (lr * 100 / 101): the peak comes at step 100
+    where = "inside the 100-step warm-up" if max_iters <= 100 else "before the cosine decay reaches --min-lr"
     assert line.startswith(f"warning: --max-iters {max_iters} ends {where}")
     assert schedule_warning(LoopConfig(max_iters=2000)) is None
     assert schedule_warning(LoopConfig(max_iters=50, decay_lr=False)) is None

@@ -30,7 +30,7 @@ from lucidlm.training.distributed import DistributedContext, any_rank
 from lucidlm.training.interrupt import install_interrupt_handler
 from lucidlm.training.kill_points import kill_point
 from lucidlm.training.loop_contract import Callback, TrainResult
-from lucidlm.training.loss import masked_cross_entropy
+from lucidlm.training.loss import IGNORE_INDEX, masked_cross_entropy
 from lucidlm.training.schedule import get_lr
 from lucidlm.training.step import TrainStep
 from lucidlm.training.trainer_state import load_trainer_state, trainer_state
@@ -145,22 +145,27 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def estimate_loss(self, iters: int) -> dict[str, float]:
-        """Mean loss over up to ``iters`` batches of each split (the same batches every time)."""
+        """Mean loss per counted token over up to ``iters`` batches of each split (the same
+        batches every time): what one batch of them all would give, as a training step
+        weighs its tokens. A mean of the batches' means would weigh a padded or
+        prompt-masked batch's tokens more, and change with --batch-size."""
         self.model.eval()
         shown = self.callbacks if self.ctx.is_main else []
         for callback in shown:
             callback.on_eval_start(self, 2 * iters)
         out = {}
         for split in ("train", "val"):
-            losses = []
+            total, counted = torch.zeros((), device=self.device), torch.zeros((), device=self.device)
             for x, y in self.data.eval_batches(split, iters):
                 with self.autocast():
                     logits = self.model(x)
-                losses.append(masked_cross_entropy(logits, y))
+                n = (y != IGNORE_INDEX).sum()  # tokens with a loss in this batch
+                total += masked_cross_entropy(logits, y) * n
+                counted += n
                 kill_point("eval")  # test seam: in the middle of an evaluation
                 for callback in shown:
                     callback.on_eval_batch(self)
-            out[split] = float(torch.stack(losses).mean())
+            out[split] = float(total / counted.clamp(min=1))
         self.model.train()
         return out
 

@@ -81,7 +81,7 @@ def check_same_data(state: Mapping[str, Any], key: str, current: str, what: str,
         raise CheckpointError(
             f"cannot resume from {checkpoint}: {what} {source} is not the one this run was trained on "
             f"({key} {saved[:12]}... in {checkpoint / 'trainer_state.json'}, now {current[:12]}...). Resume with "
-            f"the original {what}, or start a new run with another --out. Nothing was changed.")
+            f"{what} as it was, or start a new run with another --out. Nothing was changed.")
 
 
 # ----------------------------------------------------------------------------- trainer_state.json

@@ -31,7 +31,7 @@ def schedule_warning(config: Any) -> Optional[str]:
         return None
     last = config.max_iters - 1  # the last step's 0-based index
     lr = get_lr(last, config.learning_rate, config.warmup_iters, config.lr_decay_iters, config.min_lr)
-    if config.max_iters < config.warmup_iters:
+    if config.max_iters <= config.warmup_iters:  # step warmup_iters - 1 is still below the peak
         where = f"inside the {config.warmup_iters}-step warm-up"
     elif config.max_iters < config.lr_decay_iters:
         where = f"before the cosine decay reaches --min-lr {config.min_lr:g} at step {config.lr_decay_iters}"
