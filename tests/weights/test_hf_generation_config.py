@@ -158,3 +158,26 @@ def test_a_damaged_value_is_one_line_naming_file_and_field(tmp_path, file, conte
     message = str(caught.value)
     assert message.startswith(f"{target}: ") and problem in message and "\n" not in message
     assert f"original {file}" in message  # the fix
+
+
+@pytest.mark.parametrize("to", ["hf", "lucidlm"])
+def test_a_saved_model_keeps_its_sampling_defaults_and_end_tokens(tmp_path, free_run, to):
+    """A converted or merged model samples as the model it came from: its defaults (the embedded
+    SmolLM2's temperature 0.2 / top-p 0.5 come from lucidlm's table, not its file) and its end
+    tokens go into generation_config.json, which transformers reads as its own."""
+    from transformers import GenerationConfig
+
+    from lucidlm.weights.hf import save_hf
+
+    model = lucidlm.load(save_dir(tmp_path / "src", {"eos_token_id": [2, free_run[5]]}))
+    model.generation_defaults = {"temperature": 0.2, "top_p": 0.5}
+    (save_hf if to == "hf" else save_model)(model, tmp_path / "out")
+    theirs = GenerationConfig.from_pretrained(tmp_path / "out")
+    assert (theirs.do_sample, theirs.temperature, theirs.top_p, theirs.eos_token_id) == (True, 0.2, 0.5,
+                                                                                       [2, free_run[5]])
+    again = lucidlm.load(tmp_path / "out")
+    assert again.generation_defaults == {"temperature": 0.2, "top_p": 0.5}
+    assert again.tokenizer.eos_ids == [2, free_run[5]]
+    model.generation_defaults = {}
+    (save_hf if to == "hf" else save_model)(model, tmp_path / "out")  # nothing to say on sampling: the ids stay
+    assert json.loads((tmp_path / "out" / "generation_config.json").read_text()) == {"eos_token_id": [2, free_run[5]]}

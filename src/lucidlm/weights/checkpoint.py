@@ -24,6 +24,7 @@ from lucidlm.staging import atomic_write_text, publish, staging_file
 from lucidlm.weights.finite import check_finite
 from lucidlm.weights.integrity import sha256_file, verify_sha256
 from lucidlm.weights.state import load_into, own_state_dict
+from lucidlm.weights.hf_generation_config import write_generation_config
 
 CONFIG_NAME = "lucidlm_config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -32,14 +33,57 @@ QUANTIZATION_NAME = "quantization.json"  # only for quantized models: which modu
 CHECKSUMS_NAME = "checksums.json"  # SHA-256 of the weights, written last: flipped bytes are found on load
 # A training run's previous checkpoint while a new one is swapped in (training/checkpoint.py)
 OLD_CHECKPOINT_PREFIX = ".checkpoint.old-"
+# What a training checkpoint holds besides (or instead of) the model (training/checkpoint.py)
+TRAINER_STATE_NAME = "trainer_state.json"
+OPTIMIZER_STATE_NAME = "optimizer.safetensors"
+TRAINABLE_NAME = "trainable.safetensors"  # the payload of a LoRA / adapter / prefix run
 
 
 def interrupted_checkpoint(run_dir: Path) -> Path | None:
     """The previous checkpoint of a run killed between the two renames that swap a new
     checkpoint in (OUT/checkpoint gone, OUT/.checkpoint.old-* complete), read where it lies:
-    loading never moves a run's files (the next ``train --resume`` puts it back)."""
-    olds = [p for p in Path(run_dir).glob(f"{OLD_CHECKPOINT_PREFIX}*") if is_checkpoint_dir(p)]
-    return max(olds, key=lambda p: p.stat().st_mtime_ns) if olds else None
+    loading never moves a run's files (the next ``train --resume`` puts it back). The same
+    one ``train --resume`` puts back (``previous_checkpoints``)."""
+    return next((p for p in previous_checkpoints(run_dir) if is_checkpoint_dir(p)), None)
+
+
+def previous_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's ``OUT/.checkpoint.old-*`` directories, the one to use first: complete training
+    checkpoints before anything else, of those the highest step, then (same step) the newest.
+    A killed run can leave more than one (an older leftover whose removal was interrupted or
+    failed); their names (host-pid-random) say nothing about which is newer. This one order is
+    what ``lucidlm.load`` and ``train --resume`` (``training/checkpoint.find_checkpoint``) share,
+    so both read the same checkpoint."""
+    def rank(path: Path) -> tuple[bool, int, int]:
+        step = saved_step(path)
+        try:
+            mtime = path.stat().st_mtime_ns
+        except OSError:
+            mtime = 0
+        return step is not None, -1 if step is None else step, mtime
+
+    try:
+        olds = [p for p in Path(run_dir).glob(f"{OLD_CHECKPOINT_PREFIX}*") if p.is_dir()]
+    except OSError:
+        return []
+    return sorted(olds, key=rank, reverse=True)
+
+
+def saved_step(directory: Path) -> int | None:
+    """The step of the complete training checkpoint in ``directory``: trainer state, optimizer
+    and the weights (the model, or only the trainable ones) all present. None when it is not
+    one: a file missing (a half-deleted directory), or no step in trainer_state.json. Only
+    whether the files are there is checked; a resume reads them in full."""
+    directory = Path(directory)
+    try:
+        has_weights = ((directory / CONFIG_NAME).is_file() and (directory / WEIGHTS_NAME).is_file()) \
+            or (directory / TRAINABLE_NAME).is_file()
+        if not (has_weights and (directory / OPTIMIZER_STATE_NAME).is_file()):
+            return None
+        step = json.loads((directory / TRAINER_STATE_NAME).read_text(encoding="utf-8")).get("step")
+    except (OSError, ValueError, AttributeError):  # missing, unreadable, not JSON, not an object
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
 
 def is_checkpoint_dir(path: Path) -> bool:
@@ -78,6 +122,7 @@ def save_model(model: Transformer, directory: str | Path) -> Path:
         (directory / QUANTIZATION_NAME).unlink()
     if model.tokenizer is not None and hasattr(model.tokenizer, "save"):
         model.tokenizer.save(directory / TOKENIZER_NAME)
+    write_generation_config(directory, model)  # sampling defaults: read back as a Hugging Face one is
     digest = sha256_file(directory / WEIGHTS_NAME)
     atomic_write_text(directory / CHECKSUMS_NAME, json.dumps({"format": 1, "sha256": {WEIGHTS_NAME: digest}},
                                                              indent=2) + "\n")

@@ -39,7 +39,7 @@ from lucidlm.weights.checkpoint import atomic_save_safetensors
 from lucidlm.weights.finite import FiniteCheck
 from lucidlm.weights.hf_config import (CONFIG_NAME, GPT2_NAMES, LLAMA_NAMES, SUPPORTED, config_from_hf, hf_family,
                                        read_hf_config)
-from lucidlm.weights.hf_generation_config import use_generation_eos_ids
+from lucidlm.weights.hf_generation_config import use_generation_eos_ids, write_generation_config
 from lucidlm.weights.hf_names import (ARCHITECTURE_OF_FAMILY, GPT2_ACTIVATION_NAMES, export_family,
                                       hf_state_dict, to_our_names)
 from lucidlm.weights.state import load_into
@@ -258,6 +258,7 @@ def save_hf(model: Transformer, out_dir: str | Path) -> Path:
     atomic_save_safetensors(tensors, out_dir / WEIGHTS_NAME, metadata={"format": "pt"})
     atomic_write_text(out_dir / CONFIG_NAME, json.dumps(config, indent=2) + "\n")
     _save_tokenizer(model.tokenizer, out_dir)
+    write_generation_config(out_dir, model)  # its sampling defaults and end tokens
     return out_dir
 
 

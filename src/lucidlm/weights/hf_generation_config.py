@@ -16,6 +16,7 @@ reads them, every field checked (one line naming the file and the field when one
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -82,6 +83,31 @@ def use_generation_eos_ids(tokenizer: Any, directory: str | Path, vocab_size: in
     return tokenizer
 
 
+def write_generation_config(directory: str | Path, model: Any) -> None:
+    """Write ``generation_config.json`` for ``model`` when it has something to say: its
+    sampling defaults (``model.generation_defaults``: the embedded SmolLM2's temperature 0.2
+    and top-p 0.5), as transformers writes them (``do_sample`` true unless greedy), and its
+    end tokens when there are several. ``sampling_settings`` and ``eos_token_ids`` read them
+    back, for lucidlm's own directories and Hugging Face ones alike, so a converted or merged
+    model samples as the model it came from. An old file is removed when there is nothing."""
+    from lucidlm.staging import atomic_write_text
+
+    path = Path(directory) / GENERATION_CONFIG_NAME
+    defaults = dict(getattr(model, "generation_defaults", None) or {})
+    eos_ids = [int(i) for i in (getattr(getattr(model, "tokenizer", None), "eos_ids", None) or [])]
+    config: dict[str, Any] = {}
+    if defaults:
+        greedy = defaults.get("temperature") == 0
+        config["do_sample"] = not greedy
+        config.update({k: v for k, v in defaults.items() if not (greedy and k != "repetition_penalty")})
+    if len(eos_ids) > 1:
+        config["eos_token_id"] = eos_ids
+    if not config:
+        path.unlink(missing_ok=True)
+        return
+    atomic_write_text(path, json.dumps(config, indent=2) + "\n")
+
+
 def _token_ids(fields: Fields, key: str, vocab_size: int) -> list[int]:
     """The field as a list of distinct token ids (an int is a list of one), each in the vocabulary."""
     value = fields.raw(key)
@@ -102,4 +128,4 @@ def _token_ids(fields: Fields, key: str, vocab_size: int) -> list[int]:
 
 
 __all__ = ["GENERATION_CONFIG_NAME", "eos_token_ids", "read_generation_config", "sampling_settings",
-           "use_generation_eos_ids"]
+           "use_generation_eos_ids", "write_generation_config"]
