@@ -68,7 +68,8 @@ def test_chat_prompt_commands_paste_and_history(toy_dir, tmp_path):
     run(child, "/set top_p 7", re.escape("top_p=7.0 is invalid"))
     run(child, "/show", re.escape("temperature 0.3"))
     run(child, "Hello there")
-    run(child, "/stats", r"\(\d+ tokens in [\d.]+ s, [\d.]+ tok/s; prompt \d+ tokens; finish: \w+\)")
+    run(child, "/stats", r"\(\d+ tokens, ([\d.]+ tok/s|-) after the first; prompt \d+ tokens read in [\d.]+ s, "
+                         r"\d+ tok/s; finish: \w+\)")
 
     # """ ... """ is one message; so is a bracketed paste of several lines
     child.sendline('"""')
@@ -78,8 +79,15 @@ def test_chat_prompt_commands_paste_and_history(toy_dir, tmp_path):
     child.send("\x1b[200~first\nsecond\x1b[201~")
     child.send("\r")
     child.expect_exact(PROMPT)
-    users = [m["content"] for m in saved(child, tmp_path / "a.json")["messages"] if m["role"] == "user"]
+    first = saved(child, tmp_path / "a.json")
+    users = [m["content"] for m in first["messages"] if m["role"] == "user"]
     assert users == ["Hello there", "line one\nline two", "first\nsecond"]
+
+    # /load continues a saved conversation: the same messages and settings come back
+    run(child, "/reset", re.escape("(conversation reset)"))
+    run(child, f"/load {tmp_path / 'a.json'}", re.escape(f"(loaded {len(first['messages'])} messages"))
+    assert saved(child, tmp_path / "a2.json") == first
+    run(child, f"/load {tmp_path / 'nothing.json'}", re.escape("cannot load"))
 
     # a 6000-character line arrives whole (a terminal in canonical mode would cut it at 4095)
     long_text = "".join(f"{i % 10}" for i in range(6000))
@@ -124,3 +132,25 @@ def test_a_conversation_longer_than_the_context_drops_the_oldest_turns(toy_dir, 
     assert "a" * 30 not in [m["content"] for m in data["messages"]]
     child.sendline("/exit")
     child.expect(pexpect.EOF)
+
+
+def test_a_model_that_cannot_chat_is_refused_before_the_session(tmp_path, capsys):
+    """A character model (what the README's `lucidlm train` makes) cannot write the chat
+    template's markers, and a model without a tokenizer cannot read a message: one line and
+    exit 1 before the first prompt, not an error on every message of a session that exits 0."""
+    import torch
+
+    from lucidlm import LanguageModel, cli, preset
+    from lucidlm.tokenizers import CharTokenizer
+    from lucidlm.weights.checkpoint import save_model
+
+    tokenizer = CharTokenizer.train("abcdefghijklmnopqrstuvwxyz ?.\n")
+    torch.manual_seed(0)
+    config = preset("llama", n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, vocab_size=tokenizer.vocab_size,
+                    max_seq_len=64, multiple_of=32)
+    save_model(LanguageModel(config, tokenizer), tmp_path / "char")
+    save_model(LanguageModel(config, None), tmp_path / "none")
+    for name, message in (("char", "cannot write its chat template"), ("none", "has no tokenizer, so it cannot chat")):
+        assert cli.main(["chat", "--model", str(tmp_path / name), "-q"]) == 1
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err

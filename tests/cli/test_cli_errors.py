@@ -34,6 +34,7 @@ def test_typos_get_did_you_mean(args, fragments):
     (["--device", "gpu"], ["device 'gpu'", "did you mean 'cuda'?"]),
     (["--dtype", "bfloat61"], ["dtype 'bfloat61'", "did you mean 'bfloat16'?"]),
     (["--float-embeddings"], ["quantize_embeddings=False only applies with quantize="]),
+    (["--length-penalty", "2"], ["--length-penalty 2 scores beam search's hypotheses", "--num-beams N"]),
 ])
 def test_bad_model_device_and_dtype_are_one_line(args, fragments, capsys):
     from lucidlm.cli import main  # in-process (torch is already imported): the same main() as the command
@@ -83,3 +84,20 @@ def test_quantize_flags_reach_the_loader(smollm2_default, monkeypatch, capsys):
     assert capsys.readouterr().out.strip() == want.strip()
     model = loaded[0]
     assert type(model.embed) is torch.nn.Embedding and isinstance(model.blocks[0].mlp.down_proj, Int4Linear)
+
+
+@pytest.mark.parametrize("command", ["generate", "train", "finetune", "inspect", "convert", "merge"])
+def test_help_examples_stay_one_command_per_line(command, capsys):
+    """The examples at the end of each --help can be pasted as they are (generate's were
+    rewrapped into one paragraph by the formatter that shows defaults)."""
+    from lucidlm.cli import main
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    examples = text.split("examples:\n", 1)[1].splitlines()
+    assert len(examples) >= 2
+    assert all(line.startswith(("  lucidlm ", "  cat ", "  torchrun ", "      ")) or not line.strip()
+               for line in examples), examples
+    assert "(default: None)" not in text
+

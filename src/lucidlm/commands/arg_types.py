@@ -27,3 +27,20 @@ def shown(value: str) -> str:
 
     safe = printable(value)
     return repr(safe if len(safe) <= 40 else safe[:37] + "...")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default after its help (unless the help says it, or there is none), and
+    the "examples:" epilog kept one command per line, so each can be pasted as it is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        if action.default is None or "default" in help_text:
+            return help_text
+        return super()._get_help_string(action) or help_text
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("examples:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+

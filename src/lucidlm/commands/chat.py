@@ -32,6 +32,7 @@ COMMANDS_HELP = """\
   /system [TEXT]        a new system prompt (none: the chat template's default); resets the chat
   /reset                forget the conversation
   /save FILE            write the conversation as JSON
+  /load FILE            continue a conversation /save wrote (its system prompt, messages and settings)
   /exit                 leave (also Ctrl-D, or Ctrl-C at the prompt)
   \"\"\"                   start and end a message of several lines
 Ctrl-C stops an answer."""
@@ -49,7 +50,7 @@ def register(subparsers: Any) -> None:
                     '""" ... """ for several lines, /help for the commands (/set temperature 0.3, /stats, '
                     "/save FILE, /system, /reset). Ctrl-C stops an answer; Ctrl-C at the prompt or Ctrl-D "
                     "exits. Reads one message per line when stdin is not a terminal.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=arg_types.HelpFormatter,
     )
     add_model_arguments(parser)
     parser.add_argument("--system", metavar="TEXT", default=None, type=arg_types.text,
@@ -62,10 +63,9 @@ def register(subparsers: Any) -> None:
 def run_chat(args: argparse.Namespace) -> int:
     kwargs = sampling_kwargs(args)
     model = load_model_from_args(args, kwargs)
-    if model.tokenizer is not None:  # a broken chat template is refused before the session starts
-        from lucidlm.generation.chat_template import check_chat_template
+    from lucidlm.generation.chat_template import check_chat_template
 
-        check_chat_template(model.tokenizer, args.system)
+    check_chat_template(model.tokenizer, args.system)  # a model that cannot chat is refused before the session
     interactive = sys.stdin.isatty()
     save_history = enable_line_editing() if interactive else (lambda: None)
     try:
@@ -118,8 +118,10 @@ class ChatSession:
             self.say(self.stats or "(no answer yet)")
         elif command == "/save":
             self.save(rest)
+        elif command == "/load":
+            self.load(rest)
         else:
-            known = ["/help", "/set", "/show", "/stats", "/system", "/reset", "/save", "/exit"]
+            known = ["/help", "/set", "/show", "/stats", "/system", "/reset", "/save", "/load", "/exit"]
             self.say(f"unknown command {command!r}{did_you_mean(command, known)}; {HELP_TEXT}")
         return True
 
@@ -169,7 +171,33 @@ class ChatSession:
         except OSError as exc:
             self.say(f"cannot write {path}: {exc.strerror or exc}")
             return
-        self.say(f"(saved {len(self.convo.history)} messages to {path})")
+        self.say(f"(saved {len(data['messages'])} messages to {path}; /load {path} continues it)")
+
+    def load(self, path: str) -> None:
+        """Continue a conversation ``/save`` wrote: its system prompt, turns and settings."""
+        from lucidlm.generation.chat_template import check_messages
+        from lucidlm.validation import read_json_object
+
+        if not path:
+            self.say("usage: /load FILE")
+            return
+        fix = "load a file that /save wrote"
+        try:
+            fields = read_json_object(Path(path).expanduser(), LucidLMError, "saved chat", fix)
+            messages = fields.list("messages", item=dict)
+            check_messages(messages)
+            system = fields.str("system", default=None)
+            settings = fields.object("settings", default={}).data
+            from lucidlm.generation import check_options
+            check_options(**{**self.settings, **settings})  # unknown names and bad values refused by name
+        except (LucidLMError, ValueError) as exc:  # GenerationError is a ValueError too
+            self.say(f"cannot load {path}: {exc}")
+            return
+        turns = [m for m in messages if m["role"] != "system"]
+        self.convo.reset(system=system, keep_system=False)
+        self.convo.history.extend(turns)
+        self.settings.update(settings)
+        self.say(f"(loaded {len(turns)} messages from {path}{'; system prompt set' if system else ''})")
 
     def answer(self, text: str) -> None:
         convo, out = self.convo, self.out
@@ -181,6 +209,8 @@ class ChatSession:
             self.say(f"(the conversation outgrew the context of {limit} tokens: dropped the {dropped} oldest "
                      f"messages{'; the system prompt stays' if convo.system else ''})")
         start = time.perf_counter()
+        first: Optional[float] = None  # when the first piece came: the prompt pass is done by then
+        stopped = False
         try:
             with closing(convo.reply(self.model, steady=True, **self.settings)) as pieces:  # printed, nothing else
                 shown: Iterable[str] = pieces
@@ -188,10 +218,12 @@ class ChatSession:
                     from lucidlm.commands.loading_status import first_piece_announced
                     shown, self.compile_pending = first_piece_announced(pieces), False
                 for piece in shown:
+                    first = first or time.perf_counter()
                     out.write(piece)
                     out.flush()
         except KeyboardInterrupt:  # stop this answer, keep the session
             out.write(" [stopped]")
+            stopped = True
         except LucidLMError as exc:  # e.g. one message longer than the context: say so, carry on
             convo.history.pop()  # the unanswered user message
             if convo.history and convo.history[-1]["role"] == "user":
@@ -199,14 +231,24 @@ class ChatSession:
             out.write(f"error: {exc} (type /reset to start over)")
         out.write("\n")
         result = convo.last_result
-        if result is not None:
-            seconds = time.perf_counter() - start
-            n = len(result.token_ids)
-            self.stats = (f"({n} tokens in {seconds:.2f} s, {n / seconds:.1f} tok/s; prompt {len(result.prompt_ids)} "
-                          f"tokens; finish: {result.finish_reason})")
+        if stopped:
+            self.stats = f"(the last answer was stopped after {time.perf_counter() - start:.2f} s)"
+        elif result is not None:
+            self.stats = _stats(result, start, first, time.perf_counter())
             if self.verbose:
                 out.write(self.stats + "\n")
         out.flush()
+
+
+def _stats(result: Any, start: float, first: Optional[float], end: float) -> str:
+    """The answer's numbers, its prompt pass apart (ollama's "prompt eval" and "eval" rates): the
+    first piece comes once the prompt is read and one token sampled, the others one step each."""
+    n, prompt = len(result.token_ids), len(result.prompt_ids)
+    first = first or end
+    read = first - start
+    rate = f"{(n - 1) / (end - first):.1f} tok/s" if n > 1 and end > first else "-"
+    return (f"({n} tokens, {rate} after the first; prompt {prompt} tokens read in {read:.2f} s, "
+            f"{prompt / read if read > 0 else 0:.0f} tok/s; finish: {result.finish_reason})")
 
 
 def chat_loop(model: Any, gen_kwargs: dict[str, Any], system: Optional[str] = None,

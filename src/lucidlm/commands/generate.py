@@ -21,7 +21,7 @@ def register(subparsers: Any) -> None:
         help="continue a prompt with a model (KV-cached sampling, beam search, streaming)",
         description="Generate text from PROMPT. With no --model, uses the embedded SmolLM2-135M-Instruct. "
                     "Prints the generated text only (not the prompt).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=arg_types.HelpFormatter,
         epilog="examples:\n"
                "  lucidlm generate 'Once upon a time' --temperature 0 --max-new-tokens 40\n"
                "  lucidlm generate 'What is the capital of France?' --chat --stream\n"
@@ -65,7 +65,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
                         help="keep weights as integer codes: int8 (per channel), int4 (groups of "
                              "--group-size, 32 by default), or gguf (a GGUF file's own quantization)")
-    parser.add_argument("--group-size", type=int, default=None, help="quantization group size (int4: 32, 64, 128)")
+    parser.add_argument("--group-size", type=int, default=None, help="quantization group size (int4: 32, 64, 128 or 256, default 32; int8: one that divides "
+                             "the layers' widths, default per output channel)")
     parser.add_argument("--float-embeddings", action="store_true",
                         help="with --quantize: keep the token embedding and unembedding float (the embedded "
                              "model's default keeps its file's Q8_0 table instead)")
@@ -154,6 +155,9 @@ def run_generate(args: argparse.Namespace) -> int:
     kwargs = dict(sampling_kwargs(args), num_beams=args.num_beams, length_penalty=args.length_penalty)
     if args.system is not None and not args.chat:
         raise InputError("--system needs --chat (a system prompt is part of the chat template).")
+    if args.length_penalty != 1.0 and args.num_beams == 1:
+        raise InputError(f"--length-penalty {args.length_penalty:g} scores beam search's hypotheses; add "
+                         f"--num-beams N (N > 1), or drop --length-penalty.")
     prompt = read_prompt(args.prompt)
     model = load_model_from_args(args, kwargs)
     if model.tokenizer is None:

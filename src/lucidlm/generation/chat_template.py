@@ -44,7 +44,7 @@ def render_chat(messages: list[Message], template: Optional[str] = None, *, add_
     ``source`` names where the template came from, for error messages."""
     from lucidlm.generation.template_sandbox import render_bounded
 
-    _check_messages(messages)
+    check_messages(messages)
     compiled = _compile_or_fail(template or CHATML_TEMPLATE, source)
     # tools/documents are None like in transformers: templates test them with `if tools`.
     values = {"tools": None, "documents": None, **extra, "messages": messages,
@@ -88,9 +88,18 @@ def encode_chat(tokenizer: Any, messages: list[Message], add_generation_prompt: 
 
 
 def check_chat_template(tokenizer: Any, system: Optional[str] = None) -> None:
-    """Render a first turn, so a chat session with a broken template is refused before it starts."""
+    """Render and encode a first turn, so a chat session the model cannot hold is refused
+    before it starts: no tokenizer, a broken template, or a tokenizer that cannot write the
+    template's markers (a character-level model trained here has no ``<|im_start|>``)."""
+    if tokenizer is None:
+        raise GenerationError("this model has no tokenizer, so it cannot chat; use a model that ships one "
+                              "(a pretrained name, a .gguf file, or a directory with tokenizer.json).")
     first = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": "Hello"}]
-    render_chat_for(tokenizer, first)
+    try:
+        encode_chat(tokenizer, first)
+    except TokenizerError as exc:
+        raise GenerationError(f"this model's tokenizer cannot write its chat template ({exc}); it is not a chat "
+                              f"model: continue text with `lucidlm generate` instead.") from None
 
 
 # ---------------------------------------------------------------------- internals
@@ -188,7 +197,8 @@ def _raise_exception(message: Any) -> None:
     raise _Refused(str(message))
 
 
-def _check_messages(messages: Any) -> None:
+def check_messages(messages: Any) -> None:
+    """Refuse anything but a list of {"role": str, "content": str} dicts."""
     if not isinstance(messages, list) or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in messages):
