@@ -46,10 +46,16 @@ def staging_file(target: Path) -> tuple[IO[bytes], Path]:
 def publish(staging: Path, target: Path, mode: int = 0o666) -> None:
     """Rename a complete staging file over ``target`` (atomic on one filesystem), with the
     permissions an ordinary file gets (mkstemp makes it private)."""
+    os.chmod(staging, ordinary_mode(mode))
+    os.replace(staging, target)
+
+
+def ordinary_mode(mode: int = 0o666) -> int:
+    """``mode`` less the process umask: the permissions ``open``/``mkdir`` would give a new file
+    (0o666) or directory (0o777). ``mkstemp``/``mkdtemp`` make theirs private (0o600/0o700)."""
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(staging, mode & ~umask)
-    os.replace(staging, target)
+    return mode & ~umask
 
 
 def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
@@ -96,14 +102,20 @@ def remove_stale(directory: Path, target_name: str) -> list[Path]:
         if not is_stale(path):
             continue
         try:
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
+            remove_entry(path)
             removed.append(path)
         except OSError:
             pass  # read-only directory, raced with another cleaner: harmless
     return removed
+
+
+def remove_entry(path: Path) -> None:
+    """Delete a file or a directory tree; a symlink (to a file or a directory) is unlinked,
+    never followed: what it points to stays. Raises OSError when it cannot."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def _candidates(directory: Path, target_name: str) -> Iterator[Path]:

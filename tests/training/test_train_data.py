@@ -43,6 +43,30 @@ def test_prepared_data_is_reused_not_retokenized(corpus, tmp_path):
     assert again.tokenizer.encode("First") == CharTokenizer.train(corpus.read_text()).encode("First")
 
 
+def test_out_of_vocabulary_ids_in_token_files(corpus, tmp_path):
+    """An id the vocabulary does not have (a damaged train.bin of the right size) is refused on a
+    resume with one line naming the file, the id and the vocabulary; a new run tokenizes again."""
+    data = prepare_data(corpus, tmp_path, "char")
+    expected, vocab = np.array(data.train), data.tokenizer.vocab_size
+    del data
+    for name in ("train.bin", "val.bin"):
+        path = tmp_path / "data" / name
+        original = path.read_bytes()
+        tokens = np.fromfile(path, dtype=np.uint16)
+        tokens[len(tokens) // 2] = vocab  # one past the last id
+        tokens.tofile(path)
+        with pytest.raises(DataError) as err:
+            prepare_data(corpus, tmp_path, "char", resume=True)
+        message = str(err.value)
+        assert "\n" not in message
+        assert f"{path} holds token id {vocab}, but the vocabulary has {vocab} ids" in message
+        assert f"the data is damaged; delete the folder {tmp_path / 'data'}" in message
+        rebuilt = prepare_data(corpus, tmp_path, "char")  # not a resume: the corpus is tokenized again
+        np.testing.assert_array_equal(np.asarray(rebuilt.train), expected)
+        assert path.read_bytes() == original
+        del rebuilt
+
+
 def test_word_tokens_and_folder_of_files(tmp_path):
     folder = tmp_path / "docs"
     folder.mkdir()

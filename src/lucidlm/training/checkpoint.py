@@ -8,9 +8,24 @@
     OUT/checkpoint/trainer_state.json    step, best val loss, loss history, RNG states, train config,
                                          the run's identity (resume_checks.py)
 
-A checkpoint is written into ``OUT/.checkpoint.tmp-XXXX/`` and swapped into place only
-when every file is complete, so a crash while saving never costs the last good one.
+A checkpoint is written into ``OUT/.checkpoint.tmp-<host>-<pid>-XXXX/`` and swapped into place
+only when every file is complete, so a crash while saving never costs the last good one.
 No pickles anywhere: tensors go to safetensors, everything else to JSON.
+
+The swap (``save_checkpoint``): the complete temporary directory gets the permissions ``mkdir``
+would give it (``mkdtemp`` makes it 0700: other users could not read the model), then
+``checkpoint/`` is renamed to ``.checkpoint.old-<same suffix>``, the temporary one renamed to
+``checkpoint/``, and the old one deleted (a symlinked ``checkpoint/`` is unlinked, never followed:
+what it points to stays). A SIGKILL at any point leaves a loadable checkpoint: before the first
+rename ``checkpoint/`` is untouched; between the renames the previous one lies complete under
+``.checkpoint.old-*``, which ``find_checkpoint`` puts back; after the second, ``checkpoint/`` is
+the new one. A kill (or a failure) while the old one is deleted leaves it behind; so there can be
+several ``.checkpoint.old-*``, and their names (host-pid-random) do not tell which is newest.
+``find_checkpoint`` therefore takes the complete one with the highest step (then the newest),
+``weights.checkpoint.previous_checkpoints``, the order ``lucidlm.load`` uses too: both read the
+same checkpoint. Leftovers are removed by the next run (``remove_stale_temporaries``), only once a
+complete ``checkpoint/`` exists, and only those ``staging.is_stale`` proves abandoned (their
+writer, named in the directory's name, is gone), never one a live run is swapping.
 """
 
 from __future__ import annotations
@@ -28,15 +43,16 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from lucidlm.errors import CheckpointError
-from lucidlm.staging import owner_alive, owner_marker
+from lucidlm.staging import is_stale, ordinary_mode, owner_alive, owner_marker, remove_entry
 from lucidlm.training.kill_points import kill_point
 from lucidlm.training.resume_checks import check_optimizer_state
 from lucidlm.training.resume_checks import read_trainer_state as _read_checked_state
-from lucidlm.weights.checkpoint import CONFIG_NAME, OLD_CHECKPOINT_PREFIX, WEIGHTS_NAME
+from lucidlm.weights.checkpoint import (CONFIG_NAME, OLD_CHECKPOINT_PREFIX, OPTIMIZER_STATE_NAME, TRAINER_STATE_NAME,
+                                        WEIGHTS_NAME, previous_checkpoints, saved_step)
 
 CHECKPOINT_DIR = "checkpoint"
-OPTIMIZER_NAME = "optimizer.safetensors"
-STATE_NAME = "trainer_state.json"
+OPTIMIZER_NAME = OPTIMIZER_STATE_NAME
+STATE_NAME = TRAINER_STATE_NAME
 TMP_PREFIX = ".checkpoint.tmp-"
 OLD_PREFIX = OLD_CHECKPOINT_PREFIX
 
@@ -126,15 +142,16 @@ def save_checkpoint(out_dir: Path, write_payload: Callable[[Path], None], optimi
         save_optimizer(optimizer_state, tmp / OPTIMIZER_NAME, belongs)
         (tmp / STATE_NAME).write_text(json.dumps(trainer_state, indent=1) + "\n")
         _fsync_dir(tmp)
+        os.chmod(tmp, ordinary_mode(0o777))  # as mkdir makes it: mkdtemp's 0700 would hide the model
         # A directory cannot be renamed over a non-empty one: move the old one aside, move
         # the new one in, then delete the old. A crash between the two renames leaves the
         # old one under OLD_PREFIX, which find_checkpoint() puts back.
         old = out_dir / f"{OLD_PREFIX}{tmp.name[len(TMP_PREFIX):]}"
-        if final.exists():
+        if final.exists() or final.is_symlink():
             os.replace(final, old)
             kill_point("swap")  # test seam: between the two renames
         os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        _discard(old)  # left behind if this fails (or a kill cuts it short): see remove_stale_temporaries
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
@@ -146,22 +163,43 @@ def _fsync_dir(directory: Path) -> None:
             os.fsync(f.fileno())
 
 
-def find_checkpoint(out_dir: Path) -> Path | None:
-    """OUT/checkpoint if it exists, after recovering from a crash mid-swap; None if there is none."""
+def _discard(path: Path) -> None:
+    """Delete ``path`` if it exists (a symlink is unlinked, not followed); never raises."""
+    try:
+        remove_entry(path)
+    except OSError:  # already gone, or cannot be deleted: remove_stale_temporaries tries again
+        pass
+
+
+def find_checkpoint(out_dir: Path, restore: bool = True) -> Path | None:
+    """OUT/checkpoint if it exists, after recovering from a crash mid-swap (the previous
+    checkpoint put back from ``.checkpoint.old-*``: of several, the complete one with the highest
+    step); None if there is none. ``restore=False`` moves nothing and returns where the
+    checkpoint lies (an old directory when a kill left one)."""
     out_dir = Path(out_dir)
     final = out_dir / CHECKPOINT_DIR
     if not final.is_dir():
-        olds = sorted(out_dir.glob(f"{OLD_PREFIX}*"))
-        if olds and (olds[-1] / STATE_NAME).is_file():
-            os.replace(olds[-1], final)
+        olds = previous_checkpoints(out_dir)
+        if olds and saved_step(olds[0]) is not None:
+            if not restore:
+                return olds[0]
+            os.replace(olds[0], final)
     return final if final.is_dir() else None
 
 
 def remove_stale_temporaries(out_dir: Path) -> None:
-    """Half-written checkpoints left by a killed process (never one a live process is writing)."""
-    for path in Path(out_dir).glob(f"{TMP_PREFIX}*"):
+    """Half-written checkpoints left by a killed process (never one a live process is writing),
+    and, once a complete OUT/checkpoint exists, previous checkpoints (``.checkpoint.old-*``)
+    whose deletion a kill or a failure cut short, when ``staging.is_stale`` proves them abandoned."""
+    out_dir = Path(out_dir)
+    for path in out_dir.glob(f"{TMP_PREFIX}*"):
         if owner_alive(path.name) is not True:
-            shutil.rmtree(path, ignore_errors=True)
+            _discard(path)
+    if saved_step(out_dir / CHECKPOINT_DIR) is None:  # an old one may be the only whole checkpoint
+        return
+    for path in out_dir.glob(f"{OLD_PREFIX}*"):
+        if is_stale(path):
+            _discard(path)
 
 
 def read_trainer_state(checkpoint: Path, payload: str = WEIGHTS_NAME) -> dict[str, Any]:

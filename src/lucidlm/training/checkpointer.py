@@ -27,10 +27,8 @@ from lucidlm.errors import CheckpointError
 from lucidlm.training import checkpoint as ckpt
 from lucidlm.training.distributed import DistributedContext, barrier
 from lucidlm.training.resume_checks import DAMAGED, check_optimizer_state
-from lucidlm.weights.checkpoint import CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME
+from lucidlm.weights.checkpoint import CONFIG_NAME, TOKENIZER_NAME, TRAINABLE_NAME, WEIGHTS_NAME
 from lucidlm.weights.finite import check_finite
-
-TRAINABLE_NAME = "trainable.safetensors"
 
 
 def full_model_state(model: torch.nn.Module, ctx: DistributedContext) -> dict[str, torch.Tensor]:

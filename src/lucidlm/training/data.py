@@ -103,7 +103,7 @@ def prepare_data(source: str | Path, out_dir: str | Path, tokenizer: str | Token
     if meta is not None:
         same = meta["fingerprint"] == fingerprint or (
             corpus_hash is not None and meta.get("corpus_sha256") == corpus_hash and meta.get("settings") == settings)
-        if same and _sizes_fit(directory, meta, strict=resume):
+        if same and _sizes_fit(directory, meta, strict=resume) and _ids_fit(directory, meta, strict=resume):
             return _open(directory, meta, given)
         if resume:
             raise DataError(f"{directory / META_NAME} was written for another corpus or other tokenizing "
@@ -177,6 +177,23 @@ def _sizes_fit(directory: Path, meta: dict, strict: bool) -> bool:
         if strict:
             raise DataError(f"{directory / 'tokenizer.json'} is missing; {META_FIX.format(directory=directory)}.")
         return False
+    return True
+
+
+def _ids_fit(directory: Path, meta: dict, strict: bool) -> bool:
+    """Every id in train.bin and val.bin is below meta.json's vocabulary size (one vectorized
+    pass over each memory-mapped file): an id out of range would only fail deep in the model's
+    embedding. When not ``strict`` (a new run), damaged files are tokenized again instead."""
+    vocab = meta["vocab_size"]
+    for name, count in (("train.bin", meta["n_train"]), ("val.bin", meta["n_val"])):
+        path = directory / name
+        largest = int(np.max(np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(count,))))
+        if largest >= vocab:
+            if strict:
+                raise DataError(f"{path} holds token id {largest}, but the vocabulary has {vocab} ids (0-{vocab - 1}; "
+                                f"{directory / META_NAME}): the data is damaged; "
+                                f"{META_FIX.format(directory=directory)}.")
+            return False
     return True
 
 

@@ -33,7 +33,7 @@ from lucidlm.training.resume_checks import (check_same_data, corpus_sha256, fixe
 from lucidlm.training.step import wrap_model
 from lucidlm.training.loop import Callback, Trainer, TrainResult
 from lucidlm.training.setup import (autocast_dtype, check_same_settings, configure_optimizer, open_run,
-                                   resolve_device, resolved)
+                                   resolve_device, resolved, with_checkpoint)
 
 
 def attach_method(model: torch.nn.Module, config: FinetuneConfig) -> str:
@@ -213,7 +213,7 @@ def finetune(config: FinetuneConfig, model: Any = None, callbacks: Sequence[Call
     ctx = trainer.ctx
     try:
         with writing(config.out_dir, "--out"):  # a full disk mid-run: one line naming OUT
-            result = trainer.fit()
+            result = with_checkpoint(trainer.fit(), Path(config.out_dir), ctx)
             if config.method != "full":
                 # Under FSDP every rank takes part in gathering the weights; rank 0 writes.
                 tensors = full_model_state(trainer.model, ctx) if ctx.sharded else {}

@@ -34,7 +34,7 @@ from lucidlm.training.resume_checks import (DAMAGED, check_same_data, corpus_sha
 from lucidlm.training.step import wrap_model
 from lucidlm.training.loop import Callback, Trainer, TrainResult
 from lucidlm.training.setup import (autocast_dtype, check_same_settings, configure_optimizer, open_run,
-                                   resolve_device, resolved)
+                                   resolve_device, resolved, with_checkpoint)
 from lucidlm.validation import read_json_object
 from lucidlm.weights.checkpoint import CONFIG_NAME
 
@@ -142,7 +142,7 @@ def pretrain(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> TrainRe
     trainer = build_pretraining(config, callbacks)
     try:
         with writing(config.out_dir, "--out"):  # a full disk mid-run: one line naming OUT
-            return trainer.fit()
+            return with_checkpoint(trainer.fit(), Path(config.out_dir), trainer.ctx)
     finally:
         cleanup_distributed(trainer.ctx)
 

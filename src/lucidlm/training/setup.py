@@ -4,6 +4,7 @@ resume, and build AdamW."""
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
@@ -77,9 +78,11 @@ def open_run(out_dir: Path, resume: bool, ctx: DistributedContext,
             raise CheckpointError(
                 f"--out {out_dir} already holds files that are not from a lucidlm run ({', '.join(foreign[:3])}"
                 f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty directory for --out.")
+        if resume and ckpt.find_checkpoint(out_dir, restore=False) is None:
+            _no_checkpoint(out_dir)  # before anything is created or moved: a refusal changes nothing on disk
         check_writable(out_dir)
-        ckpt.remove_stale_temporaries(out_dir)
-        found = ckpt.find_checkpoint(out_dir)
+        found = ckpt.find_checkpoint(out_dir)  # puts back the one a kill mid-swap moved aside
+        ckpt.remove_stale_temporaries(out_dir)  # after: of several moved aside, the best is back in place
         if found is not None and not resume:
             raise CheckpointError(
                 f"{out_dir} already holds a training checkpoint ({found}); pass --resume to continue it, or "
@@ -89,10 +92,23 @@ def open_run(out_dir: Path, resume: bool, ctx: DistributedContext,
         return None
     found = out_dir / ckpt.CHECKPOINT_DIR
     if not found.is_dir():
-        raise CheckpointError(
-            f"--resume: there is no checkpoint in {found}; train without --resume first (or point --out at the "
-            f"run to continue).")
+        _no_checkpoint(out_dir)
     return found, ckpt.read_trainer_state(found, payload)
+
+
+def _no_checkpoint(out_dir: Path) -> None:
+    raise CheckpointError(
+        f"--resume: there is no checkpoint in {out_dir / ckpt.CHECKPOINT_DIR}; train without --resume first (or "
+        f"point --out at the run to continue).")
+
+
+def with_checkpoint(result: Any, out_dir: Path, ctx: DistributedContext) -> Any:
+    """``result`` (a TrainResult) naming OUT/checkpoint when the loop saved none because no step
+    was left to run (``--resume`` of a finished run): the model is the checkpoint already there."""
+    final = Path(out_dir) / ckpt.CHECKPOINT_DIR
+    if result.checkpoint is None and ctx.is_main and final.is_dir():
+        return dataclasses.replace(result, checkpoint=final)
+    return result
 
 
 def check_same_settings(config: Any, current: dict[str, Any], state: dict[str, Any], directory: Path,
