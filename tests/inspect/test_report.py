@@ -93,8 +93,11 @@ def test_inspect_command_writes_the_report(tiny_model, tmp_path, capsys):
     args = _parser().parse_args(["inspect", TEXT, "--model", str(tmp_path / "model"), "--out", str(out),
                                  "--top-k", "3", "--plots", str(tmp_path / "figs")])
     assert args.handler(args) == 0
-    data = _embedded_data(out.read_text())
+    page = out.read_text()
+    data = _embedded_data(page)
     assert data["tokens"] == list(TEXT) and len(data["topk"][0]) == 3
+    assert f"<title>lucidlm inspect: {tmp_path / 'model'}</title>" in page  # the model asked for, not "llama"
+    assert oct(out.stat().st_mode & 0o777) != oct(0o600)  # an ordinary file, not a private staging one
     figures = sorted(p.name for p in (tmp_path / "figs").iterdir())
     assert figures == ["attention_layer0.png", "attention_layer0.svg", "attention_layer1.png",
                        "attention_layer1.svg", "logit_lens.png", "logit_lens.svg"]

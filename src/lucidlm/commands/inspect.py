@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     model = load(args.model, adapter=args.adapter, device=args.device, dtype=torch.float32)  # the exact float model
     start = time.perf_counter()
     with writing(args.out, "--out"):
-        out = write_report(model, args.text, args.out, top_k=args.top_k)
+        out = write_report(model, args.text, args.out, top_k=args.top_k, title=f"lucidlm inspect: {args.model}")
     print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB) in {time.perf_counter() - start:.1f} s")
     if args.plots:
         with writing(args.plots, "--plots"):

@@ -14,7 +14,6 @@ CSS and the drawing JavaScript) is the template in ``report_page.py``.
 from __future__ import annotations
 
 import html
-import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -23,6 +22,7 @@ from torch import nn
 
 from lucidlm.errors import InputError
 from lucidlm.outputs import check_output_file
+from lucidlm.staging import atomic_write_text
 from lucidlm.inspect.cache import run_with_cache, token_columns
 from lucidlm.inspect.logit_lens import logit_lens
 from lucidlm.inspect.report_page import PAGE
@@ -94,16 +94,10 @@ def build_report(model: nn.Module, text: str, top_k: int = 5, title: Optional[st
     return Report(before.replace("__TITLE__", title) + payload + after.replace("__TITLE__", title))
 
 
-def write_report(model: nn.Module, text: str, out: Union[str, Path], top_k: int = 5) -> Path:
-    """Write the report to ``out`` (via a temporary file, so a failure leaves no half page)."""
+def write_report(model: nn.Module, text: str, out: Union[str, Path], top_k: int = 5,
+                 title: Optional[str] = None) -> Path:
+    """Write the report to ``out`` (through a staging file: a failure leaves the old report
+    whole and no half page). ``title``: the page's, e.g. "lucidlm inspect: smollm2-135m"."""
     out = check_output_file(out, "out")  # a directory or a path under a file: refused before any work
-    page = build_report(model, text, top_k)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.partial")
-    try:
-        partial.write_text(page, encoding="ascii")
-        os.replace(partial, out)
-    except BaseException:  # a full disk: no half-written partial left behind, the old report kept
-        partial.unlink(missing_ok=True)
-        raise
+    atomic_write_text(out, build_report(model, text, top_k, title=title))
     return out
