@@ -188,3 +188,15 @@ def test_cli_trains_and_the_model_generates(corpus, tmp_path, capsys):
     for flag in ("--n-layer", "--block-size", "--gradient-accumulation-steps", "--resume", "--beta2"):
         assert flag in help_text
     assert "(default: 0.99)" in help_text  # beta2
+
+
+def test_both_recipes_come_from_the_package():
+    """The package docstring's finetune(FinetuneConfig(...)) works as written (finetune was the
+    submodule, not callable, and FinetuneConfig was not exported)."""
+    import lucidlm.training as training
+    from lucidlm.training import FinetuneConfig, TrainConfig, finetune, pretrain
+
+    assert callable(finetune) and callable(pretrain)
+    assert finetune.__module__ == "lucidlm.training.finetune" and FinetuneConfig.__name__ == "FinetuneConfig"
+    assert {"finetune", "FinetuneConfig", "pretrain", "TrainConfig"} <= set(training.__all__)
+    assert TrainConfig is training.TrainConfig

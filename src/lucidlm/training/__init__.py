@@ -11,16 +11,18 @@
 Both run in one process or many under ``torchrun`` (DDP, or FSDP2 with strategy="fsdp").
 """
 
-from lucidlm.training.config import LoopConfig, PretrainConfig, TrainConfig
+from lucidlm.training.config import FinetuneConfig, LoopConfig, PretrainConfig, TrainConfig
 from lucidlm.training.batches import PaddedBatch, get_batch, pad_batch
 from lucidlm.training.data import TokenData, count_batches, prepare_data
 from lucidlm.training.loop import Callback, Trainer, TrainResult
 from lucidlm.training.loss import IGNORE_INDEX, masked_cross_entropy
 from lucidlm.training.pretrain import build_pretraining, model_config_for, pretrain, train
+# (the function takes the package attribute `finetune` from the submodule of that name)
+from lucidlm.training.finetune import build_finetuning, finetune  # noqa: E402
 from lucidlm.training.schedule import get_lr
 
 __all__ = [
-    "IGNORE_INDEX", "Callback", "LoopConfig", "PaddedBatch", "PretrainConfig", "TokenData", "TrainConfig",
-    "TrainResult", "Trainer", "build_pretraining", "count_batches", "get_batch", "get_lr", "masked_cross_entropy",
-    "model_config_for", "pad_batch", "prepare_data", "pretrain", "train",
+    "IGNORE_INDEX", "Callback", "FinetuneConfig", "LoopConfig", "PaddedBatch", "PretrainConfig", "TokenData",
+    "TrainConfig", "TrainResult", "Trainer", "build_finetuning", "build_pretraining", "count_batches", "get_batch",
+    "get_lr", "finetune", "masked_cross_entropy", "model_config_for", "pad_batch", "prepare_data", "pretrain", "train",
 ]
