@@ -37,18 +37,25 @@ class Conversation:
         return system + self.history
 
     def add_user(self, text: str) -> None:
+        """Add the user's next message (text)."""
+        if not isinstance(text, str):
+            raise GenerationError(f"a chat message is text (str), not {type(text).__name__}.")
         self.history.append({"role": "user", "content": text})
 
     def reply(self, model: Any, **gen_kwargs: Any) -> Iterator[str]:
-        """Stream the assistant's answer to the conversation so far. The answer joins the
-        history when the stream ends, also when the caller stops it early (Ctrl-C)."""
+        """Stream the assistant's answer to the conversation so far. The options are checked
+        here, before anything streams (a refused one leaves the conversation as it was); the
+        answer joins the history when the stream ends, also when the caller stops it early
+        (Ctrl-C)."""
         if not self.history or self.history[-1]["role"] != "user":
             raise GenerationError("reply() needs a user message last: call add_user(text) first.")
         ids = encode_chat(model.tokenizer, self.messages)
-        pieces: list[str] = []
         self.last_result = None
+        return self._answer(stream(model, ids, **gen_kwargs))
+
+    def _answer(self, text_stream: Any) -> Iterator[str]:
+        pieces: list[str] = []
         try:
-            text_stream = stream(model, ids, **gen_kwargs)
             for piece in text_stream:
                 pieces.append(piece)
                 yield piece

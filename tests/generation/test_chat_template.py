@@ -124,6 +124,21 @@ def test_conversation_history_and_reset():
     assert convo.messages == [{"role": "system", "content": "New."}]
 
 
+def test_a_refused_option_leaves_the_conversation_as_it_was():
+    """reply() checks its options when called: a typo is refused there and the corrected call
+    answers (a lazy check left an empty assistant turn, and the retry was refused too)."""
+    model = toy_model()
+    convo = Conversation()
+    convo.add_user("Hi")
+    with pytest.raises(GenerationError, match="max_new_token"):
+        convo.reply(model, max_new_token=8)
+    assert convo.history == [{"role": "user", "content": "Hi"}]
+    answer = "".join(convo.reply(model, max_new_tokens=4, temperature=0, stop_on_eos=False))
+    assert convo.history[-1] == {"role": "assistant", "content": answer}
+    with pytest.raises(GenerationError, match="text"):
+        convo.add_user(123)
+
+
 def test_generate_with_chat_flag_uses_the_template():
     from lucidlm.generation import generate
     model = toy_model()
