@@ -24,6 +24,8 @@ TINY = dict(n_layers=1, d_model=32, n_heads=2, vocab_size=50, max_seq_len=16)
     (lambda: lucidlm.load(dtype="bfloat61"), ["dtype 'bfloat61'", "did you mean 'bfloat16'?"]),
     (lambda: lucidlm.load(device="gpu"), ["device 'gpu'", "did you mean 'cuda'?"]),
     (lambda: lucidlm.load(device="cdua"), ["device 'cdua'", "did you mean 'cuda'?"]),
+    (lambda: lucidlm.load(dtype="bfloat"), ["dtype 'bfloat'", "did you mean 'bfloat16'?"]),
+    (lambda: lucidlm.load(device="meta"), ["device 'meta' is a torch device type lucidlm does not run models on"]),
 ])
 def test_load_refuses_by_name(call, fragments):
     with pytest.raises(LucidLMError) as info:
@@ -42,7 +44,8 @@ def test_random_init_builds_the_preset_with_overrides():
 
 @pytest.mark.parametrize("name, dtype", [("bfloat16", torch.bfloat16), ("bf16", torch.bfloat16),
                                          ("torch.float16", torch.float16), ("float32", torch.float32),
-                                         (torch.bfloat16, torch.bfloat16)])
+                                         (torch.bfloat16, torch.bfloat16), ("float64", torch.float64),
+                                         (torch.float64, torch.float64)])
 def test_dtype_names(name, dtype):
     assert resolve_dtype(name) is dtype
     assert lucidlm.load("llama", random_init=True, dtype=name, **TINY).embed.weight.dtype is dtype
@@ -70,3 +73,24 @@ def test_preset_names_and_fields_get_did_you_mean():
         lucidlm.preset("shakespear-char")
     with pytest.raises(ConfigError, match=r"\['n_layer'\]; .*did you mean 'n_layers'\?$"):
         lucidlm.preset("llama", n_layer=2)
+
+
+def test_model_to_takes_the_same_names_and_errors_as_load():
+    model = lucidlm.load("llama", random_init=True, **TINY)
+    assert model.to("bf16").embed.weight.dtype is torch.bfloat16
+    assert model.to(device="cpu", dtype="half").embed.weight.dtype is torch.float16
+    assert model.to(torch.float32).embed.weight.dtype is torch.float32
+    with pytest.raises(DeviceError, match="did you mean 'cuda'"):
+        model.to("gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceError, match="asked for CUDA"):
+            model.to("cuda")
+
+
+@pytest.mark.parametrize("name", ["SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct", "SMOLLM2-135M"])
+def test_pretrained_models_by_the_names_people_know(name, smollm2_default):
+    """The Hugging Face repository id and the model's own name, any case, load the embedded model."""
+    model = lucidlm.load(name)
+    assert model.generation_defaults == smollm2_default.generation_defaults
+    assert torch.equal(model.embed.dequantize(), smollm2_default.embed.dequantize())
+

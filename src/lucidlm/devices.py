@@ -20,7 +20,9 @@ DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
 }
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")  # what messages list and suggest first
 
 
 def resolve_device(device: Any = "auto") -> torch.device:
@@ -58,6 +60,9 @@ def resolve_device(device: Any = "auto") -> torch.device:
     elif parsed.type == "mps" and not _mps_available():
         raise DeviceError(f"device {device!r} asked for Apple's MPS, which this machine does not have; "
                           f"use --device cpu.")
+    elif parsed.type not in DEVICE_KINDS:  # meta holds no values, xla & co. are not built in
+        raise DeviceError(f"device {device!r} is a torch device type lucidlm does not run models on; use one of "
+                          f"{', '.join(DEVICE_KINDS)} (or cuda:N).")
     return parsed
 
 
@@ -72,8 +77,8 @@ def resolve_dtype(dtype: Any) -> torch.dtype:
         name = dtype.strip().lower().removeprefix("torch.")
         if name in DTYPES:
             return DTYPES[name]
-        raise DeviceError(f"dtype {dtype!r} is not a known dtype{did_you_mean(name, DTYPES)} "
-                          f"(known: float32, bfloat16, float16).")
+        hint = did_you_mean(name, DTYPE_NAMES) or did_you_mean(name, DTYPES)  # the full names first
+        raise DeviceError(f"dtype {dtype!r} is not a known dtype{hint} (known: {', '.join(DTYPE_NAMES)}).")
     raise DeviceError(f"dtype={dtype!r} is neither a torch.dtype nor a name like 'bfloat16'.")
 
 

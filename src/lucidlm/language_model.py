@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from lucidlm.config import ModelConfig
+from lucidlm.devices import DTYPES, resolve_device, resolve_dtype
 from lucidlm.errors import ConfigError
 from lucidlm.generation import GenerationResult, TextStream, generate, stream
 from lucidlm.generation.compiled import CompiledSteps
@@ -174,6 +175,17 @@ class LanguageModel(Transformer):
             self._kept_caches = [self.kv_caches]
         super().clear_kv_cache()
 
+    def to(self, *args: Any, **kwargs: Any) -> "LanguageModel":
+        """``nn.Module.to`` that also takes lucidlm's names, with ``lucidlm.load``'s one-line
+        errors: ``model.to("bf16")``, ``model.to("cuda")`` (on a CPU-only torch: says so),
+        ``model.to(device="cpu", dtype="float16")``."""
+        args = tuple(_device_or_dtype(a) for a in args)
+        if isinstance(kwargs.get("device"), (str, torch.device)):
+            kwargs["device"] = resolve_device(kwargs["device"])
+        if isinstance(kwargs.get("dtype"), (str, torch.dtype)):
+            kwargs["dtype"] = resolve_dtype(kwargs["dtype"])
+        return super().to(*args, **kwargs)
+
     # ------------------------------------------------------------------ forward on text
     def forward(self, ids: Union[torch.Tensor, Sequence[int], str, Sequence[str]], *args: Any,
                 **kwargs: Any) -> torch.Tensor:
@@ -302,4 +314,16 @@ class LanguageModel(Transformer):
     def unmerge_adapter(self) -> None:
         """Take a merged LoRA adapter back out of the base weights."""
         unmerge_adapter(self)
+
+
+def _device_or_dtype(value: Any) -> Any:
+    """A positional argument of ``to``: a dtype name or dtype, a device name or device, checked;
+    anything else (a tensor) as it is."""
+    if isinstance(value, torch.dtype):
+        return resolve_dtype(value)
+    if isinstance(value, torch.device):
+        return resolve_device(value)
+    if isinstance(value, str):
+        return resolve_dtype(value) if value.strip().lower().removeprefix("torch.") in DTYPES else resolve_device(value)
+    return value
 

@@ -99,6 +99,9 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
     dtype = resolve_dtype(dtype) if dtype is not None else None
     device = resolve_device(device)
     source = DEFAULT_MODEL if source is None else source
+    if not random_init:
+        from lucidlm.pretrained import pretrained_name
+        source = pretrained_name(source) or source  # "HuggingFaceTB/SmolLM2-135M-Instruct" -> "smollm2-135m"
     _check_overrides(random_init, config_overrides)
     with older_objects_frozen():  # collections during the load skip torch's objects (collector.py)
         model = _load_base(source, dtype, device, seed, config_overrides, random_init, quantize, group_size,

@@ -64,6 +64,25 @@ PRETRAINED: dict[str, PretrainedSource] = {
     ),
 }
 
+# Other names people type for the pretrained models (lower-cased): the Hugging Face repository
+# ids and the models' own names, as a transformers or litgpt user would write them.
+ALIASES = {
+    "huggingfacetb/smollm2-135m-instruct": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m",
+    "google/gemma-3-270m": "gemma3-270m", "google/gemma-3-270m-it": "gemma3-270m", "gemma-3-270m": "gemma3-270m",
+    "gemma-3-270m-it": "gemma3-270m",
+}
+
+
+def pretrained_name(source: object) -> Optional[str]:
+    """The key in ``PRETRAINED`` that ``source`` names (``"SmolLM2-135M-Instruct"``,
+    ``"HuggingFaceTB/SmolLM2-135M-Instruct"`` -> ``"smollm2-135m"``), or None. A path that
+    exists is never a name."""
+    if not isinstance(source, str) or Path(source).expanduser().exists():
+        return None
+    name = source.strip().lower()
+    return name if name in PRETRAINED else ALIASES.get(name)
+
+
 @dataclass(frozen=True)
 class LoadDefault:
     """How ``lucidlm.load(name)`` reads a pretrained model when neither dtype nor quantize is given."""
