@@ -194,7 +194,11 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def _json_result(result: Any, load_seconds: float, seconds: float) -> dict[str, Any]:
+    """The ``--json`` line. ``seconds`` is the result's own generation time
+    (``GenerationResult.seconds``: the prompt pass and every token, not the printing), the
+    wall time measured around the loop where a result has none."""
     new_tokens = len(result.token_ids)
+    seconds = result.seconds if getattr(result, "seconds", None) is not None else seconds
     return {"text": result.text, "token_ids": result.token_ids, "prompt_ids": result.prompt_ids,
             "finish_reason": result.finish_reason, "prompt_tokens": len(result.prompt_ids),
             "new_tokens": new_tokens, "load_seconds": round(load_seconds, 4), "seconds": round(seconds, 4),

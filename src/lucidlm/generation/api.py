@@ -29,6 +29,7 @@ Rules every entry point follows:
 
 from __future__ import annotations
 
+import time
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Sequence, Union
@@ -47,10 +48,100 @@ from lucidlm.generation.streaming import TextAssembler
 
 @dataclass
 class GenerationResult:
-    token_ids: list[int]  # generated ids only
-    text: str  # their text (no EOS, cut before a stop string)
+    """What one generation produced, and how long it took.
+
+    Fields:
+
+    - ``token_ids``: the generated ids only (not the prompt's). With ``finish_reason="eos"``
+      the EOS id is the last of them.
+    - ``text``: their text, what the output adds to the prompt: no EOS, and cut just before a
+      stop string (see the module docstring).
+    - ``prompt_ids``: the prompt's ids as the model saw them (after the chat template and a
+      BOS token, if any).
+    - ``finish_reason``: why it ended: ``"eos"`` (the model chose an EOS token), ``"stop"``
+      (a stop string appeared in the text) or ``"length"`` (``max_new_tokens`` reached, or the
+      context window full).
+    - ``prompt_seconds``: seconds from the start of generation to the first new token (the
+      prompt's forward pass plus the first sample: llama.cpp's "prompt eval" plus one token).
+      ``None`` when no token was generated, for beam search (its first token is known only at
+      the end) and for a result built by hand.
+    - ``seconds``: seconds for the whole generation, prompt pass included (tokenizing the
+      prompt and loading the model are not). For ``stream``, the time the caller spends between
+      pieces is left out. In a batch (``generate_batch``) each row's time runs to the step that
+      finished that row, with the rows sharing every forward pass. ``None`` for a result built
+      by hand.
+
+    Rates (properties): ``tokens_per_second`` is new tokens / ``seconds``, the whole
+    generation's rate, prompt pass included (the number ``lucidlm generate --json`` reports);
+    ``decode_tokens_per_second`` is the rate after the first token, (new tokens - 1) /
+    (``seconds`` - ``prompt_seconds``), the "eval rate" ollama and llama.cpp report apart from
+    the prompt's.
+
+    In Jupyter a result displays as the prompt (muted), the generated text (highlighted), the
+    finish reason and the numbers.
+    """
+
+    token_ids: list[int]
+    text: str
     prompt_ids: list[int] = field(default_factory=list)
     finish_reason: str = "length"  # "eos" | "stop" | "length"
+    prompt_seconds: Optional[float] = None
+    seconds: Optional[float] = None
+
+    @property
+    def tokens_per_second(self) -> Optional[float]:
+        """New tokens / ``seconds`` (prompt pass included); ``None`` when ``seconds`` is unknown or 0."""
+        if not self.seconds:
+            return None
+        return len(self.token_ids) / self.seconds
+
+    @property
+    def decode_tokens_per_second(self) -> Optional[float]:
+        """Tokens after the first / the time after the first: (n - 1) / (``seconds`` -
+        ``prompt_seconds``); ``None`` when either time is unknown or fewer than 2 tokens came."""
+        if self.prompt_seconds is None or self.seconds is None or len(self.token_ids) < 2:
+            return None
+        decode = self.seconds - self.prompt_seconds
+        return (len(self.token_ids) - 1) / decode if decode > 0 else None
+
+    def _repr_html_(self) -> str:
+        import html
+
+        from lucidlm.inspect.views import element_id, scoped_style
+        view_id = element_id("result")
+        prompt = ""
+        if self.prompt_ids:
+            prompt_text = self._prompt_text()
+            prompt = f'<span class="prompt">{html.escape(prompt_text)}</span>'
+        numbers = [f"finish reason: <b>{html.escape(str(self.finish_reason))}</b>",
+                   f"{len(self.token_ids)} new tokens", f"{len(self.prompt_ids)} prompt tokens"]
+        if self.prompt_seconds is not None:
+            numbers.append(f"first token {self.prompt_seconds:.3f} s")
+        if self.seconds is not None:
+            numbers.append(f"{self.seconds:.3f} s")
+        if self.tokens_per_second is not None:
+            numbers.append(f"{self.tokens_per_second:.1f} tok/s")
+        if self.decode_tokens_per_second is not None:
+            numbers.append(f"decode {self.decode_tokens_per_second:.1f} tok/s")
+        style = scoped_style(view_id, {
+            "": "font-family: sans-serif; font-size: 13px; border: 1px solid #d0d7de; padding: 6px; "
+                "border-radius: 4px",
+            ".text": "font-family: monospace; white-space: pre-wrap; margin: 0 0 4px 0",
+            ".prompt": "color: #6e7781",
+            ".output": "background: #fff3bf; color: #1f2328",
+            ".meta": "color: #57606a; font-size: 12px",
+        })
+        return (f'<div id="{view_id}" class="lucidlm-result">{style}'
+                f'<div class="text">{prompt}<span class="output">{html.escape(self.text)}</span></div>'
+                f'<div class="meta">{" &middot; ".join(numbers)}</div></div>')
+
+    def _prompt_text(self) -> str:
+        """The prompt's ids as text, for display only; the ids themselves without a tokenizer."""
+        return " ".join(str(i) for i in self.prompt_ids) if self._tokenizer is None else \
+            self._tokenizer.decode(list(self.prompt_ids))
+
+    # set where results are built, for display only: not a field (asdict, ==, repr leave it out)
+    _tokenizer = None
 
 
 Prompt = Union[str, Sequence[int], torch.Tensor]
@@ -149,10 +240,16 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
     reasons = ["length"] * len(rows)
     finished = torch.zeros(len(rows), dtype=torch.bool)
     pad_id = padding_id(tokenizer)
+    start = time.perf_counter()
+    first: Optional[float] = None  # the first step gives every row its first token
+    ends: list[Optional[float]] = [None] * len(rows)  # when each row finished
     with closing(sample_rows(model, rows, max_new, request.settings, private_generator(model, request.seed),
                              finished, pad_id, request.min_new_tokens, request.eos_ids, lookahead=True)) as steps:
         for next_ids in steps:
-            for i, token in enumerate(next_ids.tolist()):
+            tokens = next_ids.tolist()
+            now = time.perf_counter() - start
+            first = now if first is None else first
+            for i, token in enumerate(tokens):
                 if finished[i]:
                     continue
                 outputs[i].append(token)
@@ -162,12 +259,23 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
                         reasons[i], finished[i] = "stop", True
                 if token in request.eos_ids:
                     reasons[i], finished[i] = "eos", True
+                if finished[i]:
+                    ends[i] = now
+    total = time.perf_counter() - start
     results = []
-    for row, out, reason, assembler in zip(rows, outputs, reasons, assemblers):
+    for row, out, reason, assembler, end in zip(rows, outputs, reasons, assemblers, ends):
         if assembler is not None:
             assembler.finish()
-        results.append(GenerationResult(out, assembler.text if assembler else "", list(row), reason))
+        results.append(_built(GenerationResult(out, assembler.text if assembler else "", list(row), reason,
+                                               prompt_seconds=first if out else None,
+                                               seconds=total if end is None else end), tokenizer))
     return results
+
+
+def _built(result: GenerationResult, tokenizer: Any) -> GenerationResult:
+    """``result`` with the tokenizer its display decodes the prompt with."""
+    result._tokenizer = tokenizer
+    return result
 
 
 class _Run:
@@ -199,9 +307,18 @@ class _Run:
         self.result: Optional[GenerationResult] = None
 
     def pieces(self) -> Iterator[str]:
+        """The text pieces; the clock (``GenerationResult.seconds``) runs from the first
+        ``next()`` and stops while a piece is with the caller."""
         token_ids: list[int] = []
         reason = "length"
         assembler = self.assembler
+        start = time.perf_counter()
+        first: Optional[float] = None
+        away = 0.0  # time the caller held the pieces
+
+        def elapsed() -> float:
+            return time.perf_counter() - start - away
+
         if self.request.num_beams > 1:
             token_ids, _ = beam_search(self.model, self.prompt_ids, num_beams=self.request.num_beams,
                                        max_new_tokens=self.max_new, eos_ids=self.request.eos_ids,
@@ -213,7 +330,8 @@ class _Run:
             if assembler is not None:
                 text = "".join(assembler.add(t) for t in token_ids) + assembler.finish()
                 reason = "stop" if assembler.stopped else reason
-            self.result = GenerationResult(token_ids, text, list(self.prompt_ids), reason)
+            self.result = _built(GenerationResult(token_ids, text, list(self.prompt_ids), reason,
+                                                  seconds=elapsed()), self.model.tokenizer)
             if text:
                 yield text
             return
@@ -229,6 +347,8 @@ class _Run:
             for next_ids in steps:
                 token = int(next_ids[0])
                 token_ids.append(token)
+                if first is None:
+                    first = elapsed()
                 if token in self.request.eos_ids:
                     reason = "eos"
                     finished[0] = True
@@ -236,14 +356,18 @@ class _Run:
                 if assembler is not None:
                     piece = assembler.add(token)
                     if piece:
+                        paused = time.perf_counter()
                         yield piece
+                        away += time.perf_counter() - paused
                     if assembler.stopped:
                         reason = "stop"
                         break
+        seconds = elapsed()
         text = ""
         if assembler is not None:
             piece = assembler.finish()
             if piece:
                 yield piece
             text = assembler.text
-        self.result = GenerationResult(token_ids, text, list(self.prompt_ids), reason)
+        self.result = _built(GenerationResult(token_ids, text, list(self.prompt_ids), reason,
+                                              prompt_seconds=first, seconds=seconds), self.model.tokenizer)

@@ -51,10 +51,34 @@ class ActivationCache(Mapping):
         return len(self._acts)
 
     def __repr__(self) -> str:
-        return f"ActivationCache({len(self)} activations: {', '.join(list(self._acts)[:4])}, ...)"
+        names = list(self._acts)
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        batch = "" if self.has_batch_dim else ", batch dim removed"
+        return f"ActivationCache({_count(len(self))}{batch}: {shown})"
+
+    def _repr_html_(self) -> str:
+        """A table of every cached hook with its shape and dtype, for Jupyter."""
+        import html
+
+        from lucidlm.inspect.views import element_id, scoped_style
+        view_id = element_id("cache")
+        batch = "with a batch dim" if self.has_batch_dim else "batch dim removed"
+        rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{html.escape(str(tuple(act.shape)))}</td>"
+                       f"<td>{html.escape(str(act.dtype).removeprefix('torch.'))}</td></tr>"
+                       for name, act in self._acts.items())
+        style = scoped_style(view_id, {
+            "": "font-family: sans-serif; font-size: 13px",
+            "table": "border-collapse: collapse",
+            "td, th": "font-family: monospace; padding: 1px 8px; border-bottom: 1px solid #eee; text-align: left",
+            "caption": "text-align: left; padding-bottom: 4px",
+        })
+        return (f'<div id="{view_id}" class="lucidlm-cache">{style}<table>'
+                f"<caption>ActivationCache: {_count(len(self))}, {batch}</caption>"
+                f"<tr><th>hook</th><th>shape</th><th>dtype</th></tr>{rows}</table></div>")
 
     @property
     def n_layers(self) -> int:
+        """The model's number of blocks (what a negative layer in ``cache["resid_post", -1]`` counts from)."""
         return self.model.config.n_layers
 
     def full_name(self, key: Union[str, tuple]) -> str:
@@ -63,11 +87,16 @@ class ActivationCache(Mapping):
 
     # -- conveniences --
     def to(self, device: Union[str, torch.device]) -> "ActivationCache":
+        """A new cache with every activation moved to ``device`` ("cpu", "cuda", "mps", "auto", a
+        ``torch.device``); this one is left as it is. The model is not moved."""
         from lucidlm.devices import resolve_device
         device = resolve_device(device)
         return ActivationCache({k: v.to(device) for k, v in self._acts.items()}, self.model, self.has_batch_dim)
 
     def remove_batch_dim(self) -> "ActivationCache":
+        """A new cache without the leading batch dim (``(1, T, d)`` -> ``(T, d)``), as
+        TransformerLens's; it needs a batch of 1 (``InputError`` otherwise). A cache that has
+        none is returned as it is."""
         if not self.has_batch_dim:
             return self
         batch = {v.shape[0] for v in self._acts.values()}
@@ -119,6 +148,10 @@ class ActivationCache(Mapping):
         param = next(ln_final.parameters())
         with torch.no_grad():
             return ln_final(resid_stream.to(param.device, param.dtype))
+
+
+def _count(n: int) -> str:
+    return f"{n} activation" + ("" if n == 1 else "s")
 
 
 __all__ = ["ActivationCache"]

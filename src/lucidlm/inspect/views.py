@@ -79,6 +79,17 @@ def element_id(kind: str) -> str:
     return f"lucidlm-{kind}-{uuid.uuid4().hex[:12]}"
 
 
+def scoped_style(view_id: str, rules: dict[str, str]) -> str:
+    """A ``<style>`` block whose every selector starts with ``#view_id``, so it styles that one
+    element and nothing else on the page. ``rules`` maps a selector inside the element (``""``
+    for the element itself; a comma list is scoped part by part) to its declarations."""
+    blocks = []
+    for selector, declarations in rules.items():
+        parts = [f"#{view_id} {part.strip()}".rstrip() for part in selector.split(",")]
+        blocks.append(f"{', '.join(parts)} {{{declarations}}}")
+    return "<style>\n" + "\n".join(blocks) + "\n</style>"
+
+
 def script_json(data: Any, **dump_options: Any) -> str:
     """``data`` as JSON that stays inert inside ``<script>``: ensure_ascii and an escaped '<'
     mean no text the model saw can close the tag, whatever it holds."""
@@ -100,12 +111,13 @@ class AttentionView:
     def __init__(self, tokens: list[str], patterns: torch.Tensor) -> None:
         self.tokens = tokens
         self.patterns = patterns  # (layers, heads, T, T)
-        self.element_id = element_id("attn")
 
     def _repr_html_(self) -> str:
+        """The view's HTML, under an id made fresh for each call: showing one view twice (a cell's
+        result, then ``display(view)``) puts two elements on the page that never share an id."""
         data = {"tokens": self.tokens, "patterns": [[[[round(float(w), 4) for w in row] for row in head]
                                                      for head in layer] for layer in self.patterns.tolist()]}
-        return _TEMPLATE.replace("__ID__", self.element_id).replace("__DATA__", script_json(data))
+        return _TEMPLATE.replace("__ID__", element_id("attn")).replace("__DATA__", script_json(data))
 
 
 def attention_view(model: nn.Module, text_or_ids: Any, cache: Optional[ActivationCache] = None) -> AttentionView:
