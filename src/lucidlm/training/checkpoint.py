@@ -179,8 +179,8 @@ def find_checkpoint(out_dir: Path, restore: bool = True) -> Path | None:
     out_dir = Path(out_dir)
     final = out_dir / CHECKPOINT_DIR
     if not final.is_dir():
-        olds = previous_checkpoints(out_dir)
-        if olds and saved_step(olds[0]) is not None:
+        olds = previous_checkpoints(out_dir)  # complete ones first: one that is not is put back only when
+        if olds:                              # nothing better exists, so that loading it names what is missing
             if not restore:
                 return olds[0]
             os.replace(olds[0], final)
