@@ -23,7 +23,7 @@ from lucidlm.config_checks import (  # noqa: F401  (re-exported: this module was
     llama_hidden_dim)
 from lucidlm.config_presets import PRESETS
 from lucidlm.errors import ConfigError
-from lucidlm.suggest import did_you_mean
+from lucidlm.suggest import did_you_mean, keywords_checked, unknown_fields_message
 from lucidlm.validation import check_allocation, read_json_object
 
 # Where the values of the ModelConfig being built came from: ("ModelConfig", {}) for Python code;
@@ -32,8 +32,19 @@ _ORIGIN: ContextVar[tuple[str, dict[str, str], str]] = ContextVar(
     "lucidlm_config_origin", default=("ModelConfig", {}, "pass valid values to ModelConfig"))
 
 
+@keywords_checked(ConfigError, unknown_fields_message)
 @dataclass
 class ModelConfig:
+    """The architecture of a decoder-only transformer: sizes, positions, attention pattern,
+    norms, MLP, biases and initialisation, for every family (GPT-2, LLaMA, Gemma, ...).
+
+        cfg = ModelConfig(vocab_size=50257, d_model=768, n_layers=12, n_heads=12)
+        cfg = preset("gpt2", n_layers=2)          # a named preset, with fields changed
+        cfg.head_dim, cfg.d_mlp                   # derived sizes are filled in
+
+    Every field is checked when the config is made (ConfigError naming the field, with the
+    closest name for a misspelt one). ``save``/``load`` write and read it as JSON."""
+
     # sizes
     vocab_size: int = 32000
     d_model: int = 512
@@ -155,6 +166,7 @@ class ModelConfig:
 
     # -- (de)serialisation --
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain data ({name: value}, derived sizes included), JSON-ready."""
         return dataclasses.asdict(self)
 
     @classmethod
@@ -165,13 +177,10 @@ class ModelConfig:
         and ``fix`` says what to do about it."""
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a JSON object of config fields, got {type(data).__name__}.")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(known))
         if unknown:
-            raise ConfigError(
-                f"{source}: unknown config field(s) {unknown}; valid fields are: {', '.join(sorted(known))}"
-                f"{did_you_mean(unknown[0], known) or '.'}"
-            )
+            raise ConfigError(unknown_fields_message(str(source), unknown, known))
         token = _ORIGIN.set((str(source), names or {}, fix or "pass valid values to ModelConfig"))
         try:
             return cls(**data)
@@ -179,10 +188,13 @@ class ModelConfig:
             _ORIGIN.reset(token)
 
     def save(self, path: str | Path) -> None:
+        """Write the config to ``path`` as JSON (``to_dict``); ``ModelConfig.load`` reads it back."""
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "ModelConfig":
+        """The config saved at ``path`` (a JSON object of fields), checked like any other;
+        ConfigError naming the file when it is missing, not JSON, or has a bad field."""
         fix = "fix or regenerate it (lucidlm writes it beside the model's weights)"
         fields = read_json_object(path, ConfigError, "model config", fix=fix)
         return cls.from_dict(dict(fields.data), source=str(path), fix=fix)

@@ -20,12 +20,15 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from lucidlm.errors import GenerationError
 from lucidlm.generation.decode import DecodeSession
 from lucidlm.generation.sampling import apply_repetition_penalty
+from lucidlm.suggest import keywords_checked
 
 NEG_INF = -1.0e9  # HF's "impossible" score; a finite value keeps the arithmetic NaN-free
 
 
+@keywords_checked(GenerationError)
 @torch.inference_mode()
 def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_new_tokens: int,
                 eos_ids: Sequence[int] = (), length_penalty: float = 1.0,

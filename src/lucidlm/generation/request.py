@@ -43,7 +43,26 @@ class Request:
 
 
 def check_options(**kwargs: Any) -> None:
-    """Raise GenerationError for bad generation options, before any model is loaded."""
+    """Raise GenerationError for bad generation options, before any model is loaded (the CLI
+    checks its flags with it); returns None when they are all valid. The options are
+    ``generate``'s, with the same defaults and checks:
+
+        max_new_tokens=64      whole number >= 0
+        temperature=None       >= 0; 0 is greedy (None: generate uses the model's default)
+        top_k=None             whole number >= 0 (0 or None: no top-k)
+        top_p=None             in (0, 1]
+        min_p=None             in [0, 1]
+        repetition_penalty=None  > 0 (1.0: off)
+        seed=None              whole number, for reproducible sampling
+        stop=None              a string or a list of strings that end generation
+        stop_on_eos=True       end at the tokenizer's EOS token
+        num_beams=1            beam search when > 1
+        length_penalty=1.0     beam score = sum of log-probs / length ** length_penalty
+        min_new_tokens=0       EOS cannot end generation before this many tokens
+        context_overflow="stop"  or "crop": keep going from the last max_seq_len tokens
+        chat=False             accepted (it concerns the prompt, not sampling)
+
+    A name outside this list is refused with the closest one ("did you mean")."""
     kwargs.pop("chat", None)
     make_request(kwargs)
 

@@ -43,10 +43,11 @@ def _detach(attached: list[tuple[HookPoint, HookFn, str]]) -> None:
 
 
 def _as_ids(model: nn.Module, ids: Any, forward_kwargs: dict[str, Any], prepend_bos: Optional[bool] = None,
-            padding_side: str = "right") -> Any:
+            padding_side: str = "right", caller: Optional[Callable[..., Any]] = None) -> Any:
     """Text or a list of texts -> ids (a list is padded; its attention mask joins the forward's
-    arguments, so padding is never attended to)."""
-    _check_forward_kwargs(model, forward_kwargs)
+    arguments, so padding is never attended to). ``caller``: the function whose leftover
+    keywords ``forward_kwargs`` are, named in the message for a misspelt one."""
+    _check_forward_kwargs(model, forward_kwargs, caller)
     if isinstance(ids, str) or (isinstance(ids, (list, tuple)) and ids and isinstance(ids[0], str)):
         from lucidlm.inspect.tokens import to_tokens
         tokens, mask = to_tokens(model, ids, prepend_bos, padding_side, return_attention_mask=True)
@@ -56,9 +57,13 @@ def _as_ids(model: nn.Module, ids: Any, forward_kwargs: dict[str, Any], prepend_
     return ids
 
 
-def _check_forward_kwargs(model: nn.Module, forward_kwargs: dict[str, Any]) -> None:
+def _check_forward_kwargs(model: nn.Module, forward_kwargs: dict[str, Any],
+                          caller: Optional[Callable[..., Any]] = None) -> None:
     """Options meant for the forward pass must be its arguments: name a misspelt one here,
-    not as a TypeError from deep inside."""
+    not as a TypeError from deep inside. The closest name is sought among the caller's own
+    options (``names_filter``, ``fwd_hooks``, ...) as well as the forward pass's."""
+    if not forward_kwargs:
+        return
     import inspect
 
     from lucidlm.model.transformer import Transformer
@@ -66,9 +71,12 @@ def _check_forward_kwargs(model: nn.Module, forward_kwargs: dict[str, Any]) -> N
     known = [n for n in inspect.signature(Transformer.forward).parameters if n not in ("self", "ids")]
     for name in forward_kwargs:
         if name not in known:
-            from lucidlm.suggest import did_you_mean
-            raise InputError(f"unknown option {name!r} for run_with_cache / run_with_hooks; the forward pass takes "
-                             f"{', '.join(known)}{did_you_mean(name, known) or '.'}")
+            from lucidlm.suggest import did_you_mean, keyword_options
+            own = [n for n in keyword_options(caller) if n not in ("model", "ids")] if caller is not None else []
+            label = f"{caller.__name__}()" if caller is not None else "run_with_cache / run_with_hooks"
+            takes = f"its options are {', '.join(own)}; " if own else ""
+            raise InputError(f"unknown option {name!r} for {label}; {takes}the forward pass takes "
+                             f"{', '.join(known)}{did_you_mean(name, own + known) or '.'}")
 
 
 def _hook_pairs(model: nn.Module, hooks: Sequence[tuple[Any, HookFn]]) -> list[tuple[str, HookFn]]:
@@ -122,7 +130,7 @@ def run_with_cache(model: nn.Module, ids: Any, names_filter: NamesFilter = None,
             activations[name] = act.to(device) if device is not None else act
         return save
 
-    tokens = _as_ids(model, ids, forward_kwargs, prepend_bos, padding_side)
+    tokens = _as_ids(model, ids, forward_kwargs, prepend_bos, padding_side, run_with_cache)
     attached = _attach(model, [(name, make_saver(name)) for name in names])
     if incl_bwd:
         attached += _attach(model, [(name, make_saver(name + "_grad")) for name in names], dir="bwd")
@@ -150,7 +158,7 @@ def run_with_hooks(model: nn.Module, ids: Any,
     hook point (or at every hook point whose name satisfies a predicate). ``bwd_hooks``:
     ``fn(grad, hook) -> new | None`` run when the returned logits are backpropagated (they
     are bound to this pass's graph, so they work after the hooks are reset)."""
-    tokens = _as_ids(model, ids, forward_kwargs, prepend_bos, padding_side)
+    tokens = _as_ids(model, ids, forward_kwargs, prepend_bos, padding_side, run_with_hooks)
     attached = _attach(model, _hook_pairs(model, fwd_hooks))
     attached += _attach(model, _hook_pairs(model, bwd_hooks), dir="bwd")
     try:

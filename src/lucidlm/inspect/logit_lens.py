@@ -16,11 +16,16 @@ from torch import nn
 
 from lucidlm.errors import InputError
 from lucidlm.inspect.cache import ActivationCache, run_with_cache
+from lucidlm.suggest import keywords_checked
 from lucidlm.validation import check_int
 
 
 @dataclass
 class LogitLens:
+    """What ``logit_lens`` returns: the top-k guesses of every layer at every position of one
+    sequence. ``table()`` gives (token, probability) rows, ``format()`` a text table, and in a
+    notebook it displays as an HTML grid (one row per layer, one column per position)."""
+
     layer_labels: list[str]  # "embed", "0", "1", ...: the row's residual stream is after that block
     input_tokens: list[str]  # the tokens at each position (columns)
     top_ids: torch.Tensor  # (n_layers + 1, T, k)
@@ -53,6 +58,7 @@ def lens_logits(model: nn.Module, cache: ActivationCache) -> torch.Tensor:
         return unembed(stack.to(model.dtype))  # the residual stream's dtype (a quantized unembedding has no float weight)
 
 
+@keywords_checked(InputError)
 def logit_lens(model: nn.Module, ids: Any, top_k: int = 1, cache: Optional[ActivationCache] = None) -> LogitLens:
     """Top ``top_k`` tokens of every layer at every position, for one sequence."""
     check_int(top_k, "top_k", InputError, low=1, high=model.config.vocab_size)

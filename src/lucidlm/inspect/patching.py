@@ -24,13 +24,17 @@ from torch import nn
 
 from lucidlm.errors import InputError
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, run_with_hooks
+from lucidlm.suggest import keywords_checked
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
 Setter = Callable[[torch.Tensor, Sequence[int], torch.Tensor], torch.Tensor]
 
 
 # -- where a patch goes, by the shape of the activation ---------------------------------------
+# Each setter writes the slice of the clean activation that ``index`` (layer first) selects into
+# the corrupted one, and returns it; ``generic_activation_patch`` passes it a clone.
 def layer_pos_patch_setter(corrupted: torch.Tensor, index: Sequence[int], clean: torch.Tensor) -> torch.Tensor:
+    """index (layer, pos): patch one position of a (B, T, ...) activation, every batch row."""
     _, pos = index  # (B, T, ...) activations: the stream, attn_out, mlp_out
     corrupted[:, pos] = clean[:, pos]
     return corrupted
@@ -38,6 +42,7 @@ def layer_pos_patch_setter(corrupted: torch.Tensor, index: Sequence[int], clean:
 
 def layer_pos_head_vector_patch_setter(corrupted: torch.Tensor, index: Sequence[int], clean: torch.Tensor,
                                        ) -> torch.Tensor:
+    """index (layer, pos, head): patch one head at one position of a (B, T, heads, hd) activation."""
     _, pos, head = index  # (B, T, heads, hd): q, k, v, z, result
     corrupted[:, pos, head] = clean[:, pos, head]
     return corrupted
@@ -45,6 +50,7 @@ def layer_pos_head_vector_patch_setter(corrupted: torch.Tensor, index: Sequence[
 
 def layer_head_vector_patch_setter(corrupted: torch.Tensor, index: Sequence[int], clean: torch.Tensor,
                                    ) -> torch.Tensor:
+    """index (layer, head): patch one head at every position of a (B, T, heads, hd) activation."""
     _, head = index
     corrupted[:, :, head] = clean[:, :, head]
     return corrupted
@@ -52,6 +58,7 @@ def layer_head_vector_patch_setter(corrupted: torch.Tensor, index: Sequence[int]
 
 def layer_head_pattern_patch_setter(corrupted: torch.Tensor, index: Sequence[int], clean: torch.Tensor,
                                     ) -> torch.Tensor:
+    """index (layer, head): patch one head's whole (T, S) pattern (or scores) of (B, nh, T, S)."""
     _, head = index  # (B, nh, T, S): patterns and scores
     corrupted[:, head] = clean[:, head]
     return corrupted
@@ -59,6 +66,7 @@ def layer_head_pattern_patch_setter(corrupted: torch.Tensor, index: Sequence[int
 
 def layer_head_pos_pattern_patch_setter(corrupted: torch.Tensor, index: Sequence[int], clean: torch.Tensor,
                                         ) -> torch.Tensor:
+    """index (layer, head, dest): patch one query row of one head's (B, nh, T, S) pattern."""
     _, head, dest = index
     corrupted[:, head, dest] = clean[:, head, dest]
     return corrupted
@@ -66,6 +74,7 @@ def layer_head_pos_pattern_patch_setter(corrupted: torch.Tensor, index: Sequence
 
 def layer_head_dest_src_pos_pattern_patch_setter(corrupted: torch.Tensor, index: Sequence[int],
                                                  clean: torch.Tensor) -> torch.Tensor:
+    """index (layer, head, dest, src): patch one attention weight of a (B, nh, T, S) pattern."""
     _, head, dest, src = index
     corrupted[:, head, dest, src] = clean[:, head, dest, src]
     return corrupted
@@ -103,6 +112,7 @@ def _scalar(value: Any) -> float:
     return float(value)
 
 
+@keywords_checked(InputError)
 def generic_activation_patch(model: nn.Module, corrupted_tokens: Any, clean_cache: ActivationCache,
                              patching_metric: Metric, patch_setter: Setter, activation_name: str,
                              index_axis_names: Sequence[str]) -> torch.Tensor:
@@ -177,6 +187,7 @@ def _pad_heads(results: torch.Tensor, heads: int) -> torch.Tensor:
     return torch.nn.functional.pad(results, (0, heads - results.shape[-1]))  # k/v of grouped heads
 
 
+@keywords_checked(InputError)
 def get_act_patch_attn_head_all_pos_every(model: nn.Module, corrupted_tokens: Any, clean_cache: ActivationCache,
                                           metric: Metric) -> torch.Tensor:
     """(5, layers, heads): z, q, k, v (zero-padded past n_kv heads), pattern, all positions."""
@@ -187,6 +198,7 @@ def get_act_patch_attn_head_all_pos_every(model: nn.Module, corrupted_tokens: An
                                 for f in rest])
 
 
+@keywords_checked(InputError)
 def get_act_patch_attn_head_by_pos_every(model: nn.Module, corrupted_tokens: Any, clean_cache: ActivationCache,
                                          metric: Metric) -> torch.Tensor:
     """(5, layers, pos, heads): z, q, k, v (zero-padded past n_kv heads), pattern rows."""
@@ -198,6 +210,7 @@ def get_act_patch_attn_head_by_pos_every(model: nn.Module, corrupted_tokens: Any
     return torch.stack(parts)
 
 
+@keywords_checked(InputError)
 def get_act_patch_block_every(model: nn.Module, corrupted_tokens: Any, clean_cache: ActivationCache,
                               metric: Metric) -> torch.Tensor:
     """(3, layers, pos): resid_pre, attn_out, mlp_out."""
@@ -206,6 +219,7 @@ def get_act_patch_block_every(model: nn.Module, corrupted_tokens: Any, clean_cac
 
 
 # -- attribution patching -------------------------------------------------------------------------
+@keywords_checked(InputError)
 def attribution_patch(model: nn.Module, clean_cache: ActivationCache, corrupted_tokens: Any, metric: Metric,
                       activation_name: str, index_axis_names: Sequence[str]) -> torch.Tensor:
     """The first-order estimate of what ``generic_activation_patch`` measures, for every cell
@@ -247,3 +261,15 @@ attr_patch_mlp_out = _attr("mlp_out", ("layer", "pos"), "Each MLP's output.")
 attr_patch_attn_head_out_all_pos = _attr("z", ("layer", "head"), "Each head's output (z), all positions.")
 attr_patch_attn_head_out_by_pos = _attr("z", ("layer", "pos", "head"), "Each head's output (z) per position.")
 attr_patch_attn_head_pattern_all_pos = _attr("pattern", ("layer", "head_index"), "Each head's pattern.")
+
+
+def _name_generated(namespace: dict[str, Any]) -> None:
+    """Give each sweep made by ``_sweep`` / ``_attr`` its public name (it was ``_sweep.<locals>.sweep``
+    in tracebacks and reprs) and refuse a misspelt keyword by name, with the closest option."""
+    for public, fn in list(namespace.items()):
+        if public.startswith(("get_act_patch_", "attr_patch_")) and getattr(fn, "__name__", "") in ("sweep", "approx"):
+            fn.__name__ = fn.__qualname__ = public
+            namespace[public] = keywords_checked(InputError)(fn)
+
+
+_name_generated(globals())

@@ -23,6 +23,7 @@ from torch import nn
 from lucidlm.errors import InputError
 from lucidlm.outputs import check_output_file
 from lucidlm.staging import atomic_write_text
+from lucidlm.suggest import keywords_checked
 from lucidlm.inspect.cache import run_with_cache, token_columns
 from lucidlm.inspect.logit_lens import logit_lens
 from lucidlm.inspect.report_page import PAGE
@@ -83,6 +84,7 @@ class Report(str):
         return iframe_html(str(self), "report")
 
 
+@keywords_checked(InputError)
 def build_report(model: nn.Module, text: str, top_k: int = 5, title: Optional[str] = None) -> Report:
     """The report as one self-contained HTML string (pure ASCII: non-ASCII text is escaped);
     the last line of a notebook cell, it displays inline."""
@@ -94,6 +96,7 @@ def build_report(model: nn.Module, text: str, top_k: int = 5, title: Optional[st
     return Report(before.replace("__TITLE__", title) + payload + after.replace("__TITLE__", title))
 
 
+@keywords_checked(InputError)
 def write_report(model: nn.Module, text: str, out: Union[str, Path], top_k: int = 5,
                  title: Optional[str] = None) -> Path:
     """Write the report to ``out`` (through a staging file: a failure leaves the old report

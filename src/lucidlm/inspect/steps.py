@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from lucidlm.errors import GenerationError, InputError
+from lucidlm.suggest import keywords_checked
 from lucidlm.inspect.tokens import id_batch, model_tokenizer, to_str_tokens, to_tokens
 from lucidlm.validation import check_int, check_seed
 
@@ -40,11 +41,14 @@ class GenerationStep:
         return f"{''.join(self.str_tokens[:-1])} {self.new_token}"
 
 
+@keywords_checked(GenerationError)
 def generation_steps(model: nn.Module, prompt: Any, max_new_tokens: int = 10, temperature: float = 0.0,
                      top_k: Optional[int] = None, seed: Optional[int] = None,
-                     stop_at_eos: bool = True) -> Iterator[GenerationStep]:
+                     stop_at_eos: Optional[bool] = None, *, stop_on_eos: bool = True) -> Iterator[GenerationStep]:
     """Yield one GenerationStep per new token. temperature 0 = greedy (argmax). The arguments
-    are checked now, not at the first ``next()``."""
+    are checked now, not at the first ``next()``. ``stop_on_eos`` (generate's name; the older
+    ``stop_at_eos`` still works): end at the tokenizer's EOS token."""
+    stop_on_eos = _stop_on_eos(stop_on_eos, stop_at_eos)
     check_int(max_new_tokens, "max_new_tokens", GenerationError, low=0)
     if not _finite(temperature) or temperature < 0:
         raise GenerationError(f"temperature={temperature!r} must be a number >= 0 (0 means greedy).")
@@ -55,7 +59,15 @@ def generation_steps(model: nn.Module, prompt: Any, max_new_tokens: int = 10, te
     ids = id_batch(model, prompt, "generation_steps")
     if ids.shape[0] != 1:
         raise InputError(f"generation_steps follows one prompt, got a batch of {ids.shape[0]}.")
-    return _steps(model, ids[0].tolist(), max_new_tokens, temperature, top_k, seed, stop_at_eos)
+    return _steps(model, ids[0].tolist(), max_new_tokens, temperature, top_k, seed, stop_on_eos)
+
+
+def _stop_on_eos(stop_on_eos: Any, stop_at_eos: Any) -> bool:
+    """The one EOS switch of ``stop_on_eos`` and its older name ``stop_at_eos`` (None: not given)."""
+    for name, value in (("stop_on_eos", stop_on_eos), ("stop_at_eos", stop_at_eos)):
+        if not isinstance(value, bool) and (value is not None or name == "stop_on_eos"):
+            raise GenerationError(f"{name}={value!r} is invalid: expected True or False.")
+    return stop_on_eos and stop_at_eos is not False  # both default to on: either one False turns it off
 
 
 def _finite(value: Any) -> bool:
@@ -108,12 +120,16 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: Optional[int],
     return new_id, float(probs[new_id])
 
 
-def print_steps(model: nn.Module, prompt: Any, max_new_tokens: int = 10, file: TextIO = sys.stdout,
-                **sampling: Any) -> list[str]:
+@keywords_checked(GenerationError)
+def print_steps(model: nn.Module, prompt: Any, max_new_tokens: int = 10, file: TextIO = sys.stdout, *,
+                temperature: float = 0.0, top_k: Optional[int] = None, seed: Optional[int] = None,
+                stop_on_eos: bool = True, stop_at_eos: Optional[bool] = None) -> list[str]:
     """Print the sequence after every new token (seed 002's ``generate``); return the final
-    tokens as text pieces."""
+    tokens as text pieces. The sampling options are ``generation_steps``'s."""
+    steps = generation_steps(model, prompt, max_new_tokens, temperature, top_k, seed, stop_at_eos,
+                             stop_on_eos=stop_on_eos)  # checked before anything is printed
     final: list[str] = to_str_tokens(model, prompt) if isinstance(prompt, str) else []
-    for step in generation_steps(model, prompt, max_new_tokens, **sampling):
+    for step in steps:
         print(step.line, file=file)
         final = step.str_tokens
     return final

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from lucidlm.errors import InputError, TokenizerError
+from lucidlm.suggest import keywords_checked
 from lucidlm.tokenizers.base import starts_with_added_bos
 
 Text = Union[str, Sequence[str]]
@@ -69,6 +70,7 @@ def encode(model: nn.Module, text: str, prepend_bos: Optional[bool] = None) -> l
     return ids
 
 
+@keywords_checked(InputError)
 def to_tokens(model: nn.Module, text: Text, prepend_bos: Optional[bool] = None, padding_side: str = "right",
               return_attention_mask: bool = False) -> Any:
     """Text -> ids (1, T); a list of texts -> (B, T_max) padded. On the model's device."""
@@ -95,6 +97,7 @@ def to_tokens(model: nn.Module, text: Text, prepend_bos: Optional[bool] = None, 
     return (ids, mask) if return_attention_mask else ids
 
 
+@keywords_checked(InputError)
 def to_str_tokens(model: nn.Module, text_or_ids: Any, prepend_bos: Optional[bool] = None) -> Any:
     """Each token as the text it stands for: a list of str, or a list of lists for a batch
     (a list of texts, or a (B, T) tensor with B > 1)."""
@@ -112,6 +115,7 @@ def to_str_tokens(model: nn.Module, text_or_ids: Any, prepend_bos: Optional[bool
     return [tokenizer.id_to_token(i) for i in ids]
 
 
+@keywords_checked(InputError)
 def to_string(model: nn.Module, ids: Any) -> Union[str, list[str]]:
     """Ids -> text: one str for (T,) or a single id list, a list of str for (B, T)."""
     tokenizer = model_tokenizer(model)

@@ -26,11 +26,13 @@ from lucidlm.peft.gpt2_names import from_gpt2_peft, gpt2_module_name, is_gpt2, t
 from lucidlm.peft.lora import _as_lora, adapter_names, freeze_base, linear_module_names, set_adapter
 from lucidlm.peft.peft_format import (PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, from_peft_tensors, hf_module_name,
                                       module_rank, module_scaling, read_peft_config)
+from lucidlm.suggest import keywords_checked
 from lucidlm.weights.finite import check_finite
 
 _llama_module_name = hf_module_name  # _load_lora's local hf_module_name picks GPT-2's or this
 
 
+@keywords_checked(AdapterError)
 def load_adapter(model: nn.Module, directory: str | Path, name: str = "default",
                  trainable: bool = False) -> nn.Module:
     """Attach the adapter saved in ``directory`` (ours or PEFT's) to ``model``, unmerged and

@@ -20,6 +20,7 @@ from torch import nn
 
 from lucidlm.errors import AdapterError
 from lucidlm.quantization.base import check_float_model
+from lucidlm.suggest import keywords_checked
 from lucidlm.peft.trainable import freeze_base
 
 ADAPTED_OUTPUTS = ("attn.o_proj", "mlp.down_proj")
@@ -27,6 +28,10 @@ NONLINEARITIES = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu, "tanh": torch.
 
 
 class BottleneckAdapter(nn.Module):
+    """A Houlsby bottleneck adapter: h + up(nonlinearity(down(h))), with down (d -> bottleneck)
+    and up (bottleneck -> d). ``up`` starts at zero, so a new adapter is the identity. Input and
+    output (..., d)."""
+
     def __init__(self, d_model: int, bottleneck: int, nonlinearity: str = "gelu") -> None:
         super().__init__()
         self.down = nn.Linear(d_model, bottleneck)
@@ -66,6 +71,7 @@ def adapted_layers(model: nn.Module) -> Iterator[tuple[str, AdaptedLinear]]:
             yield name, module
 
 
+@keywords_checked(AdapterError)
 def add_adapters(model: nn.Module, bottleneck: int = 64, nonlinearity: str = "gelu",
                  train_norms: bool = False) -> list[str]:
     """Insert a bottleneck adapter after ``attn.o_proj`` and ``mlp.down_proj`` of every block

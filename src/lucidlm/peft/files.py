@@ -33,10 +33,13 @@ from lucidlm.peft.gpt2_names import gpt2_module_name, is_gpt2, to_gpt2_peft
 from lucidlm.peft.lora import adapter_names, linear_module_names, lora_layers
 from lucidlm.peft.peft_format import PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, hf_module_name, peft_config, to_peft_tensors
 from lucidlm.staging import atomic_write_text
+from lucidlm.suggest import keywords_checked
 from lucidlm.weights.checkpoint import atomic_save_safetensors
 
 
 def method_of(model: nn.Module) -> Optional[str]:
+    """Which kind of adapter ``model`` carries: "lora", "adapter" (bottleneck), "prefix", or
+    None for none (the first found, in that order)."""
     if any(True for _ in lora_layers(model)):
         return "lora"
     if any(True for _ in adapters.adapted_layers(model)):
@@ -46,6 +49,7 @@ def method_of(model: nn.Module) -> Optional[str]:
     return None
 
 
+@keywords_checked(AdapterError)
 def save_adapter(model: nn.Module, directory: str | Path, name: Optional[str] = None,
                  base_model_name_or_path: Optional[str] = None) -> Path:
     """Write the model's adapter (LoRA: the adapter ``name``, default the active one)."""

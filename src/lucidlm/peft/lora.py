@@ -22,6 +22,7 @@ from torch import nn
 
 from lucidlm.errors import AdapterError
 from lucidlm.quantization.base import check_float_model
+from lucidlm.suggest import keywords_checked
 from lucidlm.peft.gpt2_names import FUSED_QKV, is_gpt2, tie_fused_qkv
 from lucidlm.peft.lora_linear import LoRALinear
 from lucidlm.peft.lora_targets import (  # noqa: F401  (some re-exported: this module was their home)
@@ -33,18 +34,22 @@ LORA_INITS = ("kaiming", "gaussian")
 
 
 def lora_layers(model: nn.Module) -> Iterator[tuple[str, LoRALinear]]:
+    """Yield ``(module name, LoRALinear)`` for every LoRA-wrapped linear layer of ``model``."""
     for name, module in model.named_modules():
         if isinstance(module, LoRALinear):
             yield name, module
 
 
 def adapter_names(model: nn.Module) -> list[str]:
+    """The names of the LoRA adapters attached to ``model`` (``add_lora(name=...)``), in the order
+    they were added; ``[]`` when it has none."""
     names: dict[str, None] = {}
     for _, layer in lora_layers(model):
         names.update(dict.fromkeys(layer.lora_A))
     return list(names)
 
 
+@keywords_checked(AdapterError)
 def add_lora(model: nn.Module, name: str = "default", r: int = 8, alpha: float = 16, dropout: float = 0.0,
              targets: str | Sequence[str] = DEFAULT_TARGETS, init: str = "kaiming") -> list[str]:
     """Attach a LoRA adapter called ``name`` to every linear layer matched by ``targets``,
@@ -168,6 +173,9 @@ def unload_lora(model: nn.Module, merge: bool = False) -> nn.Module:
 
 
 def merge_and_unload(model: nn.Module) -> nn.Module:
+    """Merge the active LoRA adapter into the base weights (W += alpha/r * B @ A) and replace
+    every LoRALinear by a plain nn.Linear, as PEFT's ``merge_and_unload``; returns ``model``,
+    which then saves, loads and runs like a model that never had LoRA."""
     return unload_lora(model, merge=True)
 
 

@@ -24,11 +24,17 @@ from torch import nn
 
 from lucidlm.errors import AdapterError
 from lucidlm.quantization.base import check_float_model
+from lucidlm.suggest import keywords_checked
 from lucidlm.peft.trainable import freeze_base
 from lucidlm.validation import MAX_CONTEXT, MAX_WIDTH, Fields, check_allocation
 
 
 class PrefixEncoder(nn.Module):
+    """The trainable prefix of prefix tuning (Li & Liang): ``length`` token vectors (P, d) passed
+    through an MLP (d -> hidden -> every layer's keys and values), which the attention layers
+    put before the sequence's own keys and values. Calling it returns (n_layers, 2, n_kv, P, hd)
+    (None while disabled); ``freeze()`` keeps only those keys/values, for inference."""
+
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, d_model: int, length: int,
                  hidden: int) -> None:
         super().__init__()
@@ -82,6 +88,7 @@ def prefix_encoder(model: nn.Module) -> Optional[PrefixEncoder]:
     return getattr(model, "prefix_encoder", None)
 
 
+@keywords_checked(AdapterError)
 def add_prefix(model: nn.Module, length: int = 16, hidden: Optional[int] = None,
                source: str = "add_prefix") -> PrefixEncoder:
     """Give every attention layer ``length`` trainable prefix keys/values (through an MLP of
@@ -108,6 +115,8 @@ def add_prefix(model: nn.Module, length: int = 16, hidden: Optional[int] = None,
 
 
 def freeze_prefix(model: nn.Module) -> None:
+    """Compute the model's prefix keys/values once and drop the MLP that made them (the prefix
+    can no longer train, and inference no longer runs the MLP). AdapterError without a prefix."""
     encoder = prefix_encoder(model)
     if encoder is None:
         raise AdapterError("the model has no prefix to freeze; add one with add_prefix().")

@@ -173,6 +173,10 @@ def tiles_from_codes(codes_of: Callable[[int, int], torch.Tensor], N: int, pad: 
 
 
 class Int4Linear(QuantizedLinear):
+    """A linear layer with int4 weights: asymmetric codes in 0..15, two per byte, with a scale and
+    a zero point per group of 32 (default), 64, 128 or 256 input columns (module docstring).
+    Built by ``quantize(model, "int4")``; y = x @ dequantize(W).T + b, in the compute dtype."""
+
     scheme = "int4"
     default_group_size = 32
     group_sizes = (32, 64, 128, 256)  # what torch's CPU int4 kernel (and lucidlm's, at 32) runs

@@ -35,6 +35,10 @@ QMAX = 127
 
 
 class Int8Linear(QuantizedLinear):
+    """A linear layer with int8 weights: symmetric codes in [-127, 127] and one scale per output
+    channel (default) or per group of ``group_size`` input columns (module docstring). Built by
+    ``quantize(model, "int8")``; y = x @ (scales * codes).T + b, in the compute dtype."""
+
     scheme = "int8"
     default_group_size = None  # per output channel
     plain_names = ("weight_int8", "scales")

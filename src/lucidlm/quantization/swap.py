@@ -26,11 +26,14 @@ from lucidlm.quantization.base import (DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding
                                        check_finite_weight, check_group_size, first_quantized)
 from lucidlm.quantization.int4 import Int4Linear
 from lucidlm.quantization.int8 import Int8Linear
+from lucidlm.suggest import keywords_checked
 
 SCHEMES: dict[str, type[QuantizedLinear]] = {"int8": Int8Linear, "int4": Int4Linear}
 
 
 def scheme_class(scheme: str) -> type[QuantizedLinear]:
+    """The QuantizedLinear class of a scheme name ("int8" -> Int8Linear, "int4" -> Int4Linear);
+    QuantizationError for any other name."""
     if scheme not in SCHEMES:
         raise QuantizationError(
             f"unknown quantization scheme {scheme!r}; lucidlm knows {', '.join(sorted(SCHEMES))} "
@@ -40,6 +43,7 @@ def scheme_class(scheme: str) -> type[QuantizedLinear]:
 
 
 def is_quantized(model: nn.Module) -> bool:
+    """Whether any module of ``model`` is quantized (a QuantizedLinear or QuantizedEmbedding)."""
     return first_quantized(model) is not None
 
 
@@ -54,6 +58,7 @@ def _tied(model: nn.Module) -> bool:
     return bool(getattr(config, "tie_embeddings", False))
 
 
+@keywords_checked(QuantizationError)
 def quantize(model: nn.Module, scheme: str, group_size: Optional[int] = None, *,
              embeddings: bool = True, compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> nn.Module:
     """Quantize ``model`` in place (and return it): every ``nn.Linear`` becomes a

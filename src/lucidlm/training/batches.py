@@ -49,6 +49,9 @@ def get_batch(tokens: np.ndarray, batch_size: int, block_size: int, generator: t
 
 @dataclass
 class PaddedBatch:
+    """Examples of different lengths as one batch (``pad_batch``): ``ids``, ``attention_mask``
+    and next-token ``targets``, each (B, L) int64, with no loss where the target is padding."""
+
     ids: torch.Tensor  # (B, L) right-padded with pad_id
     attention_mask: torch.Tensor  # (B, L) 1 real, 0 padding
     targets: torch.Tensor  # (B, L) ids shifted left; ignore_index at padding and the last slot

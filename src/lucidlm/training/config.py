@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 
 from lucidlm.config import PRESETS
 from lucidlm.errors import ConfigError
-from lucidlm.suggest import did_you_mean
+from lucidlm.suggest import did_you_mean, keywords_checked, unknown_fields_message
 from lucidlm.validation import (MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, check_float, check_int,
                                 check_seed, first_surrogate)
 
@@ -30,6 +30,7 @@ def opt(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
 
 
+@keywords_checked(ConfigError, unknown_fields_message)  # a misspelt field: ConfigError, did you mean
 @dataclass
 class LoopConfig:
     """What every training run needs; names follow nanoGPT's train.py."""
@@ -96,6 +97,7 @@ class LoopConfig:
                 if name not in self.MAY_CHANGE and saved.get(name) != value]
 
 
+@keywords_checked(ConfigError, unknown_fields_message)
 @dataclass
 class TrainConfig(LoopConfig):
     """Pre-training from scratch; defaults are nanoGPT's documented CPU run of
@@ -205,6 +207,7 @@ FINETUNE_METHODS = ("lora", "adapter", "prefix", "full")
 DEFAULT_LEARNING_RATES = {"lora": 1e-3, "adapter": 1e-3, "prefix": 3e-3, "full": 1e-4}
 
 
+@keywords_checked(ConfigError, unknown_fields_message)
 @dataclass
 class FinetuneConfig(LoopConfig):
     """Fine-tuning a pretrained model: what to train, on which data, and the loop settings

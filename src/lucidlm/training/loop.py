@@ -37,6 +37,18 @@ from lucidlm.training.trainer_state import load_trainer_state, trainer_state
 
 
 class Trainer:
+    """The training loop over a model, its batches and optimizer, with ``config`` (a LoopConfig)
+    giving steps, accumulation, clipping, schedule and evaluation cadence. ``fit()`` runs it to
+    ``config.max_iters`` and returns a TrainResult; the recipes (``pretrain``, ``finetune``)
+    build one, so most code never makes a Trainer itself.
+
+        trainer = Trainer(model, data, optimizer, config, checkpointer=ckpt, callbacks=[...])
+        result = trainer.fit()   # result.val_loss, result.checkpoint
+
+    ``data`` gives ``next()`` -> (x, y) (B, T) on the device, ``prefetch()``, ``tokens_per_batch``
+    and ``eval_batches(split, iters)``; ``train_model(x, y)`` returns the loss (default
+    ``TrainStep(model)``)."""
+
     def __init__(self, model: torch.nn.Module, data: Any, optimizer: torch.optim.Optimizer, config: Any, *,
                  train_model: Optional[torch.nn.Module] = None, checkpointer: Any = None,
                  callbacks: Sequence[Callback] = (), ctx: Optional[DistributedContext] = None,
@@ -70,6 +82,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ schedule
     def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step ``step``: linear warmup, then cosine decay to
+        ``min_lr`` (``get_lr``), or ``learning_rate`` throughout when ``decay_lr`` is off."""
         cfg = self.config
         if not cfg.decay_lr:
             return cfg.learning_rate
@@ -198,13 +212,19 @@ class Trainer:
         return trainer_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict()`` saved (step, losses, metrics, RNG states) for an exact resume."""
         load_trainer_state(self, state)
 
     def save_checkpoint(self) -> Optional[Path]:
+        """Write a checkpoint through the checkpointer; its path, or None without a checkpointer
+        (and on ranks other than 0). Collective under torchrun."""
         return self.checkpointer.save(self) if self.checkpointer is not None else None
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> TrainResult:
+        """Train from the current step to ``config.max_iters``, evaluating and checkpointing every
+        ``eval_interval`` steps and once at the end; Ctrl-C (``request_stop``) finishes the step,
+        saves and returns. Returns the TrainResult (losses, last evaluation, checkpoint path)."""
         # Every step allocates the logits and their gradient anew: kept in the C heap between
         # steps, they are not faulted in and zeroed again each time (host_memory.py: a third
         # of a large-vocabulary step on CPU). CUDA tensors are not affected.

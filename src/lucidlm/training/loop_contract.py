@@ -18,6 +18,11 @@ from typing import Any, Optional
 
 @dataclass
 class TrainResult:
+    """What ``Trainer.fit`` (and so ``pretrain`` / ``finetune``) returns: the step reached, every
+    step's training loss, the last evaluation's losses, the best validation loss, the path of
+    the last checkpoint (None without one), whether Ctrl-C stopped it, the seconds it took and
+    every evaluation record (``metrics``, as in metrics.jsonl)."""
+
     step: int
     train_losses: list[float]  # one per optimizer step, since step 0 of the run (resumes included)
     train_loss: Optional[float]  # of the last evaluation
