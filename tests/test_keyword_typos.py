@@ -11,7 +11,8 @@ import lucidlm
 from lucidlm import peft
 from lucidlm import inspect as li
 from lucidlm.errors import AdapterError, ConfigError, GenerationError, InputError, QuantizationError
-from lucidlm.generation import beam_search
+from lucidlm.chat import Conversation
+from lucidlm.generation import beam_search, generate_batch
 from lucidlm.inspect import patching
 from lucidlm.training.config import FinetuneConfig, LoopConfig, TrainConfig
 
@@ -92,6 +93,13 @@ CASES = [
      ConfigError, "modle", "model"),
     ("LoopConfig", lambda: LoopConfig, lambda m, c, d: LoopConfig(batch_sise=2),
      ConfigError, "batch_sise", "batch_size"),
+    ("attention_view", lambda: li.attention_view, lambda m, c, d: li.attention_view(m, [1, 2], cach=None),
+     InputError, "cach", "cache"),
+    ("generate_batch", lambda: generate_batch, lambda m, c, d: generate_batch(m, [[1], [2]], topk=3),
+     GenerationError, "topk", "top_k"),
+    ("Conversation", lambda: Conversation, lambda m, c, d: Conversation(sytem="x"), GenerationError, "sytem", "system"),
+    ("to_tokens", lambda: lucidlm.LanguageModel.to_tokens, lambda m, c, d: m.to_tokens("hi", prepend_bo=True),
+     InputError, "prepend_bo", "prepend_bos"),
 ]
 
 
@@ -210,3 +218,9 @@ def test_check_options_lists_the_options():
     for option in ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "stop",
                    "stop_on_eos", "num_beams", "length_penalty", "min_new_tokens", "context_overflow"):
         assert option in check_options.__doc__
+
+
+def test_training_configs_take_the_dtype_names_load_takes():
+    assert TrainConfig(data="x", out_dir="y", dtype="bf16").dtype == "bfloat16"
+    assert FinetuneConfig(dtype="torch.float32").dtype == "float32"
+

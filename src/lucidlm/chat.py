@@ -11,6 +11,7 @@ from typing import Any, Iterator, Optional
 
 from lucidlm.errors import GenerationError
 from lucidlm.generation import stream
+from lucidlm.suggest import keywords_checked
 from lucidlm.generation.chat_template import (CHATML_TEMPLATE, Message, chat_template_of, encode_chat, render_chat,
                                               render_chat_for)
 
@@ -18,6 +19,7 @@ __all__ = ["Conversation", "CHATML_TEMPLATE", "Message", "chat_template_of", "en
            "render_chat_for"]
 
 
+@keywords_checked(GenerationError)
 class Conversation:
     """A chat in progress: an optional system prompt and the turns so far.
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from lucidlm.config import ModelConfig
 from lucidlm.devices import DTYPES, resolve_device, resolve_dtype
-from lucidlm.errors import ConfigError
+from lucidlm.errors import ConfigError, InputError
 from lucidlm.generation import GenerationResult, TextStream, generate, stream
 from lucidlm.generation.compiled import CompiledSteps
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, run_with_hooks
@@ -31,6 +31,7 @@ from lucidlm.model.hooks import HookFn
 from lucidlm.model.transformer import Transformer
 from lucidlm.peft import merge_adapter, set_adapter, unmerge_adapter
 from lucidlm.quantization.blocks_kernel import use_cpu_loops
+from lucidlm.suggest import keywords_checked
 
 Prompt = Union[str, Sequence[int], torch.Tensor]
 Prompts = Union[Prompt, Sequence[str], Sequence[Sequence[int]]]
@@ -129,6 +130,7 @@ class LanguageModel(Transformer):
 
     @property
     def compiled(self) -> bool:
+        """Whether ``compile()`` has compiled the generation steps (the first generation pays for it)."""
         return self._compiled is not None
 
     def prefill_step(self, ids: torch.Tensor, input_pos: torch.Tensor,
@@ -271,12 +273,14 @@ class LanguageModel(Transformer):
         return run_with_hooks(self, ids, fwd_hooks, bwd_hooks, **options)
 
     # ------------------------------------------------------------------ analysis (TransformerLens's names)
+    @keywords_checked(InputError)
     def to_tokens(self, text: Union[str, Sequence[str]], prepend_bos: Optional[bool] = None,
                   padding_side: str = "right", return_attention_mask: bool = False) -> Any:
         """Text -> ids (1, T); a list of texts -> (B, T_max), padded. ``prepend_bos``: None
         keeps the tokenizer's habit, True/False forces a BOS in or out. See inspect/tokens.py."""
         return to_tokens(self, text, prepend_bos, padding_side, return_attention_mask)
 
+    @keywords_checked(InputError)
     def to_str_tokens(self, text_or_ids: Any, prepend_bos: Optional[bool] = None) -> Any:
         """Each token as its text: a list of str (a list of lists for a batch)."""
         return to_str_tokens(self, text_or_ids, prepend_bos)

@@ -44,6 +44,7 @@ from lucidlm.generation.request import (batch_rows, check_beams, fit_to_context,
                                         private_generator, prompt_ids)
 from lucidlm.generation.sliding import sample_with_crop
 from lucidlm.generation.streaming import TextAssembler
+from lucidlm.suggest import keywords_checked
 
 
 @dataclass
@@ -216,6 +217,7 @@ class TextStream(Iterator[str]):
         return self._runner.result
 
 
+@keywords_checked(GenerationError)
 def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int = 64,
                    temperature: Optional[float] = None, top_k: Optional[int] = None, top_p: Optional[float] = None,
                    min_p: Optional[float] = None, repetition_penalty: Optional[float] = None,

@@ -17,7 +17,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from lucidlm.errors import InputError
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, token_columns
+from lucidlm.suggest import keywords_checked
 
 _TEMPLATE = """<div id="__ID__" class="lucidlm-attention">
 <style>
@@ -120,6 +122,7 @@ class AttentionView:
         return _TEMPLATE.replace("__ID__", element_id("attn")).replace("__DATA__", script_json(data))
 
 
+@keywords_checked(InputError)
 def attention_view(model: nn.Module, text_or_ids: Any, cache: Optional[ActivationCache] = None) -> AttentionView:
     """The attention view of one sequence (text, or ids of shape (T,) / (1, T))."""
     from lucidlm.inspect.tokens import id_batch, to_str_tokens

@@ -189,10 +189,12 @@ class Transformer(nn.Module):
 
     @property
     def device(self) -> torch.device:
+        """Where the weights are (the token embedding's device)."""
         return getattr(self.embed, "device", None) or self.embed.weight.device  # quantized: no float weight
 
     @property
     def dtype(self) -> torch.dtype:
+        """The residual stream's dtype (the token embedding's; a quantized one says what it returns)."""
         return getattr(self.embed, "dtype", None) or self.embed.weight.dtype
 
     # ------------------------------------------------------------------ forward
@@ -336,5 +338,6 @@ class Transformer(nn.Module):
         return {name: m for name, m in self.named_modules() if isinstance(m, HookPoint)}
 
     def reset_hooks(self) -> None:
+        """Remove every hook function from every hook point (TransformerLens's reset_hooks)."""
         for hook in self.hook_points().values():
             hook.remove_hooks()

@@ -85,6 +85,12 @@ class LoopConfig:
                   "compile", "compile_mode", "fused_adamw", "resume", "out_dir", "epochs", "strategy")
 
     def __post_init__(self) -> None:
+        if isinstance(self.dtype, str):  # the names lucidlm.load takes: bf16, fp32, torch.bfloat16
+            from lucidlm.devices import DTYPES
+
+            name = self.dtype.strip().lower().removeprefix("torch.")
+            known = {str(dtype).removeprefix("torch."): dtype for dtype in DTYPES.values()}
+            self.dtype = next((full for full, dtype in known.items() if DTYPES.get(name) is dtype), self.dtype)
         check_fields(self)
 
     def to_dict(self) -> dict[str, Any]:
