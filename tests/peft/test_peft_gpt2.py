@@ -93,13 +93,21 @@ def test_peft_gpt2_adapter_runs_in_lucidlm(base_dir, tmp_path):
 
 
 @pytest.mark.parametrize("targets", ["q", "q_proj,v_proj", r"blocks\.0\.attn\.[qkv]_proj|blocks\.1\.attn\.q_proj"])
-def test_part_of_c_attn_is_refused_before_training(base_dir, targets):
-    """Only some of a block's q/k/v could never be saved as a GPT-2 PEFT file: refused when the
-    LoRA is added, before any training, naming the layer and what to target instead."""
+def test_part_of_c_attn_trains_in_memory_but_is_refused_where_it_would_be_saved(base_dir, tmp_path, targets):
+    """Only some of a block's q/k/v could never be a GPT-2 PEFT file: add_lora takes it (a LoRA
+    in memory, seed 004's notebook), save_adapter refuses it, and finetune, which saves one,
+    refuses it before training, naming the layer and what to target instead."""
+    from lucidlm.training.config import FinetuneConfig
+    from lucidlm.training.finetune import attach_method
+
     model = load(base_dir)
+    add_lora(model, r=2, targets=targets)
+    with pytest.raises(AdapterError, match="target c_attn"):
+        save_adapter(model, tmp_path)
+    fresh = load(base_dir)
     with pytest.raises(AdapterError, match=r"blocks\.\d\.attn\.q_proj but not all.*Target c_attn"):
-        add_lora(model, r=2, targets=targets)
-    assert not any(hasattr(m, "lora_A") for m in model.modules())  # refused before anything changed
+        attach_method(fresh, FinetuneConfig(method="lora", rank=2, targets=targets))
+    assert not any(hasattr(m, "lora_A") for m in fresh.modules())  # refused before anything changed
 
 
 def test_split_q_cannot_be_a_gpt2_peft_file(base_dir, tmp_path):

@@ -58,8 +58,10 @@ def add_lora(model: nn.Module, name: str = "default", r: int = 8, alpha: float =
     ``targets``: module names (``"q_proj,v_proj"``, short forms ``q,k,v,o,gate,up,down``),
     ``"all-linear"``, a regular expression over full names, or ``"default"``: PEFT's choice for
     the architecture (q_proj and v_proj; on GPT-2 its fused c_attn). On GPT-2, q, k and v are
-    one layer (c_attn) in its files, so a LoRA takes all three of a block, sharing one A, or
-    none of them (what PEFT does; anything else could not be saved)."""
+    one layer (c_attn) in its files: a LoRA on all three of a block shares one A, as PEFT's on
+    c_attn does. One on only some of them works in memory but cannot be saved as a PEFT file
+    (``save_adapter`` says so; ``finetune``, which saves, refuses it before training:
+    ``check_whole_c_attn``)."""
     if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
         raise AdapterError(f"LoRA rank r={r!r} must be a positive integer (typical: 4, 8, 16).")
     if init not in LORA_INITS:
@@ -75,9 +77,6 @@ def add_lora(model: nn.Module, name: str = "default", r: int = 8, alpha: float =
         raise AdapterError("a LoRA adapter is merged into the model; unmerge it before adding another.")
     check_float_model(model, "adding LoRA")
     chosen = match_targets(model, targets)
-    gpt2 = is_gpt2(model)
-    if gpt2:
-        _check_whole_c_attn(chosen)
     for module_name in chosen:
         linear = model.get_submodule(module_name)
         limit = min(linear.in_features, linear.out_features)
@@ -90,14 +89,17 @@ def add_lora(model: nn.Module, name: str = "default", r: int = 8, alpha: float =
     for module_name in chosen:
         layer = _as_lora(model, module_name)
         layer.add_adapter(name, r, alpha, dropout, init)
-    if gpt2:
-        tie_fused_qkv(model, name)  # one LoRA on the fused q/k/v: the three share A (gpt2_names.py)
+    if is_gpt2(model):
+        tie_fused_qkv(model, name)  # one LoRA on each whole fused q/k/v: the three share A (gpt2_names.py)
     set_adapter(model, name)
     return chosen
 
 
-def _check_whole_c_attn(chosen: Sequence[str]) -> None:
-    """On GPT-2: each block's q, k and v all chosen or none (they are c_attn in its files)."""
+def check_whole_c_attn(model: nn.Module, chosen: Sequence[str]) -> None:
+    """On GPT-2, refuse LoRA targets that take some but not all of a block's q, k and v: its
+    PEFT file could not hold them (they are one layer, c_attn, in transformers)."""
+    if not is_gpt2(model):
+        return
     for name in chosen:
         block, _, layer = name.rpartition(".")
         if layer in FUSED_QKV and not all(f"{block}.{part}" in chosen for part in FUSED_QKV):

@@ -39,10 +39,12 @@ from lucidlm.training.setup import (autocast_dtype, check_same_settings, configu
 def attach_method(model: torch.nn.Module, config: FinetuneConfig) -> str:
     """Add the chosen trainable parts to ``model`` (freezing the rest); a one-line description."""
     from lucidlm.peft import add_adapters, add_lora, add_prefix
-    from lucidlm.peft.lora_targets import resolved_targets
+    from lucidlm.peft.lora import check_whole_c_attn
+    from lucidlm.peft.lora_targets import match_targets, resolved_targets
 
     if config.method == "lora":
         targets = resolved_targets(model, config.targets)
+        check_whole_c_attn(model, match_targets(model, targets))  # the run saves a PEFT file: refused now, not then
         names = add_lora(model, name=config.adapter_name, r=config.rank, alpha=config.alpha,
                          dropout=config.lora_dropout, targets=targets, init=config.init)
         return f"LoRA r={config.rank} alpha={config.alpha:g} on {len(names)} layers ({', '.join(targets)})"
