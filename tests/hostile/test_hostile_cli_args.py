@@ -43,7 +43,7 @@ GENERATE = [  # flags after `generate PROMPT --model TINY`, what the error line 
     (["--seed", str(2 ** 64)], [r"seed=18446744073709551616", r"2\*\*64 - 1"]),
     (["--device", "foo"], [r"device 'foo'", r"cuda:N"]),
     (["--device", "gpu"], [r"'gpu'", r"'cuda'"]),
-    (["--dtype", "float64"], [r"dtype 'float64'", r"bfloat16"]),
+    (["--dtype", "float8"], [r"dtype 'float8'", r"bfloat16"]),  # (float64 is a dtype load takes)
     (["--temperature", "nan"], [r"temperature=nan"]),
     (["--top-p", "1.5"], [r"top_p=1\.5"]),
     (["--top-k", "-1"], [r"top_k=-1"]),
