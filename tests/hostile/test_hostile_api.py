@@ -232,15 +232,34 @@ def test_a_full_disk_while_training_is_one_line_naming_out(tmp_path, monkeypatch
 
 
 def test_a_full_disk_while_writing_a_report(model, tmp_path, monkeypatch, capsys):
+    import lucidlm.staging as staging
+
     kept = tmp_path / "report.html"
     kept.write_text("the previous report\n")
-    monkeypatch.setattr(type(kept), "write_text", _disk_full)
+    real = staging.staging_file
+
+    def full_disk(target):  # the staging file (the one atomic writer's) finds the disk full
+        out, name = real(target)
+
+        class Full:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                out.close()
+
+            def write(self, data):
+                _disk_full()
+        return Full(), name
+
+    monkeypatch.setattr(staging, "staging_file", full_disk)
     monkeypatch.setattr("lucidlm.loading.load", lambda *a, **k: model)
     assert cli.main(["inspect", "Hello", "--out", str(kept)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"No space left on device while writing {kept}" in err and "--out" in err
     monkeypatch.undo()
     assert kept.read_text() == "the previous report\n"  # the old report is intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]  # and no staging file is left
 
 
 def _patch_metric(logits):
