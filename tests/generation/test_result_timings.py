@@ -3,11 +3,11 @@ displays in Jupyter as escaped prompt + highlighted output + finish reason + num
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
 from generation_toys import ScriptedModel, byte_tokenizer, one_torch_thread, toy_model  # noqa: F401 (autouse fixture)
+from html_checks import assert_css_scoped, element_ids
 
 from lucidlm.commands.generate import _json_result
 from lucidlm.generation import GenerationResult, generate, stream
@@ -98,20 +98,6 @@ def test_cli_json_reports_the_results_own_time():
 
 # -- the Jupyter display --
 
-def element_ids(page: str) -> list[str]:
-    return re.findall(r'id="([^"]+)"', page)
-
-
-def assert_css_scoped(page: str, view_id: str) -> None:
-    styles = re.findall(r"<style>(.*?)</style>", page, re.S)
-    assert styles
-    for css in styles:
-        for block in css.split("}"):
-            if not block.strip():
-                continue
-            selectors = block.split("{")[0]
-            for selector in selectors.split(","):
-                assert selector.strip().startswith(f"#{view_id}"), selector
 
 
 def test_result_html_escapes_prompt_and_output_and_shows_the_numbers():

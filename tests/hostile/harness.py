@@ -126,3 +126,30 @@ def api_refused(call: Callable[[], object], error: type = LucidLMError, names: I
 
 def _show(args: tuple) -> str:
     return " ".join(a.decode("utf-8", "replace") if isinstance(a, bytes) else a for a in args)[:300]
+
+
+def filling_disk(real_staging_file: Callable, after: int = 0, only_under: Optional[Path] = None) -> Callable:
+    """A stand-in for ``staging.staging_file`` whose writer finds the disk full (ENOSPC) once
+    ``after`` bytes are in the file; files staged outside ``only_under`` (when given) write
+    normally."""
+    import errno
+
+    def staging_file(path):
+        out, name = real_staging_file(path)
+        if only_under is not None and Path(path).parent != only_under:
+            return out, name
+
+        class Full:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                out.close()
+
+            def write(self, block):
+                if out.tell() >= after:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                return out.write(block)
+        return Full(), name
+    return staging_file
+

@@ -18,7 +18,7 @@ from lucidlm.inspect import patching
 from lucidlm.peft import add_lora
 from lucidlm.training.config import FinetuneConfig, TrainConfig
 
-from harness import api_refused  # tests/hostile is on sys.path
+from harness import api_refused, filling_disk  # tests/hostile is on sys.path
 
 
 @pytest.fixture(scope="module")
@@ -238,20 +238,7 @@ def test_a_full_disk_while_writing_a_report(model, tmp_path, monkeypatch, capsys
     kept.write_text("the previous report\n")
     real = staging.staging_file
 
-    def full_disk(target):  # the staging file (the one atomic writer's) finds the disk full
-        out, name = real(target)
-
-        class Full:
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                out.close()
-
-            def write(self, data):
-                _disk_full()
-        return Full(), name
-
+    full_disk = filling_disk(real)  # the staging file (the one atomic writer's) finds the disk full
     monkeypatch.setattr(staging, "staging_file", full_disk)
     monkeypatch.setattr("lucidlm.loading.load", lambda *a, **k: model)
     assert cli.main(["inspect", "Hello", "--out", str(kept)]) == 1

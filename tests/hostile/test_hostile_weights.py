@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from harness import api_refused, refused
+from harness import api_refused, filling_disk, refused
 from safetensors.torch import load_file, save_file
 
 from lucidlm import pretrained, pretrained_parts, staging
@@ -355,24 +355,8 @@ def test_full_or_readonly_cache_falls_back_and_leaves_nothing_half_written(tmp_p
     target = tmp_path / "cache" / "m.gguf"
     real_staging_file = pretrained_parts.staging_file
 
-    def full_disk(path):  # the cache's filesystem fills up after the first MB
-        out, name = real_staging_file(path)
-        if path.parent != target.parent:
-            return out, name
-
-        class Full:
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                out.close()
-
-            def write(self, block):
-                if out.tell() >= 1 << 20:
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-                return out.write(block)
-        return Full(), name
-
+    # the cache's filesystem fills up after the first MB
+    full_disk = filling_disk(real_staging_file, after=1 << 20, only_under=target.parent)
     monkeypatch.setattr(pretrained_parts, "staging_file", full_disk)
     joined = pretrained_parts.assembled_gguf(parts, target, digest)
     assert joined == tmp_path / "tmp" / f"lucidlm-{os.getuid()}" / "gguf" / "m.gguf"

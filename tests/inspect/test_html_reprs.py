@@ -4,28 +4,17 @@ fresh element id per render, and every display's CSS scoped to its own element."
 from __future__ import annotations
 
 import html
-import re
 
 import torch
+
+from html_checks import assert_css_scoped, element_ids
 
 from lucidlm.inspect import attention_view, logit_lens
 from lucidlm.inspect.activation_cache import ActivationCache
 
 
 def first_id(page: str) -> str:
-    return re.findall(r'id="([^"]+)"', page)[0]
-
-
-def assert_css_scoped(page: str, view_id: str) -> None:
-    """Every selector of every ``<style>`` block starts with ``#view_id``."""
-    styles = re.findall(r"<style>(.*?)</style>", page, re.S)
-    assert styles
-    for css in styles:
-        for block in css.split("}"):
-            if not block.strip():
-                continue
-            for selector in block.split("{")[0].split(","):
-                assert selector.strip().startswith(f"#{view_id}"), selector
+    return element_ids(page)[0]
 
 
 def test_scoped_style_prefixes_every_selector():
