@@ -9,7 +9,6 @@ which bytes of a quantized block are its scales from ``gguf.quants.dequantize``.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import signal
