@@ -18,7 +18,7 @@ def first_id(page: str) -> str:
 
 
 def test_scoped_style_prefixes_every_selector():
-    from lucidlm.inspect.views import scoped_style
+    from lucidlm.display import scoped_style
     css = scoped_style("v1", {"": "color: red", "td, th": "padding: 0", ".a .b": "margin: 0"})
     assert "#v1 {color: red}" in css and "#v1 td, #v1 th {padding: 0}" in css and "#v1 .a .b {margin: 0}" in css
     assert_css_scoped(css, "v1")

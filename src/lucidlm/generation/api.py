@@ -108,7 +108,7 @@ class GenerationResult:
     def _repr_html_(self) -> str:
         import html
 
-        from lucidlm.inspect.views import element_id, scoped_style
+        from lucidlm.display import element_id, scoped_style
         view_id = element_id("result")
         prompt = ""
         if self.prompt_ids:

@@ -60,7 +60,7 @@ class ActivationCache(Mapping):
         """A table of every cached hook with its shape and dtype, for Jupyter."""
         import html
 
-        from lucidlm.inspect.views import element_id, scoped_style
+        from lucidlm.display import element_id, scoped_style
         view_id = element_id("cache")
         batch = "with a batch dim" if self.has_batch_dim else "batch dim removed"
         rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{html.escape(str(tuple(act.shape)))}</td>"

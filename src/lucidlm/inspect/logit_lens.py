@@ -89,7 +89,7 @@ def _lens_html(lens: LogitLens) -> str:
     """A self-contained table: one row per layer, one column per position, shaded by probability."""
     import html
 
-    from lucidlm.inspect.views import element_id
+    from lucidlm.display import element_id
     view_id = element_id("lens")
     head = "".join(f"<th>{html.escape(t)}</th>" for t in lens.input_tokens)
     rows = []

@@ -28,7 +28,7 @@ from lucidlm.inspect.cache import run_with_cache, token_columns
 from lucidlm.inspect.logit_lens import logit_lens
 from lucidlm.inspect.report_page import PAGE
 from lucidlm.inspect.steps import to_str_tokens, to_tokens
-from lucidlm.inspect.views import iframe_html, script_json
+from lucidlm.display import iframe_html, script_json
 
 # Every attention map is embedded (n_layers * n_heads * T^2 numbers): keep pages loadable.
 MAX_REPORT_TOKENS = 256
