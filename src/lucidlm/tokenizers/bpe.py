@@ -31,6 +31,7 @@ import regex
 
 from lucidlm.errors import TokenizerError
 from lucidlm.tokenizers.base import Tokenizer
+from lucidlm.tokenizers.encode_input import check_special_names
 from lucidlm.tokenizers.bpe_heap_merge import merge_by_heap
 from lucidlm.tokenizers.bpe_trainer import Pair, count_chunks, learn_merges, merge_pair
 from lucidlm.tokenizers.gpt2_files import (  # noqa: F401  (bytes_to_unicode re-exported: this module was its home)
@@ -203,9 +204,7 @@ class BPETokenizer(Tokenizer):
         If the corpus runs out of pairs early, training stops with a warning and the
         vocabulary is smaller than asked.
         """
-        special_tokens = list(special_tokens)
-        if len(set(special_tokens)) != len(special_tokens):
-            raise TokenizerError(f"special_tokens repeat a name: {special_tokens!r}")
+        special_tokens = check_special_names(special_tokens)
         minimum = 256 + len(special_tokens) + 1
         if vocab_size < minimum:
             raise TokenizerError(

@@ -13,6 +13,7 @@ from typing import Any
 
 from lucidlm.errors import TokenizerError
 from lucidlm.tokenizers.base import Tokenizer
+from lucidlm.tokenizers.encode_input import check_special_names
 
 ENDOFTEXT = "<|endoftext|>"
 
@@ -38,8 +39,7 @@ class CharTokenizer(Tokenizer):
         if len(set(chars)) != len(chars):
             dupes = sorted({c for c in chars if chars.count(c) > 1})
             raise TokenizerError(f"CharTokenizer alphabet repeats characters {dupes!r}")
-        if len(set(special_tokens)) != len(special_tokens):
-            raise TokenizerError(f"special_tokens repeat a name: {list(special_tokens)!r}")
+        special_tokens = check_special_names(special_tokens)
         # Specials go after the characters, as in seed 002 (vocab list, then '<EOS>').
         specials = {name: len(chars) + i for i, name in enumerate(special_tokens)}
         super().__init__(specials, eos_token=eos_token if eos_token in specials else None)

@@ -55,6 +55,17 @@ def allowed_special_set(allowed_special: AllowedSpecial, special_tokens: dict[st
     return set(allowed_special)
 
 
+def check_special_names(names: Iterable[str]) -> list[str]:
+    """The special-token names as a list, refused if one repeats or is empty (the empty string
+    would match between every two characters and cut all text apart)."""
+    names = list(names)
+    if len(set(names)) != len(names):
+        raise TokenizerError(f"special_tokens repeat a name: {names!r}")
+    if any(not isinstance(name, str) or not name for name in names):
+        raise TokenizerError(f"special_tokens must be non-empty strings; got {names!r}. Drop the empty name.")
+    return names
+
+
 def compile_special_regex(names: Iterable[str]) -> re.Pattern[str] | None:
     """One regex matching any of ``names``, or None for no names. Longest first, so that a
     special token which is a prefix of another never wins. Cached per set of names."""

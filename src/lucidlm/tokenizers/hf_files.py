@@ -42,18 +42,45 @@ def tokenizer_from_file(cls: Any, path: str | Path, config_path: Optional[str | 
     bos = role("bos_token")
     add_bos = Fields(config, config_path, TokenizerError).bool("add_bos_token", default=None)
     if add_bos is None:  # no config: does the file's post-processor put a token first?
-        with_special = backend.encode("a", add_special_tokens=True).ids
-        without = backend.encode("a", add_special_tokens=False).ids
-        add_bos = len(with_special) > len(without) and with_special[1:] == without[:len(with_special) - 1]
+        first = post_processor_bos(backend)
+        add_bos = first is not None
         if add_bos and bos is None:
-            bos = backend.id_to_token(with_special[0])
-    backend.post_processor = None  # BOS is added by encode(), never twice
+            bos = first
+    # The post-processor stays in the backend (save_hf writes it back), but lucidlm never runs
+    # it: encode() calls the backend with add_special_tokens=False and puts BOS first itself.
+    # An EOS the post-processor would append ("<s> $A </s>") is not added: a prompt goes on.
     tokenizer = cls(backend, add_bos=bool(add_bos), bos_token=bos, eos_token=role("eos_token"),
                     pad_token=role("pad_token"), unk_token=role("unk_token"),
-                    chat_template=_chat_template(config, config_path))
+                    chat_template=_chat_template(config, config_path), source=str(path))
     tokenizer.chat_template_source = f"{config_path} (chat_template)"
-    tokenizer.source = str(path)
     return tokenizer
+
+
+def post_processor_bos(backend: Any) -> Optional[str]:
+    """The token the backend's post-processor puts before the text, or None. A template may
+    also append tokens ("<s> $A </s>"): only what comes first counts."""
+    with_special = backend.encode("a", add_special_tokens=True).ids
+    without = backend.encode("a", add_special_tokens=False).ids
+    if len(with_special) > len(without) and with_special[1:1 + len(without)] == without:
+        return backend.id_to_token(with_special[0])
+    return None
+
+
+def with_bos_post_processor(backend: Any, bos: Optional[str]) -> str:
+    """The backend's tokenizer.json text, its post-processor kept where it puts ``bos`` first
+    (None: nothing) as lucidlm's encode does, else replaced by one that does exactly that."""
+    from tokenizers import processors
+
+    if post_processor_bos(backend) == bos:
+        return backend.to_str()
+    copy = type(backend).from_str(backend.to_str())
+    if bos is None:
+        copy.post_processor = None
+    else:
+        pair = [bos, "$A", bos, "$B:1"]
+        copy.post_processor = processors.TemplateProcessing(
+            single=[bos, "$A"], pair=pair, special_tokens=[(bos, backend.token_to_id(bos))])
+    return copy.to_str()
 
 
 def _read_tokenizer_config(path: Path) -> dict[str, Any]:
@@ -84,4 +111,4 @@ def _chat_template(config: dict[str, Any], path: Path) -> Optional[str]:
     return templates["default"]
 
 
-__all__ = ["tokenizer_from_file"]
+__all__ = ["post_processor_bos", "tokenizer_from_file", "with_bos_post_processor"]

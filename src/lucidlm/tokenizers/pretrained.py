@@ -29,7 +29,8 @@ from lucidlm.tokenizers.encode_input import AllowedSpecial, check_text
 from lucidlm.tokenizers.gpt2_files import bytes_to_unicode
 from lucidlm.tokenizers.gguf_tokenizer import (  # noqa: F401  (re-exported: this module was their home)
     PRE_TOKENIZER_SPLITS, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, tokenizer_from_gguf_fields)
-from lucidlm.tokenizers.hf_files import tokenizer_from_file
+from lucidlm.tokenizers.hf_decoder import plan_decoder
+from lucidlm.tokenizers.hf_files import tokenizer_from_file, with_bos_post_processor
 from lucidlm.tokenizers.regex_safety import check_backend_regexes
 from lucidlm.validation import Fields
 
@@ -50,13 +51,13 @@ class HFTokenizer(Tokenizer):
     def __init__(self, backend: Any, *, add_bos: bool = False, bos_token: Optional[str] = None,
                  eos_token: Optional[str] = None, pad_token: Optional[str] = None,
                  unk_token: Optional[str] = None, chat_template: Optional[str] = None,
-                 eos_ids: Optional[Sequence[int]] = None) -> None:
+                 eos_ids: Optional[Sequence[int]] = None, source: Optional[str] = None) -> None:
         self._backend = backend
         self.add_bos = add_bos
         self.unk_token = unk_token
         self.chat_template = chat_template
         self.chat_template_source: Optional[str] = None  # "file (key)", named by chat-template errors
-        self.source: Optional[str] = None  # the file it was read from, named by errors
+        self.source = source  # the file it was read from, named by errors
         added = backend.get_added_tokens_decoder()  # id -> AddedToken
         special = {tok.content: i for i, tok in added.items() if tok.special}
         for role in (bos_token, eos_token, pad_token):  # a role token is special even if unflagged
@@ -69,9 +70,8 @@ class HFTokenizer(Tokenizer):
         self._vocab_size = backend.get_vocab_size(with_added_tokens=True)
         default_eos = [] if self.eos_id is None else [self.eos_id]
         self.eos_ids: list[int] = [int(i) for i in eos_ids] if eos_ids else default_eos  # generation stops on any
-        self._byte_level = _has_byte_level_decoder(backend)
-        self._strips_leading_space = not self._byte_level and _strips_leading_space(backend)
-        self._plain: Any = None  # built when first needed (see _encode_ordinary)
+        self._decoder = plan_decoder(backend, self.source or "the tokenizer")  # refuses decoders it cannot mirror
+        self._subsets: dict[frozenset[str], Any] = {}  # allowed special tokens -> backend (_backend_allowing)
         self._bytes: dict[int, bytes] = {}  # id -> bytes, each built when first decoded
         self._added: Optional[dict[int, Any]] = None  # the backend's added tokens, read on first decode
 
@@ -100,10 +100,8 @@ class HFTokenizer(Tokenizer):
         """Text -> ids, with the BOS id first when the model's tokenizer adds one."""
         check_text(text)
         allowed = self._allowed_special_set(allowed_special)
-        if allowed == set(self.special_tokens):  # the backend splits on every added token itself
-            ids = self._guarded(lambda: self._backend.encode(text, add_special_tokens=False).ids)
-        else:
-            ids = super().encode(text, allowed_special=allowed)
+        backend = self._backend_allowing(frozenset(allowed))
+        ids = self._guarded(lambda: backend.encode(text, add_special_tokens=False).ids)
         if self.add_bos and self.bos_id is not None:
             ids = [self.bos_id, *ids]
         return ids
@@ -118,17 +116,27 @@ class HFTokenizer(Tokenizer):
         return [prefix + e.ids for e in encoded]
 
     def _encode_ordinary(self, text: str, offset: int) -> list[int]:
-        if self._plain is None:
-            # The same tokenizer without its special tokens, so that special-token strings the
-            # caller did not allow stay ordinary text: the backend has no switch for that. Added
-            # tokens that are not special (Gemma's <h1>, runs of newlines) stay: they are how the
-            # model writes that text (transformers' split_special_tokens=True keeps them too).
+        backend = self._backend_allowing(frozenset())
+        return self._guarded(lambda: backend.encode(text, add_special_tokens=False).ids)
+
+    def _backend_allowing(self, allowed: frozenset[str]) -> Any:
+        """The backend, less the special tokens not in ``allowed``, so that those strings stay
+        ordinary text: the backend has no switch for that. One backend call then encodes the
+        whole text, the allowed tokens keeping their own flags (lstrip, rstrip, single_word)
+        and the text around them its sentencepiece prefix only at the start, as transformers
+        does. Added tokens that are not special (Gemma's <h1>, runs of newlines) stay: they are
+        how the model writes that text (transformers' split_special_tokens=True keeps them too)."""
+        if allowed >= set(self.special_tokens):
+            return self._backend
+        backend = self._subsets.get(allowed)
+        if backend is None:
             from tokenizers import Tokenizer as Backend
 
-            plain = json.loads(self._backend.to_str())
-            plain["added_tokens"] = [t for t in plain["added_tokens"] if t["content"] not in self.special_tokens]
-            self._plain = Backend.from_str(json.dumps(plain))
-        return self._guarded(lambda: self._plain.encode(text, add_special_tokens=False).ids)
+            removed = set(self.special_tokens) - allowed
+            spec = json.loads(self._backend.to_str())
+            spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] not in removed]
+            backend = self._subsets[allowed] = Backend.from_str(json.dumps(spec))
+        return backend
 
     def _guarded(self, run: Any) -> Any:
         """``run()``, with a panic of the Rust backend (Oniguruma's retry limit on a regex that
@@ -164,7 +172,7 @@ class HFTokenizer(Tokenizer):
         U+FFFD when one is invalid) it is a function of each token and its predecessor, so
         streamed text can always equal decoding everything at once."""
         data = super().decode_bytes(ids)
-        if self._strips_leading_space and data.startswith(b" "):
+        if self._decoder.strips_leading_space and data.startswith(b" "):
             data = data[1:]
         return data
 
@@ -179,8 +187,12 @@ class HFTokenizer(Tokenizer):
     # ----------------------------------------------------------------- save / load
 
     def save_hf(self, path: str | Path) -> None:
-        """Write a plain Hugging Face ``tokenizer.json`` (no lucidlm fields)."""
-        self._backend.save(str(path))
+        """Write a plain Hugging Face ``tokenizer.json`` (no lucidlm fields). Its post-processor
+        puts BOS first exactly when this tokenizer does: transformers' fast tokenizers add BOS
+        only through it, whatever ``tokenizer_config.json`` says."""
+        from lucidlm.staging import atomic_write_text
+
+        atomic_write_text(Path(path), with_bos_post_processor(self._backend, self.bos_token if self.add_bos else None))
 
     def _to_dict(self) -> dict[str, Any]:
         return {
@@ -217,41 +229,19 @@ class HFTokenizer(Tokenizer):
     # ----------------------------------------------------------------- helpers
 
     def _piece_bytes(self, token_id: int, added: dict[int, Any]) -> bytes:
-        token = self._backend.id_to_token(token_id)
+        token = self._backend.id_to_token(token_id)  # an added token's is its literal text
         if token is None:  # a hole in the id space
             return b""
-        if token_id in added:  # added tokens are stored as their literal text
-            return added[token_id].content.encode("utf-8")
-        if self._byte_level and all(c in _BYTE_DECODER for c in token):
-            return bytes(_BYTE_DECODER[c] for c in token)
-        if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):  # sentencepiece byte fallback
+        if self._decoder.byte_level:
+            if token_id in added:  # literal text, not GPT-2's byte alphabet
+                return token.encode("utf-8")
+            if all(c in _BYTE_DECODER for c in token):
+                return bytes(_BYTE_DECODER[c] for c in token)
+        # sentencepiece style; the backend's decoder reads added tokens this way too
+        if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):  # byte fallback
             return bytes([int(token[3:5], 16)])
-        return token.replace("\u2581", " ").encode("utf-8")
+        marker = self._decoder.space_marker
+        return (token.replace(marker, " ") if marker else token).encode("utf-8")
 
     def __repr__(self) -> str:
         return f"HFTokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, eos={self.eos_token!r})"
-
-
-def _decoder_steps(backend: Any) -> list[dict[str, Any]]:
-    """The backend's decoder as a flat list of JSON steps (a Sequence is unrolled)."""
-    if backend.decoder is None:
-        return []
-    spec = json.loads(backend.decoder.__getstate__().decode("utf-8"))
-    return spec.get("decoders", [spec]) if spec.get("type") == "Sequence" else [spec]
-
-
-def _strips_leading_space(backend: Any) -> bool:
-    for step in _decoder_steps(backend):
-        if step.get("type") == "Strip" and step.get("content") == " " and step.get("start", 0) > 0:
-            return True
-        if step.get("type") == "Metaspace" and step.get("prepend_scheme", "always") != "never" \
-                and step.get("add_prefix_space", True):
-            return True
-    return False
-
-
-def _has_byte_level_decoder(backend: Any) -> bool:
-    """Whether the decoder maps GPT-2's byte alphabet back to bytes (alone or in a Sequence)."""
-    if backend.decoder is None:
-        return False
-    return '"type":"ByteLevel"' in backend.decoder.__getstate__().decode("utf-8").replace(" ", "")
