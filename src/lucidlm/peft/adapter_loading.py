@@ -25,7 +25,9 @@ from lucidlm.peft.adapter_meta import META_NAME, base_identity, meta_fields, rea
 from lucidlm.peft.gpt2_names import from_gpt2_peft, gpt2_module_name, is_gpt2, tie_fused_qkv
 from lucidlm.peft.lora import _as_lora, adapter_names, freeze_base, linear_module_names, set_adapter
 from lucidlm.peft.peft_format import (PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, from_peft_tensors, hf_module_name,
-                                      module_rank, module_scaling, read_peft_config)
+                                      module_rank, module_scaling, outside_blocks, read_peft_config)
+from lucidlm.peft.trainable import check_one_method
+from lucidlm.quantization.base import check_float_model
 from lucidlm.suggest import keywords_checked
 from lucidlm.weights.finite import check_finite
 
@@ -45,6 +47,8 @@ def load_adapter(model: nn.Module, directory: str | Path, name: str = "default",
     if meta is not None:
         _warn_if_other_base(model, meta, directory)
     method = meta["method"] if meta else "lora"
+    check_float_model(model, f"loading an adapter ({directory})")  # before a target check that sees no linears
+    check_one_method(model, method)
     if method == "lora":
         config = read_peft_config(directory)  # first: its absence says more than a missing tensor file
         _load_lora(model, directory, config, _read_tensors(directory / PEFT_WEIGHTS_NAME), name)
@@ -135,6 +139,10 @@ def _check_targets(config: dict[str, Any], modules: set[str], path: Path, model:
             found = any(re.fullmatch(entry, name) for name in modules)
         else:
             found = any(name == entry or name.endswith("." + entry) for name in modules)
+        if not found and isinstance(targets, list) and outside_blocks(entry):
+            raise AdapterError(f"{path}: target_modules entry {entry!r} is {outside_blocks(entry)}; lucidlm's LoRA "
+                               f"covers the linear layers inside the blocks only. Train the adapter without it, or "
+                               f"merge it in PEFT (merge_and_unload) and load the merged model.")
         if not found:
             suffixes = sorted({n.rsplit(".", 1)[-1] for n in modules})
             raise AdapterError(f"{path}: target_modules entry {entry!r} matches no linear layer of this model (its "
@@ -148,14 +156,17 @@ def _load_bottleneck(model: nn.Module, directory: Path, tensors: dict[str, torch
     norms = {k[len("norms."):]: v for k, v in tensors.items() if k.startswith("norms.")}
     adapter_tensors = {k: v for k, v in tensors.items() if not k.startswith("norms.")}
     meta_fields(directory).int("bottleneck", low=1, high=model.config.d_model)  # names the file and the field
-    adapters.add_adapters(model, meta["bottleneck"], meta["nonlinearity"])
+    params = dict(model.named_parameters())
+    for key, value in norms.items():  # all checked before the first is copied in
+        if key not in params or params[key].shape != value.shape:
+            raise AdapterError(f"{source}: norm tensor {key!r} {tuple(value.shape)} does not fit this model.")
+    # Norms saved with the adapter stay part of it: trainable again with trainable=True, and saved again.
+    adapters.add_adapters(model, meta["bottleneck"], meta["nonlinearity"],
+                          train_norms=meta["train_norms"] or bool(norms))
     try:
         adapters.load_adapters_state(model, adapter_tensors, source)
-        params = dict(model.named_parameters())
-        for key, value in norms.items():
-            if key not in params or params[key].shape != value.shape:
-                raise AdapterError(f"{source}: norm tensor {key!r} {tuple(value.shape)} does not fit this model.")
-            with torch.no_grad():
+        with torch.no_grad():
+            for key, value in norms.items():
                 params[key].copy_(value)
     except AdapterError:
         adapters.remove_adapters(model)  # leave the model as it was

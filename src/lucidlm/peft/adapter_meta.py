@@ -17,10 +17,10 @@ from torch import nn
 
 from lucidlm.errors import AdapterError
 from lucidlm.peft import adapters
+from lucidlm.peft.trainable import METHODS
 from lucidlm.validation import MAX_CONTEXT, MAX_WIDTH, Fields, read_json_object
 
 META_NAME = "lucidlm_adapter.json"
-METHODS = ("lora", "adapter", "prefix")
 
 
 def base_identity(model: nn.Module) -> dict[str, Any]:

@@ -21,9 +21,10 @@ from torch import nn
 from lucidlm.errors import AdapterError
 from lucidlm.quantization.base import check_float_model
 from lucidlm.suggest import keywords_checked
-from lucidlm.peft.trainable import freeze_base
+from lucidlm.peft.trainable import check_one_method, freeze_base
 
 ADAPTED_OUTPUTS = ("attn.o_proj", "mlp.down_proj")
+NORMS = ("ln1", "ln2", "ln_final")  # what train_norms trains (Houlsby), and what save_adapter then saves
 NONLINEARITIES = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu, "tanh": torch.tanh}
 
 
@@ -46,14 +47,19 @@ class BottleneckAdapter(nn.Module):
 
 class AdaptedLinear(nn.Linear):
     """A frozen ``nn.Linear`` whose output passes through a bottleneck adapter. The base
-    ``weight``/``bias`` keep their names, so the base part of ``state_dict`` is unchanged."""
+    ``weight``/``bias`` keep their names, so the base part of ``state_dict`` is unchanged.
+    ``train_norms``: the model's norms belong to the adapter (trained with it, saved with it)."""
 
-    def __init__(self, base: nn.Linear, adapter: BottleneckAdapter) -> None:
+    peft_method = "adapter"  # trainable.attached_methods
+
+    def __init__(self, base: nn.Linear, adapter: BottleneckAdapter, train_norms: bool = False) -> None:
         nn.Module.__init__(self)
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight, self.bias = base.weight, base.bias
         self.adapter = adapter
+        self.train_norms = train_norms
         self.disabled = False
+        self.train(base.training)  # a new layer starts in training mode; follow the model's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x, self.weight, self.bias)  # (..., d)
@@ -88,6 +94,7 @@ def add_adapters(model: nn.Module, bottleneck: int = 64, nonlinearity: str = "ge
         raise AdapterError(f"unknown adapter nonlinearity {nonlinearity!r}; choose one of {', '.join(NONLINEARITIES)}.")
     if any(True for _ in adapted_layers(model)):
         raise AdapterError("the model already has bottleneck adapters; load a fresh base model to add new ones.")
+    check_one_method(model, "adapter")
     freeze_base(model)
     names = []
     for i, block in enumerate(blocks):
@@ -96,11 +103,11 @@ def add_adapters(model: nn.Module, bottleneck: int = 64, nonlinearity: str = "ge
             parent = getattr(block, parent_name)
             base = getattr(parent, child)
             adapter = BottleneckAdapter(d_model, bottleneck, nonlinearity).to(base.weight.device, base.weight.dtype)
-            setattr(parent, child, AdaptedLinear(base, adapter))
+            setattr(parent, child, AdaptedLinear(base, adapter, train_norms))
             names.append(f"blocks.{i}.{path}")
     if train_norms:
         for name, module in model.named_modules():
-            if name.rsplit(".", 1)[-1] in ("ln1", "ln2", "ln_final"):
+            if name.rsplit(".", 1)[-1] in NORMS:
                 module.requires_grad_(True)
     return names
 

@@ -32,6 +32,7 @@ from lucidlm.peft.adapter_meta import (  # noqa: F401  (re-exported: this module
 from lucidlm.peft.gpt2_names import gpt2_module_name, is_gpt2, to_gpt2_peft
 from lucidlm.peft.lora import adapter_names, linear_module_names, lora_layers
 from lucidlm.peft.peft_format import PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, hf_module_name, peft_config, to_peft_tensors
+from lucidlm.peft.trainable import attached_methods
 from lucidlm.staging import atomic_write_text
 from lucidlm.suggest import keywords_checked
 from lucidlm.weights.checkpoint import atomic_save_safetensors
@@ -39,14 +40,9 @@ from lucidlm.weights.checkpoint import atomic_save_safetensors
 
 def method_of(model: nn.Module) -> Optional[str]:
     """Which kind of adapter ``model`` carries: "lora", "adapter" (bottleneck), "prefix", or
-    None for none (the first found, in that order)."""
-    if any(True for _ in lora_layers(model)):
-        return "lora"
-    if any(True for _ in adapters.adapted_layers(model)):
-        return "adapter"
-    if prefix.prefix_encoder(model) is not None:
-        return "prefix"
-    return None
+    None for none (add_lora / add_adapters / add_prefix refuse a second method beside one)."""
+    methods = attached_methods(model)
+    return methods[0] if methods else None
 
 
 @keywords_checked(AdapterError)
@@ -54,9 +50,13 @@ def save_adapter(model: nn.Module, directory: str | Path, name: Optional[str] = 
                  base_model_name_or_path: Optional[str] = None) -> Path:
     """Write the model's adapter (LoRA: the adapter ``name``, default the active one)."""
     directory = Path(directory)
-    method = method_of(model)
-    if method is None:
+    methods = attached_methods(model)
+    if not methods:
         raise AdapterError("the model has no LoRA, adapter or prefix to save; add one first.")
+    if len(methods) > 1:  # only module surgery gets here: add_lora & co. refuse a second method
+        raise AdapterError(f"the model carries several fine-tuning methods ({', '.join(methods)}); an adapter "
+                           f"directory holds one. Remove all but one before saving.")
+    method = methods[0]
     meta: dict[str, Any] = {"method": method, "format_version": 1, "base": base_identity(model)}
     if method == "lora":
         name = name or _active_lora(model)
@@ -64,11 +64,12 @@ def save_adapter(model: nn.Module, directory: str | Path, name: Optional[str] = 
         atomic_write_text(directory / PEFT_CONFIG_NAME, json.dumps(config, indent=2) + "\n")
         meta["adapter_name"] = name
     elif method == "adapter":
-        layer = next(adapters.adapted_layers(model))[1].adapter
+        layer = next(adapters.adapted_layers(model))[1]
         tensors = adapters.adapters_state_dict(model)
-        norms = _trained_norms(model)
+        norms = _adapter_norms(model) if layer.train_norms else {}
         tensors.update({f"norms.{k}": v for k, v in norms.items()})
-        meta.update(bottleneck=layer.down.out_features, nonlinearity=layer.nonlinearity, train_norms=bool(norms))
+        meta.update(bottleneck=layer.adapter.down.out_features, nonlinearity=layer.adapter.nonlinearity,
+                    train_norms=layer.train_norms)
     else:
         encoder = prefix.prefix_encoder(model)
         tensors = {k: v.detach() for k, v in encoder.state_dict().items()}
@@ -117,6 +118,7 @@ def _lora_files(model: nn.Module, name: str, base: Optional[str]) -> tuple[dict[
     return to_peft_tensors(tensors), config
 
 
-def _trained_norms(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach() for n, p in model.named_parameters()
-            if p.requires_grad and n.rsplit(".", 2)[-2] in ("ln1", "ln2", "ln_final")}
+def _adapter_norms(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The norms of adapters added with train_norms=True (or loaded from a file that has them):
+    part of the adapter whether they are trainable right now or not (a load freezes them)."""
+    return {n: p.detach() for n, p in model.named_parameters() if n.rsplit(".", 2)[-2] in adapters.NORMS}

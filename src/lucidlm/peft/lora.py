@@ -27,8 +27,8 @@ from lucidlm.peft.gpt2_names import FUSED_QKV, is_gpt2, tie_fused_qkv
 from lucidlm.peft.lora_linear import LoRALinear
 from lucidlm.peft.lora_targets import (  # noqa: F401  (some re-exported: this module was their home)
     DEFAULT_TARGETS, SHORT_TARGETS, expand_targets, linear_module_names, match_targets)
-from lucidlm.peft.trainable import (  # noqa: F401  (re-exported: this module was their home)
-    count_parameters, freeze_base, trainable_parameters_report)
+from lucidlm.peft.trainable import (  # noqa: F401  (some re-exported: this module was their home)
+    check_one_method, count_parameters, freeze_base, trainable_parameters_report)
 
 LORA_INITS = ("kaiming", "gaussian")
 
@@ -76,6 +76,7 @@ def add_lora(model: nn.Module, name: str = "default", r: int = 8, alpha: float =
     if any(layer.merged_adapter for _, layer in lora_layers(model)):
         raise AdapterError("a LoRA adapter is merged into the model; unmerge it before adding another.")
     check_float_model(model, "adding LoRA")
+    check_one_method(model, "lora")
     chosen = match_targets(model, targets)
     for module_name in chosen:
         linear = model.get_submodule(module_name)
@@ -118,6 +119,7 @@ def _as_lora(model: nn.Module, module_name: str) -> LoRALinear:
     if isinstance(module, LoRALinear):
         return module
     layer = LoRALinear(module)
+    layer.train(module.training)  # a new module starts in training mode: its dropout must follow the model's
     parent_name, _, child = module_name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
     return layer

@@ -24,6 +24,8 @@ from lucidlm.errors import AdapterError
 class LoRALinear(nn.Linear):
     """A frozen ``nn.Linear`` plus named low-rank adapters (``lora_A[name]``, ``lora_B[name]``)."""
 
+    peft_method = "lora"  # trainable.attached_methods
+
     def __init__(self, base: nn.Linear) -> None:
         nn.Module.__init__(self)
         self.in_features, self.out_features = base.in_features, base.out_features

@@ -36,6 +36,23 @@ _UNSUPPORTED = {"use_dora": "DoRA", "use_qalora": "QA-LoRA", "modules_to_save": 
                 "alora_invocation_tokens": "aLoRA (activated only after its invocation tokens)",
                 "use_bdlora": "BD-LoRA (block-diagonal)", "arrow_config": "Arrow routing",
                 "kasa_config": "KaSA", "monteclora_config": "MonteCLoRA", "velora_config": "VeLoRA"}
+# init_lora_weights values (lower case; pissa_niter_K and corda variants by prefix) under which PEFT
+# changes the base weights when it creates the adapter (W - scale * B0 @ A0; LoftQ: a quantized W)
+# and again when it loads it: the file's A and B belong to that changed base, not to the saved one.
+_BASE_REWRITING_INITS = {"pissa": "PiSSA", "corda": "CorDA", "olora": "OLoRA", "loftq": "LoftQ", "lora_ga": "LoRA-GA"}
+_CONVERTIBLE_INITS = ("PiSSA", "CorDA", "OLoRA")  # PEFT's save_pretrained converts these to plain LoRA
+# Modules outside the transformer blocks PEFT can put LoRA on; lucidlm's LoRA covers the blocks' linear layers.
+_OUTSIDE_BLOCKS = {"lm_head": "the output head (lm_head)", "embed_out": "the output head (embed_out)",
+                   "embed_tokens": "the token embedding (embed_tokens)", "wte": "GPT-2's token embedding (wte)",
+                   "wpe": "GPT-2's position embedding (wpe)"}
+OUTSIDE_BLOCKS_FIX = ("lucidlm's LoRA covers the linear layers inside the blocks only (not the output head or the "
+                      "embeddings). Train the adapter without it, or merge it in PEFT (merge_and_unload) and load the "
+                      "merged model")
+
+
+def outside_blocks(module: str) -> Optional[str]:
+    """What ``module`` (an HF module name, or a target_modules suffix) is when it lies outside the blocks, else None."""
+    return _OUTSIDE_BLOCKS.get(module.rsplit(".", 1)[-1])
 
 
 def hf_module_name(ours: str) -> str:
@@ -66,6 +83,9 @@ def from_peft_tensors(tensors: dict[str, Any], source: str) -> dict[str, dict[st
     modules: dict[str, dict[str, Any]] = {}
     key_re = re.compile(r"^(?:base_model\.model\.)?(.+)\.(lora_A|lora_B)(?:\.[\w-]+)?\.weight$")
     for key, tensor in tensors.items():
+        outside = next((_OUTSIDE_BLOCKS[part] for part in key.split(".") if part in _OUTSIDE_BLOCKS), None)
+        if outside is not None:  # before the generic messages below: name what the adapter adapts
+            raise AdapterError(f"{source}: tensor {key!r} puts LoRA on {outside}; {OUTSIDE_BLOCKS_FIX}.")
         found = key_re.match(key)
         if found is None:
             raise AdapterError(f"{source}: tensor {key!r} is not a LoRA A/B matrix; lucidlm reads plain LoRA "
@@ -108,6 +128,7 @@ def read_peft_config(directory: Path) -> dict[str, Any]:
         if fields.raw(field, None) not in (None, False, [], {}, ""):
             raise AdapterError(f"{path}: {what} ({field}={fields.data[field]!r}) is not supported; lucidlm reads "
                                f"plain LoRA adapters.")
+    _check_init(fields, path)
     bias = fields.str("bias", default="none")
     if bias != "none":
         raise AdapterError(f"{path}: bias={bias!r} trains base biases too; lucidlm reads bias='none' only.")
@@ -126,6 +147,25 @@ def read_peft_config(directory: Path) -> dict[str, Any]:
 
 
 _FIX = "fix the adapter config or save the adapter again (lucidlm finetune, or PEFT's save_pretrained)"
+
+
+def _check_init(fields: Fields, path: Path) -> None:
+    """init_lora_weights True/False/"gaussian"/"eva"/"orthogonal"/"mica" only initialise A and B
+    (MiCA also freezes B while training; it computes plain LoRA): the file is plain LoRA. The
+    inits that rewrite the base weights are refused by name."""
+    value = fields.raw("init_lora_weights", True)
+    if not isinstance(value, str):
+        return
+    key = value.lower()
+    found = next((name for prefix, name in _BASE_REWRITING_INITS.items() if key.startswith(prefix)), None)
+    if found is not None:
+        merge = "merge it in PEFT (merge_and_unload) and load the merged model"
+        fix = (f"Convert it in PEFT to a plain LoRA, which lucidlm reads (save_pretrained(out, "
+               f"path_initial_model_for_weight_conversion=<the untrained {found} adapter's directory>)), or {merge}"
+               if found in _CONVERTIBLE_INITS else merge[0].upper() + merge[1:])
+        raise AdapterError(f"{path}: init_lora_weights={value!r} ({found}) changes the base weights when PEFT creates "
+                           f"the adapter and again when it loads it, so its A and B do not apply to the unchanged "
+                           f"base model lucidlm loads. {fix}.")
 
 
 def _target_modules(fields: Fields) -> Optional[str | list[str]]:

@@ -25,7 +25,7 @@ from torch import nn
 from lucidlm.errors import AdapterError
 from lucidlm.quantization.base import check_float_model
 from lucidlm.suggest import keywords_checked
-from lucidlm.peft.trainable import freeze_base
+from lucidlm.peft.trainable import check_one_method, freeze_base
 from lucidlm.validation import MAX_CONTEXT, MAX_WIDTH, Fields, check_allocation
 
 
@@ -34,6 +34,8 @@ class PrefixEncoder(nn.Module):
     through an MLP (d -> hidden -> every layer's keys and values), which the attention layers
     put before the sequence's own keys and values. Calling it returns (n_layers, 2, n_kv, P, hd)
     (None while disabled); ``freeze()`` keeps only those keys/values, for inference."""
+
+    peft_method = "prefix"  # trainable.attached_methods
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, d_model: int, length: int,
                  hidden: int) -> None:
@@ -103,6 +105,7 @@ def add_prefix(model: nn.Module, length: int = 16, hidden: Optional[int] = None,
     hidden = sizes.int("hidden", default=None, low=1, high=MAX_WIDTH) or cfg.d_model
     if prefix_encoder(model) is not None:
         raise AdapterError("the model already has a prefix; load a fresh base model to add a new one.")
+    check_one_method(model, "prefix")
     # tokens + MLP (what trains) or keys/values (frozen): refuse before allocating either
     count = prefix_parameter_count(cfg.d_model, cfg.n_layers, cfg.n_kv_heads * cfg.head_dim, length, hidden)
     check_allocation(count * model.embed.weight.element_size(),
@@ -110,6 +113,7 @@ def add_prefix(model: nn.Module, length: int = 16, hidden: Optional[int] = None,
                      AdapterError, "use a shorter prefix (typical: 10-30 tokens)")
     freeze_base(model)
     encoder = PrefixEncoder(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.d_model, length, hidden)
+    encoder.train(model.training)  # a new module starts in training mode; follow the model's
     model.add_module("prefix_encoder", encoder.to(model.embed.weight.device, model.embed.weight.dtype))
     return encoder
 
