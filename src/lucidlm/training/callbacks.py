@@ -2,7 +2,8 @@
 sampler runs on every rank, which decode together).
 
 - ``Sampler``      at each evaluation, continues a prompt with the sampling settings given
-                   (temperature, top-p, seed); with a ``base`` context, the base model too
+                   (temperature, top-p, seed) for its full token count, sliding the context
+                   window past the model's; with a ``base`` context, the base model too
 - ``MetricsLog``   OUT/metrics.jsonl (one record per evaluation) and OUT/loss.png (losses
                    beside the learning-rate curve)
 - ``Console``      the progress bar (its ETA from training-step time only), evaluation
@@ -51,7 +52,10 @@ class Sampler(Callback):
         model.eval()
         try:
             with torch.random.fork_rng(devices=[]):
-                result = generate(model, self.prompt_ids, max_new_tokens=self.tokens, **self.settings)
+                # "crop": past the context each token comes from the last max_seq_len tokens, as
+                # nanoGPT's generate, so a sample has its --sample-tokens tokens (or ends at EOS)
+                result = generate(model, self.prompt_ids, max_new_tokens=self.tokens, context_overflow="crop",
+                                  **self.settings)
         finally:
             clear = getattr(model, "clear_kv_cache", None)
             if clear is not None:

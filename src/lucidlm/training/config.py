@@ -40,10 +40,10 @@ class LoopConfig:
     gradient_accumulation_steps: int = opt(1, "micro-batches per optimizer step (global batch = batch size x this "
                                               "x processes)", low=1)
     learning_rate: float = opt(1e-3, "peak learning rate", low=0.0, low_open=True)
-    min_lr: Optional[float] = opt(1e-4, "learning rate at the end of the cosine decay", low=0.0)
+    min_lr: float = opt(1e-4, "learning rate at the end of the cosine decay (at most --learning-rate)", low=0.0)
     warmup_iters: int = opt(100, "steps of linear warmup", low=0)
     max_iters: int = opt(2000, "total optimizer steps", low=0)
-    lr_decay_iters: Optional[int] = opt(2000, "step at which the cosine decay reaches --min-lr", low=0)
+    lr_decay_iters: int = opt(2000, "step at which the cosine decay reaches --min-lr", low=0)
     decay_lr: bool = opt(True, "keep --learning-rate constant (no warmup or decay)", flag="--constant-lr")
     beta1: float = opt(0.9, "AdamW beta1", low=0.0, high=1.0, high_open=True)
     beta2: float = opt(0.99, "AdamW beta2", low=0.0, high=1.0, high_open=True)
@@ -56,7 +56,8 @@ class LoopConfig:
     log_interval: int = opt(10, "read the training loss back from the device every this many steps (progress bar)",
                             low=1)
     sample_prompt: Optional[str] = opt(None, "prompt for the samples printed at each evaluation", text=True)
-    sample_tokens: int = opt(100, "tokens sampled at each evaluation (0 = none)", low=0)
+    sample_tokens: int = opt(100, "tokens sampled at each evaluation (0 = none); past the context each token is "
+                                  "predicted from the last --block-size tokens, as nanoGPT's generate", low=0)
     sample_temperature: float = opt(0.0, "sampling temperature of those samples (0 = greedy)", low=0.0)
     sample_top_p: Optional[float] = opt(None, "nucleus (top-p) cut-off of those samples",
                                         low=0.0, low_open=True, high=1.0)
@@ -92,6 +93,11 @@ class LoopConfig:
             known = {str(dtype).removeprefix("torch."): dtype for dtype in DTYPES.values()}
             self.dtype = next((full for full, dtype in known.items() if DTYPES.get(name) is dtype), self.dtype)
         check_fields(self)
+        check_min_lr(self)
+
+    def peak_learning_rate(self) -> float:
+        """The learning rate the warm-up reaches (``FinetuneConfig`` fills in its method's default)."""
+        return self.learning_rate
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -119,7 +125,8 @@ class TrainConfig(LoopConfig):
     split: str = opt("tail", "tail = the last --val-fraction validates (nanoGPT); interleaved = every 10th chunk "
                              "of 1024 tokens", choices=("tail", "interleaved"))
     preset: str = opt("shakespeare-char", "model architecture to start from; --n-layer/--n-head/--n-embd/"
-                                          "--block-size/--dropout resize it", choices=sorted(PRESETS))
+                                          "--block-size/--dropout resize it (keeping its MLP width ratio and its "
+                                          "query heads per key/value head)", choices=sorted(PRESETS))
     n_layer: Optional[int] = opt(None, "number of transformer blocks (default: the preset's)", low=1, high=MAX_LAYERS)
     n_head: Optional[int] = opt(None, "attention heads per block (default: the preset's)", low=1, high=MAX_HEADS)
     n_embd: Optional[int] = opt(None, "model width d_model (default: the preset's)", low=1, high=MAX_WIDTH)
@@ -127,6 +134,13 @@ class TrainConfig(LoopConfig):
                                     low=1, high=MAX_CONTEXT)
     dropout: Optional[float] = opt(None, "dropout probability (default: the preset's)",
                                    low=0.0, high=1.0, high_open=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.vocab_size is not None and self.tokenizer == "char":
+            raise ConfigError(f"vocab_size (--vocab-size) {self.vocab_size} does not apply to --tokenizer char, whose "
+                              f"vocabulary is the corpus' characters; drop --vocab-size, or pass --tokenizer bpe or "
+                              f"word.")
 
 
 PretrainConfig = TrainConfig
@@ -144,13 +158,16 @@ def check_fields(config: Any) -> None:
         if value is None and optional:
             continue
         name = f"{f.name} ({flag_of(type(config), f.name)})"
+        # e.g. TrainConfig(lr_decay_iters=None): only FinetuneConfig fills such a None in
+        fix = f"{type(config).__name__} fills in no value for None (its default is {f.default!r})" \
+            if value is None else ""
         if meta.get("seed"):
             check_seed(value, name, ConfigError)
         elif kind is int:
-            check_int(value, name, ConfigError, low=meta.get("low"), high=meta.get("high"))
+            check_int(value, name, ConfigError, low=meta.get("low"), high=meta.get("high"), fix=fix)
         elif kind is float:
             check_float(value, name, ConfigError, low=meta.get("low"), high=meta.get("high"),
-                        low_open=meta.get("low_open", False), high_open=meta.get("high_open", False))
+                        low_open=meta.get("low_open", False), high_open=meta.get("high_open", False), fix=fix)
         elif kind is bool and not isinstance(value, bool):
             raise ConfigError(f"{name}={value!r} is invalid: expected True or False.")
         elif kind is str:
@@ -165,6 +182,16 @@ def check_fields(config: Any) -> None:
                                   f"{did_you_mean(value, choices) or '.'}")
     if not config.out_dir:
         raise ConfigError("out_dir (--out) is empty: name the directory the run writes to.")
+
+
+def check_min_lr(config: LoopConfig) -> None:
+    """Refuse a ``min_lr`` above the peak learning rate: the cosine "decay" would raise the rate."""
+    peak = config.peak_learning_rate()
+    if config.decay_lr and config.min_lr is not None and config.min_lr > peak:
+        default = " (the default for this method)" if config.learning_rate is None else ""
+        raise ConfigError(f"min_lr (--min-lr) {config.min_lr:g} is above the peak learning_rate (--learning-rate) "
+                          f"{peak:g}{default}, so the cosine decay would raise the rate; pass --min-lr <= "
+                          f"--learning-rate (nanoGPT uses about learning-rate / 10).")
 
 
 @functools.lru_cache(maxsize=None)
@@ -263,10 +290,14 @@ class FinetuneConfig(LoopConfig):
     eval_iters: int = opt(10, "batches per split in each evaluation", low=1)
     sample_tokens: int = opt(40, "tokens sampled at each evaluation, base model beside tuned (0 = none)", low=0)
 
+    def peak_learning_rate(self) -> float:
+        return self.learning_rate or DEFAULT_LEARNING_RATES[self.method]
+
     def resolved(self, max_iters: Optional[int] = None) -> "FinetuneConfig":
-        """The settings the loop runs with: method defaults and the step count filled in."""
+        """The settings the loop runs with: method defaults and the step count filled in
+        (an explicit ``lr_decay_iters=0`` stays 0: the decay is done at step 0, as in TrainConfig)."""
         steps = self.max_iters if max_iters is None else max_iters
-        lr = self.learning_rate or DEFAULT_LEARNING_RATES[self.method]
+        lr = self.peak_learning_rate()
         return dataclasses.replace(self, max_iters=steps, learning_rate=lr,
                                    min_lr=lr / 10 if self.min_lr is None else self.min_lr,
-                                   lr_decay_iters=self.lr_decay_iters or steps)
+                                   lr_decay_iters=steps if self.lr_decay_iters is None else self.lr_decay_iters)

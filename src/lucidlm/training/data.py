@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,14 @@ def split_tokens(tokens: np.ndarray, val_fraction: float, split: str) -> tuple[n
     return tokens[~is_val], tokens[is_val]
 
 
+def first_val_chunk(val_fraction: float) -> int:
+    """The index of the first chunk ``split_tokens`` holds out with ``split="interleaved"``."""
+    chunk = max(0, math.ceil(1 / val_fraction) - 2)  # at most the answer; then the same test as split_tokens
+    while not np.floor((chunk + 1) * val_fraction) > np.floor(chunk * val_fraction):
+        chunk += 1
+    return chunk
+
+
 def prepare_data(source: str | Path, out_dir: str | Path, tokenizer: str | Tokenizer = "char",
                  vocab_size: Optional[int] = None, val_fraction: float = 0.1,
                  progress: bool = False, split: str = "tail", resume: bool = False,
@@ -115,6 +124,14 @@ def prepare_data(source: str | Path, out_dir: str | Path, tokenizer: str | Token
     tokens = tokenize_documents(tok, texts)
     train, val = split_tokens(tokens, val_fraction, split)
     n_train = len(train)
+    if split == "interleaved" and n_train >= 2 and len(val) < 2:
+        needed = first_val_chunk(val_fraction) * SPLIT_CHUNK + 2
+        raise DataError(
+            f"the corpus {source} has {len(tokens)} tokens, too few for split='interleaved' (--split): it holds "
+            f"out whole chunks of {SPLIT_CHUNK} tokens, and at val_fraction (--val-fraction) {val_fraction:g} the "
+            f"first held-out chunk starts at token {needed - 2}, so the corpus needs at least {needed} tokens. Pass "
+            f"--split tail (the last {val_fraction:g} of the tokens validate), a larger --val-fraction, or more text."
+        )
     if n_train < 2 or len(val) < 2:
         raise DataError(
             f"the corpus {source} has only {len(tokens)} tokens, too few to split into training and "

@@ -89,13 +89,19 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
     if not config.data:
         raise ConfigError("no training data given; pass --data FILE.jsonl (or a .txt corpus).")
     out_dir = Path(config.out_dir)
-    base_name = str(config.model) if config.model is not None else "smollm2-135m"
+    # What the adapter file records as its base: the name loaded, or the passed-in model's own
+    # (None when it has none), never the default model's name for another model.
+    if config.model is not None:
+        base_name: Optional[str] = str(config.model)
+    else:
+        base_name = "smollm2-135m" if model is None else getattr(model, "name_or_path", None)
     payload = "model" if config.method == "full" else "trainable"
     found = open_run(out_dir, config.resume, ctx, "model.safetensors" if payload == "model" else TRAINABLE_NAME)
     if model is None:
         from lucidlm.loading import load
 
         model = load(config.model, dtype=torch.float32)  # training needs float weights, not the quantized default
+    base_label = base_name or f"{model.config.name} (passed in)"  # for messages and the console
     if model.tokenizer is None:
         raise ConfigError("the base model has no tokenizer, so the data cannot be encoded in its vocabulary; "
                           "fine-tune a model that ships one (a pretrained name, .gguf, or a directory with "
@@ -109,9 +115,10 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
     base_hash = weights_sha256(model) if payload == "trainable" else None
     if found is not None:  # before anything is written: the data, vocabulary and base must be the run's own
         check_same_data(found[1], "corpus_sha256", corpus_hash, "the data", config.data, found[0])
-        check_same_data(found[1], "tokenizer_sha256", tokenizer_hash, "the base model's tokenizer", base_name, found[0])
+        check_same_data(found[1], "tokenizer_sha256", tokenizer_hash, "the base model's tokenizer", base_label,
+                        found[0])
         if base_hash is not None:
-            check_same_data(found[1], "base_sha256", base_hash, "the base model's weights", base_name, found[0])
+            check_same_data(found[1], "base_sha256", base_hash, "the base model's weights", base_label, found[0])
     torch.manual_seed(config.seed)  # the same new weights on every rank
     description = attach_method(model, config)
     device = torch.device(ctx.device)
@@ -141,13 +148,14 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
                                 export if payload == "trainable" else None,
                                 run_identity(fixed_settings(run_config, saved_config), corpus_hash, tokenizer_hash,
                                              base_hash))
-    header = (f"{base_name}: {description}\n{trainable_parameters_report(model)}\n"
+    header = (f"{base_label}: {description}\n{trainable_parameters_report(model)}\n"
               f"{run_config.max_iters} steps of {run_config.batch_size * config.gradient_accumulation_steps * ctx.world_size}"
               f" sequences ({ctx.world_size} process(es), {ctx.strategy}), device {device}")
     base = (lambda: disable_adapters(model)) if payload == "trainable" else None
     sampler = Sampler(prompt, config.sample_tokens, model.tokenizer, config.sample_temperature, config.sample_top_p,
                       config.seed if config.sample_seed is None else config.sample_seed, base)
-    shown = [sampler, MetricsLog(out_dir, f"{config.method} fine-tune of {Path(base_name).name}"),
+    title = f"{config.method} fine-tune of {Path(base_name).name if base_name else base_label}"
+    shown = [sampler, MetricsLog(out_dir, title),
              Console(config.progress and ctx.is_main, header,
                      command_line(config, "finetune", ctx.world_size, resume=True))]
     trainer = Trainer(model, data, optimizer, run_config, train_model=train_model, checkpointer=checkpointer,

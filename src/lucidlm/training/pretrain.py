@@ -14,7 +14,7 @@ sampler, dropout RNG). Under ``torchrun``: DDP, or FSDP2 with ``strategy="fsdp"`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -40,7 +40,10 @@ from lucidlm.weights.checkpoint import CONFIG_NAME
 
 
 def model_config_for(config: TrainConfig, vocab_size: int) -> ModelConfig:
-    """The preset resized by the nanoGPT-named overrides, with the tokenizer's vocabulary."""
+    """The preset resized by the nanoGPT-named overrides, with the tokenizer's vocabulary.
+
+    A resized preset keeps its shape: the MLP keeps its width ratio to ``d_model`` (see
+    ``mlp_width_for``) and grouped-query attention its query heads per key/value head."""
     base = PRESETS[config.preset]
     overrides: dict[str, Any] = {"vocab_size": vocab_size}
     if config.block_size is not None:
@@ -52,12 +55,37 @@ def model_config_for(config: TrainConfig, vocab_size: int) -> ModelConfig:
         if config.n_head is not None:
             overrides["n_heads"] = config.n_head
             if base.get("n_kv_heads") is not None:
-                overrides["n_kv_heads"] = None
+                overrides["n_kv_heads"] = kv_heads_for(config.preset, config.n_head)
         if config.n_embd is not None:
             overrides["d_model"] = config.n_embd
+            if base.get("d_mlp") is not None:
+                overrides["d_mlp"] = mlp_width_for(config.preset, config.n_embd)
     if config.dropout is not None:
         overrides["dropout"] = config.dropout
     return preset(config.preset, **overrides)
+
+
+def mlp_width_for(name: str, d_model: int) -> Optional[int]:
+    """The MLP width of preset ``name`` resized to ``d_model``: None (derive it again, with the
+    family's rounding) where the preset's width is what its config derives anyway (seed000's 4x,
+    SmolLM2's LLaMA rounding), else the preset's ratio to its own width (seed004-words: 2x)."""
+    base = PRESETS[name]
+    if base["d_mlp"] == preset(name, d_mlp=None).d_mlp:
+        return None
+    return max(1, round(base["d_mlp"] * d_model / base["d_model"]))
+
+
+def kv_heads_for(name: str, n_heads: int) -> int:
+    """The key/value heads of grouped-query preset ``name`` with ``n_heads`` query heads: the
+    preset's query heads per key/value head are kept (SmolLM2's 9/3 -> 6/2), or ConfigError."""
+    base = PRESETS[name]
+    group = base["n_heads"] // base["n_kv_heads"]  # query heads per key/value head
+    if n_heads % group:
+        choices = ", ".join(str(group * k) for k in range(1, 5))
+        raise ConfigError(f"n_head (--n-head) {n_heads} does not fit the grouped-query attention of preset {name!r} "
+                          f"({base['n_heads']} query heads share {base['n_kv_heads']} key/value heads, {group} per "
+                          f"key/value head); pass a multiple of {group} ({choices}, ...), or another --preset.")
+    return n_heads // group
 
 
 def build_pretraining(config: TrainConfig, callbacks: Sequence[Callback] = ()) -> Trainer:
@@ -73,6 +101,7 @@ def build_pretraining(config: TrainConfig, callbacks: Sequence[Callback] = ()) -
 def _build(config: TrainConfig, ctx: Any, callbacks: Sequence[Callback]) -> Trainer:
     if not config.data:
         raise ConfigError("no training data given; pass --data FILE_OR_FOLDER.")
+    model_config_for(config, PRESETS[config.preset]["vocab_size"])  # a bad resize is refused before any work
     out_dir = Path(config.out_dir)
     saved_config = {**config.to_dict(), "data": resolved(config.data)}
     found = open_run(out_dir, config.resume, ctx)
