@@ -22,12 +22,18 @@ from lucidlm.inspect.hook_names import full_hook_name, unknown_hook_error
 class ActivationCache(Mapping):
     """Activations by hook name, read-only. Also answers TransformerLens shorthand:
     ``cache["pattern", 0]``, ``cache["resid_post", -1]``, ``cache["scale", 2, "ln1"]``,
-    ``cache["embed"]``."""
+    ``cache["embed"]``.
 
-    def __init__(self, activations: dict[str, torch.Tensor], model: nn.Module, has_batch_dim: bool = True) -> None:
+    key_slots: for a cache recorded at a KV-cached step (``run_with_cache(..., input_pos=...)``),
+    the columns of the attention patterns that hold the cache slots written so far (the
+    patterns span every slot, unwritten ones too); None for a pass over a whole sequence."""
+
+    def __init__(self, activations: dict[str, torch.Tensor], model: nn.Module, has_batch_dim: bool = True,
+                 key_slots: Optional[slice] = None) -> None:
         self._acts = activations
         self.model = model
         self.has_batch_dim = has_batch_dim
+        self.key_slots = key_slots
 
     # -- Mapping --
     def __getitem__(self, key: Union[str, tuple]) -> torch.Tensor:
@@ -91,7 +97,8 @@ class ActivationCache(Mapping):
         ``torch.device``); this one is left as it is. The model is not moved."""
         from lucidlm.devices import resolve_device
         device = resolve_device(device)
-        return ActivationCache({k: v.to(device) for k, v in self._acts.items()}, self.model, self.has_batch_dim)
+        return ActivationCache({k: v.to(device) for k, v in self._acts.items()}, self.model, self.has_batch_dim,
+                               self.key_slots)
 
     def remove_batch_dim(self) -> "ActivationCache":
         """A new cache without the leading batch dim (``(1, T, d)`` -> ``(T, d)``), as
@@ -102,7 +109,8 @@ class ActivationCache(Mapping):
         batch = {v.shape[0] for v in self._acts.values()}
         if batch != {1}:
             raise InputError(f"remove_batch_dim needs a batch of 1, but the cached batch size is {sorted(batch)}.")
-        return ActivationCache({k: v[0] for k, v in self._acts.items()}, self.model, has_batch_dim=False)
+        return ActivationCache({k: v[0] for k, v in self._acts.items()}, self.model, has_batch_dim=False,
+                               key_slots=self.key_slots)
 
     # -- residual-stream analyses (TransformerLens's, same numbers; see inspect/resid.py) --
     def accumulated_resid(self, layer: Optional[int] = None, incl_mid: bool = False, apply_ln: bool = False,

@@ -92,16 +92,49 @@ def _as_batch(tokens: Any, logits: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(tokens, device=logits.device).reshape(logits.shape[0], -1)
 
 
-def next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of predicting each next token (TransformerLens's return_type="loss")."""
-    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+def next_token_loss(logits: torch.Tensor, ids: torch.Tensor,
+                    attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Mean cross-entropy of predicting each next token (TransformerLens's return_type="loss").
+    attention_mask (B, T): only positions where this token and the next are real count, so
+    padding adds nothing (as TransformerLens masks a left-padded batch)."""
+    if attention_mask is None:
+        return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+    losses = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2).float(), ids[:, 1:],
+                                               reduction="none")  # (B, T - 1)
+    keep = attention_mask[:, :-1].bool() & attention_mask[:, 1:].bool()  # (B, T - 1)
+    return losses.masked_fill(~keep, 0.0).sum() / keep.sum()
 
 
-def token_columns(pattern: torch.Tensor) -> torch.Tensor:
+def _default_metric(logits: torch.Tensor, tokens: Any, input_pos: Optional[torch.Tensor],
+                    forward_kwargs: dict[str, Any]) -> torch.Tensor:
+    """The next-token loss of the run, padding left out: the attention mask covers the
+    tokens themselves unless the run wrote KV-cache slots (then it covers the slots)."""
+    ids = _as_batch(tokens, logits)  # (B, T)
+    mask = forward_kwargs.get("attention_mask") if input_pos is None else None
+    mask = mask if isinstance(mask, torch.Tensor) and mask.shape == ids.shape else None
+    return next_token_loss(logits, ids, mask)
+
+
+def token_columns(pattern: torch.Tensor, key_slots: Optional[slice] = None) -> torch.Tensor:
     """(..., T, S) attention weights -> (..., T, T), the weights on the sequence's own tokens.
     With prefix tuning S = P + T and the P prefix keys come first: their columns are left out
-    (a row then sums to 1 minus what the prefix takes), so column j is token j."""
+    (a row then sums to 1 minus what the prefix takes), so column j is token j.
+    key_slots (a KV-cached step's ``cache.key_slots``): keep those columns instead, the cache
+    slots written so far: (..., T_new, slots), column j is slot j."""
+    if key_slots is not None:
+        return pattern[..., key_slots]
     return pattern[..., pattern.shape[-1] - pattern.shape[-2]:]
+
+
+def written_slots(model: nn.Module, input_pos: Optional[torch.Tensor]) -> Optional[slice]:
+    """For a pass that wrote KV-cache slots ``input_pos``: the pattern columns of slots
+    0..max(input_pos). The keys are a prefix's (if any), then every cache slot, so the slots
+    are the last ``max_seq_len`` columns and are counted from the end."""
+    if input_pos is None or getattr(model, "kv_caches", None) is None:
+        return None
+    n_slots = model.kv_caches[0].max_seq_len
+    written = int(torch.as_tensor(input_pos).max()) + 1
+    return slice(-n_slots, (written - n_slots) or None)  # end 0 would be empty: None when every slot is written
 
 
 def run_with_cache(model: nn.Module, ids: Any, names_filter: NamesFilter = None,
@@ -114,7 +147,8 @@ def run_with_cache(model: nn.Module, ids: Any, names_filter: NamesFilter = None,
 
     ids: token ids (T,) or (B, T), text, or a list of texts (padded; see inspect/tokens.py).
     input_pos: KV-cache slots, passed to the model (set the cache up first with
-    ``model.setup_kv_cache``); the cache then holds activations of the new positions only.
+    ``model.setup_kv_cache``); the cache then holds activations of the new positions only,
+    and its patterns span every cache slot (``cache.key_slots``: the written ones).
     incl_bwd: also backpropagate ``metric(logits)`` (a scalar; default: the next-token loss)
     and cache each hook's gradient as ``name + "_grad"``, as TransformerLens does.
     """
@@ -138,14 +172,15 @@ def run_with_cache(model: nn.Module, ids: Any, names_filter: NamesFilter = None,
         with torch.enable_grad() if incl_bwd else contextlib.nullcontext():
             logits = model(tokens, input_pos=input_pos, **forward_kwargs)
             if incl_bwd:
-                value = metric(logits) if metric is not None else next_token_loss(logits, _as_batch(tokens, logits))
+                value = metric(logits) if metric is not None else _default_metric(logits, tokens, input_pos,
+                                                                                  forward_kwargs)
                 if value.numel() != 1:
                     raise InputError(f"incl_bwd needs a scalar to backpropagate, but metric(logits) has shape "
                                      f"{tuple(value.shape)}; reduce it (e.g. .mean() or .sum()).")
                 value.backward()
     finally:
         _detach(attached)
-    cache = ActivationCache(activations, model)
+    cache = ActivationCache(activations, model, key_slots=written_slots(model, input_pos))
     return logits, (cache.remove_batch_dim() if remove_batch_dim else cache)
 
 

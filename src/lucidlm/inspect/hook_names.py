@@ -27,13 +27,17 @@ SHORT_NAMES = {
     "scale": "{sub}.hook_scale", "normalized": "{sub}.hook_normalized",
     "result": "attn.hook_result", "q_input": "hook_q_input", "k_input": "hook_k_input",
     "v_input": "hook_v_input", "attn_in": "hook_attn_in", "mlp_in": "hook_mlp_in",
+    # TransformerLens's aliases (utils.get_act_name)
+    "attn_logits": "attn.hook_attn_scores", "query": "attn.hook_q", "key": "attn.hook_k", "value": "attn.hook_v",
 }
 # Hook points that exist only once switched on (model/hook_options.py), and the switch.
 OPT_IN_HOOKS = {"hook_result": "set_use_attn_result", "hook_q_input": "set_use_split_qkv_input",
                 "hook_k_input": "set_use_split_qkv_input", "hook_v_input": "set_use_split_qkv_input",
                 "hook_attn_in": "set_use_attn_in", "hook_mlp_in": "set_use_hook_mlp_in"}
-# Short names that live outside the blocks.
-GLOBAL_SHORT_NAMES = {"embed": "hook_embed", "pos_embed": "hook_pos_embed"}
+# Short names that live outside the blocks; "scale" / "normalized" without a layer are the
+# final norm's, as in TransformerLens.
+GLOBAL_SHORT_NAMES = {"embed": "hook_embed", "pos_embed": "hook_pos_embed",
+                      "scale": "ln_final.hook_scale", "normalized": "ln_final.hook_normalized"}
 
 
 def unknown_hook_error(name: str, valid: Sequence[str]) -> HookError:
@@ -45,6 +49,18 @@ def unknown_hook_error(name: str, valid: Sequence[str]) -> HookError:
     return HookError(
         f"unknown hook name {name!r}.{hint} This model has {len(valid)} hook points; "
         f"list them with model.hook_points() (names look like 'blocks.0.attn.hook_pattern')."
+    )
+
+
+def _unknown_short_name_error(short: str, key: tuple) -> HookError:
+    if short in GLOBAL_SHORT_NAMES:
+        return HookError(f"cache key {key!r}: {short!r} is not per layer; write cache[{short!r}].")
+    close = difflib.get_close_matches(short, list(SHORT_NAMES) + list(GLOBAL_SHORT_NAMES), n=3, cutoff=0.5)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return HookError(
+        f"cache key {key!r}: unknown short name {short!r}.{hint} Short names are TransformerLens's "
+        f"({', '.join(sorted(SHORT_NAMES))} per layer; {', '.join(sorted(GLOBAL_SHORT_NAMES))} without one); "
+        f"or give a full hook name from model.hook_points() (like 'blocks.0.attn.hook_pattern')."
     )
 
 
@@ -84,10 +100,10 @@ def full_hook_name(key: Union[str, tuple], n_layers: int) -> str:
     if not isinstance(key, tuple) or not key or not isinstance(key[0], str):
         raise HookError(f"cache key {key!r} must be a hook name or a tuple like ('pattern', 0).")
     short, rest = key[0], key[1:]
-    if short in GLOBAL_SHORT_NAMES and not rest:
+    if short in GLOBAL_SHORT_NAMES and rest in ((), (None,)):  # ("embed",), ("embed", None): TransformerLens's forms
         return GLOBAL_SHORT_NAMES[short]
     if short not in SHORT_NAMES:
-        raise unknown_hook_error(short, sorted(SHORT_NAMES) + sorted(GLOBAL_SHORT_NAMES))
+        raise _unknown_short_name_error(short, key)
     if not rest or not isinstance(rest[0], int):
         raise HookError(f"cache key {key!r}: {short!r} is per layer; write cache[{short!r}, layer].")
     layer = check_layer(rest[0], n_layers)

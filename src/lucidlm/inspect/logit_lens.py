@@ -54,14 +54,18 @@ def lens_logits(model: nn.Module, cache: ActivationCache) -> torch.Tensor:
     if cache.has_batch_dim:
         stack = stack[:, 0]
     unembed = model.unembed
-    with torch.no_grad():
-        return unembed(stack.to(model.dtype))  # the residual stream's dtype (a quantized unembedding has no float weight)
+    with torch.no_grad():  # in the residual stream's dtype: a quantized unembedding has no float weight
+        logits = unembed(stack.to(model.dtype))  # (L+1, T, V)
+    cap = model.config.final_logit_softcap  # the model caps its own logits (Gemma 2): so must every row
+    return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 @keywords_checked(InputError)
 def logit_lens(model: nn.Module, ids: Any, top_k: int = 1, cache: Optional[ActivationCache] = None) -> LogitLens:
-    """Top ``top_k`` tokens of every layer at every position, for one sequence."""
+    """Top ``top_k`` tokens of every layer at every position, for one sequence: ``ids`` is a
+    text or ids (T,); of a (B, T) batch row 0 is read, of a list of texts the first."""
     check_int(top_k, "top_k", InputError, low=1, high=model.config.vocab_size)
+    ids = _one_text(ids)
     if cache is None:
         names = ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(model.config.n_layers)]
         with torch.no_grad():
@@ -78,6 +82,14 @@ def logit_lens(model: nn.Module, ids: Any, top_k: int = 1, cache: Optional[Activ
         input_tokens = [str(i) for i in _first_row(ids)]
     labels = ["embed"] + [str(i) for i in range(model.config.n_layers)]
     return LogitLens(labels, input_tokens, top_ids, top_probs, top_tokens)
+
+
+def _one_text(ids: Any) -> Any:
+    """The lens reads one sequence: of a list of texts, the first (as of a (B, T) batch of
+    ids, row 0). Taken alone, so no padding of the others lengthens it."""
+    if isinstance(ids, (list, tuple)) and ids and all(isinstance(t, str) for t in ids):
+        return ids[0]
+    return ids
 
 
 def _first_row(ids: Any) -> list[int]:

@@ -17,7 +17,7 @@ taken on the corrupted run.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -81,11 +81,26 @@ def layer_head_dest_src_pos_pattern_patch_setter(corrupted: torch.Tensor, index:
 
 
 # -- the generic sweep --------------------------------------------------------------------------
-def _axis_sizes(model: nn.Module, activation_name: str, tokens: torch.Tensor) -> dict[str, int]:
-    cfg = model.config
-    heads = cfg.n_kv_heads if activation_name in ("k", "v") else cfg.n_heads
+def _head_axis(name: str, clean: torch.Tensor) -> Optional[int]:
+    """Where a cached activation keeps its heads: (B, nh, T, S) patterns and scores at 1,
+    (B, T, heads, ·) per-head vectors at 2; None for (B, T, d) activations."""
+    if name.endswith(("hook_pattern", "hook_attn_scores")):
+        return 1
+    return 2 if clean.ndim == 4 else None
+
+
+def _axis_sizes(model: nn.Module, clean_cache: ActivationCache, activation_name: str, tokens: torch.Tensor,
+                ) -> dict[str, int]:
+    """The size of each index axis. Heads are counted on the clean activation: key/value-side
+    ones (k, v, rot_k, k_input, v_input) have n_kv_heads on a grouped-query model."""
+    name = clean_cache.full_name((activation_name, 0))
+    clean = clean_cache[name]
     T = tokens.shape[-1]
-    return {"layer": cfg.n_layers, "pos": T, "dest_pos": T, "src_pos": T, "head": heads, "head_index": heads}
+    sizes = {"layer": model.config.n_layers, "pos": T, "dest_pos": T, "src_pos": T}
+    axis = _head_axis(name, clean)
+    if axis is not None:
+        sizes["head"] = sizes["head_index"] = clean.shape[axis]
+    return sizes
 
 
 def _check_lengths(corrupted_tokens: torch.Tensor, clean_cache: ActivationCache, name: str) -> None:
@@ -120,7 +135,7 @@ def generic_activation_patch(model: nn.Module, corrupted_tokens: Any, clean_cach
     tokens with that slice of the clean activation patched in; the metric of each, shaped
     by the axes. ``activation_name`` is a short name ("resid_pre", "z", "pattern", ...)."""
     tokens = _as_tokens(model, corrupted_tokens)
-    sizes = _axis_sizes(model, activation_name, tokens)
+    sizes = _axis_sizes(model, clean_cache, activation_name, tokens)
     unknown = [a for a in index_axis_names if a not in sizes]
     if unknown or index_axis_names[0] != "layer":
         raise InputError(f"index_axis_names={tuple(index_axis_names)}: the first must be 'layer', the others from "
@@ -232,9 +247,8 @@ def attribution_patch(model: nn.Module, clean_cache: ActivationCache, corrupted_
     _check_lengths(tokens, clean_cache, names[0])
     _, corrupted = run_with_cache(model, tokens, names_filter=names, incl_bwd=True, metric=metric)
     model.zero_grad(set_to_none=True)
-    head_vectors = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_result")
-    dims = ("bhqk" if activation_name in ("pattern", "attn_scores") else
-            "bthd" if names[0].endswith(head_vectors) else "btd")  # the activation's axes
+    head_axis = _head_axis(names[0], clean_cache[names[0]])
+    dims = {1: "bhqk", 2: "bthd", None: "btd"}[head_axis]  # the activation's axes
     kept = {("layer", "pos"): "t", ("layer", "pos", "head"): "th", ("layer", "head"): "h",
             ("layer", "head_index"): "h", ("layer", "head_index", "dest_pos"): "hq",
             ("layer", "head_index", "dest_pos", "src_pos"): "hqk"}.get(tuple(index_axis_names))

@@ -41,7 +41,8 @@ def save_figure(fig: Figure, path: Optional[PathLike]) -> list[Path]:
 def attention_pattern(pattern_or_cache: Union[ActivationCache, torch.Tensor], layer: int, head: int,
                       batch: int = 0) -> np.ndarray:
     """One head's (T, T) attention pattern, from a cache or a (B,) nh, T, S tensor: the weights
-    on the sequence's tokens (a prefix's keys, S - T of them first, left out: ``token_columns``)."""
+    on the sequence's tokens (a prefix's keys, S - T of them first, left out: ``token_columns``).
+    A cache of a KV-cached step gives (T_new, slots written so far)."""
     if isinstance(pattern_or_cache, ActivationCache):
         layer = check_layer(layer, pattern_or_cache.n_layers)
         pattern = pattern_or_cache["pattern", layer]
@@ -56,7 +57,8 @@ def attention_pattern(pattern_or_cache: Union[ActivationCache, torch.Tensor], la
     n_heads = pattern.shape[0]
     if not isinstance(head, int) or isinstance(head, bool) or not -n_heads <= head < n_heads:
         raise HookError(f"head={head} is out of range: layer {layer} has {n_heads} heads (0..{n_heads - 1}).")
-    return token_columns(pattern[head]).float().cpu().numpy()
+    key_slots = pattern_or_cache.key_slots if isinstance(pattern_or_cache, ActivationCache) else None
+    return token_columns(pattern[head], key_slots).float().cpu().numpy()
 
 
 def _draw_heatmap(ax: Any, matrix: np.ndarray, row_labels: Sequence[str], col_labels: Sequence[str],

@@ -18,6 +18,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from lucidlm.errors import HookError, InputError
+from lucidlm.inspect.tokens import encode
 from lucidlm.quantization.base import dense_weight
 
 PosSlice = Union[None, int, tuple, slice, Sequence[int], torch.Tensor]
@@ -80,10 +81,30 @@ def apply_ln_to_stack(cache: Any, stack: torch.Tensor, layer: Optional[int] = No
         key = "ln_final.hook_scale"
     else:
         key = f"blocks.{layer}.ln{2 if mlp_input else 1}.hook_scale"
-    scale = apply_slice(cache[key], pos_slice, dim=-2)
-    if has_batch_dim and cache.has_batch_dim:
+    scale = _scale_at(cache, key, pos_slice)  # ([B,] [T,] 1)
+    if cache.has_batch_dim:  # the cache's batch dim, whether or not the stack has one (as TransformerLens)
         scale = apply_slice(scale, batch_slice, dim=0)
     return stack / scale
+
+
+def _scale_at(cache: Any, key: str, pos_slice: PosSlice) -> torch.Tensor:
+    """The cached norm scale ``key`` at the positions ``pos_slice`` picks. A cache recorded
+    with ``last_token_only=True`` holds the final norm's scale for the last position only
+    (B, 1, 1) while the stream has all T: only the last position can be normalised then."""
+    scale = cache[key]
+    stream = next((cache[n] for n in ("hook_embed", f"blocks.{cache.n_layers - 1}.hook_resid_post",
+                                      "blocks.0.hook_resid_pre") if n in cache), None)
+    full = stream.shape[-2] if stream is not None else scale.shape[-2]
+    have = scale.shape[-2]
+    if have == full:
+        return apply_slice(scale, pos_slice, dim=-2)
+    positions = apply_slice(torch.arange(full, device=scale.device), pos_slice, dim=0)  # the stream positions wanted
+    if bool((positions < full - have).any()):
+        raise InputError(f"{key} was cached for the last {have} of {full} positions only (run_with_cache(..., "
+                         f"last_token_only=True)), so positions before it cannot be normalised; pass "
+                         f"pos_slice=-1, or record the cache without last_token_only.")
+    shifted = positions - (full - have)  # the same positions among the cached ones
+    return apply_slice(scale, int(shifted) if shifted.ndim == 0 else shifted, dim=-2)
 
 
 def accumulated_resid(cache: Any, layer: Optional[int] = None, incl_mid: bool = False, apply_ln: bool = False,
@@ -225,7 +246,9 @@ def _token_ids(model: Any, tokens: Any) -> torch.Tensor:
 
 
 def single_token(model: Any, text: str) -> int:
-    ids = model.tokenizer.encode(text) if getattr(model, "tokenizer", None) is not None else None
+    """The id of a text that is one token, encoded without BOS (TransformerLens's
+    ``to_single_token``): a tokenizer that puts BOS first by itself would make it two."""
+    ids = encode(model, text, prepend_bos=False) if getattr(model, "tokenizer", None) is not None else None
     if ids is None or len(ids) != 1:
         raise InputError(f"{text!r} is {'not encodable without a tokenizer' if ids is None else f'{len(ids)} tokens'}"
                          f"; logit attribution needs a single token (pass its id instead).")

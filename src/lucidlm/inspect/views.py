@@ -97,6 +97,10 @@ def attention_view(model: nn.Module, text_or_ids: Any, cache: Optional[Activatio
     if cache is None:
         with torch.no_grad():
             _, cache = run_with_cache(model, ids, names_filter=lambda n: n.endswith("hook_pattern"))
+    if cache.key_slots is not None:  # (T_new, slots) patterns: not the (T, T) grid of one sequence the view draws
+        raise InputError("attention_view shows a whole sequence, but this cache was recorded at a KV-cached step "
+                         "(run_with_cache(..., input_pos=...)); record it without input_pos, or plot one head's "
+                         "row over the cache slots with plot_attention(cache, layer, head).")
     patterns = torch.stack([token_columns(cache["pattern", layer][0])  # (L, nh, T, T): a prefix's keys left out
                             for layer in range(model.config.n_layers)]).float().cpu()
     tokens = to_str_tokens(model, ids[0]) if getattr(model, "tokenizer", None) is not None else \

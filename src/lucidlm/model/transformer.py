@@ -254,9 +254,12 @@ class Transformer(nn.Module):
         keys_are_queries = not cached or new_cache
         mask = None if keys_are_queries and keys_real is None else attention_mask_for(query_slots, key_len, keys_real)
 
-        x = self.hook_embed(self.embed(ids))  # (B, T, d)
+        x = self.embed(ids)  # (B, T, d)
         if self.config.scale_embeddings:  # Gemma: sqrt(d_model), rounded to the activations' dtype
             x = x * torch.tensor(self.config.d_model ** 0.5, dtype=x.dtype)
+        # Hooked after the scale, as TransformerLens (which folds it into W_E): hook_embed is
+        # what the stream receives, so the residual decomposition adds up to resid_pre.
+        x = self.hook_embed(x)
         if self.pos_embed is not None:
             x = x + self.hook_pos_embed(self.pos_embed(position_ids).to(x.dtype))
         x = self.embed_dropout(x)
