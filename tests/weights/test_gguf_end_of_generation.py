@@ -5,9 +5,9 @@ ends at the first token that is the EOS (``tokenizer.ggml.eos_token_id``), the e
 (``tokenizer.ggml.eot_token_id``, Llama 3's ``<|eot_id|>``) or the end-of-message
 (``tokenizer.ggml.eom_token_id``, ``<|eom_id|>``) token. The files are written by the ``gguf``
 package; the reference is transformers' greedy ``generate`` on the same file (its GGUF loader),
-told to stop on those ids, which is that rule. (llama.cpp also guesses end tokens from their
-text, ``<|im_end|>``, ``<end_of_turn>``..., for files that do not declare them; lucidlm reads
-what the file declares.)
+told to stop on those ids, which is that rule. (llama.cpp also ends on tokens it knows by their
+text, ``<|im_end|>``, ``<end_of_turn>``...; lucidlm does too, tested in
+``tests/generation/test_sampling_edges.py``.)
 """
 
 from __future__ import annotations

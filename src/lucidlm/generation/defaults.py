@@ -93,9 +93,27 @@ def _from_gguf(path: Path) -> tuple[dict[str, Any], Optional[str]]:
         fields = {key: metadata[key] for key in (*_GGUF_KEYS, "general.name") if key in metadata}
     except Exception:  # noqa: BLE001 - a file the loader rejects is reported by the loader, not here
         return {}, None
-    found = {ours: fields[key] for key, ours in _GGUF_KEYS.items() if key in fields}
     name = fields.get("general.name")
-    return found, name if isinstance(name, str) else None
+    return _checked_gguf_sampling(fields, path), name if isinstance(name, str) else None
+
+
+def _checked_gguf_sampling(fields: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The file's general.sampling.* values, each checked at load (with the bounds the sampler
+    takes) so that a bad one is refused naming the file and the key, not by a later generate()
+    call naming a value its caller never passed."""
+    from lucidlm.errors import GGUFError
+    from lucidlm.validation import Fields
+
+    checked = Fields(fields, path, GGUFError, fix="remove or correct that key (gguf's gguf_set_metadata.py or "
+                                                  "gguf_new_metadata.py scripts) or convert the model again")
+    bounds: dict[str, dict[str, Any]] = {
+        "temperature": dict(low=0.0), "top_p": dict(low=0.0, high=1.0, low_open=True),
+        "min_p": dict(low=0.0, high=1.0), "repetition_penalty": dict(low=0.0, low_open=True)}
+    found: dict[str, Any] = {}
+    for key, ours in _GGUF_KEYS.items():
+        if key in fields:
+            found[ours] = (checked.int(key, low=0) if ours == "top_k" else checked.float(key, **bounds[ours]))
+    return found
 
 
 def _from_generation_config(directory: Path) -> dict[str, Any]:

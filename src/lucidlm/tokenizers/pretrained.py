@@ -54,6 +54,9 @@ class HFTokenizer(Tokenizer):
                  eos_ids: Optional[Sequence[int]] = None, source: Optional[str] = None) -> None:
         self._backend = backend
         self.add_bos = add_bos
+        # Whether the model's sequences end with EOS (a GGUF's add_eos_token). encode() never
+        # appends it: what lucidlm encodes is a prompt, which goes on.
+        self.add_eos = False
         self.unk_token = unk_token
         self.chat_template = chat_template
         self.chat_template_source: Optional[str] = None  # "file (key)", named by chat-template errors
@@ -199,7 +202,7 @@ class HFTokenizer(Tokenizer):
             # Kept as one string: parsing it as JSON only to re-serialise it for the backend
             # would double the cost of a warm model load.
             "tokenizer_json": self._backend.to_str(),
-            "add_bos": self.add_bos, "bos_token": self.bos_token, "eos_token": self.eos_token,
+            "add_bos": self.add_bos, "add_eos": self.add_eos, "bos_token": self.bos_token, "eos_token": self.eos_token,
             "pad_token": self.pad_token, "unk_token": self.unk_token, "chat_template": self.chat_template,
             "eos_ids": list(self.eos_ids),
         }
@@ -222,9 +225,11 @@ class HFTokenizer(Tokenizer):
         if bad:
             raise TokenizerError(f"the saved tokenizer's eos_ids hold {bad[0]}, outside its vocabulary of {size} "
                                  f"tokens; the file is damaged. Save the model again.")
-        return cls(backend, add_bos=bool(data.get("add_bos", False)), bos_token=data.get("bos_token"),
-                   eos_token=data.get("eos_token"), pad_token=data.get("pad_token"),
-                   unk_token=data.get("unk_token"), chat_template=data.get("chat_template"), eos_ids=eos_ids)
+        tokenizer = cls(backend, add_bos=bool(data.get("add_bos", False)), bos_token=data.get("bos_token"),
+                        eos_token=data.get("eos_token"), pad_token=data.get("pad_token"),
+                        unk_token=data.get("unk_token"), chat_template=data.get("chat_template"), eos_ids=eos_ids)
+        tokenizer.add_eos = bool(data.get("add_eos", False))
+        return tokenizer
 
     # ----------------------------------------------------------------- helpers
 

@@ -52,8 +52,9 @@ def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
             f"implemented in lucidlm; only unscaled RoPE is supported."
         )
     d_model = fields.int("embedding_length", low=1, high=MAX_WIDTH)
-    n_heads = fields.int("attention.head_count", low=1, high=MAX_HEADS)
-    n_kv_heads = fields.int("attention.head_count_kv", default=n_heads, low=1, high=n_heads)
+    n_layers = fields.int("block_count", low=1, high=MAX_LAYERS)
+    n_heads = per_layer_int(fields, "attention.head_count", n_layers, low=1, high=MAX_HEADS)
+    n_kv_heads = per_layer_int(fields, "attention.head_count_kv", n_layers, default=n_heads, low=1, high=n_heads)
     if n_heads % n_kv_heads:
         fail(f"{arch}.attention.head_count_kv={n_kv_heads} does not divide {arch}.attention.head_count={n_heads}")
     rope_dims = fields.int("rope.dimension_count", default=None, low=1, high=MAX_WIDTH)
@@ -64,10 +65,7 @@ def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
         head_dim = d_model // n_heads
     rope_dims = head_dim if rope_dims is None else rope_dims
     if rope_dims != head_dim:
-        raise UnsupportedArchitectureError(
-            f"{source}: RoPE rotates {rope_dims} of {head_dim} head dimensions (partial rotary), which "
-            f"lucidlm does not implement."
-        )
+        raise partial_rotary_error(source, rope_dims, head_dim)
     if head_dim % 2 or n_heads * head_dim > MAX_WIDTH:
         fail(f"{n_heads} heads of {head_dim} dimensions: RoPE needs an even head size, and at most {MAX_WIDTH} in all")
     tokens = meta.get("tokenizer.ggml.tokens")
@@ -81,11 +79,11 @@ def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
         name=arch,
         vocab_size=vocab,
         d_model=d_model,
-        n_layers=fields.int("block_count", low=1, high=MAX_LAYERS),
+        n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
         head_dim=head_dim,
-        d_mlp=fields.int("feed_forward_length", low=1, high=MAX_WIDTH),
+        d_mlp=per_layer_int(fields, "feed_forward_length", n_layers, low=1, high=MAX_WIDTH),
         max_seq_len=fields.int("context_length", default=2048, low=1, high=MAX_CONTEXT),
         positions="rope",
         rope_variant="half",  # Q/K rows are un-permuted on load (llama) or never were (gemma)
@@ -96,6 +94,49 @@ def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
         tie_embeddings=False,  # decided from the tensors by fit_to_tensors
     )
     return ModelConfig(**{**settings, **family_fields})
+
+
+def per_layer_int(fields: Fields, key: str, n_layers: int, **bounds: Any) -> int:
+    """An integer hyperparameter (``fields.int(key, **bounds)``) that a GGUF may also give per
+    layer, as an array of ``block_count`` integers (llama.cpp reads either, with get_key_or_arr).
+    lucidlm builds every layer alike: an array holding one value is that value; one whose layers
+    differ (a hybrid model's attention-free layers, OpenELM's growing widths) is refused."""
+    values = fields.data.get(key)
+    if not isinstance(values, list):
+        return fields.int(key, **bounds)
+    name = f"{fields.where}.{key}" if fields.where else key
+    if len(values) != n_layers:
+        fields.fail(f"field {name!r} holds {len(values)} per-layer values for block_count={n_layers} layers")
+    bounds.pop("default", None)
+    checked = [Fields({f"{key}[{i}]": value}, fields.source, fields.error, where=fields.where, fix=fields.fix)
+               .int(f"{key}[{i}]", **bounds) for i, value in enumerate(values)]
+    differs = next((i for i, value in enumerate(checked) if value != checked[0]), None)
+    if differs is not None:
+        raise UnsupportedArchitectureError(
+            f"{fields.source}: {name} gives layer {differs} {checked[differs]} but layer 0 {checked[0]}; lucidlm "
+            f"builds every layer with the same {key.rsplit('.', 1)[-1].replace('_', ' ')}, so it cannot load "
+            f"this model (per-layer values are not supported).")
+    return checked[0]
+
+
+def partial_rotary_error(source: str, rope_dims: int, head_dim: int) -> UnsupportedArchitectureError:
+    return UnsupportedArchitectureError(f"{source}: RoPE rotates {rope_dims} of {head_dim} head dimensions (partial "
+                                        f"rotary), which lucidlm does not implement.")
+
+
+def _refuse_unstated_partial_rotary(by_name: dict[str, Any], config: ModelConfig, meta: dict[str, Any],
+                                    source: str) -> None:
+    """Without attention.key_length, config_from_metadata takes rope.dimension_count as the head
+    size (transformers reads it so). llama.cpp instead takes embedding_length / head_count and
+    rotates rope.dimension_count of it: when the Q tensor has that size, the file is partial
+    rotary, which deserves that refusal rather than "the weights do not belong together"."""
+    if f"{config.name}.attention.key_length" in meta or config.d_model % config.n_heads:
+        return
+    usual = config.d_model // config.n_heads
+    query = by_name.get("blk.0.attn_q.weight")
+    if config.head_dim != usual and query is not None and len(query.shape) == 2 \
+            and int(query.shape[1]) == config.n_heads * usual:  # GGUF order: [d_model, rows]
+        raise partial_rotary_error(source, config.head_dim, usual)
 
 
 def fit_to_tensors(reader: Any, config: ModelConfig, meta: dict[str, Any], source: str, float_weights: bool,
@@ -126,6 +167,7 @@ def fit_skeleton(reader: Any, config: ModelConfig, meta: dict[str, Any], source:
         found = f"tensors for layers 0..{max(layers)}" if layers else "no layer tensors"
         raise GGUFError(f"{source}: {config.name}.block_count={config.n_layers} but the file has {found}. "
                         f"{METADATA_FIX[0].upper()}{METADATA_FIX[1:]}.")
+    _refuse_unstated_partial_rotary(by_name, config, meta, source)
     config = config.replace(tie_embeddings="output.weight" not in by_name, vocab_size=rows)
     skeleton = model_cls.skeleton(config)
     expected = {name: tuple(p.shape) for name, p in skeleton.state_dict().items()}
