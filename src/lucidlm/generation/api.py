@@ -161,7 +161,12 @@ def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
 
     One prompt (text, a list of ids, a 1-D tensor) gives one ``GenerationResult``; a batch (a
     list of texts, a list of id lists, a 2-D tensor of shape (B, T)) gives a list of B results,
-    one per row, generated together (see ``generate_batch``)."""
+    one per row, generated together (see ``generate_batch``).
+
+    ``num_beams > 1`` runs beam search (one prompt at a time): it keeps the likeliest sequences
+    and samples nothing, so it ignores ``temperature``, ``top_k``, ``top_p``, ``min_p`` and
+    ``seed``; it uses ``repetition_penalty``, ``length_penalty``, ``stop`` and ``stop_on_eos``.
+    ``length_penalty`` needs ``num_beams > 1``."""
     options = {k: v for k, v in locals().items() if k not in ("model", "prompt", "unknown")}
     if unknown:
         make_request({k: v for k, v in {**options, **unknown}.items() if k != "chat"})  # refuses them by name, with the closest known option
@@ -173,6 +178,7 @@ def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
         if context_overflow != "stop":
             raise GenerationError(f"context_overflow={context_overflow!r} works one prompt at a time, not with a batch "
                                   f"of {len(rows)}; loop over the prompts.")
+        make_request({k: v for k, v in options.items() if k != "chat"})  # e.g. length_penalty without beams
         options.pop("num_beams"), options.pop("length_penalty"), options.pop("context_overflow")
         return generate_batch(model, rows, **options)
     runner = _Run(model, prompt, options, lookahead=True)  # no caller code between the tokens
@@ -184,7 +190,9 @@ def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
 def stream(model: Any, prompt: Prompt, *, steady: bool = False, **kwargs: Any) -> "TextStream":
     """Like ``generate`` but yields text pieces as they are decoded. The pieces join to
     exactly ``generate(...).text``: never half a UTF-8 character, never a stop string.
-    With ``num_beams > 1`` the whole text comes as one piece at the end. Once the pieces
+    With ``num_beams > 1`` the whole text comes as one piece at the end, and the sampling
+    options (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``) are ignored, as in
+    ``generate``. Once the pieces
     run out, ``.result`` holds the ``GenerationResult`` (ids, finish reason).
 
     ``steady=True`` promises that the code reading the pieces changes nothing in the model
@@ -227,12 +235,14 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
     stops on its own; greedy results equal one-prompt-at-a-time ``generate``, up to the
     context: the rows share the cache's ``max_seq_len`` slots, so every row gets at most
     ``max_seq_len`` minus the *longest* prompt's length new tokens (finish reason "length"),
-    where a short prompt alone could go on further."""
+    where a short prompt alone could go on further. There is no beam search here (no
+    ``num_beams``, ``length_penalty``): beams search one prompt at a time, with ``generate``,
+    and ignore the sampling options (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``)."""
     if isinstance(prompts, str) or len(prompts) == 0:
         raise GenerationError("generate_batch takes a non-empty list of prompts; use generate() for one prompt.")
     kwargs = {k: v for k, v in locals().items() if k not in ("model", "prompts", "chat")}
     request = make_request(apply_sampling_defaults(model, kwargs))
-    request.use_tokenizer(model.tokenizer)
+    request.use_model(model)
     rows = [prompt_ids(model, p.tolist() if isinstance(p, torch.Tensor) else p, chat) for p in prompts]
     max_new = fit_to_context(model, rows, request.max_new_tokens)
     tokenizer = model.tokenizer
@@ -291,7 +301,7 @@ class _Run:
         chat = bool(kwargs.pop("chat", False))
         self.model = model
         self.request = make_request(apply_sampling_defaults(model, kwargs))
-        self.request.use_tokenizer(model.tokenizer)
+        self.request.use_model(model)
         self.prompt_ids = prompt_ids(model, prompt, chat)
         self.crop = self.request.context_overflow == "crop"
         if self.crop and self.request.num_beams > 1:
@@ -330,8 +340,12 @@ class _Run:
                 reason = "eos"
             text = ""
             if assembler is not None:
-                text = "".join(assembler.add(t) for t in token_ids) + assembler.finish()
-                reason = "stop" if assembler.stopped else reason
+                for count, token in enumerate(token_ids, 1):
+                    text += assembler.add(token)
+                    if assembler.stopped:  # as greedy: the last id is the one completing the stop string
+                        token_ids, reason = token_ids[:count], "stop"
+                        break
+                text += assembler.finish()
             self.result = _built(GenerationResult(token_ids, text, list(self.prompt_ids), reason,
                                                   seconds=elapsed()), self.model.tokenizer)
             if text:

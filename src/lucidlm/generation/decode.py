@@ -13,10 +13,19 @@ what to do with the logits (sample, beam search, stop) is the caller's business.
 
 from __future__ import annotations
 
+import sys
+import weakref
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from lucidlm.errors import GenerationError
+
+# model -> the session whose KV cache it holds. A model has one cache, so the last session to
+# open owns it; a paused stream whose cache another generation has taken must not decode on
+# (its tokens would come from the other prompt's keys), nor clear that generation's cache.
+_CACHE_OWNER: "weakref.WeakKeyDictionary[Any, DecodeSession]" = weakref.WeakKeyDictionary()
 
 
 class DecodeSession:
@@ -63,6 +72,7 @@ class DecodeSession:
     @torch.inference_mode()
     def __enter__(self) -> "DecodeSession":
         self.model.setup_kv_cache(self.batch_size, max_seq_len=self.capacity)
+        _CACHE_OWNER[self.model] = self
         if self._steady is not None:
             self._steady.__enter__()
         caches = getattr(self.model, "kv_caches", None)
@@ -74,13 +84,28 @@ class DecodeSession:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        # A stream left unfinished is closed as the interpreter exits, when torch's classes may
+        # already be gone: there is nothing left to free then.
+        if sys.is_finalizing():
+            return
         if self._steady is not None:
             self._steady.__exit__(None, None, None)
-        self.model.clear_kv_cache()
+        if _CACHE_OWNER.get(self.model) is self:  # else the cache is another session's now: leave it
+            del _CACHE_OWNER[self.model]
+            self.model.clear_kv_cache()
+
+    def _check_owner(self) -> None:
+        if _CACHE_OWNER.get(self.model) is not self:
+            raise GenerationError(
+                "another generation ran on this model while this one was paused (a stream read part-way, "
+                "then generate() or another stream): the model has one KV cache and it now holds the other "
+                "prompt. Finish or close a stream before generating again on the same model, or load a "
+                "second model.")
 
     @torch.inference_mode()
     def prefill(self) -> torch.Tensor:
         """Run the prompt; logits (B, V) for the first new token."""
+        self._check_owner()
         slots = torch.arange(self.prompt_len, device=self.prompt_ids.device)  # (L,)
         logits = self._prefill(self.prompt_ids, input_pos=slots, attention_mask=self.attention_mask,
                                last_token_only=True, new_cache=True)  # the cache was just set up
@@ -95,6 +120,7 @@ class DecodeSession:
         if self.next_slot == 0:
             raise RuntimeError("DecodeSession.step() before prefill(): run the prompt first, "
                                "its logits give the first new token")
+        self._check_owner()
         if self.next_slot >= self.capacity:
             raise RuntimeError(f"the session's KV cache is full: it holds {self.capacity} tokens (prompt "
                                f"{self.prompt_len} + {self.capacity - self.prompt_len} fed back); open the "
@@ -109,6 +135,7 @@ class DecodeSession:
     @torch.inference_mode()
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Keep cache rows ``beam_idx`` (B,), in that order (beam search)."""
+        self._check_owner()
         self.model.reorder_kv_cache(beam_idx)
 
 

@@ -18,8 +18,12 @@ from lucidlm.generation.chat_template import encode_chat
 from lucidlm.generation.sampling import SamplingSettings
 from lucidlm.suggest import did_you_mean
 from lucidlm.validation import check_allocation, check_float, check_seed
+from lucidlm.weights.hf_generation_config import end_token_ids
 
 CONTEXT_OVERFLOW = ("stop", "crop")  # what happens when prompt + output fill max_seq_len
+# Beam scores divide by length ** length_penalty in Python floats: with lengths up to
+# MAX_CONTEXT (2**24), 2**(24 * 40) is still finite, 2**(24 * 43) overflows.
+MAX_LENGTH_PENALTY = 40.0
 
 
 @dataclass
@@ -37,8 +41,9 @@ class Request:
     min_new_tokens: int = 0
     context_overflow: str = "stop"
 
-    def use_tokenizer(self, tokenizer: Any) -> None:
-        self.eos_ids = eos_ids_of(tokenizer) if self.stop_on_eos else []
+    def use_model(self, model: Any) -> None:
+        """Stop on the model's end tokens: its tokenizer's, else those its files declare."""
+        self.eos_ids = end_token_ids(model) if self.stop_on_eos else []
 
 
 
@@ -56,8 +61,10 @@ def check_options(**kwargs: Any) -> None:
         seed=None              whole number, for reproducible sampling
         stop=None              a string or a list of strings that end generation
         stop_on_eos=True       end at the tokenizer's EOS token
-        num_beams=1            beam search when > 1
-        length_penalty=1.0     beam score = sum of log-probs / length ** length_penalty
+        num_beams=1            beam search when > 1; it ignores temperature, top_k, top_p,
+                               min_p and seed (it scores, it does not sample)
+        length_penalty=1.0     beam score = sum of log-probs / length ** length_penalty, in
+                               [-40, 40]; only with num_beams > 1
         min_new_tokens=0       EOS cannot end generation before this many tokens
         context_overflow="stop"  or "crop": keep going from the last max_seq_len tokens
         chat=False             accepted (it concerns the prompt, not sampling)
@@ -118,7 +125,11 @@ def make_request(kwargs: dict[str, Any]) -> Request:
     if seed is not None:
         check_seed(seed, "seed", GenerationError)
     length_penalty = check_float(kwargs.get("length_penalty", 1.0), "length_penalty", GenerationError,
-                                 fix="the beam score is sum of log-probs / length ** length_penalty")
+                                 low=-MAX_LENGTH_PENALTY, high=MAX_LENGTH_PENALTY,
+                                 fix="the beam score is sum of log-probs / length ** length_penalty; -2 to 2 is usual")
+    if length_penalty != 1.0 and num_beams == 1:
+        raise GenerationError(f"length_penalty={length_penalty:g} scores beam search's hypotheses; add num_beams=N "
+                              f"(N > 1), or drop length_penalty.")
     return Request(settings, max_new, stop, [], seed, num_beams, length_penalty,
                     bool(kwargs.get("stop_on_eos", True)), min_new, overflow)
 
@@ -196,16 +207,6 @@ def fit_to_context(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: in
         raise GenerationError(f"the prompt is {longest} tokens, longer than the model's context of {limit} tokens "
                               f"(max_seq_len); shorten the prompt.")
     return min(max_new_tokens, limit - longest)
-
-
-def eos_ids_of(tokenizer: Any) -> list[int]:
-    if tokenizer is None:
-        return []
-    ids = getattr(tokenizer, "eos_ids", None)  # tokenizers with several end tokens may list them all
-    if ids:
-        return [int(i) for i in ids]
-    eos = getattr(tokenizer, "eos_id", None)
-    return [] if eos is None else [int(eos)]
 
 
 def padding_id(tokenizer: Any) -> int:

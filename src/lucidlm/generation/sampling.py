@@ -21,6 +21,8 @@ from lucidlm.errors import GenerationError
 from lucidlm.quantization.blocks_kernel import argmax_rows
 
 _TINY_TEMPERATURE = 1e-20  # below this, logits / temperature can overflow float32
+_LARGEST_TEMPERATURE = torch.finfo(torch.float32).max  # ~3.4e38; above, it is inf in float32: -inf / inf = NaN
+_PENALTY_LIMIT = 1e30  # a seen logit divided or multiplied by more stays finite in float32 up to |logit| ~3e8
 
 
 def _is_finite(value: object) -> bool:
@@ -45,6 +47,10 @@ class SamplingSettings:
                                       f"{' (0 = greedy)' if name == 'temperature' else ''}.")
         if not self.temperature >= 0:
             raise GenerationError(f"temperature={self.temperature} is invalid: use 0 (greedy) or a positive number.")
+        if self.temperature > _LARGEST_TEMPERATURE:
+            raise GenerationError(f"temperature={self.temperature} is invalid: it must be at most 3.4e38, float32's "
+                                  f"largest number (logits are divided by it in float32); a temperature of a few "
+                                  f"hundred already samples almost uniformly.")
         if self.top_k is not None and (not _is_finite(self.top_k) or int(self.top_k) != self.top_k
                                        or self.top_k < 0):
             raise GenerationError(f"top_k={self.top_k!r} is invalid: use a whole number >= 0 (0 or None = no top-k).")
@@ -56,6 +62,12 @@ class SamplingSettings:
             raise GenerationError(
                 f"repetition_penalty={self.repetition_penalty} is invalid: it must be > 0 "
                 f"(1 or None = no penalty; > 1 discourages repeats)."
+            )
+        if self.repetition_penalty is not None and not 1 / _PENALTY_LIMIT <= self.repetition_penalty <= _PENALTY_LIMIT:
+            raise GenerationError(
+                f"repetition_penalty={self.repetition_penalty} is invalid: it must be between 1e-30 and 1e30 "
+                f"(a seen token's float32 logit is divided or multiplied by it, and overflows beyond); "
+                f"1 or None = no penalty, > 1 discourages repeats, 1.1 to 1.5 is usual."
             )
 
     @property
@@ -92,11 +104,13 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Nucleus sampling (Holtzman et al. 2019): keep the smallest set of most likely tokens
     whose probabilities add up to at least p. The most likely token is always kept."""
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
-    sorted_probs = sorted_logits.softmax(dim=-1)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability of the tokens ranked above
-    drop_sorted = mass_before >= p  # the set above already reached p
-    drop_sorted[..., 0] = False
+    # Summed from the least likely up, as HF does: the ~1e5 tiny tail terms of a large vocabulary
+    # add up first, where float32 is fine-grained. Summing from the top, 1 - (mass above) near 1.0
+    # loses their rounding error and keeps hundreds of tokens too few (V = 262k, p = 0.999).
+    sorted_logits, order = torch.sort(logits, dim=-1)  # (B, V), ascending
+    mass_up_to = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # (B, V): this token and every less likely one
+    drop_sorted = mass_up_to <= 1 - p  # the tokens ranked above it already reach p
+    drop_sorted[..., -1] = False  # the most likely token
     drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
     return logits.masked_fill(drop, float("-inf"))
 

@@ -36,11 +36,16 @@ class TextAssembler:
         self.skip_ids = set(skip_ids)  # e.g. EOS: ends generation, is not text
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._previous: Optional[int] = None  # the last id decoded (prompt or output)
+        # The bytes of a character the prompt began but did not finish (b"" when it ended whole).
+        self._dangling = b""
         if len(prompt_ids):
             # Complete characters of the prompt come out here and are dropped; a dangling
             # partial character stays in the decoder, to be completed by the output.
             self._decoder.decode(_decode_bytes(tokenizer, [int(i) for i in prompt_ids]))
+            self._dangling = self._decoder.getstate()[0]
             self._previous = int(prompt_ids[-1])
+        # how decode(prompt) shows those bytes: one U+FFFD or more, the end of the prompt's text
+        self._dangling_shown = self._dangling.decode("utf-8", errors="replace")
         self._text = ""  # everything decoded so far
         self._emitted = 0  # how much of _text has been handed out
         self.stopped = False  # a stop string was found
@@ -54,15 +59,32 @@ class TextAssembler:
         """Decode one more token; return the new text that is safe to emit (maybe "")."""
         if self.stopped or token_id in self.skip_ids:
             return ""
-        self._text += self._decoder.decode(continuation_bytes(self.tokenizer, self._previous, token_id))
+        data = continuation_bytes(self.tokenizer, self._previous, token_id)
+        self._text += self._without_prompts_replacement(data, self._decoder.decode(data))
         self._previous = token_id
         return self._release(final=False)
 
     def finish(self) -> str:
         """Flush: incomplete bytes at the end become U+FFFD, held-back text is released."""
         if not self.stopped:
-            self._text += self._decoder.decode(b"", final=True)
+            self._text += self._without_prompts_replacement(b"", self._decoder.decode(b"", final=True))
         return self._release(final=True)
+
+    def _without_prompts_replacement(self, data: bytes, decoded: str) -> str:
+        """``decoded`` (what ``data`` added), less the U+FFFD(s) of the prompt's dangling bytes if
+        the output did not complete their character: ``decode(prompt)`` already ends with them,
+        so they are not text the output adds."""
+        if not self._dangling:
+            return decoded
+        started = self._dangling + data
+        if not decoded:  # the character is still incomplete: wait for more bytes
+            self._dangling = started
+            return decoded
+        self._dangling = b""
+        completed = started.startswith(decoded[0].encode("utf-8"))  # decoded[0] is made of those bytes
+        if completed or not decoded.startswith(self._dangling_shown):
+            return decoded
+        return decoded[len(self._dangling_shown):]
 
     def _release(self, final: bool) -> str:
         if self.stopped:

@@ -39,7 +39,8 @@ from lucidlm.weights.checkpoint import atomic_save_safetensors
 from lucidlm.weights.finite import FiniteCheck
 from lucidlm.weights.hf_config import (CONFIG_NAME, GPT2_NAMES, LLAMA_NAMES, SUPPORTED, config_from_hf, hf_family,
                                        read_hf_config)
-from lucidlm.weights.hf_generation_config import use_generation_eos_ids, write_generation_config
+from lucidlm.weights.hf_generation_config import (end_token_ids, hf_eos_token_id, use_generation_eos_ids,
+                                                   write_generation_config)
 from lucidlm.weights.hf_names import (ARCHITECTURE_OF_FAMILY, GPT2_ACTIVATION_NAMES, export_family,
                                       hf_state_dict, to_our_names)
 from lucidlm.weights.state import load_into
@@ -81,7 +82,10 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | 
     model = model_cls.empty(config, device)  # checks the memory this config needs first
     tensors = read_safetensors(path)
     load_into(model, _to_our_names(model, family, tensors, path), path)
-    model.tokenizer = _load_tokenizer(path, config.vocab_size)
+    model.tokenizer = _load_tokenizer(path)
+    # generation stops on generation_config.json's eos ids (else config.json's), as in transformers,
+    # with or without a tokenizer.json (hf_generation_config.py)
+    use_generation_eos_ids(model, path)
     return model.to(dtype).eval()
 
 
@@ -210,15 +214,14 @@ def _check_nothing_left_over(config: ModelConfig, family: str, tensors: dict[str
     )
 
 
-def _load_tokenizer(path: Path, vocab_size: int) -> Any:
+def _load_tokenizer(path: Path) -> Any:
     if not (path / TOKENIZER_NAME).is_file():
         return None
     try:
         from lucidlm.tokenizers.pretrained import HFTokenizer
     except ImportError:  # the pretrained-tokenizer module is optional
         return None
-    # generation stops on generation_config.json's eos ids, as in transformers (hf_generation_config.py)
-    return use_generation_eos_ids(HFTokenizer.from_file(path / TOKENIZER_NAME), path, vocab_size)
+    return HFTokenizer.from_file(path / TOKENIZER_NAME)
 
 
 # ----------------------------------------------------------------------------- writing
@@ -228,7 +231,12 @@ def hf_config(model: Transformer) -> dict[str, Any]:
     cfg = model.config
     family = export_family(cfg)
     architecture = ARCHITECTURE_OF_FAMILY[family]
-    token_ids = {f"{role}_token_id": getattr(model.tokenizer, f"{role}_id", None) for role in ("bos", "eos", "pad")}
+    # eos: the ids lucidlm stops on, which may differ from the tokenizer's eos_token role (a
+    # config.json that names another end token, Llama 3's list); transformers reads them here
+    # when there is no generation_config.json, and write_generation_config repeats them there
+    token_ids = {"bos_token_id": getattr(model.tokenizer, "bos_id", None),
+                 "eos_token_id": hf_eos_token_id(end_token_ids(model)),
+                 "pad_token_id": getattr(model.tokenizer, "pad_id", None)}
     dtype_name = _DTYPE_NAMES.get(model.dtype, "float32")
     common = dict(architectures=[architecture], model_type=SUPPORTED[architecture][1], vocab_size=cfg.vocab_size,
                   tie_word_embeddings=cfg.tie_embeddings, **token_ids, torch_dtype=dtype_name, dtype=dtype_name,

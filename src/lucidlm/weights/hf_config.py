@@ -19,6 +19,7 @@ CONFIG_NAME = "config.json"
 SUPPORTED = {"LlamaForCausalLM": ("llama", "llama"), "GPT2LMHeadModel": ("gpt2", "gpt2")}
 _FAMILY_OF_MODEL_TYPE = {model_type: family for family, model_type in SUPPORTED.values()}
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+_LLAMA_ACTIVATIONS = ("silu", "swish")  # transformers' ACT2FN builds torch.nn.SiLU for both names
 _CONFIG_FIX = "correct that field in config.json, or re-download or re-export the model"
 
 
@@ -86,17 +87,19 @@ GPT2_NAMES = {"vocab_size": "vocab_size", "d_model": "n_embd", "n_layers": "n_la
 
 def _llama_fields(hf: Fields) -> tuple[dict[str, Any], dict[str, str]]:
     activation = hf.str("hidden_act", default="silu")
-    if activation != "silu":
+    if activation not in _LLAMA_ACTIVATIONS:
         raise UnsupportedArchitectureError(
-            f"{hf.source}: hidden_act={activation!r} is not supported for LLaMA; lucidlm's SwiGLU uses silu."
+            f"{hf.source}: hidden_act={activation!r} is not supported for LLaMA; lucidlm's SwiGLU uses silu "
+            f"(also spelled swish)."
         )
     n_heads = hf.int("num_attention_heads", low=1, high=MAX_HEADS)
     hidden, head_dim = hf.int("hidden_size", low=1, high=MAX_WIDTH), hf.int("head_dim", default=None, low=1, high=MAX_WIDTH)
-    if hidden % n_heads and head_dim is not None and head_dim * n_heads != hidden:
-        # (without head_dim ModelConfig refuses it; with one, heads x head_dim != hidden_size is
-        # legal in transformers, but not with a head count that does not divide hidden_size)
-        hf.fail(f"hidden_size={hidden} is not divisible by num_attention_heads={n_heads}, and "
-                f"num_attention_heads x head_dim={head_dim} is {n_heads * head_dim}, not hidden_size")
+    if hidden % n_heads:
+        # heads x head_dim != hidden_size is legal in transformers, but LlamaConfig refuses a head
+        # count that does not divide hidden_size even when head_dim is given: no checkpoint has one
+        given = f" (head_dim={head_dim} does not lift that rule)" if head_dim is not None else ""
+        hf.fail(f"hidden_size={hidden} is not divisible by num_attention_heads={n_heads}, which transformers' "
+                f"LlamaConfig requires{given}, so transformers cannot load this directory either")
     values = dict(
         name="llama", vocab_size=hf.int("vocab_size", low=1, high=MAX_VOCAB),
         d_model=hf.int("hidden_size", low=1, high=MAX_WIDTH),

@@ -6,9 +6,10 @@ reads them, every field checked (one line naming the file and the field when one
   (an int or a list: Llama-3-Instruct lists ``<|end_of_text|>`` and ``<|eot_id|>``), whatever
   the tokenizer's own ``eos_token`` is. ``eos_token_ids`` reads them from
   ``generation_config.json``, else ``config.json``; ``use_generation_eos_ids`` makes them the
-  tokenizer's ``eos_ids``, the ids generation stops on. (transformers 5 does not look at
-  config.json when a generation_config.json exists without an eos_token_id; lucidlm does,
-  rather than never stop.)
+  tokenizer's ``eos_ids`` and the model's ``eos_ids`` (for a directory without tokenizer.json);
+  ``end_token_ids`` is what generation stops on and what an export writes. (transformers 5 does
+  not look at config.json when a generation_config.json exists without an eos_token_id; lucidlm
+  does, rather than never stop, and writes the ids into both files.)
 - Sampling: ``sampling_settings`` gives transformers' decoding for the file: greedy unless it
   says ``"do_sample": true`` (its temperature, top-k, top-p, min-p then); a
   ``repetition_penalty`` applies either way. ``generation/defaults.py`` calls it.
@@ -56,10 +57,12 @@ def sampling_settings(config: Fields) -> dict[str, Any]:
     return found
 
 
-def eos_token_ids(directory: str | Path, vocab_size: int) -> Optional[list[int]]:
+def eos_token_ids(directory: str | Path, vocab_size: int, strict: bool = True) -> Optional[list[int]]:
     """The ids generation stops on: ``eos_token_id`` (an int or a list of ints, each a token id
     below ``vocab_size``) of ``generation_config.json``, else of ``config.json``; None when
-    neither names one."""
+    neither names one. ``strict=False`` drops ids outside the vocabulary instead of refusing the
+    file: the model can never produce them (transformers' GPT2Config writes 50256 whatever the
+    vocabulary size, so a small random GPT-2 carries one)."""
     directory = Path(directory)
     generation = read_generation_config(directory)
     sources = [generation] if generation is not None else []
@@ -68,48 +71,76 @@ def eos_token_ids(directory: str | Path, vocab_size: int) -> Optional[list[int]]
                                         fix=_FIX.format(name=CONFIG_NAME)))
     for fields in sources:
         if fields.has("eos_token_id"):
-            ids = _token_ids(fields, "eos_token_id", vocab_size)
+            ids = _token_ids(fields, "eos_token_id", vocab_size, strict)
             if ids:
                 return ids
     return None
 
 
-def use_generation_eos_ids(tokenizer: Any, directory: str | Path, vocab_size: int) -> Any:
-    """``tokenizer`` with ``eos_ids`` set to the directory's end tokens (``eos_token_ids``), when
-    it names any; the tokenizer's bos/eos roles are left as its own files set them."""
-    ids = eos_token_ids(directory, vocab_size)
-    if tokenizer is not None and ids:
-        tokenizer.eos_ids = ids
-    return tokenizer
+def use_generation_eos_ids(model: Any, directory: str | Path) -> None:
+    """Give ``model`` the directory's end tokens (``eos_token_ids``): its tokenizer's ``eos_ids``
+    when it names any (the tokenizer's bos/eos roles are left as its own files set them), and
+    ``model.eos_ids``, which generation falls back on when there is no tokenizer (a directory
+    without tokenizer.json still declares where the model stops, as transformers reads it)."""
+    # Out-of-vocabulary ids are a damaged file beside a tokenizer, a config default without one.
+    ids = eos_token_ids(directory, model.config.vocab_size, strict=model.tokenizer is not None) or []
+    model.eos_ids = ids
+    if model.tokenizer is not None and ids:
+        model.tokenizer.eos_ids = ids
+
+
+def end_token_ids(model: Any) -> list[int]:
+    """The ids generation stops on: the tokenizer's ``eos_ids`` (the end tokens a GGUF or Hugging
+    Face directory declares), else its ``eos_id``, else the model's own ``eos_ids`` (set when
+    loading a Hugging Face directory without tokenizer.json); ``[]`` when none is known."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None:
+        ids = getattr(tokenizer, "eos_ids", None)  # tokenizers with several end tokens may list them all
+        if ids:
+            return [int(i) for i in ids]
+        eos = getattr(tokenizer, "eos_id", None)
+        if eos is not None:
+            return [int(eos)]
+    return [int(i) for i in (getattr(model, "eos_ids", None) or [])]
+
+
+def hf_eos_token_id(ids: list[int]) -> int | list[int] | None:
+    """``eos_token_id`` as transformers writes it: one id as an int, several as a list, none as None."""
+    return None if not ids else ids[0] if len(ids) == 1 else list(ids)
 
 
 def write_generation_config(directory: str | Path, model: Any) -> None:
     """Write ``generation_config.json`` for ``model`` when it has something to say: its
     sampling defaults (``model.generation_defaults``: the embedded SmolLM2's temperature 0.2
-    and top-p 0.5), as transformers writes them (``do_sample`` true unless greedy), and its
-    end tokens when there are several. ``sampling_settings`` and ``eos_token_ids`` read them
-    back, for lucidlm's own directories and Hugging Face ones alike, so a converted or merged
-    model samples as the model it came from. An old file is removed when there is nothing."""
+    and top-p 0.5), as transformers writes them (``do_sample`` true unless greedy), or several
+    end tokens. A file that is written always names the end tokens (``end_token_ids``): once a
+    generation_config.json exists, transformers 5 takes no eos_token_id from config.json, and
+    would never stop. ``sampling_settings`` and ``eos_token_ids`` read them back, for lucidlm's
+    own directories and Hugging Face ones alike, so a converted or merged model samples and
+    stops as the model it came from. An old file is removed when there is nothing to say (a
+    single end token then lives in config.json alone, which transformers reads without the file;
+    lucidlm then keeps its own sampling fallback, as for the model it came from)."""
     from lucidlm.staging import atomic_write_text
 
     path = Path(directory) / GENERATION_CONFIG_NAME
     defaults = dict(getattr(model, "generation_defaults", None) or {})
-    eos_ids = [int(i) for i in (getattr(getattr(model, "tokenizer", None), "eos_ids", None) or [])]
+    eos_ids = end_token_ids(model)
     config: dict[str, Any] = {}
     if defaults:
         greedy = defaults.get("temperature") == 0
         config["do_sample"] = not greedy
         config.update({k: v for k, v in defaults.items() if not (greedy and k != "repetition_penalty")})
-    if len(eos_ids) > 1:
-        config["eos_token_id"] = eos_ids
+    if eos_ids and (config or len(eos_ids) > 1):
+        config["eos_token_id"] = hf_eos_token_id(eos_ids)
     if not config:
         path.unlink(missing_ok=True)
         return
     atomic_write_text(path, json.dumps(config, indent=2) + "\n")
 
 
-def _token_ids(fields: Fields, key: str, vocab_size: int) -> list[int]:
-    """The field as a list of distinct token ids (an int is a list of one), each in the vocabulary."""
+def _token_ids(fields: Fields, key: str, vocab_size: int, strict: bool = True) -> list[int]:
+    """The field as a list of distinct token ids (an int is a list of one), each in the vocabulary
+    (``strict``) or those of them that are."""
     value = fields.raw(key)
     if isinstance(value, list):
         values = fields.list(key, item=int)
@@ -120,6 +151,8 @@ def _token_ids(fields: Fields, key: str, vocab_size: int) -> list[int]:
     ids: list[int] = []
     for name, token_id in zip(names, values):
         if not 0 <= token_id < vocab_size:
+            if not strict:
+                continue
             fields.fail(f"field {name!r} is {token_id}, outside the model's vocabulary of {vocab_size} tokens "
                         f"(ids 0 to {vocab_size - 1})")
         if token_id not in ids:
@@ -127,5 +160,5 @@ def _token_ids(fields: Fields, key: str, vocab_size: int) -> list[int]:
     return ids
 
 
-__all__ = ["GENERATION_CONFIG_NAME", "eos_token_ids", "read_generation_config", "sampling_settings",
-           "use_generation_eos_ids", "write_generation_config"]
+__all__ = ["GENERATION_CONFIG_NAME", "end_token_ids", "eos_token_ids", "hf_eos_token_id", "read_generation_config",
+           "sampling_settings", "use_generation_eos_ids", "write_generation_config"]

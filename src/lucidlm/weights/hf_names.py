@@ -121,12 +121,15 @@ def _common_export_problems(cfg: ModelConfig) -> list[str]:
         problems.append("qk_norm=True (RMSNorm on each head's queries and keys), but neither family has "
                         "q_norm/k_norm weights (it needs qk_norm=False)")
     local = sum(cfg.layer_is_local(i) for i in range(cfg.n_layers))
-    if local:
+    # A window of max_seq_len keys or more covers the whole context: those layers attend globally.
+    if local and cfg.sliding_window < cfg.max_seq_len:
         problems.append(f"sliding_window={cfg.sliding_window} ({local} of {cfg.n_layers} layers attend locally), "
-                        f"but both families attend globally in every layer (it needs sliding_window=None)")
-        if cfg.positions == "rope" and cfg.rope_local_theta not in (None, cfg.rope_theta):
-            problems.append(f"rope_local_theta={cfg.rope_local_theta!r} differs from rope_theta={cfg.rope_theta!r}, "
-                            f"but LLaMA has one RoPE base for every layer")
+                        f"but both families attend globally in every layer (it needs sliding_window=None, or at "
+                        f"least max_seq_len={cfg.max_seq_len})")
+    if local and cfg.positions == "rope" and cfg.rope_local_theta not in (None, cfg.rope_theta):
+        problems.append(f"rope_local_theta={cfg.rope_local_theta!r} differs from rope_theta={cfg.rope_theta!r} (the "
+                        f"RoPE base of the {local} sliding_window={cfg.sliding_window} layers), but LLaMA has one "
+                        f"RoPE base for every layer")
     if cfg.final_logit_softcap is not None:
         problems.append(f"final_logit_softcap={cfg.final_logit_softcap!r}, but neither family caps its logits "
                         f"(it needs final_logit_softcap=None)")
@@ -146,6 +149,10 @@ def _llama_export_problems(cfg: ModelConfig) -> list[str]:
     problems = [f"{name}={getattr(cfg, name)!r}, but LLaMA needs {name}={value!r}"
                 for name, value in (("positions", "rope"), ("norm", "rms"), ("mlp", "swiglu"))
                 if getattr(cfg, name) != value]
+    if cfg.d_model % cfg.n_heads:  # transformers' LlamaConfig refuses it, even with head_dim given
+        problems.append(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}, but LlamaConfig "
+                        f"requires hidden_size divisible by num_attention_heads, even with head_dim={cfg.head_dim} "
+                        f"given (it needs an n_heads that divides d_model)")
     return problems + _common_export_problems(cfg)
 
 
