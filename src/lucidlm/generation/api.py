@@ -195,6 +195,10 @@ def stream(model: Any, prompt: Prompt, *, steady: bool = False, **kwargs: Any) -
     ``generate``. Once the pieces
     run out, ``.result`` holds the ``GenerationResult`` (ids, finish reason).
 
+    A model has one KV cache, so one generation runs on it at a time: a stream paused while
+    ``generate`` or another stream runs on the same model raises ``GenerationError`` when read
+    again (its cache holds the other prompt by then). Finish or close it first.
+
     ``steady=True`` promises that the code reading the pieces changes nothing in the model
     while they come (attaches or removes no hook, swaps no layer, replaces no weight): the
     decode steps may then keep what they look up, as ``generate``'s do (``DecodeSession``; on
