@@ -101,3 +101,31 @@ def fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+def sharpened_llama_pair(path, eos: int = 256):
+    """(transformers model, our model) with the same weights: a tiny random Llama saved to
+    ``path`` and read back by lucidlm with a byte tokenizer (EOS id ``eos``). The unembedding is
+    sharpened (so fp32 rounding cannot reorder beams) and EOS swapped with a token the model
+    likes, so that beams really finish at different lengths."""
+    import transformers
+
+    from lucidlm.weights.hf import load_hf
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=257, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=None,
+                                      eos_token_id=eos, pad_token_id=eos)
+    hf = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(30.0)
+        greedy = hf.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=6, do_sample=False, eos_token_id=None)[0]
+        liked = int(greedy[-2])
+        w = hf.lm_head.weight
+        w[[liked, eos]] = w[[eos, liked]]
+    hf.save_pretrained(path)
+    ours = load_hf(path)
+    ours.tokenizer = byte_tokenizer()  # EOS id 256, for generate()
+    return hf, ours
+

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from generation_toys import byte_tokenizer, one_torch_thread  # noqa: F401 (autouse fixture)
+from generation_toys import one_torch_thread, sharpened_llama_pair  # noqa: F401 (autouse fixture)
 
 from lucidlm.generation import generate
 from lucidlm.generation.beam_search import beam_search
@@ -17,28 +17,7 @@ MAX_NEW = 12
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    """(HF model, our model) with the same weights. The unembedding is sharpened (so fp32
-    rounding cannot reorder beams) and EOS swapped with a token the model likes, so that
-    beams really finish at different lengths."""
-    from lucidlm.weights.hf import load_hf
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=257, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                      rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=None,
-                                      eos_token_id=EOS, pad_token_id=EOS)
-    hf = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        hf.lm_head.weight.mul_(30.0)
-        greedy = hf.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=6, do_sample=False, eos_token_id=None)[0]
-        liked = int(greedy[-2])
-        w = hf.lm_head.weight
-        w[[liked, EOS]] = w[[EOS, liked]]
-    path = tmp_path_factory.mktemp("tiny_llama")
-    hf.save_pretrained(path)
-    ours = load_hf(path)
-    ours.tokenizer = byte_tokenizer()  # EOS id 256, for generate()
-    return hf, ours
+    return sharpened_llama_pair(tmp_path_factory.mktemp("tiny_llama"), EOS)
 
 
 def hf_beam(hf, prompt, **kwargs):

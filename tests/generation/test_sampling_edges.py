@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from generation_toys import ScriptedModel, byte_tokenizer, one_torch_thread  # noqa: F401 (autouse fixture)
+from generation_toys import ScriptedModel, byte_tokenizer, one_torch_thread, sharpened_llama_pair  # noqa: F401 (autouse fixture)
 from test_no_host_sync import reading_back_forbidden
 
 from lucidlm.errors import GenerationError
@@ -64,28 +64,7 @@ def test_top_p_reads_nothing_back_to_python():
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    """(transformers model, our model) with the same weights: a tiny random Llama whose
-    unembedding is sharpened and whose EOS (256) is swapped with a token it likes (as in
-    test_beam_search.py), read by lucidlm with a byte tokenizer (id b = byte b)."""
-    from lucidlm.weights.hf import load_hf
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=257, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                      rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=None,
-                                      eos_token_id=EOS, pad_token_id=EOS)
-    hf = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        hf.lm_head.weight.mul_(30.0)
-        greedy = hf.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=6, do_sample=False, eos_token_id=None)[0]
-        liked = int(greedy[-2])
-        w = hf.lm_head.weight
-        w[[liked, EOS]] = w[[EOS, liked]]
-    path = tmp_path_factory.mktemp("tiny_llama")
-    hf.save_pretrained(path)
-    ours = load_hf(path)
-    ours.tokenizer = byte_tokenizer()
-    return hf, ours
+    return sharpened_llama_pair(tmp_path_factory.mktemp("tiny_llama"), EOS)
 
 
 def test_beam_search_with_a_stop_string_cuts_token_ids_like_greedy(pair):

@@ -336,33 +336,29 @@ def test_rope_dimension_count_as_head_size_still_loads(tmp_path):
     assert load_gguf(path).config.head_dim == 32
 
 
-@pytest.mark.parametrize("key,value", [("general.sampling.top_p", 7.0), ("general.sampling.temp", -1.0),
-                                       ("general.sampling.top_k", -3)])
-def test_bad_sampling_metadata_is_refused_at_load(tmp_path, key, value):
+def byte_tokenizer_with_sampling(sampling: dict):
+    """A GGUF byte-level tokenizer writer (vocabulary 257) that also writes ``general.sampling.*`` keys."""
     def tokenizer(writer):
-        (writer.add_int32 if isinstance(value, int) else writer.add_float32)(key, value)
+        for key, value in sampling.items():
+            (writer.add_int32 if isinstance(value, int) else writer.add_float32)(key, value)
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre("gpt-2")
         writer.add_token_list(["<|endoftext|>", *BYTE_TOKENS])
         writer.add_token_merges([])
         writer.add_eos_token_id(0)
         return 257
+    return tokenizer
 
-    path = tiny_llama(tmp_path / "sampling.gguf", tokenizer=tokenizer)
+
+@pytest.mark.parametrize("key,value", [("general.sampling.top_p", 7.0), ("general.sampling.temp", -1.0),
+                                       ("general.sampling.top_k", -3)])
+def test_bad_sampling_metadata_is_refused_at_load(tmp_path, key, value):
+    path = tiny_llama(tmp_path / "sampling.gguf", tokenizer=byte_tokenizer_with_sampling({key: value}))
     with pytest.raises(GGUFError, match=rf"sampling\.gguf: field '{key}' is"):
         lucidlm.load(str(path))
 
 
 def test_good_sampling_metadata_is_kept(tmp_path):
-    def tokenizer(writer):
-        writer.add_float32("general.sampling.top_p", 0.5)
-        writer.add_int32("general.sampling.top_k", 20)
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre("gpt-2")
-        writer.add_token_list(["<|endoftext|>", *BYTE_TOKENS])
-        writer.add_token_merges([])
-        writer.add_eos_token_id(0)
-        return 257
-
-    path = tiny_llama(tmp_path / "sampling-ok.gguf", tokenizer=tokenizer)
+    sampling = {"general.sampling.top_p": 0.5, "general.sampling.top_k": 20}
+    path = tiny_llama(tmp_path / "sampling-ok.gguf", tokenizer=byte_tokenizer_with_sampling(sampling))
     assert lucidlm.load(str(path)).generation_defaults == {"top_p": 0.5, "top_k": 20}
