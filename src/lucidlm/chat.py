@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
-from lucidlm.errors import GenerationError
+from lucidlm.errors import GenerationError, SequenceTooLongError
 from lucidlm.generation import stream
 from lucidlm.suggest import keywords_checked
 from lucidlm.generation.chat_template import (CHATML_TEMPLATE, Message, chat_template_of, encode_chat, render_chat,
@@ -68,9 +68,18 @@ class Conversation:
     def fit_context(self, model: Any, reserve: int) -> int:
         """Drop the oldest turns (never the system prompt, never the last user message) until
         the conversation plus ``reserve`` tokens for the answer fits ``model``'s context.
-        Returns how many messages were dropped; a last message too long on its own is left
-        for generation to refuse with both numbers."""
+        Returns how many messages were dropped. A last message longer than the context on its
+        own (with the system prompt) is refused with both numbers before anything is dropped:
+        no history could make room for it."""
         limit = model.config.max_seq_len
+        if self.history:
+            system = self.messages[:1] if self.system else []
+            alone = len(encode_chat(model.tokenizer, system + self.history[-1:]))
+            if alone > limit:
+                with_system = " with the system prompt" if system else ""
+                raise SequenceTooLongError(
+                    f"this message is {alone} tokens in the chat template{with_system}, more than the model's "
+                    f"context of {limit} tokens, so it cannot be answered; shorten it (the conversation is kept).")
         dropped = 0
         while len(self.history) > 1 and len(encode_chat(model.tokenizer, self.messages)) + reserve > limit:
             first_answer = next((i for i, m in enumerate(self.history[:-1]) if m["role"] == "assistant"), 0)

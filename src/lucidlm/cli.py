@@ -17,9 +17,10 @@ import importlib
 import os
 import re
 import sys
-from typing import Iterable, NoReturn, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, NoReturn, Optional, Sequence, TextIO
 
-from lucidlm.errors import LucidLMError
+from lucidlm.errors import LucidLMError, OutputError
 from lucidlm.suggest import did_you_mean
 from lucidlm.validation import printable
 
@@ -97,7 +98,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        return int(args.handler(args) or 0)
+        with _stdout_errors_named():
+            code = int(args.handler(args) or 0)
+            sys.stdout.flush()  # what is still buffered fails here, not in the interpreter's teardown
+        return code
     except LucidLMError as exc:
         print(f"lucidlm {args.command}: error: {exc}", file=sys.stderr)
         return 1
@@ -112,6 +116,47 @@ def _run(args: argparse.Namespace) -> int:
         print(f"lucidlm {args.command}: {INTERNAL_ERROR} ({type(exc).__name__}: {exc}). This is a bug in "
               f"lucidlm: run again with LUCIDLM_DEBUG=1 for the traceback and report it.", file=sys.stderr)
         return 70  # EX_SOFTWARE
+
+
+class _NamedStdout:
+    """``sys.stdout`` whose failed writes (a full disk, an I/O error; not a closed pipe, which
+    ends the command quietly) raise one ``OutputError`` naming stdout, not an OSError that
+    would read as a bug in lucidlm."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        with self._named():
+            return self._stream.write(text)
+
+    def flush(self) -> None:
+        with self._named():
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # isatty, encoding, buffer, fileno, ...: the stream's own
+        return getattr(self._stream, name)
+
+    @contextmanager
+    def _named(self) -> Iterator[None]:
+        try:
+            yield
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(f"cannot write to stdout: {exc.strerror or exc}; free space, or send the output "
+                              f"elsewhere.") from None
+
+
+@contextmanager
+def _stdout_errors_named() -> Iterator[None]:
+    real = sys.stdout
+    named = sys.stdout = _NamedStdout(real)
+    try:
+        yield
+    finally:
+        if sys.stdout is named:  # unless the command put its own in place meanwhile
+            sys.stdout = real
 
 
 def _leave_now(code: int) -> NoReturn:

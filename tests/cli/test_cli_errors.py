@@ -33,7 +33,7 @@ def test_typos_get_did_you_mean(args, fragments):
     (["--model", "gpt2"], ["'gpt2' is an architecture preset, not a pretrained model", "--random-init"]),
     (["--device", "gpu"], ["device 'gpu'", "did you mean 'cuda'?"]),
     (["--dtype", "bfloat61"], ["dtype 'bfloat61'", "did you mean 'bfloat16'?"]),
-    (["--float-embeddings"], ["quantize_embeddings=False only applies with quantize="]),
+    (["--float-embeddings"], ["--float-embeddings"]),
     (["--length-penalty", "2"], ["--length-penalty 2 scores beam search's hypotheses", "--num-beams N"]),
 ])
 def test_bad_model_device_and_dtype_are_one_line(args, fragments, capsys):

@@ -25,7 +25,8 @@ HELP_TEXT = "type /help for the commands; /exit or Ctrl-D leaves"
 COMMANDS_HELP = """\
   /help                 this list
   /set NAME VALUE       a generation setting: temperature, top_k, top_p, min_p, repetition_penalty,
-                        max_new_tokens, seed (/set temperature 0.3; /set top_p default to unset)
+                        max_new_tokens, seed (/set temperature 0.3; /set top_p default to unset;
+                        /set max_new_tokens default: back to the session's --max-new-tokens)
   /set verbose|quiet    show or hide tokens and tok/s after every answer
   /show                 the settings and the system prompt
   /stats                tokens and speed of the last answer
@@ -84,6 +85,7 @@ class ChatSession:
 
         self.model = model
         self.settings = dict(gen_kwargs)
+        self.startup = dict(gen_kwargs)  # what `/set NAME default` puts back where None means nothing
         self.convo = Conversation(system=system)
         self.out = out
         self.verbose = verbose
@@ -144,14 +146,18 @@ class ChatSession:
             self.say(f"unknown setting {words[0]!r}{did_you_mean(name, SETTINGS)}; "
                      f"settings: {', '.join(SETTINGS)}")
             return
+        default = words[1].lower() in ("default", "none")
         try:
-            value = None if words[1].lower() in ("default", "none") else SETTINGS[name](words[1])
+            # max_new_tokens has no "unset" (None): its default is the session's --max-new-tokens
+            value = (self.startup.get(name) if name == "max_new_tokens" else None) if default else \
+                SETTINGS[name](words[1])
             check_options(**{**self.settings, name: value})
         except ValueError as exc:  # GenerationError is a ValueError too
             self.say(f"cannot set {name} to {words[1]!r}: {exc}")
             return
         self.settings[name] = value
-        self.say(f"({name} = {'the model default' if value is None else value})")
+        shown = "the model default" if value is None else f"{value}, the session's default" if default else value
+        self.say(f"({name} = {shown})")
 
     def effective_settings(self) -> str:
         from lucidlm.generation.defaults import apply_sampling_defaults
@@ -204,7 +210,12 @@ class ChatSession:
         convo.add_user(text)
         limit = self.model.config.max_seq_len
         reserve = min(int(self.settings.get("max_new_tokens") or 64), limit // 4)
-        dropped = convo.fit_context(self.model, reserve)
+        try:
+            dropped = convo.fit_context(self.model, reserve)
+        except LucidLMError as exc:  # a message longer than the context on its own: refused, nothing dropped
+            convo.history.pop()
+            self.say(f"error: {exc}")
+            return
         if dropped:
             self.say(f"(the conversation outgrew the context of {limit} tokens: dropped the {dropped} oldest "
                      f"messages{'; the system prompt stays' if convo.system else ''})")

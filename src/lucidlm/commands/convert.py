@@ -44,13 +44,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quantize", choices=("int8", "int4", "gguf"), default=None,
                         help="--to lucidlm only: store the weights quantized (int8 per channel, int4 in groups "
                              "of --group-size, or a GGUF file's own quantization); loads back quantized")
-    parser.add_argument("--group-size", type=int, default=None, help="quantization group size (int4: 32, 64, 128)")
+    parser.add_argument("--group-size", type=int, default=None,
+                        help="with --quantize int4 or int8: the group size (int4: 32, 64, 128 or 256, default 32; "
+                             "int8: one that divides the layers' widths, default per output channel)")
     parser.add_argument("--force", action="store_true",
-                        help="write into OUT_DIR even if it already holds files (they may be overwritten)")
+                        help="write into OUT_DIR even if it already holds files: a model saved there before "
+                             "(either format) is replaced, other files are kept")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from lucidlm.commands.generate import check_quantize_flags
+    from lucidlm.commands.model_dir import replacing_model
     from lucidlm.loading import load
 
     out_dir = check_output_dir(args.out_dir, "OUT_DIR")
@@ -64,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
     if args.quantize and args.to_format != "lucidlm":
         raise LucidLMError(f"--quantize {args.quantize} writes lucidlm's own format only: Hugging Face directories "
                            f"hold float weights. Use --to lucidlm, or drop --quantize.")
+    check_quantize_flags(args)
     model = load(args.source, dtype=DTYPES[args.dtype], quantize=args.quantize, group_size=args.group_size)
-    with writing(out_dir, "OUT_DIR"):
+    with writing(out_dir, "OUT_DIR"), replacing_model(out_dir) as written:
         if args.to_format == "hf":
             from lucidlm.weights.hf import export_family, save_hf, SUPPORTED
             family = export_family(model.config)
@@ -76,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             save_model(model, out_dir)
             target = "lucidlm"
     cfg = model.config
-    files = ", ".join(sorted(p.name for p in out_dir.iterdir() if p.is_file()))
+    files = ", ".join(written)
     print(f"converted {args.source} ({cfg.name}: {cfg.n_layers} layers, d_model {cfg.d_model}, "
           f"{model.num_parameters() / 1e6:.2f}M parameters, {args.quantize or args.dtype}) -> {out_dir} as {target} "
           f"[{files}] in {time.perf_counter() - start:.1f}s")

@@ -8,8 +8,8 @@ import argparse
 import time
 from pathlib import Path
 
-from lucidlm.commands.config_flags import add_config_flags, config_from_args
-from lucidlm.training.config import FinetuneConfig
+from lucidlm.commands.config_flags import add_config_flags, config_from_args, typed_fields
+from lucidlm.training.config import FinetuneConfig, check_options_apply
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from lucidlm.training.finetune import finetune
 
     config = config_from_args(FinetuneConfig, args)
+    check_options_apply(config, typed_fields(FinetuneConfig, args))  # a typed flag the run would ignore: refused
     start = time.perf_counter()
     result = finetune(config)
     if not is_main_process():  # under torchrun, one summary (rank 0's), not one per process

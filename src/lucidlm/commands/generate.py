@@ -9,7 +9,7 @@ import time
 from typing import Any, Iterable, Optional
 
 from lucidlm.commands import arg_types
-from lucidlm.errors import GenerationError, InputError
+from lucidlm.errors import GenerationError, InputError, QuantizationError
 
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZE_CHOICES = ("int8", "int4", "gguf")
@@ -65,8 +65,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
                         help="keep weights as integer codes: int8 (per channel), int4 (groups of "
                              "--group-size, 32 by default), or gguf (a GGUF file's own quantization)")
-    parser.add_argument("--group-size", type=int, default=None, help="quantization group size (int4: 32, 64, 128 or 256, default 32; int8: one that divides "
-                             "the layers' widths, default per output channel)")
+    parser.add_argument("--group-size", type=int, default=None,
+                        help="with --quantize int4 or int8: the group size (int4: 32, 64, 128 or 256, default 32; "
+                             "int8: one that divides the layers' widths, default per output channel)")
     parser.add_argument("--float-embeddings", action="store_true",
                         help="with --quantize: keep the token embedding and unembedding float (the embedded "
                              "model's default keeps its file's Q8_0 table instead)")
@@ -119,6 +120,7 @@ def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, A
         if options is not None:
             from lucidlm.generation import check_options
             check_options(**options)
+        check_quantize_flags(args)
         import lucidlm
         import lucidlm.loading  # noqa: F401 - torch and the model code, before the freeze
         from lucidlm.collector import kept_until_exit
@@ -135,6 +137,32 @@ def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, A
         model.eval()
     args.load_seconds = status.seconds
     return model
+
+
+def check_quantize_flags(args: argparse.Namespace) -> None:
+    """--group-size and --float-embeddings refused by their flag names when they cannot apply,
+    before the model loads (``lucidlm.load``'s own messages name its Python keywords)."""
+    quantize, group_size = getattr(args, "quantize", None), getattr(args, "group_size", None)
+    if group_size is not None:
+        if quantize not in ("int8", "int4"):
+            given = (f"not --quantize {quantize}, which keeps the file's own groups" if quantize else
+                     "which is not given")
+            raise QuantizationError(f"--group-size {group_size} only applies with --quantize int4 or int8 ({given}); "
+                                    f"add --quantize int4 (or int8), or drop --group-size.")
+        from lucidlm.quantization import SCHEMES
+        from lucidlm.quantization.base import check_group_size_value
+
+        check_group_size_value(group_size, "--group-size")
+
+        allowed = SCHEMES[quantize].group_sizes
+        if allowed and group_size not in allowed:
+            raise QuantizationError(f"--group-size {group_size}: --quantize {quantize} takes groups of "
+                                    f"{', '.join(map(str, allowed))} (the sizes its CPU kernels run); use one of "
+                                    f"those.")
+    if getattr(args, "float_embeddings", False) and quantize is None:
+        raise QuantizationError("--float-embeddings keeps the embeddings float beside --quantize's quantized layers; "
+                                "without --quantize every weight is float already: add --quantize (gguf, int8 or "
+                                "int4), or drop --float-embeddings.")
 
 
 def read_prompt(prompt: str) -> str:

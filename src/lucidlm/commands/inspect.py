@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from lucidlm.inspect.report import write_report
-    from lucidlm.loading import load
+    from lucidlm.loading import DEFAULT_MODEL, load
 
     if not args.text:
         raise InputError("TEXT is empty; give the text to inspect, e.g. lucidlm inspect \"Hello world\".")
@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     model = load(args.model, adapter=args.adapter, device=args.device, dtype=torch.float32)  # the exact float model
     start = time.perf_counter()
     with writing(args.out, "--out"):
-        out = write_report(model, args.text, args.out, top_k=args.top_k, title=f"lucidlm inspect: {args.model}")
+        out = write_report(model, args.text, args.out, top_k=args.top_k,
+                           title=f"lucidlm inspect: {args.model or DEFAULT_MODEL}")  # the model loaded, not None
     print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB) in {time.perf_counter() - start:.1f} s")
     if args.plots:
         with writing(args.plots, "--plots"):

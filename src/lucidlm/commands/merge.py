@@ -42,11 +42,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "hf = a Hugging Face directory that transformers loads")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                         help="dtype of the written weights; the merge itself is always float32 (default: float32)")
-    parser.add_argument("--force", action="store_true", help="write into --out even if it is not empty")
+    parser.add_argument("--force", action="store_true",
+                        help="write into --out even if it is not empty: a model saved there before (either format) "
+                             "is replaced, other files are kept")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from lucidlm.commands.model_dir import replacing_model
     from lucidlm.loading import load
     from lucidlm.peft import lora_layers, merge_and_unload
     from lucidlm.peft.files import read_meta
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     check_finite(dict(model.named_parameters()), f"merging {args.adapter} into {args.model or 'smollm2-135m'}",
                  AdapterError, f"Nothing was written to {out_dir}. The adapter's update overflows {args.dtype}: "
                                f"check the adapter (a diverged training run?) or merge to float32.")
-    with writing(out_dir, "--out"):
+    with writing(out_dir, "--out"), replacing_model(out_dir):
         if args.to_format == "hf":
             from lucidlm.weights.hf import save_hf
             save_hf(model, out_dir)

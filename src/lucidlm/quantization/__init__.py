@@ -2,7 +2,7 @@
 
     lucidlm.quantize(model, "int8")                 # per output channel
     lucidlm.quantize(model, "int8", group_size=32)  # per group (GGUF Q8_0's layout)
-    lucidlm.quantize(model, "int4")                 # groups of 32 (64, 128: group_size=...)
+    lucidlm.quantize(model, "int4")                 # groups of 32 (64, 128, 256: group_size=...)
     lucidlm.load("smollm2-135m", quantize="int4")
 
 One file per scheme (``int8.py``, ``int4.py``): a ``QuantizedLinear`` subclass that defines

@@ -25,6 +25,7 @@ from torch import nn
 from lucidlm.devices import as_dtype
 from lucidlm.errors import QuantizationError
 from lucidlm.quantization import blocks_kernel
+from lucidlm.validation import check_int
 
 # Matmuls with quantized weights run in this dtype on CPU: torch's int8/int4 weight kernels
 # are fast only with bfloat16 activations (their float32 paths are 10-50x slower here).
@@ -32,12 +33,24 @@ DEFAULT_COMPUTE_DTYPE = torch.bfloat16
 BLOCKS_KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the activations lucidlm's kernel reads and writes
 
 
+def check_group_size_value(group_size: Any, name: str = "group_size") -> Optional[int]:
+    """A group size as given: None (the scheme's default) or a whole number >= 1. A bool (True
+    would be groups of 1) or a float (even 32.0) is refused, as every other count is; ``name``
+    is what the message calls it (``--group-size`` on the command line)."""
+    if group_size is None:
+        return None
+    return check_int(group_size, name, QuantizationError, low=1,
+                     fix="pass one such as 32, or leave it out for the scheme's default")
+
+
 def check_group_size(name: str, in_features: int, group_size: Optional[int], scheme: type["QuantizedLinear"]) -> None:
-    """Refuse a group size that does not tile ``in_features``, or that the scheme's kernels cannot run."""
+    """Refuse a group size that is not a positive whole number, that does not tile
+    ``in_features``, or that the scheme's kernels cannot run."""
     if group_size is None:
         return
+    check_group_size_value(group_size, f"{name}: group_size")
     allowed = scheme.group_sizes
-    if not isinstance(group_size, int) or group_size <= 0 or in_features % group_size:
+    if in_features % group_size:
         divisors = [g for g in allowed or (16, 32, 64, 128, 256) if in_features % g == 0]
         raise QuantizationError(
             f"{name}: group_size={group_size!r} does not divide the input width {in_features}, so {scheme.scheme} "

@@ -1,4 +1,4 @@
-"""int4 weight-only quantization: asymmetric groups of 32 (default), 64 or 128 input columns.
+"""int4 weight-only quantization: asymmetric groups of 32 (default), 64, 128 or 256 input columns.
 
 Scheme, for row n and input column k in group j = k // group_size:
 

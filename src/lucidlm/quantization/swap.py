@@ -23,7 +23,7 @@ from torch import nn
 
 from lucidlm.errors import QuantizationError
 from lucidlm.quantization.base import (DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding, QuantizedLinear,
-                                       check_finite_weight, check_group_size, first_quantized)
+                                       check_finite_weight, check_group_size, check_group_size_value, first_quantized)
 from lucidlm.quantization.int4 import Int4Linear
 from lucidlm.quantization.int8 import Int8Linear
 from lucidlm.suggest import keywords_checked
@@ -71,6 +71,7 @@ def quantize(model: nn.Module, scheme: str, group_size: Optional[int] = None, *,
         raise QuantizationError(f"quantize() takes a model (torch.nn.Module), got {type(model).__name__}; "
                                 f"e.g. quantize(lucidlm.load(...), 'int8').")
     cls = scheme_class(scheme)
+    group_size = check_group_size_value(group_size)  # once, by its own name, before each layer's width
     done = first_quantized(model)
     if done is not None:  # its layers would be skipped (they are no nn.Linear): say so, not keep the old scheme
         held = f"{done.scheme}" + (f", groups of {done.group_size}" if done.group_size else ", per channel")

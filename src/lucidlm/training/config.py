@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional, Union
 
 from lucidlm.config import PRESETS
@@ -26,7 +27,8 @@ STRATEGIES = ("auto", "ddp", "fsdp")
 
 
 def opt(default: Any, help: str, **extra: Any) -> Any:
-    """A dataclass field with its CLI help (``flag=`` renames the flag, ``choices=`` limits it)."""
+    """A dataclass field with its CLI help (``flag=`` renames the flag, ``choices=`` limits it,
+    ``applies=`` names the one fine-tuning method or data kind it is for: ``check_options_apply``)."""
     return field(default=default, metadata={"help": help, **extra})
 
 
@@ -62,7 +64,7 @@ class LoopConfig:
     sample_top_p: Optional[float] = opt(None, "nucleus (top-p) cut-off of those samples",
                                         low=0.0, low_open=True, high=1.0)
     sample_seed: Optional[int] = opt(None, "seed of those samples (default: --seed)", seed=True)
-    progress: bool = opt(True, "progress bar (only when stderr is a terminal)")
+    progress: bool = opt(True, "no progress bar on stderr (drawn by default when stderr is a terminal)")
     seed: int = opt(1337, "random seed (weights, batches, dropout)", seed=True)
     device: str = opt("auto", "auto (CUDA if available, else CPU), cpu, cuda, cuda:N")
     dtype: str = opt("auto", "auto: bf16 autocast on CUDA, fp32 on CPU; bfloat16: autocast on CPU "
@@ -71,7 +73,8 @@ class LoopConfig:
                                "steps)")
     compile_mode: str = opt("default", "torch.compile mode; reduce-overhead replays CUDA graphs (GPU)",
                             choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
-    fused_adamw: bool = opt(True, "use the fused AdamW kernel (CPU and CUDA)")
+    fused_adamw: bool = opt(True, "torch's default AdamW instead of the fused kernel (which runs by default on CPU "
+                                   "and CUDA)")
     strategy: str = opt("auto", "under torchrun: ddp (replicas) or fsdp (sharded, FSDP2); auto = ddp",
                         choices=STRATEGIES)
     resume: bool = opt(False, "continue the run in --out from its checkpoint (same settings; --max-iters, "
@@ -228,8 +231,8 @@ def command_line(config: LoopConfig, command: str, world_size: int = 1, **change
     required = ("data", "out_dir")
     for f in sorted(dataclasses.fields(config), key=lambda f: f.name not in required):  # required first
         value, default = values[f.name], f.default
-        if value is None or (value == default and f.name not in required):
-            continue
+        if value is None or (value == default and f.name not in required) or not applies(config, f.name):
+            continue  # an option the run ignores (another method's) would be refused on the command line
         words.append(flag_of(type(config), f.name))
         if not isinstance(value, bool):
             words.append(shlex.quote(str(value)))
@@ -238,6 +241,45 @@ def command_line(config: LoopConfig, command: str, world_size: int = 1, **change
 
 FINETUNE_METHODS = ("lora", "adapter", "prefix", "full")
 DEFAULT_LEARNING_RATES = {"lora": 1e-3, "adapter": 1e-3, "prefix": 3e-3, "full": 1e-4}
+# What a fine-tuning option applies to (its metadata's ``applies``): one method, or one kind of data.
+DATA_KINDS = {"jsonl": "JSONL examples (a .jsonl --data file)",
+              "corpus": "a text corpus (a .txt --data file or folder)"}
+
+
+def data_kind(data: str) -> str:
+    """"jsonl" for a .jsonl file of examples, else "corpus" (text windows): as ``finetune`` reads --data."""
+    return "jsonl" if Path(data).suffix == ".jsonl" else "corpus"
+
+
+def applies(config: Any, name: str) -> bool:
+    """Whether option ``name`` of a config changes its run: True unless it belongs to another
+    fine-tuning method or to the other kind of data (unknown while --data is empty)."""
+    field_ = config.__dataclass_fields__.get(name)
+    target = field_.metadata.get("applies") if field_ is not None else None
+    if target is None:
+        return True
+    if target in DATA_KINDS:
+        return not config.data or data_kind(config.data) == target
+    return config.method == target
+
+
+def check_options_apply(config: Any, names: Any) -> None:
+    """Refuse each option in ``names`` that the run would ignore (``--epochs`` with a text corpus,
+    ``--rank`` with ``--method prefix``): silently dropped, it would train something else than
+    asked for. ``names``: the options given (the command line's typed flags; in Python, fields
+    changed from their default)."""
+    for name in names:
+        if applies(config, name):
+            continue
+        flag, target = flag_of(type(config), name), config.__dataclass_fields__[name].metadata["applies"]
+        if target in DATA_KINDS:
+            hint = {"epochs": " (--max-iters sets the length of a corpus run)",
+                    "block_size": " (examples are padded to --max-length)"}.get(name, "")
+            raise ConfigError(f"{name} ({flag}) applies only to {DATA_KINDS[target]}, but --data {config.data} is "
+                              f"{DATA_KINDS[data_kind(config.data)].split(' (')[0]}, so it would be ignored; drop "
+                              f"{flag}{hint}.")
+        raise ConfigError(f"{name} ({flag}) applies only to --method {target}, not --method {config.method}, so it "
+                          f"would be ignored; drop {flag} (or pass --method {target}).")
 
 
 @keywords_checked(ConfigError, unknown_fields_message)
@@ -252,30 +294,34 @@ class FinetuneConfig(LoopConfig):
                         "a UTF-8 .txt file / folder to train on random windows of")
     method: str = opt("lora", "what to train: lora, adapter (bottleneck), prefix, or full (every weight)",
                       choices=FINETUNE_METHODS)
-    rank: int = opt(8, "LoRA: rank r of each update B @ A", low=1, high=MAX_WIDTH)
-    alpha: float = opt(16.0, "LoRA: updates are scaled by alpha/r")
+    rank: int = opt(8, "LoRA: rank r of each update B @ A", low=1, high=MAX_WIDTH, applies="lora")
+    alpha: float = opt(16.0, "LoRA: updates are scaled by alpha/r", applies="lora")
     lora_dropout: float = opt(0.05, "LoRA: dropout on the LoRA branch's input", flag="--dropout",
-                              low=0.0, high=1.0, high_open=True)
+                              low=0.0, high=1.0, high_open=True, applies="lora")
     targets: str = opt("default", "LoRA: comma-separated linear layers (q,k,v,o,gate,up,down, all-linear), "
                                   "a regular expression over module names, or default (PEFT's for the "
-                                  "architecture: q_proj,v_proj; GPT-2's c_attn)")
-    init: str = opt("kaiming", "LoRA: initialisation of A (B starts at zero)", choices=("kaiming", "gaussian"))
-    adapter_name: str = opt("default", "LoRA: name of the adapter")
-    bottleneck: int = opt(32, "adapter: width of each bottleneck adapter", low=1, high=MAX_WIDTH)
-    prefix_length: int = opt(16, "prefix: trained key/value positions per layer", low=1, high=MAX_CONTEXT)
+                                  "architecture: q_proj,v_proj; GPT-2's c_attn)", applies="lora")
+    init: str = opt("kaiming", "LoRA: initialisation of A (B starts at zero)", choices=("kaiming", "gaussian"),
+                    applies="lora")
+    adapter_name: str = opt("default", "LoRA: name of the adapter", applies="lora")
+    bottleneck: int = opt(32, "adapter: width of each bottleneck adapter", low=1, high=MAX_WIDTH, applies="adapter")
+    prefix_length: int = opt(16, "prefix: trained key/value positions per layer", low=1, high=MAX_CONTEXT,
+                             applies="prefix")
     prefix_hidden: Optional[int] = opt(None, "prefix: width of the reparameterisation MLP (default: d_model)",
-                                       low=1, high=MAX_WIDTH)
+                                       low=1, high=MAX_WIDTH, applies="prefix")
     example_format: str = opt("auto", "JSONL examples: text, prompt_completion, messages, or auto (from the first "
-                                      "line)", choices=("auto", "text", "prompt_completion", "messages"))
+                                      "line)", choices=("auto", "text", "prompt_completion", "messages"),
+                              applies="jsonl")
     max_length: Optional[int] = opt(None, "JSONL examples: pad or truncate each to this many tokens (default: the "
-                                          "longest, at most the model's context)", low=1, high=MAX_CONTEXT)
+                                          "longest, at most the model's context)", low=1, high=MAX_CONTEXT,
+                                    applies="jsonl")
     truncate: bool = opt(True, "JSONL examples: refuse examples longer than --max-length instead of cutting them",
-                         flag="--no-truncate")
-    mask_prompt: bool = opt(False, "JSONL examples: no loss on prompt tokens (instruction tuning)")
+                         flag="--no-truncate", applies="jsonl")
+    mask_prompt: bool = opt(False, "JSONL examples: no loss on prompt tokens (instruction tuning)", applies="jsonl")
     epochs: Optional[float] = opt(None, "JSONL examples: train this many passes over the data (overrides "
-                                        "--max-iters)", low=0.0, low_open=True)
+                                        "--max-iters)", low=0.0, low_open=True, applies="jsonl")
     block_size: int = opt(128, "text corpus: tokens per random window (at most the model's context)",
-                          low=1, high=MAX_CONTEXT)
+                          low=1, high=MAX_CONTEXT, applies="corpus")
     val_fraction: float = opt(0.1, "fraction of the examples (or of the corpus' end) held out for validation",
                               low=0.0, low_open=True, high=1.0, high_open=True)
     batch_size: int = opt(8, "sequences per micro-batch and process", low=1)
@@ -290,8 +336,20 @@ class FinetuneConfig(LoopConfig):
     eval_iters: int = opt(10, "batches per split in each evaluation", low=1)
     sample_tokens: int = opt(40, "tokens sampled at each evaluation, base model beside tuned (0 = none)", low=0)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # In Python only the data-kind options are refused when changed from their default: a
+        # settings dict shared by runs of several methods (a sweep) may carry the others.
+        check_options_apply(self, [f.name for f in dataclasses.fields(self) if f.metadata.get("applies") in DATA_KINDS
+                                   and getattr(self, f.name) != f.default])
+
     def peak_learning_rate(self) -> float:
         return self.learning_rate or DEFAULT_LEARNING_RATES[self.method]
+
+    def differences(self, saved: dict[str, Any], current: Optional[dict[str, Any]] = None) -> list[str]:
+        """As ``LoopConfig.differences``, less the options this run ignores (another method's)."""
+        current = current if current is not None else self.to_dict()
+        return super().differences(saved, {name: value for name, value in current.items() if applies(self, name)})
 
     def resolved(self, max_iters: Optional[int] = None) -> "FinetuneConfig":
         """The settings the loop runs with: method defaults and the step count filled in
