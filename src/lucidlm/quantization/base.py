@@ -63,14 +63,21 @@ def check_group_size(name: str, in_features: int, group_size: Optional[int], sch
             f"not {group_size}; use one of those.")
 
 
-def check_finite_weight(name: str, weight: torch.Tensor) -> None:
+def check_finite_weight(name: str, weight: torch.Tensor,
+                        compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> None:
     """Refuse a weight holding NaN or inf: its group's scale would carry it into every code of
-    the group (and the model's logits), where the float model had one bad value."""
+    the group (and the model's logits), where the float model had one bad value. Refuse too a
+    weight whose scales ``compute_dtype`` cannot hold (float16 stops at 65504): they would be
+    inf, and the logits NaN. Scales and int4 zeros lie within the weight's own range."""
     low, high = torch.aminmax(weight.detach().float())
     if not (torch.isfinite(low) and torch.isfinite(high)):
         bad = int((~torch.isfinite(weight.detach())).sum())
         raise QuantizationError(f"{name}: the weight holds {bad} NaN or infinite value(s), so it cannot be quantized; "
                                 f"the model is damaged (a diverged run?): load it again from a good file.")
+    largest, limit = max(-float(low), float(high)), torch.finfo(compute_dtype).max
+    if largest > limit:
+        raise QuantizationError(f"{name}: the weight reaches {largest:.3g}, beyond what {compute_dtype} scales hold "
+                                f"({limit:.6g}); use compute_dtype=torch.bfloat16 (float32's range).")
 
 
 def kernel_layout_fits(out_features: int, in_features: int, group_size: Optional[int],
@@ -114,7 +121,7 @@ class QuantizedLinear(nn.Module):
                    compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> "QuantizedLinear":
         group_size = cls.default_group_size if group_size is None else group_size
         check_group_size(name, linear.in_features, group_size, cls)
-        check_finite_weight(name, linear.weight)
+        check_finite_weight(name, linear.weight, compute_dtype)
         plain = cls.quantize_weight(linear.weight.detach().float(), group_size, compute_dtype)
         bias = linear.bias.detach() if linear.bias is not None else None
         return cls.from_plain(plain, linear.in_features, group_size, bias, compute_dtype)

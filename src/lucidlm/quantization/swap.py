@@ -78,6 +78,12 @@ def quantize(model: nn.Module, scheme: str, group_size: Optional[int] = None, *,
         raise QuantizationError(f"this model already holds quantized weights ({held}); "
                                 f"quantize() takes a float model: load it again without quantize= (or with "
                                 f"quantize={scheme!r}).")
+    adapted = [name for name, m in model.named_modules() if getattr(m, "peft_method", None)]
+    if adapted:  # its layers are no plain nn.Linear: they would stay float, and their adapter untrainable
+        raise QuantizationError(f"the model carries a fine-tuning method ({adapted[0]} is a "
+                                f"{type(dict(model.named_modules())[adapted[0]]).__name__}); quantize() takes a plain "
+                                f"model: merge a LoRA into the weights first (merge_and_unload(model)), or save the "
+                                f"adapter (save_adapter) and quantize a fresh base.")
     group_size = cls.default_group_size if group_size is None else group_size
     linears = {name: m for name, m in model.named_modules()
                if type(m) is nn.Linear and (embeddings or name != "unembed")}
@@ -85,10 +91,10 @@ def quantize(model: nn.Module, scheme: str, group_size: Optional[int] = None, *,
     tie = _tied(model) and isinstance(embed, nn.Embedding)
     for name, linear in linears.items():  # validate everything before changing anything
         check_group_size(name, linear.in_features, group_size, cls)
-        check_finite_weight(name, linear.weight)
+        check_finite_weight(name, linear.weight, compute_dtype)
     if embeddings and isinstance(embed, nn.Embedding):
         check_group_size("embed", embed.embedding_dim, group_size, cls)
-        check_finite_weight("embed", embed.weight)
+        check_finite_weight("embed", embed.weight, compute_dtype)
 
     with torch.no_grad():
         if embeddings and isinstance(embed, nn.Embedding):
