@@ -29,6 +29,7 @@ from lucidlm.config import ModelConfig, preset
 from lucidlm.errors import ConfigError
 from lucidlm.generation import generate_batch
 from lucidlm.model.transformer import Transformer
+from lucidlm.weights.checkpoint import save_model
 from lucidlm.weights.hf import save_hf
 from random_weights import randomize_
 
@@ -126,6 +127,10 @@ def test_a_directory_without_a_tokenizer_stops_on_its_declared_end_tokens(tmp_pa
     assert transformers_greedy(tmp_path / "out") == want
     again = lucidlm.load(tmp_path / "out").generate(PROMPT, max_new_tokens=NEW, temperature=0)
     assert again.token_ids == want
+    # lucidlm's own format keeps them too (the tokenizer file, which would, is absent)
+    save_model(model, tmp_path / "own")
+    kept = lucidlm.load(tmp_path / "own").generate(PROMPT, max_new_tokens=NEW, temperature=0)
+    assert (kept.token_ids, kept.finish_reason) == (want, "eos")
 
 
 # ------------------------------------------------------------------ what transformers can load

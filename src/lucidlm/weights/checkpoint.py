@@ -24,7 +24,7 @@ from lucidlm.staging import atomic_write_text, publish, staging_file
 from lucidlm.weights.finite import check_finite
 from lucidlm.weights.integrity import sha256_file, verify_sha256
 from lucidlm.weights.state import load_into, own_state_dict
-from lucidlm.weights.hf_generation_config import write_generation_config
+from lucidlm.weights.hf_generation_config import eos_token_ids, write_generation_config
 
 CONFIG_NAME = "lucidlm_config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -173,6 +173,8 @@ def load_model(directory: str | Path, dtype: torch.dtype = torch.float32,
         tensors = _install_quantized(model, directory / QUANTIZATION_NAME, tensors, device)
     load_into(model, tensors, weights_path)
     model.tokenizer = tokenizer
+    if tokenizer is None:  # the end tokens a Hugging Face folder declared, kept by save_model
+        model.eos_ids = eos_token_ids(directory, config.vocab_size, strict=False) or []
     return model.to(dtype).eval()
 
 

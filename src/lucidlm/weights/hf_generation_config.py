@@ -130,7 +130,8 @@ def write_generation_config(directory: str | Path, model: Any) -> None:
         greedy = defaults.get("temperature") == 0
         config["do_sample"] = not greedy
         config.update({k: v for k, v in defaults.items() if not (greedy and k != "repetition_penalty")})
-    if eos_ids and (config or len(eos_ids) > 1):
+    # Without a tokenizer (whose own file keeps them) this file is where a lucidlm save keeps them.
+    if eos_ids and (config or len(eos_ids) > 1 or getattr(model, "tokenizer", None) is None):
         config["eos_token_id"] = hf_eos_token_id(eos_ids)
     if not config:
         path.unlink(missing_ok=True)
