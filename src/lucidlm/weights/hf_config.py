@@ -118,22 +118,26 @@ def _llama_fields(hf: Fields) -> tuple[dict[str, Any], dict[str, str]]:
 
 def _rope_theta(hf: Fields) -> float:
     """transformers >= 5 keeps theta and scaling in ``rope_parameters``; older files have
-    ``rope_theta`` and ``rope_scaling`` at the top level. Only plain RoPE is implemented."""
+    ``rope_theta`` and ``rope_scaling`` at the top level. Only plain RoPE is implemented.
+
+    transformers' rule (``convert_rope_params_to_dict``): a non-empty ``rope_scaling`` replaces
+    ``rope_parameters`` whole, and a theta missing from the chosen dict comes from the top-level
+    ``rope_theta``, else 10000. A file carrying both is read the same way here."""
     parameters = hf.object("rope_parameters", default={})
     scaling = hf.object("rope_scaling", default={})
     scaling_type = scaling.str("rope_type", default=None) or scaling.str("type", default=None)
     if scaling_type is None and scaling.data:
         scaling.fail(f"field 'rope_scaling' is {dict(scaling.data)!r} but names no 'rope_type' (or 'type'), so "
                      f"which RoPE scaling it means is unknown")
-    rope_type = next((t for t in (parameters.str("rope_type", default=None), scaling_type) if t not in (None, "default")),
-                     "default")
+    chosen = scaling if scaling.data else parameters
+    rope_type = chosen.str("rope_type", default=None) or chosen.str("type", default=None) or "default"
     if rope_type != "default":
         raise UnsupportedArchitectureError(
             f"{hf.source}: RoPE scaling type {rope_type!r} is not implemented; lucidlm supports only plain "
             f"RoPE (rope_type 'default'). Remove the scaling only if the model was trained without it."
         )
     top_level = hf.float("rope_theta", default=10000.0, low=0.0, low_open=True)  # checked even when unused
-    return parameters.float("rope_theta", default=top_level, low=0.0, low_open=True)
+    return chosen.float("rope_theta", default=top_level, low=0.0, low_open=True)
 
 
 def _gpt2_fields(hf: Fields) -> tuple[dict[str, Any], dict[str, str]]:
