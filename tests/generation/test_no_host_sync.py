@@ -13,6 +13,7 @@ from generation_toys import byte_tokenizer, fresh_dynamo, one_torch_thread, toy_
 from torch._dynamo.testing import CompileCounter
 
 from lucidlm import LanguageModel
+from lucidlm.errors import GenerationError
 from lucidlm.generation import generate
 from lucidlm.generation.decode import DecodeSession
 from lucidlm.peft import add_prefix
@@ -161,12 +162,12 @@ def test_generate_looks_ahead_and_stream_does_not(monkeypatch):
 def test_a_session_refuses_steps_past_its_capacity_or_before_its_prompt():
     model = toy_model(seed=1, max_seq_len=128)
     with DecodeSession(model, [[72, 105, 33]], capacity=5) as session:
-        with pytest.raises(RuntimeError, match=r"before prefill\(\)"):
+        with pytest.raises(GenerationError, match=r"before prefill\(\)"):
             session.step(torch.tensor([1]))
         next_ids = session.prefill().argmax(-1)
         for _ in range(2):  # slots 3 and 4
             next_ids = session.step(next_ids).argmax(-1)
-        with pytest.raises(RuntimeError, match="holds 5 tokens .prompt 3 . 2 fed back.; open the DecodeSession with a larger capacity"):
+        with pytest.raises(GenerationError, match="holds 5 tokens .prompt 3 . 2 fed back.; open the DecodeSession with a larger capacity"):
             session.step(next_ids)
         assert session.next_slot == 5
 

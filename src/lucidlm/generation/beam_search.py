@@ -22,6 +22,7 @@ import torch
 
 from lucidlm.errors import GenerationError
 from lucidlm.generation.decode import DecodeSession
+from lucidlm.generation.request import fit_to_context
 from lucidlm.generation.sampling import apply_repetition_penalty
 from lucidlm.suggest import keywords_checked
 
@@ -35,6 +36,8 @@ def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_ne
                 early_stopping: bool | str = False, repetition_penalty: Optional[float] = None,
                 ) -> tuple[list[int], float]:
     """The best hypothesis' generated ids (EOS included if it ended with one) and its score."""
+    # As generate(): prompt + output fit the context (the prompt alone must).
+    max_new_tokens = fit_to_context(model, [prompt_ids], max_new_tokens)
     if max_new_tokens <= 0:
         return [], 0.0
     n, L = num_beams, len(prompt_ids)

@@ -52,6 +52,7 @@ class DecodeSession:
         self.batch_size = len(rows)
         self.prompt_len = max(len(r) for r in rows)
         self.capacity = capacity
+        _check_capacity(model, self.prompt_len, capacity)
         device = model.device
         padded = torch.full((self.batch_size, self.prompt_len), pad_id, dtype=torch.long)
         mask = torch.ones((self.batch_size, capacity), dtype=torch.bool)  # decoded slots are real for every row
@@ -118,11 +119,11 @@ class DecodeSession:
         # Python-side counts only: nothing is read back from the device. Past the end, a
         # compiled step would fail deep inside its kernels and an eager one on index_copy_.
         if self.next_slot == 0:
-            raise RuntimeError("DecodeSession.step() before prefill(): run the prompt first, "
+            raise GenerationError("DecodeSession.step() before prefill(): run the prompt first, "
                                "its logits give the first new token")
         self._check_owner()
         if self.next_slot >= self.capacity:
-            raise RuntimeError(f"the session's KV cache is full: it holds {self.capacity} tokens (prompt "
+            raise GenerationError(f"the session's KV cache is full: it holds {self.capacity} tokens (prompt "
                                f"{self.prompt_len} + {self.capacity - self.prompt_len} fed back); open the "
                                f"DecodeSession with a larger capacity")
         if self.next_slot > self.prompt_len:
@@ -137,6 +138,19 @@ class DecodeSession:
         """Keep cache rows ``beam_idx`` (B,), in that order (beam search)."""
         self._check_owner()
         self.model.reorder_kv_cache(beam_idx)
+
+
+def _check_capacity(model: Any, prompt_len: int, capacity: int) -> None:
+    """The cache cannot hold more than the context (``setup_kv_cache`` would shrink it, and the
+    step past its end would fail inside torch) nor less than the prompt."""
+    context = getattr(getattr(model, "config", None), "max_seq_len", None)
+    if context is not None and capacity > context:
+        raise GenerationError(f"DecodeSession capacity={capacity} is more than the model's context of {context} "
+                              f"tokens (max_seq_len); open it with at most {context} (prompt {prompt_len} + "
+                              f"{context - prompt_len} fed back).")
+    if capacity < prompt_len:
+        raise GenerationError(f"DecodeSession capacity={capacity} cannot hold the {prompt_len}-token prompt; open it "
+                              f"with at least {prompt_len} (prompt + the tokens to feed back).")
 
 
 def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, settings: Any,
