@@ -228,6 +228,10 @@ def lucidlm_logits(model, ids: list[int]) -> np.ndarray:
         return model(torch.tensor([ids])).float().numpy()
 
 
+# The toy's byte-level BPE tokenizer goes into the export too (transformers reads it back).
+HF_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+
+
 def test_convert_force_replaces_the_other_formats_files(toy_dir, tmp_path, capsys):
     out = tmp_path / "out"
     ids = [72, 101, 108, 108, 111, 33]
@@ -239,8 +243,8 @@ def test_convert_force_replaces_the_other_formats_files(toy_dir, tmp_path, capsy
     capsys.readouterr()
     assert main(["convert", str(toy_dir), str(out), "--to", "hf", "--force"]) == 0
     summary = capsys.readouterr().out
-    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "notes.txt"}
-    assert summary.split("[", 1)[1].split("]", 1)[0] == "config.json, model.safetensors"  # written now, only
+    assert {p.name for p in out.iterdir()} == HF_FILES | {"notes.txt"}
+    assert summary.split("[", 1)[1].split("]", 1)[0] == ", ".join(sorted(HF_FILES))  # written now, only
     # transformers and lucidlm both read the directory as the Hugging Face model it is
     np.testing.assert_allclose(hf_logits(out, ids), expected, atol=1e-5, rtol=0)
     np.testing.assert_allclose(lucidlm_logits(lucidlm.load(str(out), dtype=torch.float32), ids), expected,
@@ -292,7 +296,7 @@ def test_merge_to_hf_force_over_a_lucidlm_save(toy_dir, tmp_path, capsys):
     assert main(["merge", "--model", str(toy_dir), "--adapter", str(tmp_path / "adapter"), "--out", str(out),
                  "--to", "hf", "--force"]) == 0
     capsys.readouterr()
-    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors"}
+    assert {p.name for p in out.iterdir()} == HF_FILES
     np.testing.assert_allclose(hf_logits(out, ids), expected, atol=1e-5, rtol=0)
     np.testing.assert_allclose(lucidlm_logits(lucidlm.load(str(out), dtype=torch.float32), ids), expected,
                                atol=1e-5, rtol=0)

@@ -11,7 +11,7 @@ import torch
 from lucidlm.errors import LucidLMError
 from lucidlm.outputs import check_output_dir, writing
 
-FORMATS = {"hf": "Hugging Face (config.json + model.safetensors)",
+FORMATS = {"hf": "Hugging Face (config.json + model.safetensors + its tokenizer.json where it has one)",
            "lucidlm": "lucidlm (lucidlm_config.json + model.safetensors + tokenizer.json)"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -6,7 +6,9 @@ How encoding works (the same steps as GPT-2 and tiktoken):
 2. The rest is split into chunks by a regex (``GPT2_SPLIT_PATTERN``): words with their
    leading space, numbers, punctuation runs, whitespace runs. Merges never cross chunks,
    so " dog" and " dog." share the token for " dog".
-3. Each chunk starts as its UTF-8 bytes, one id per byte, so any text can be encoded.
+3. Each chunk starts as its UTF-8 bytes, one id per byte, so any text can be encoded (with
+   a pattern that matches every character, as GPT-2's does: text no match covers is dropped,
+   as tiktoken drops it).
 4. Repeatedly merge the adjacent pair with the lowest rank (the earliest-learned merge)
    until no pair in the chunk has a merge.
 
@@ -31,17 +33,13 @@ import regex
 
 from lucidlm.errors import TokenizerError
 from lucidlm.tokenizers.base import Tokenizer
-from lucidlm.tokenizers.encode_input import check_special_names
+from lucidlm.tokenizers.encode_input import check_special_names, check_text, split_chunks
 from lucidlm.tokenizers.bpe_heap_merge import merge_by_heap
+from lucidlm.tokenizers.bpe_hf_export import bpe_to_hf_json
 from lucidlm.tokenizers.bpe_trainer import Pair, count_chunks, learn_merges, merge_pair
-from lucidlm.tokenizers.gpt2_files import (  # noqa: F401  (bytes_to_unicode re-exported: this module was its home)
-    ENDOFTEXT, bytes_to_unicode, read_gpt2_files)
-
-# GPT-2's pre-tokenizer (openai/gpt-2 encoder.py). \p{L} letters, \p{N} numbers; the
-# "\s+(?!\S)" branch leaves the last space of a run to start the next word (" dog").
-GPT2_SPLIT_PATTERN = (
-    r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-)
+from lucidlm.tokenizers.gpt2_files import (  # noqa: F401  (bytes_to_unicode, GPT2_SPLIT_PATTERN re-exported: this module was their home)
+    ENDOFTEXT, GPT2_SPLIT_PATTERN, bytes_to_unicode, read_gpt2_files)
+from lucidlm.validation import check_int
 
 _ENCODE_CACHE_SIZE = 1 << 16  # chunks remembered; natural text repeats its words a lot
 _LONG_CHUNK = 200  # bytes; longer chunks take the O(n log n) merge path (same result)
@@ -112,7 +110,7 @@ class BPETokenizer(Tokenizer):
     def _encode_ordinary(self, text: str, offset: int) -> list[int]:
         ids: list[int] = []
         cache = self._cache
-        for chunk in self._split_regex.findall(text):
+        for chunk in split_chunks(self._split_regex, text):
             chunk_ids = cache.get(chunk)
             if chunk_ids is None:
                 chunk_ids = self._encode_chunk(chunk)
@@ -144,6 +142,14 @@ class BPETokenizer(Tokenizer):
 
     def _token_bytes(self, token_id: int) -> bytes:
         return self._vocab[token_id]
+
+    # ----------------------------------------------------------------- Hugging Face export
+
+    def to_hf_json(self) -> str:
+        """This tokenizer as a Hugging Face ``tokenizer.json`` (a str) that ``tokenizers``,
+        transformers and ``lucidlm.load`` encode and decode exactly as this one does; ``save_hf``
+        writes it. TokenizerError (naming why) when Hugging Face cannot mirror it."""
+        return bpe_to_hf_json(self)
 
     # ----------------------------------------------------------------- save / load
 
@@ -204,7 +210,9 @@ class BPETokenizer(Tokenizer):
         If the corpus runs out of pairs early, training stops with a warning and the
         vocabulary is smaller than asked.
         """
+        check_text(text, "BPETokenizer.train()")  # what encode refuses, no merge may learn
         special_tokens = check_special_names(special_tokens)
+        vocab_size = check_int(vocab_size, "vocab_size", TokenizerError)
         minimum = 256 + len(special_tokens) + 1
         if vocab_size < minimum:
             raise TokenizerError(
@@ -225,3 +233,4 @@ class BPETokenizer(Tokenizer):
         specials = {name: 256 + len(merges) + i for i, name in enumerate(special_tokens)}
         eos = ENDOFTEXT if ENDOFTEXT in specials else None
         return cls(merges, specials, pattern=pattern, eos_token=eos)
+

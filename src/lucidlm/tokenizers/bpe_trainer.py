@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import regex
 
-from lucidlm.tokenizers.encode_input import split_on_special
+from lucidlm.tokenizers.encode_input import split_chunks, split_on_special
 
 Pair = tuple[int, int]
 
@@ -36,13 +36,14 @@ def merge_pair(ids: list[int], pair: Pair, new_id: int) -> list[int]:
 
 def count_chunks(text: str, special_tokens: Sequence[str], pattern: str) -> tuple[list[list[int]], list[int]]:
     """(each distinct chunk as its UTF-8 byte ids, how often it occurs). Special tokens are cut
-    out first and never counted; the rest is split by ``pattern``. Counting each distinct chunk
-    once matters: "the" occurs thousands of times but is one word."""
+    out first and never counted; the rest is split into ``pattern``'s whole matches, as encode
+    splits it. Counting each distinct chunk once matters: "the" occurs thousands of times but
+    is one word."""
     split_regex = regex.compile(pattern)
     chunk_counts: Counter[str] = Counter()
     for _, piece, is_special in split_on_special(text, set(special_tokens)):
         if not is_special:
-            chunk_counts.update(split_regex.findall(piece))
+            chunk_counts.update(split_chunks(split_regex, piece))
     words = [list(chunk.encode("utf-8", errors="surrogatepass")) for chunk in chunk_counts]
     return words, list(chunk_counts.values())
 

@@ -13,9 +13,12 @@ from typing import Any
 
 from lucidlm.errors import TokenizerError
 from lucidlm.tokenizers.base import Tokenizer
-from lucidlm.tokenizers.encode_input import check_special_names
+from lucidlm.tokenizers.encode_input import check_special_names, check_text
 
 ENDOFTEXT = "<|endoftext|>"
+# eos_token not given: ENDOFTEXT when it is one of the special tokens, else none. A sentinel, so
+# that an eos_token the caller names but forgot to list (or mistyped) is refused, not dropped.
+_DEFAULT_EOS: Any = object()
 
 
 class CharTokenizer(Tokenizer):
@@ -28,7 +31,7 @@ class CharTokenizer(Tokenizer):
         chars: Sequence[str],
         special_tokens: Sequence[str] = (ENDOFTEXT,),
         *,
-        eos_token: str | None = ENDOFTEXT,
+        eos_token: str | None = _DEFAULT_EOS,
     ) -> None:
         chars = list(chars)
         bad = [c for c in chars if not isinstance(c, str) or len(c) != 1]
@@ -42,7 +45,9 @@ class CharTokenizer(Tokenizer):
         special_tokens = check_special_names(special_tokens)
         # Specials go after the characters, as in seed 002 (vocab list, then '<EOS>').
         specials = {name: len(chars) + i for i, name in enumerate(special_tokens)}
-        super().__init__(specials, eos_token=eos_token if eos_token in specials else None)
+        if eos_token is _DEFAULT_EOS:
+            eos_token = ENDOFTEXT if ENDOFTEXT in specials else None
+        super().__init__(specials, eos_token=eos_token)  # refuses an eos_token not among them
         self.chars = chars
         self._char_to_id = {c: i for i, c in enumerate(chars)}
         self._id_to_text = chars + list(special_tokens)  # id -> the text it stands for
@@ -52,6 +57,7 @@ class CharTokenizer(Tokenizer):
         cls, text: str, special_tokens: Sequence[str] = (ENDOFTEXT,)
     ) -> "CharTokenizer":
         """Alphabet = sorted set of the characters of ``text``."""
+        check_text(text, "CharTokenizer.train()")  # a lone surrogate would join the alphabet
         if not text:
             raise TokenizerError(
                 "CharTokenizer.train got an empty corpus; pass the text whose characters "

@@ -1,6 +1,7 @@
 """What ``Tokenizer.encode`` accepts and how special tokens are cut out of the text first.
 
 ``check_text`` refuses what no tokenizer can encode (a non-str, a lone surrogate).
+``split_chunks`` cuts text into the pre-tokenizer regex's chunks (BPE encoding and training).
 ``allowed_special`` decides whether a special token's name in the text is that one id or
 ordinary text (tiktoken's choice, because scraped text can hold ``<|endoftext|>``):
 ``allowed_special_set`` turns the argument into names, and ``split_on_special`` cuts those
@@ -13,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
-from typing import Union
+from typing import Any, Union
 
 from lucidlm.errors import TokenizerError
 from lucidlm.validation import first_surrogate
@@ -23,11 +24,12 @@ from lucidlm.validation import first_surrogate
 AllowedSpecial = Union[bool, set[str], frozenset[str], str]
 
 
-def check_text(text: object) -> None:
+def check_text(text: object, caller: str = "encode()") -> None:
     """Refuse what no tokenizer can encode: a non-str, or a str holding a lone surrogate (Python
-    makes those from bytes that were not UTF-8, e.g. argv or a file read with surrogateescape)."""
+    makes those from bytes that were not UTF-8, e.g. argv or a file read with surrogateescape).
+    Trainers check their corpus with it too (``caller``): what encode refuses, no merge may learn."""
     if not isinstance(text, str):
-        raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
+        raise TokenizerError(f"{caller} takes a str, got {type(text).__name__}")
     at = first_surrogate(text)
     if at is not None:
         raise TokenizerError(f"the text is not valid Unicode: a lone surrogate {text[at]!r} at character {at} "
@@ -58,12 +60,26 @@ def allowed_special_set(allowed_special: AllowedSpecial, special_tokens: dict[st
 def check_special_names(names: Iterable[str]) -> list[str]:
     """The special-token names as a list, refused if one repeats or is empty (the empty string
     would match between every two characters and cut all text apart)."""
+    if isinstance(names, str):  # one name would iterate by characters: "<eos>" -> "<", "e", ...
+        raise TokenizerError(f"special_tokens must be a list of names, e.g. [{names!r}], not one str {names!r}")
     names = list(names)
     if len(set(names)) != len(names):
         raise TokenizerError(f"special_tokens repeat a name: {names!r}")
     if any(not isinstance(name, str) or not name for name in names):
         raise TokenizerError(f"special_tokens must be non-empty strings; got {names!r}. Drop the empty name.")
     return names
+
+
+def split_chunks(split_regex: Any, text: str) -> list[str]:
+    """The chunks ``split_regex`` (a compiled pre-tokenizer pattern) cuts ``text`` into: each
+    whole match, as tiktoken and Hugging Face's ``Split`` take them. ``findall`` gives those
+    only for a pattern without capturing groups: with one (``('s|'t)|...``) it returns the
+    group's text, '' where the group did not take part, and tuples for two groups. Text no
+    match covers is dropped, as tiktoken drops it: a pattern must match every character to
+    encode any text."""
+    if split_regex.groups == 0:
+        return split_regex.findall(text)  # the same whole matches, ~1.3x faster than finditer
+    return [match[0] for match in split_regex.finditer(text)]
 
 
 def compile_special_regex(names: Iterable[str]) -> re.Pattern[str] | None:

@@ -16,6 +16,12 @@ from lucidlm.tokenizers.bpe_trainer import Pair
 
 ENDOFTEXT = "<|endoftext|>"
 
+# GPT-2's pre-tokenizer (openai/gpt-2 encoder.py). \p{L} letters, \p{N} numbers; the
+# "\s+(?!\S)" branch leaves the last space of a run to start the next word (" dog").
+GPT2_SPLIT_PATTERN = (
+    r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+)
+
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table, used by its ``encoder.json``/``vocab.bpe``.

@@ -20,6 +20,7 @@ import regex
 from lucidlm.errors import TokenizerError
 from lucidlm.tokenizers.base import Tokenizer
 from lucidlm.tokenizers.bpe_heap_merge import merge_pieces_by_heap
+from lucidlm.tokenizers.encode_input import check_special_names, split_chunks
 
 LLAMA3_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
@@ -65,6 +66,7 @@ class TiktokenTokenizer(Tokenizer):
                  *, bos_token: Optional[str] = None, eos_token: Optional[str] = None,
                  eos_tokens: tuple[str, ...] = ()) -> None:
         n = len(ranks)
+        special_tokens = check_special_names(special_tokens)
         super().__init__({name: n + i for i, name in enumerate(special_tokens)}, bos_token=bos_token,
                          eos_token=eos_token)
         self.ranks = ranks
@@ -91,7 +93,7 @@ class TiktokenTokenizer(Tokenizer):
 
     def _encode_ordinary(self, text: str, offset: int) -> list[int]:
         ids: list[int] = []
-        for chunk in self._split.findall(text):
+        for chunk in split_chunks(self._split, text):
             ids.extend(self._encode_chunk(chunk.encode("utf-8")))
         return ids
 

@@ -3,7 +3,7 @@
 A saved tokenizer is one JSON object, ``{"type": ..., "version": FORMAT_VERSION, ...}``; the
 ``"type"`` picks the class (``base.py``'s registry) and the rest is that class's
 ``_from_dict`` input. Here the file is refused, with its path, when it is missing, not JSON,
-has no type, or was written by a newer lucidlm.
+has no type (or a type or version of the wrong kind), or was written by a newer lucidlm.
 """
 
 from __future__ import annotations
@@ -32,9 +32,20 @@ def read_tokenizer_json(path: str | Path, known_types: list[str]) -> dict[str, A
             f"{path} has no \"type\" field, so it was not written by a lucidlm tokenizer's "
             f"save(); known types are {known_types}"
         )
-    if data.get("version", FORMAT_VERSION) > FORMAT_VERSION:
+    if not isinstance(data["type"], str):
         raise TokenizerError(
-            f"{path} has format version {data['version']}, newer than this lucidlm "
+            f"{path}: \"type\" is {data['type']!r}, not a tokenizer type name; known types are "
+            f"{known_types}. The file is damaged: save the tokenizer again"
+        )
+    version = data.get("version", FORMAT_VERSION)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise TokenizerError(
+            f"{path}: \"version\" is {version!r}, not a whole number (this lucidlm writes "
+            f"{FORMAT_VERSION}). The file is damaged: save the tokenizer again"
+        )
+    if version > FORMAT_VERSION:
+        raise TokenizerError(
+            f"{path} has format version {version}, newer than this lucidlm "
             f"understands ({FORMAT_VERSION}); upgrade lucidlm"
         )
     return data

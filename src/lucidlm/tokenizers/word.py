@@ -21,6 +21,8 @@ from typing import Any
 
 from lucidlm.errors import TokenizerError
 from lucidlm.tokenizers.base import Tokenizer
+from lucidlm.tokenizers.encode_input import check_text
+from lucidlm.validation import check_int
 
 PAD, UNK, ENDOFTEXT = "<pad>", "<unk>", "<|endoftext|>"
 SPECIALS = (PAD, UNK, ENDOFTEXT)  # ids 0, 1, 2
@@ -57,6 +59,10 @@ class WordTokenizer(Tokenizer):
         ``max_vocab`` caps ``vocab_size`` (the 3 special tokens included); words seen fewer
         than ``min_count`` times are left out. Left-out words encode as ``<unk>``.
         """
+        check_text(text, "WordTokenizer.train()")
+        if max_vocab is not None:
+            max_vocab = check_int(max_vocab, "max_vocab", TokenizerError)
+        min_count = check_int(min_count, "min_count", TokenizerError)
         if max_vocab is not None and max_vocab <= len(SPECIALS):
             raise TokenizerError(
                 f"max_vocab={max_vocab} leaves no room for words: the {len(SPECIALS)} "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from safetensors import SafetensorError, safe_open
 from lucidlm.config import ModelConfig
 from lucidlm.errors import (
     MissingTensorError,
+    TokenizerError,
     ShapeMismatchError,
     WeightsError,
 )
@@ -272,13 +274,19 @@ def save_hf(model: Transformer, out_dir: str | Path) -> Path:
 
 def _save_tokenizer(tokenizer: Any, out_dir: Path) -> None:
     """Hugging Face's tokenizer.json (+ tokenizer_config.json for the bos/eos roles and chat
-    template), when the model's tokenizer can produce one; our own char/word/BPE ones cannot."""
+    template), when the model's tokenizer can produce one: Hugging Face-backed ones and byte-level
+    BPE can, our char and word tokenizers cannot. A BPE tokenizer Hugging Face cannot mirror is
+    left out with a warning saying why; the weights are exported all the same."""
     if tokenizer is None:
         return
     if hasattr(tokenizer, "save_hf"):
         tokenizer.save_hf(out_dir / TOKENIZER_NAME)
     elif hasattr(tokenizer, "to_hf_json"):
-        data = tokenizer.to_hf_json()
+        try:
+            data = tokenizer.to_hf_json()
+        except TokenizerError as exc:
+            warnings.warn(f"{exc} The Hugging Face export in {out_dir} has no tokenizer.", stacklevel=3)
+            return
         atomic_write_text(out_dir / TOKENIZER_NAME, data if isinstance(data, str) else json.dumps(data))
     else:
         return
