@@ -39,9 +39,13 @@ class Conversation:
         return system + self.history
 
     def add_user(self, text: str) -> None:
-        """Add the user's next message (text)."""
+        """Add the user's next message (text). A message no tokenizer can encode (a lone
+        surrogate) is refused here, at its position in the message, and not added."""
+        from lucidlm.tokenizers.encode_input import check_text
+
         if not isinstance(text, str):
             raise GenerationError(f"a chat message is text (str), not {type(text).__name__}.")
+        check_text(text)
         self.history.append({"role": "user", "content": text})
 
     def reply(self, model: Any, **gen_kwargs: Any) -> Iterator[str]:
@@ -72,25 +76,44 @@ class Conversation:
         own (with the system prompt) is refused with both numbers before anything is dropped:
         no history could make room for it."""
         limit = model.config.max_seq_len
+        system = [{"role": "system", "content": self.system}] if self.system else []
         if self.history:
-            system = self.messages[:1] if self.system else []
             alone = len(encode_chat(model.tokenizer, system + self.history[-1:]))
             if alone > limit:
                 with_system = " with the system prompt" if system else ""
                 raise SequenceTooLongError(
                     f"this message is {alone} tokens in the chat template{with_system}, more than the model's "
                     f"context of {limit} tokens, so it cannot be answered; shorten it (the conversation is kept).")
-        dropped = 0
-        while len(self.history) > 1 and len(encode_chat(model.tokenizer, self.messages)) + reserve > limit:
-            first_answer = next((i for i, m in enumerate(self.history[:-1]) if m["role"] == "assistant"), 0)
-            cut = max(first_answer + 1, 1)  # the oldest user turn with its answer
-            cut = min(cut, len(self.history) - 1)
-            del self.history[:cut]
-            dropped += cut
-        return dropped
+
+        def fits(start: int) -> bool:
+            return len(encode_chat(model.tokenizer, system + self.history[start:])) + reserve <= limit
+
+        # Where the history may start: after 0, 1, 2, ... dropped turns. Fewer messages render
+        # fewer tokens, so the first start that fits is found by bisection: a long /load-ed chat
+        # costs log2(turns) encodings, not one per dropped turn.
+        starts = _turn_starts(self.history)
+        if len(starts) == 1 or fits(starts[0]):
+            return 0
+        lo, hi = 0, len(starts) - 1  # starts[lo] does not fit; starts[hi], the last message alone, is the floor
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fits(starts[mid]) else (mid, hi)
+        del self.history[:starts[hi]]
+        return starts[hi]
 
     def reset(self, system: Optional[str] = None, keep_system: bool = True) -> None:
         """Forget the turns; keep the system prompt unless a new one is given or keep_system=False."""
         self.history.clear()
         if system is not None or not keep_system:
             self.system = system
+
+
+def _turn_starts(history: list[Message]) -> list[int]:
+    """The indices ``history`` may be cut at, oldest first: 0, then after each oldest user turn
+    with its answer (everything up to the first answer), down to the last message alone."""
+    starts = [0]
+    while len(history) - starts[-1] > 1:
+        rest = history[starts[-1]:-1]
+        first_answer = next((i for i, m in enumerate(rest) if m["role"] == "assistant"), 0)
+        starts.append(starts[-1] + min(first_answer + 1, len(rest)))
+    return starts

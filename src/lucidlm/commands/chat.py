@@ -68,6 +68,10 @@ def run_chat(args: argparse.Namespace) -> int:
 
     check_chat_template(model.tokenizer, args.system)  # a model that cannot chat is refused before the session
     interactive = sys.stdin.isatty()
+    if callable(getattr(sys.stdin, "reconfigure", None)):
+        # A byte that is not UTF-8 arrives as a lone surrogate (as under the C.UTF-8 locale), which
+        # answer() names; with strict decoding (e.g. en_US.UTF-8) input() would raise instead.
+        sys.stdin.reconfigure(errors="surrogateescape")
     save_history = enable_line_editing() if interactive else (lambda: None)
     try:
         return chat_loop(model, kwargs, system=args.system, title=_describe(args.model, model),
@@ -108,6 +112,10 @@ class ChatSession:
             self.convo.reset()
             self.say("(conversation reset)")
         elif command == "/system":
+            problem = _not_utf8(rest)
+            if problem:
+                self.say(f"error: the system prompt {problem}")
+                return True
             self.convo.reset(system=rest or None, keep_system=False)
             self.say("(system prompt set; conversation reset)" if rest else
                      "(system prompt back to the chat template's default; conversation reset)")
@@ -207,6 +215,10 @@ class ChatSession:
 
     def answer(self, text: str) -> None:
         convo, out = self.convo, self.out
+        problem = _not_utf8(text)
+        if problem:  # before the chat template: the position is the one in what was typed
+            self.say(f"error: the message {problem}")
+            return
         convo.add_user(text)
         limit = self.model.config.max_seq_len
         reserve = min(int(self.settings.get("max_new_tokens") or 64), limit // 4)
@@ -249,6 +261,16 @@ class ChatSession:
             if self.verbose:
                 out.write(self.stats + "\n")
         out.flush()
+
+
+def _not_utf8(text: str) -> Optional[str]:
+    """What is wrong with text holding a byte that was not UTF-8 (stdin decodes it to a lone
+    surrogate), with the command line's advice, or None when it is fine."""
+    try:
+        arg_types.text(text)
+    except argparse.ArgumentTypeError as exc:
+        return str(exc)
+    return None
 
 
 def _stats(result: Any, start: float, first: Optional[float], end: float) -> str:

@@ -45,6 +45,9 @@ def render_chat(messages: list[Message], template: Optional[str] = None, *, add_
     from lucidlm.generation.template_sandbox import render_bounded
 
     check_messages(messages)
+    # A key set to None is a key left out, as in transformers (``_normalize_chat_messages``):
+    # OpenAI-style messages carry "tool_calls": None, and templates test `'tool_calls' in message`.
+    messages = [{key: value for key, value in message.items() if value is not None} for message in messages]
     compiled = _compile_or_fail(template or CHATML_TEMPLATE, source)
     # tools/documents are None like in transformers: templates test them with `if tools`.
     values = {"tools": None, "documents": None, **extra, "messages": messages,

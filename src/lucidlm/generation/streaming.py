@@ -65,7 +65,12 @@ class TextAssembler:
         return self._release(final=False)
 
     def finish(self) -> str:
-        """Flush: incomplete bytes at the end become U+FFFD, held-back text is released."""
+        """Flush: incomplete bytes at the end become U+FFFD, held-back text is released.
+
+        Stop strings are not searched here: the flush adds only the U+FFFD of a character the
+        last tokens left unfinished (generation ended first, by length or EOS), which the model
+        never wrote. So a "length" or "eos" result keeps the full decode of its ids, as
+        transformers' stop strings (matched on the tokens' own text) never see that U+FFFD."""
         if not self.stopped:
             self._text += self._without_prompts_replacement(b"", self._decoder.decode(b"", final=True))
         return self._release(final=True)
@@ -90,7 +95,8 @@ class TextAssembler:
         if self.stopped:
             return ""
         start = self._emitted
-        hits = [i for i in (self._text.find(s, start) for s in self.stop) if i >= 0]
+        # final: every stop string in the tokens' text was found by add(); see finish()
+        hits = [] if final else [i for i in (self._text.find(s, start) for s in self.stop) if i >= 0]
         if hits:
             self.stopped = True
             end = min(hits)

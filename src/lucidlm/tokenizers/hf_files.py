@@ -1,6 +1,8 @@
 """A pretrained tokenizer read from Hugging Face files: ``tokenizer.json`` (the backend, spelled
 out in full) and ``tokenizer_config.json`` beside it (the bos/eos/pad/unk roles, whether BOS
-is added, and the chat template, a string or transformers' list of named templates).
+is added). The chat template is where transformers keeps it: ``chat_template.jinja`` and
+``additional_chat_templates/*.jinja`` (written by ``save_pretrained`` since transformers 4.43),
+else the config's ``chat_template`` (a string, or a list of named templates).
 
 ``HFTokenizer.from_file`` (``pretrained.py``) calls ``tokenizer_from_file``, handing it the
 class to build (this module does not import ``pretrained.py``, which imports it).
@@ -17,9 +19,10 @@ from lucidlm.validation import Fields
 
 
 def tokenizer_from_file(cls: Any, path: str | Path, config_path: Optional[str | Path] = None) -> Any:
-    """An ``HFTokenizer`` (``cls``) reading a Hugging Face ``tokenizer.json``. Roles (bos/eos/pad),
-    add_bos and the chat template come from ``tokenizer_config.json`` beside it (or
-    ``config_path``) if present; ``HFTokenizer.from_file`` calls this."""
+    """An ``HFTokenizer`` (``cls``) reading a Hugging Face ``tokenizer.json``. Roles (bos/eos/pad)
+    and add_bos come from ``tokenizer_config.json`` beside it (or ``config_path``) if present,
+    the chat template from the template files in the config's folder or else from the config
+    (``_chat_template``); ``HFTokenizer.from_file`` calls this."""
     from tokenizers import Tokenizer as Backend
 
     path = Path(path)
@@ -49,10 +52,11 @@ def tokenizer_from_file(cls: Any, path: str | Path, config_path: Optional[str | 
     # The post-processor stays in the backend (save_hf writes it back), but lucidlm never runs
     # it: encode() calls the backend with add_special_tokens=False and puts BOS first itself.
     # An EOS the post-processor would append ("<s> $A </s>") is not added: a prompt goes on.
+    template, template_source = _chat_template(config, config_path)
     tokenizer = cls(backend, add_bos=bool(add_bos), bos_token=bos, eos_token=role("eos_token"),
                     pad_token=role("pad_token"), unk_token=role("unk_token"),
-                    chat_template=_chat_template(config, config_path), source=str(path))
-    tokenizer.chat_template_source = f"{config_path} (chat_template)"
+                    chat_template=template, source=str(path))
+    tokenizer.chat_template_source = template_source
     return tokenizer
 
 
@@ -91,7 +95,46 @@ def _read_tokenizer_config(path: Path) -> dict[str, Any]:
                                  fix="fix or replace it with the model's original tokenizer_config.json").data)
 
 
-def _chat_template(config: dict[str, Any], path: Path) -> Optional[str]:
+# The files transformers' save_pretrained writes templates to (transformers/utils/hub.py).
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
+
+
+def _chat_template(config: dict[str, Any], config_path: Path) -> tuple[Optional[str], str]:
+    """The chat template a chat uses, and where it came from (for error messages).
+
+    As in transformers' ``from_pretrained``: template files in the config's folder, if there
+    are any, replace the config's ``chat_template`` entirely; ``chat_template.jinja`` is the
+    template named "default" and ``additional_chat_templates/NAME.jinja`` the one named NAME.
+    Of several named templates the "default" one is used, as ``apply_chat_template`` does
+    without ``tools`` or a template name (lucidlm passes neither)."""
+    folder = config_path.parent
+    files = {}
+    if (folder / CHAT_TEMPLATE_FILE).is_file():
+        files["default"] = folder / CHAT_TEMPLATE_FILE
+    if (folder / CHAT_TEMPLATE_DIR).is_dir():
+        files.update((file.name.removesuffix(".jinja"), file)
+                     for file in sorted((folder / CHAT_TEMPLATE_DIR).glob("*.jinja")) if file.is_file())
+    if files:
+        if "default" not in files:
+            raise TokenizerError(f"{folder / CHAT_TEMPLATE_DIR} holds chat templates {sorted(files)} but there is no "
+                                 f"{folder / CHAT_TEMPLATE_FILE}, the template a chat uses. Copy the model's "
+                                 f"{CHAT_TEMPLATE_FILE} there, or rename one of them to {CHAT_TEMPLATE_FILE}.")
+        return _read_template(files["default"]), str(files["default"])
+    return _config_chat_template(config, config_path), f"{config_path} (chat_template)"
+
+
+def _read_template(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TokenizerError(f"{path} is not UTF-8 text (byte {exc.start}); replace it with the model's original "
+                             f"{path.name}.") from None
+    except OSError as exc:
+        raise TokenizerError(f"cannot read the chat template {path}: {exc.strerror or exc}.") from None
+
+
+def _config_chat_template(config: dict[str, Any], path: Path) -> Optional[str]:
     """The config's chat template: a string, or transformers' list of named templates (the
     "default" one is used, as ``apply_chat_template`` does)."""
     fields = Fields(config, path, TokenizerError, fix="fix or replace the tokenizer config")
