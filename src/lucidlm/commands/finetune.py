@@ -5,6 +5,7 @@ generated from ``FinetuneConfig``)."""
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         return 130 if result.interrupted else 0
     out_dir = Path(config.out_dir)
     model_flag = f" --model {config.model}" if config.model is not None else ""
-    val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
+    val = "n/a" if result.val_loss is None or math.isnan(result.val_loss) else f"{result.val_loss:.4f}"
     where = f"model in {out_dir}" if config.method == "full" else f"adapter in {out_dir}"
     use = (f"lucidlm generate --model {out_dir}" if config.method == "full" else
            f"lucidlm generate{model_flag} --adapter {out_dir}")

@@ -148,12 +148,28 @@ class WindowBatches(Prefetching):
             yield to_device(x, self.device), to_device(y, self.device)
 
 
+def fit_batch_to_examples(examples: int, batch_size: int, accumulation: int, world_size: int) -> tuple[int, int]:
+    """(batch size, accumulation) for a training split of ``examples``: the ones asked for, made
+    smaller when one optimizer step (batch size x accumulation x processes rows) would be larger
+    than the split. Else the epoch's order would wrap inside the step and count some examples
+    two or three times in its mean (3 examples, --batch-size 8: rows 1 0 2 1 0 2 1 0), where one
+    pass over the data (a torch DataLoader's batch) counts each once. The micro-batch shrinks
+    first, then the accumulation. DataError when there are fewer examples than processes."""
+    if examples < world_size:
+        raise DataError(f"the training split holds {examples} example(s), fewer than the {world_size} processes, "
+                        f"each of which needs one; add examples, lower --val-fraction, or run fewer processes.")
+    batch = min(batch_size, examples // world_size)
+    return batch, min(accumulation, examples // (batch * world_size))
+
+
 class ExampleBatches(Prefetching):
     """Whole examples (already padded to one length) in shuffled epochs.
 
     ``ids`` (N, L) and ``targets`` (N, L) with IGNORE_INDEX where no loss counts (padding,
     and the prompt when it is masked). Epoch e visits the examples in the order of a
-    permutation seeded by (seed, e); a last partial batch wraps to the epoch's start.
+    permutation seeded by (seed, e); a last partial batch wraps to the epoch's start (the
+    recipe keeps a step no larger than the split, ``fit_batch_to_examples``, so a batch never
+    holds an example twice within an epoch).
 
     Micro-batch i (counted from the run's start) is a pure function of i, and optimizer step s
     is micro-batches s * accumulation to (s + 1) * accumulation - 1, so when a micro-batch is
@@ -235,4 +251,5 @@ class ExampleBatches(Prefetching):
             yield to_device(ids[rows], self.device), to_device(targets[rows], self.device)
 
 
-__all__ = ["ExampleBatches", "IGNORE_INDEX", "PaddedBatch", "WindowBatches", "get_batch", "pad_batch"]
+__all__ = ["ExampleBatches", "IGNORE_INDEX", "PaddedBatch", "WindowBatches", "fit_batch_to_examples", "get_batch",
+           "pad_batch"]

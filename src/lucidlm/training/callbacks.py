@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -199,8 +200,11 @@ class Console(Callback):
         speed = f", {record['tokens_per_s']:,.0f} tok/s" if record.get("tokens_per_s") else ""
         left = trainer.seconds_left()
         eta = f", eta {format_seconds(left)}" if left is not None and trainer.step < trainer.config.max_iters else ""
-        self.print(f"step {record['step']}: train loss {record['train_loss']:.4f}, val loss "
-                   f"{record['val_loss']:.4f} (ppl {record['val_ppl']:.2f}){speed}{eta}")
+        if math.isnan(record["val_loss"]):  # its batches count no token with a loss (estimate_loss)
+            val = "n/a (no token with a loss in the val batches)"
+        else:
+            val = f"{record['val_loss']:.4f} (ppl {record['val_ppl']:.2f})"
+        self.print(f"step {record['step']}: train loss {record['train_loss']:.4f}, val loss {val}{speed}{eta}")
         if record.get("sample"):
             self.print(f"  sample: {record['sample'][:200]!r}")
         if record.get("base_sample"):

@@ -114,11 +114,27 @@ def read_optimizer_file(path: Path) -> dict[str, Any]:
     return read_optimizer(path)[0]
 
 
+# How AdamW runs, not where it is on its trajectory: the resumed run's own choice (--no-fused-adamw,
+# no fused kernel for FSDP on CPU), which ``load_state_dict`` would otherwise take from the saved groups.
+RUNTIME_OPTIONS = ("fused", "foreach", "capturable")
+
+
+def keep_runtime_options(loaded: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+    """Give the saved param groups of ``loaded`` the runtime options of ``optimizer`` (built for
+    this run), before loading: then ``load_state_dict`` also places each ``step`` as this run's
+    kernel wants it (a float32 tensor on the parameter's device for the fused one)."""
+    for saved, group in zip(loaded["param_groups"], optimizer.param_groups):  # counts checked to match
+        for key in RUNTIME_OPTIONS:
+            if key in group:
+                saved[key] = group[key]
+
+
 def load_optimizer(optimizer: torch.optim.Optimizer, path: Path,
                    trainer_state: Optional[dict[str, Any]] = None) -> None:
     """Load after checking the file fits ``optimizer`` and belongs to ``trainer_state``'s run."""
     loaded, metadata = read_optimizer(path)
     check_optimizer_state(loaded, metadata, optimizer, path, trainer_state)
+    keep_runtime_options(loaded, optimizer)
     try:
         optimizer.load_state_dict(loaded)
     except (ValueError, KeyError, RuntimeError) as exc:

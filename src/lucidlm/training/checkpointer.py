@@ -71,6 +71,7 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     # Every rank reads the full file, then FSDP keeps each rank's shard of it.
     loaded, metadata = ckpt.read_optimizer(path)
     check_optimizer_state(loaded, metadata, optimizer, path, trainer_state)
+    ckpt.keep_runtime_options(loaded, optimizer)  # this run's kernel (no fused one for FSDP on CPU)
     if not loaded["state"]:  # saved before the first step: nothing to load (see full_optimizer_state)
         return
     params = [p for group in optimizer.param_groups for p in group["params"]]

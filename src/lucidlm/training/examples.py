@@ -141,6 +141,43 @@ def load_examples(path: str | Path, tokenizer: Any, length: Optional[int], max_l
     return Examples(ids, targets, [len(t) for _, t, _ in encoded], [p for _, _, p in encoded], fmt)
 
 
+def check_loss_tokens(examples: Examples, train_rows: torch.Tensor, val_rows: torch.Tensor, mask_prompt: bool,
+                      length_flag: str, context: int) -> Optional[str]:
+    """Refuse a split in which no target counts (its mean loss would be over nothing: a 0.0 that
+    reads as a perfect model while nothing trains); else a warning line naming how many
+    examples keep no target, or None.
+
+    ``length_flag``: where the length came from ("--max-length" or "the model's context"), and
+    ``context`` the model's. The usual cause: with ``mask_prompt`` a prompt at least as long as
+    the length leaves its example no completion token; the message names the length needed."""
+    length = examples.ids.shape[1]
+    counted = (examples.targets != IGNORE_INDEX).sum(dim=1)  # (N,) tokens with a loss, per example
+    prompts = torch.tensor(examples.prompt_lengths)  # (N,)
+    cut = mask_prompt & (prompts >= length) & (torch.tensor(examples.lengths) > prompts)  # (N,) completion cut off
+
+    def why(rows: torch.Tensor) -> str:
+        """The cause and the fix for the examples ``rows`` that keep no target."""
+        rows = rows[cut[rows]]
+        if len(rows) == 0:
+            return " (an empty completion, or a single token); give each example text to learn"
+        longest = int(prompts[rows].max())
+        fix = (f"raise --max-length above {longest} (the model's context is {context})" if longest < context
+               else f"shorten the prompts below the model's context of {context} tokens")
+        return (f": --mask-prompt skips each prompt, and the length of {length} tokens ({length_flag}) cuts off the "
+                f"completion of {len(rows)} whose prompt has {'' if len(rows) == 1 else 'up to '}{longest} tokens; "
+                f"{fix}, or drop --mask-prompt")
+
+    for name, rows in (("training", train_rows), ("validation", val_rows)):
+        if int(counted[rows].sum()) == 0:
+            other = " (or hold out other examples: --val-fraction, --seed)" if name == "validation" else ""
+            raise DataError(f"none of the {len(rows)} {name} example(s) keeps a token with a loss, so nothing would "
+                            f"be {'trained' if name == 'training' else 'measured'}{why(rows)}{other}.")
+    empty = torch.nonzero(counted == 0).flatten()  # examples that train nothing
+    if len(empty) == 0:
+        return None
+    return f"warning: {len(empty)} of {len(counted)} example(s) keep no token with a loss{why(empty)}."
+
+
 def split_examples(examples: Examples, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(train rows, val rows): a seeded shuffle, then the last ``val_fraction`` validates."""
     n = len(examples.lengths)

@@ -14,6 +14,7 @@ the tuned one with the same settings. Runs under torchrun (DDP, or FSDP2).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -22,7 +23,7 @@ import torch
 
 from lucidlm.errors import ConfigError
 from lucidlm.outputs import writing
-from lucidlm.training.batches import ExampleBatches, WindowBatches
+from lucidlm.training.batches import ExampleBatches, WindowBatches, fit_batch_to_examples
 from lucidlm.training.callbacks import Console, MetricsLog, Sampler
 from lucidlm.training.checkpointer import TRAINABLE_NAME, Checkpointer
 from lucidlm.training.config import FinetuneConfig, command_line
@@ -124,11 +125,7 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
     device = torch.device(ctx.device)
     model = model.to(device)
     data, prompt, write_report = _data(config, model, ctx, out_dir, found is not None, corpus_hash)
-    steps = config.max_iters
-    if config.epochs is not None and isinstance(data, ExampleBatches):
-        steps = math.ceil(config.epochs * data.steps_per_epoch / config.gradient_accumulation_steps)
-    run_config = config.resolved(steps)
-    # Compared resolved: a resume that changes the step count changes the default decay length.
+    run_config = _run_config(config, data, found[1] if found is not None else None, ctx)
     saved_config = {**run_config.to_dict(), "data": resolved(config.data)}
     if found is not None:
         check_same_settings(run_config, saved_config, found[1], found[0], ctx)
@@ -148,9 +145,10 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
                                 export if payload == "trainable" else None,
                                 run_identity(fixed_settings(run_config, saved_config), corpus_hash, tokenizer_hash,
                                              base_hash))
+    sequences = run_config.batch_size * run_config.gradient_accumulation_steps * ctx.world_size  # per step
     header = (f"{base_label}: {description}\n{trainable_parameters_report(model)}\n"
-              f"{run_config.max_iters} steps of {run_config.batch_size * config.gradient_accumulation_steps * ctx.world_size}"
-              f" sequences ({ctx.world_size} process(es), {ctx.strategy}), device {device}")
+              f"{run_config.max_iters} steps of {sequences} sequences ({ctx.world_size} process(es), {ctx.strategy}), "
+              f"device {device}")
     base = (lambda: disable_adapters(model)) if payload == "trainable" else None
     sampler = Sampler(prompt, config.sample_tokens, model.tokenizer, config.sample_temperature, config.sample_top_p,
                       config.seed if config.sample_seed is None else config.sample_seed, base)
@@ -168,6 +166,33 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
     return trainer
 
 
+def _run_config(config: FinetuneConfig, data: Any, saved_state: Optional[dict[str, Any]], ctx: Any) -> FinetuneConfig:
+    """The settings the run uses and records (so that a resume compares what really ran): the
+    method's defaults and the step count filled in (``--epochs`` counted in the batches' steps),
+    and what the data made smaller (a batch larger than the examples, a window longer than the
+    model's context). On a resume a default ``--lr-decay-iters`` is the saved run's: the decay
+    follows the step count the run started with, so ``--max-iters``/``--epochs`` may change
+    (as the --resume help says) and the steps already taken keep the rates they had."""
+    steps = config.max_iters
+    if isinstance(data, ExampleBatches):
+        changes: dict[str, Any] = dict(batch_size=data.batch_size, gradient_accumulation_steps=data.accumulation)
+        if config.epochs is not None:
+            steps = math.ceil(config.epochs * data.steps_per_epoch / data.accumulation)
+    else:
+        changes = dict(block_size=data.block_size)
+    run_config = dataclasses.replace(config.resolved(steps), **changes)
+    saved = (saved_state or {}).get("train_config")
+    saved_decay = saved.get("lr_decay_iters") if isinstance(saved, dict) else None
+    if config.lr_decay_iters is None and isinstance(saved_decay, int) and not isinstance(saved_decay, bool) \
+            and saved_decay != run_config.lr_decay_iters:
+        run_config = dataclasses.replace(run_config, lr_decay_iters=saved_decay)
+        if ctx.is_main and config.decay_lr and steps > saved_decay:
+            print(f"note: the learning rate keeps the saved run's cosine decay over {saved_decay} steps (the "
+                  f"default --lr-decay-iters is the step count the run started with), so the {steps - saved_decay} "
+                  f"step(s) after it train at --min-lr {run_config.min_lr:g}.", flush=True)
+    return run_config
+
+
 def _data(config: FinetuneConfig, model: Any, ctx: Any, out_dir: Path, resume: bool,
           corpus_hash: str) -> tuple[Any, list[int], Optional[Callable[[], None]]]:
     """The batches (JSONL examples or corpus windows), the ids of the sample prompt, and what
@@ -176,7 +201,7 @@ def _data(config: FinetuneConfig, model: Any, ctx: Any, out_dir: Path, resume: b
     tokenizer, context = model.tokenizer, model.config.max_seq_len
     write_report = None
     if Path(config.data).suffix == ".jsonl":
-        from lucidlm.training.examples import load_examples, split_examples
+        from lucidlm.training.examples import check_loss_tokens, load_examples, split_examples
         from lucidlm.training.length_report import describe, length_stats, write_length_report
 
         examples = load_examples(config.data, tokenizer, config.max_length, context, config.truncate,
@@ -187,9 +212,23 @@ def _data(config: FinetuneConfig, model: Any, ctx: Any, out_dir: Path, resume: b
             if not resume:
                 write_report = lambda: write_length_report(examples.lengths, length, out_dir)  # noqa: E731
         train_rows, val_rows = split_examples(examples, config.val_fraction, config.seed)
+        warning = check_loss_tokens(examples, train_rows, val_rows, config.mask_prompt,
+                                    "--max-length" if config.max_length is not None else "the model's context",
+                                    context)
+        batch, accumulation = fit_batch_to_examples(len(train_rows), config.batch_size,
+                                                    config.gradient_accumulation_steps, ctx.world_size)
+        if ctx.is_main:
+            if warning:
+                print(warning, flush=True)
+            if (batch, accumulation) != (config.batch_size, config.gradient_accumulation_steps):
+                print(f"warning: one step of --batch-size {config.batch_size} x {ctx.world_size} process(es) x "
+                      f"--gradient-accumulation-steps {config.gradient_accumulation_steps} is more than the "
+                      f"{len(train_rows)} training examples; training with --batch-size {batch} and "
+                      f"--gradient-accumulation-steps {accumulation}, so that no step counts an example twice.",
+                      flush=True)
         batches = ExampleBatches((examples.ids[train_rows], examples.targets[train_rows]),
-                                 (examples.ids[val_rows], examples.targets[val_rows]), config.batch_size, config.seed,
-                                 ctx)
+                                 (examples.ids[val_rows], examples.targets[val_rows]), batch, config.seed, ctx,
+                                 accumulation)
         first = int(val_rows[0])
         n_prompt = min(examples.prompt_lengths[first], length)
         default = examples.ids[first, : n_prompt or min(16, length - 1)].tolist()
@@ -198,6 +237,9 @@ def _data(config: FinetuneConfig, model: Any, ctx: Any, out_dir: Path, resume: b
         from lucidlm.training.data import check_enough_data, prepare_data
 
         block = min(config.block_size, context)
+        if block < config.block_size and ctx.is_main:  # the run records the windows it trains on
+            print(f"note: --block-size {config.block_size} is longer than the model's context of {context} tokens; "
+                  f"training on windows of {block} tokens.", flush=True)
         prepare = dict(val_fraction=config.val_fraction, resume=resume, corpus_hash=corpus_hash)
         if ctx.is_main:  # tokenize once; the other ranks open the files it wrote
             prepare_data(config.data, out_dir, tokenizer, **prepare)

@@ -68,6 +68,9 @@ class Trainer:
         self.train_losses: list[float] = []
         self.metrics: list[dict[str, Any]] = []
         self._pending: list[torch.Tensor] = []  # losses of steps not yet read back
+        # Losses read back but not yet handed to ``on_log``: an evaluation or a checkpoint reads
+        # them first (``flush_losses``), and the next ``_log`` still owes them to the callbacks.
+        self._unlogged: list[float] = []
         self._stop_requested = False
         self.train_time, self.tokens_seen = 0.0, 0  # since the last evaluation (tokens/s)
         # Seconds spent in training steps this run, and how many steps: the ETA's rate. No
@@ -154,6 +157,7 @@ class Trainer:
         values = losses.tolist()
         self._pending.clear()
         self.train_losses.extend(values)
+        self._unlogged.extend(values)
         return values
 
     # ------------------------------------------------------------------ evaluation
@@ -179,7 +183,9 @@ class Trainer:
                 kill_point("eval")  # test seam: in the middle of an evaluation
                 for callback in shown:
                     callback.on_eval_batch(self)
-            out[split] = float(total / counted.clamp(min=1))
+            # NaN when these batches count no token (as F.cross_entropy's mean over nothing), not
+            # a 0.0 that reads as a perfect model.
+            out[split] = float(total / counted)
         self.model.train()
         return out
 
@@ -275,7 +281,8 @@ class Trainer:
         return result
 
     def _log(self) -> None:
-        losses = self.flush_losses()  # collective under torchrun: every rank calls it at the same steps
+        self.flush_losses()  # collective under torchrun: every rank calls it at the same steps
+        losses, self._unlogged = self._unlogged, []  # every step since the last on_log, read back here or before
         if losses and self.ctx.is_main:
             for callback in self.callbacks:
                 callback.on_log(self, losses)
