@@ -77,11 +77,14 @@ def _label(token: str) -> str:
 
 
 def _tokens_or_positions(tokens: Optional[Sequence[str]], n: int) -> list[str]:
+    """One label per key position (a KV-cached step's keys are every token so far; its queries
+    are the last of them), else the positions' numbers."""
     if tokens is None:
         return [str(i) for i in range(n)]
     tokens = list(tokens)
     if len(tokens) != n:
-        raise HookError(f"got {len(tokens)} token labels for an attention pattern over {n} positions.")
+        raise HookError(f"got {len(tokens)} token labels for an attention pattern over {n} positions; "
+                        f"give one label per key position.")
     return tokens
 
 
@@ -91,8 +94,8 @@ def plot_attention(pattern_or_cache: Union[ActivationCache, torch.Tensor], layer
     """Heatmap of one head: row = query (the token attending), column = key (attended to)."""
     matrix = attention_pattern(pattern_or_cache, layer, head)
     T, S = matrix.shape
-    query_tokens = _tokens_or_positions(tokens[-T:] if tokens is not None else None, T)
-    key_tokens = _tokens_or_positions(tokens[-S:] if tokens is not None else None, S)
+    key_tokens = _tokens_or_positions(tokens, S)
+    query_tokens = key_tokens[-T:]  # the queries are the last T keys
     size = min(4 + 0.3 * S, 16)
     fig = Figure(figsize=(size + 1.5, min(3 + 0.3 * T, 14)))
     ax = fig.subplots()
@@ -120,7 +123,7 @@ def plot_attention_heads(cache: ActivationCache, layer: int, tokens: Optional[Se
             ax.axis("off")
             continue
         matrix = attention_pattern(cache, layer, head)
-        labels = _tokens_or_positions(tokens[-matrix.shape[1]:] if tokens is not None else None, matrix.shape[1])
+        labels = _tokens_or_positions(tokens, matrix.shape[1])
         show = labels if len(labels) <= 24 else [""] * len(labels)
         image = _draw_heatmap(ax, matrix, show[-matrix.shape[0]:], show, fontsize=6)
         ax.set_title(f"head {head}", fontsize=9)
@@ -138,6 +141,9 @@ def plot_position_encodings(P: Optional[Union[torch.Tensor, np.ndarray]] = None,
     if P is None:
         check_int(max_seq_len, "max_seq_len", InputError, low=1, high=MAX_CONTEXT)
         check_int(d_model, "d_model", InputError, low=2, high=MAX_WIDTH)
+        if d_model % 2:
+            raise InputError(f"d_model={d_model} is odd; sinusoidal positions fill dimensions in (sin, cos) "
+                             f"pairs, so give an even d_model.")
     P = sinusoidal_table(max_seq_len, d_model) if P is None else P
     P = P.detach().cpu().numpy() if isinstance(P, torch.Tensor) else np.asarray(P)
     n_positions, dims = P.shape

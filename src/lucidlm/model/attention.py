@@ -18,7 +18,7 @@ from torch import nn
 
 from lucidlm.config import ModelConfig
 from lucidlm.model.fused import FusedLinear
-from lucidlm.model.hook_options import head_results, per_head_linear
+from lucidlm.model.hook_options import head_results, per_head_linear, sum_head_results
 from lucidlm.model.hooks import HookPoint
 from lucidlm.model.kv_cache import KVCache
 from lucidlm.model.norms import RMSNorm
@@ -121,8 +121,7 @@ class Attention(nn.Module):
         z = self.hook_z(z.transpose(1, 2))  # (B, T, nh, hd)
         if self.use_attn_result:  # opt-in: each head's output before they are summed
             result = self.hook_result(head_results(self.o_proj, z))  # (B, T, nh, d)
-            bias = self.o_proj.bias
-            return result.sum(-2) + bias if bias is not None else result.sum(-2)
+            return sum_head_results(self.o_proj, result)  # (B, T, d)
         return self.o_proj(z.reshape(B, T, self.n_heads * self.head_dim))
 
     def _fused_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
@@ -149,9 +148,10 @@ class Attention(nn.Module):
     def _single_query_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                 mask: Optional[torch.Tensor]) -> torch.Tensor:
         """One new token per row against the cache, for bfloat16/float16 models on the CPU, with
-        the two matmuls in float32: torch 2.13's CPU flash attention with a mask is slow there
-        (SmolLM2's decode shapes, 1 thread: 250 us per layer at batch 1 and 1.5 ms at batch 8,
-        against 55 and 120 us spelled out as below), and so are its bfloat16 batched matmuls
+        the two matmuls in float32 (a float64 model's stay float64): torch 2.13's CPU flash
+        attention with a mask is slow there (SmolLM2's decode shapes, 1 thread: 250 us per
+        layer at batch 1 and 1.5 ms at batch 8, against 55 and 120 us spelled out as below),
+        and so are its bfloat16 batched matmuls
         on a CPU without AVX-512 BF16 (AMD EPYC, 2 threads, 80 cached positions: 44 + 46 us per
         layer at batch 1, 200 + 370 us at batch 8; in float32, conversions included, 22 + 15
         and 81 + 57 us). Same result as SDPA with ``enable_gqa``: each group of consecutive
@@ -170,18 +170,20 @@ class Attention(nn.Module):
         # folded q's rotation into the loop over the cache and redid it for every cached key
         # (65 us a layer at 128 slots). A matmul takes q as a finished tensor, rotated once.
         # SmolLM2 default, AMD EPYC, 2 threads, best decode step 7.5 -> 6.7 ms (2026-11-26).
-        scores = grouped_q.float() @ k.float().transpose(-2, -1)  # (B, n_kv, g, S)
+        # bf16/fp16 in float32; float64 stays float64 (a float64 model is the exact reference)
+        compute_dtype = torch.promote_types(q.dtype, torch.float32)
+        scores = grouped_q.to(compute_dtype) @ k.to(compute_dtype).transpose(-2, -1)  # (B, n_kv, g, S)
         scores = scores * self.scale
         if mask is not None:
             scores = scores.masked_fill(~mask.view(mask.shape[0], 1, 1, S), float("-inf"))
-        pattern = torch.softmax(scores, dim=-1)  # (B, n_kv, g, S) float32
+        pattern = torch.softmax(scores, dim=-1)  # (B, n_kv, g, S) compute_dtype
         # Compiled, the weighted sum of values is spelled out: inductor fuses it with the
         # softmax into one loop over the cache instead of a bmm call of ~20 us a layer (int4,
         # AMD EPYC, 2 threads: 85 -> 109 tok/s at batch 1; as a matmul too, 7.3 against 6.7 ms).
         if torch.compiler.is_compiling():
-            z = (pattern.unsqueeze(-1) * v.float().unsqueeze(2)).sum(-2)  # (B, n_kv, g, hd)
+            z = (pattern.unsqueeze(-1) * v.to(compute_dtype).unsqueeze(2)).sum(-2)  # (B, n_kv, g, hd)
         else:
-            z = pattern @ v.float()  # (B, n_kv, g, hd)
+            z = pattern @ v.to(compute_dtype)  # (B, n_kv, g, hd)
         return z.to(q.dtype).view(B, self.n_heads, 1, self.head_dim)  # (B, nh, 1, hd)
 
     def _explicit_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

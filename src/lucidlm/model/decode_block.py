@@ -183,6 +183,7 @@ def _plan(block: nn.Module) -> Optional[tuple]:
             and not (block.use_split_qkv_input or block.use_attn_in or block.use_mlp_in)
             and not (attn.use_explicit or attn.use_attn_result)
             and attn.rope_variant in ("half", "interleaved") and activation is not None
+            and attn.head_dim % 8 == 0  # the operator's attention loop takes heads in vectors of 8 values
             and (q_norm is None or k_norm is None or q_norm.eps == k_norm.eps)):  # the operator takes one eps
         return None
     qkv = _matmuls(a.get("fused_qkv"), (a["q_proj"], a["k_proj"], a["v_proj"]))

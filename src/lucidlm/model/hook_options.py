@@ -4,7 +4,8 @@ until asked for; when off its hook point does not exist (the pinned hook list is
 and the forward pass takes the plain path.
 
 - ``blocks.{i}.attn.hook_result``  (B, T, nh, d): each head's output, o_proj applied to that
-  head's z alone, without the output bias. Summed over heads plus the bias = ``hook_attn_out``.
+  head's z alone, without the output bias. Summed over heads plus the bias = ``hook_attn_out``
+  (with bottleneck adapters: the writes before the adapter, which then runs on that sum).
 - ``blocks.{i}.hook_q_input`` (B, T, nh, d), ``hook_k_input`` / ``hook_v_input`` (B, T, n_kv, d):
   one copy of the residual stream per head, each normalised by ln1 and projected by its own
   head only, so a patch to one head's input reaches that head alone.
@@ -18,6 +19,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lucidlm.errors import ConfigError
@@ -74,10 +76,26 @@ def per_head_linear(linear: nn.Module, x: torch.Tensor, n_heads: int, head_dim: 
 
 def head_results(o_proj: nn.Module, z: torch.Tensor) -> torch.Tensor:
     """Each head's write into the stream, (B, T, nh, hd) -> (B, T, nh, d), output bias left out:
-    o_proj applied to a copy of z where every other head is zeroed."""
+    o_proj's linear map applied to a copy of z where every other head is zeroed. A layer with a
+    bottleneck adapter after it (peft/adapters.py, found by its ``adapter``) contributes its
+    base map only: the adapter is not linear, so it runs once on the sum (``sum_head_results``)
+    and never on a single head."""
     nh = z.shape[-2]
     eye = torch.eye(nh, dtype=z.dtype, device=z.device)  # (nh, nh)
     alone = (eye[:, :, None] * z.unsqueeze(-3)).flatten(-2)  # (B, T, nh, nh * hd): head h only in row h
+    if getattr(o_proj, "adapter", None) is not None:
+        return F.linear(alone, o_proj.weight)  # (B, T, nh, d)
     result = o_proj(alone)  # (B, T, nh, d)
     bias = getattr(o_proj, "bias", None)
     return result - bias if bias is not None else result
+
+
+def sum_head_results(o_proj: nn.Module, result: torch.Tensor) -> torch.Tensor:
+    """What o_proj would have returned, from the (possibly hooked) per-head writes (B, T, nh, d):
+    their sum plus the output bias, passed through the layer's bottleneck adapter if it has an
+    active one, as the layer itself does. (B, T, d)."""
+    out = result.sum(-2)
+    bias = getattr(o_proj, "bias", None)
+    out = out + bias if bias is not None else out
+    adapter = getattr(o_proj, "adapter", None)
+    return adapter(out) if adapter is not None and not getattr(o_proj, "disabled", False) else out

@@ -69,16 +69,21 @@ class HookPoint(nn.Module):
                 x = out
         if self.bwd_fns and x.requires_grad:
             x = x.view_as(x)  # a node of our own: its gradient is this hook's output's alone
-            for fn in list(self.bwd_fns):  # bound now, so removing hooks later keeps this pass's
-                x.register_hook(self._grad_hook(fn))
+            x.register_hook(self._grad_hook(list(self.bwd_fns)))  # bound now: removing hooks later keeps this pass's
         return x
 
-    def _grad_hook(self, fn: HookFn) -> Callable[[torch.Tensor], Optional[torch.Tensor]]:
+    def _grad_hook(self, fns: list[HookFn]) -> Callable[[torch.Tensor], Optional[torch.Tensor]]:
+        """TransformerLens's rule for several backward hooks on one point (torch's full backward
+        hooks): each sees this output's own gradient, and the last one that returns a value sets
+        the gradient passed on. Chained, a x2 then a x3 hook would pass on x6 where TL gives x3."""
         def on_grad(grad: torch.Tensor) -> Optional[torch.Tensor]:
-            out = fn(grad, self)
-            if out is not None:
-                _check_same_shape(out, grad, fn, self.name, "gradient")
-            return out
+            passed_on = None
+            for fn in fns:
+                out = fn(grad, self)
+                if out is not None:
+                    _check_same_shape(out, grad, fn, self.name, "gradient")
+                    passed_on = out
+            return passed_on
         return on_grad
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -59,6 +59,32 @@ def check_slots(input_pos: torch.Tensor, length: int, device: torch.device, limi
     return input_pos.long()
 
 
+def check_positions(position_ids: torch.Tensor | Sequence[Sequence[int]], batch: int, length: int,
+                    max_seq_len: int, device: torch.device) -> torch.Tensor:
+    """Caller-given positions as a (batch, length) long tensor, each in 0..max_seq_len-1: the
+    rotary, sinusoidal and learned tables have one row per position up to the context window,
+    and a negative index would silently read a row from the table's end. A (length,) or
+    (1, length) tensor is shared by every row."""
+    try:
+        position_ids = torch.as_tensor(position_ids, device=device)
+    except (TypeError, ValueError, RuntimeError):
+        raise InputError(f"position_ids must be integer positions of shape ({batch}, {length}), got "
+                         f"{type(position_ids).__name__} {position_ids!r:.40}.") from None
+    if position_ids.ndim == 1:
+        position_ids = position_ids[None]
+    if position_ids.ndim != 2 or position_ids.shape[0] not in (1, batch) or position_ids.shape[1] != length:
+        raise InputError(f"position_ids has shape {tuple(position_ids.shape)}, expected ({batch}, {length}): "
+                         f"one position per token.")
+    if position_ids.is_floating_point() or position_ids.is_complex() or position_ids.dtype == torch.bool:
+        raise InputError(f"position_ids must be an integer tensor, got dtype {position_ids.dtype}.")
+    low, high = position_ids.aminmax()
+    low, high = int(low), int(high)  # one read-back, at the boundary, as for the ids
+    if low < 0 or high >= max_seq_len:
+        raise InputError(f"position_ids holds position {low if low < 0 else high}, but this model's positions "
+                         f"run 0..{max_seq_len - 1} (max_seq_len={max_seq_len}); count positions from 0.")
+    return position_ids.long().expand(batch, length)
+
+
 def check_length(length: int, limit: int, max_seq_len: int) -> None:
     """``length`` tokens fit ``limit`` (the context window ``max_seq_len``, or a shorter cache)."""
     if length > limit:

@@ -26,10 +26,12 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     q: (..., T_q, d_k); k: (..., T_k, d_k); v: (..., T_k, d_v).
     mask: True (or 1) where a query may attend, False (or 0) where not, broadcastable to
         (..., T_q, T_k); a larger square mask (seed 004's ``tril(ones(32, 32))``) is cut to
-        its top-left (T_q, T_k) corner. A float mask holding anything but 0 and 1 is torch's
-        additive kind (``nn.Transformer.generate_square_subsequent_mask``: 0 attend, -inf
-        not), added to the scores as ``F.scaled_dot_product_attention`` does. None: every
-        query sees every key.
+        its top-left (T_q, T_k) corner. Any other float mask is torch's additive kind
+        (``nn.Transformer.generate_square_subsequent_mask``: 0 attend, -inf not), added to the
+        scores as ``F.scaled_dot_product_attention`` does: one holding anything but 0 and 1,
+        and one of zeros only (that causal mask at length 1 is ``[[0.]]``, a batch without
+        padding is all 0: as a keep-mask it would block every key). None: every query sees
+        every key.
     Returns (output (..., T_q, d_v), weights (..., T_q, T_k)). A query that may attend to
     nothing gets all-zero weights rather than NaN.
     """
@@ -42,7 +44,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         if mask.ndim >= 2 and mask.shape[-2] >= T_q and mask.shape[-1] >= T_k:
             mask = mask[..., :T_q, :T_k]
         # (reads the mask's values: this is the seed's building block, not the model's decode path)
-        if mask.is_floating_point() and not ((mask == 0) | (mask == 1)).all():
+        if mask.is_floating_point() and not (((mask == 0) | (mask == 1)).all() and (mask == 1).any()):
             scores = scores + mask.to(scores.dtype)  # (..., T_q, T_k)
         else:
             scores = scores.masked_fill(~mask.to(torch.bool), float("-inf"))  # (..., T_q, T_k)
@@ -57,7 +59,11 @@ class MultiHeadAttention(nn.Module):
     ``forward(query, key=None, value=None, mask=None)``: key defaults to query and value to
     key, so ``mha(x)`` is self-attention and ``mha(x, memory)`` cross-attention. kdim / vdim
     are the key / value inputs' widths when they differ from d_model (an encoder of another
-    size). Parameters mirror ``nn.MultiheadAttention``'s layout under readable names.
+    size); each defaults to d_model on its own, as in ``nn.MultiheadAttention``, so keys and
+    values from one ``kdim``-wide memory need ``vdim=kdim`` too. Parameters mirror
+    ``nn.MultiheadAttention``'s layout under readable names. The mask says where a query may
+    attend (True), the opposite of ``nn.MultiheadAttention``'s boolean ``attn_mask`` and
+    ``key_padding_mask`` (True = blocked); a float mask is added to the scores, as there.
     """
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True, kdim: Optional[int] = None,
@@ -66,9 +72,10 @@ class MultiHeadAttention(nn.Module):
         if d_model % n_heads != 0:
             raise InputError(f"d_model={d_model} is not divisible by n_heads={n_heads}.")
         self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.d_model, self.kdim, self.vdim = d_model, kdim or d_model, vdim or d_model
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(kdim or d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(vdim or kdim or d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(self.kdim, d_model, bias=bias)
+        self.v_proj = nn.Linear(self.vdim, d_model, bias=bias)
         self.o_proj = nn.Linear(d_model, d_model, bias=bias)
 
     def forward(self, query: torch.Tensor, key: Optional[torch.Tensor] = None, value: Optional[torch.Tensor] = None,
@@ -79,6 +86,7 @@ class MultiHeadAttention(nn.Module):
         Returns (B, T_q, d_model), and the weights (B, n_heads, T_q, T_k) if asked."""
         key = query if key is None else key
         value = key if value is None else value
+        self._check_inputs(query, key, value)
         B, T_q, _ = query.shape
         T_k = key.shape[1]
         q = self.q_proj(query).view(B, T_q, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T_q, hd)
@@ -87,3 +95,17 @@ class MultiHeadAttention(nn.Module):
         z, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, nh, T_q, hd)
         out = self.o_proj(z.transpose(1, 2).reshape(B, T_q, self.n_heads * self.head_dim))
         return (out, weights) if return_weights else out
+
+    def _check_inputs(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Each input (B, T, width) with the width its projection takes, one batch size, and a
+        value per key: else an InputError naming the setting, not a matmul's shape error."""
+        for name, x, width, setting in (("query", query, self.d_model, "d_model"), ("key", key, self.kdim, "kdim"),
+                                        ("value", value, self.vdim, "vdim")):
+            if x.ndim != 3 or x.shape[-1] != width:
+                hint = " (vdim defaults to d_model; give vdim= when values come from a narrower or wider input)" \
+                    if name == "value" else ""
+                raise InputError(f"{name} has shape {tuple(x.shape)}, but this module takes (batch, positions, "
+                                 f"{width}) {name}s ({setting}={width}){hint}.")
+        if not query.shape[0] == key.shape[0] == value.shape[0] or key.shape[1] != value.shape[1]:
+            raise InputError(f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)} "
+                             f"must share the batch size, and key and value the number of positions.")

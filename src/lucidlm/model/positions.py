@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from lucidlm.devices import as_dtype
+from lucidlm.errors import ConfigError
 
 
 def rope_inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
@@ -52,9 +53,13 @@ class RotaryEmbedding(nn.Module):
         self.sin.copy_(angles.sin())
 
     def _apply(self, fn, recurse=True):
-        # model.to(torch.bfloat16) must not round the rotation table: keep it in float64.
+        # model.to(torch.bfloat16) must not round the rotation table: keep it in float64. A
+        # dtype change has already rounded it (turning it back to float64 would keep bfloat16's
+        # 3 digits), so it is computed again where it now lives; a move alone keeps it as it is.
         super()._apply(fn, recurse)
-        self.cos, self.sin = self.cos.double(), self.sin.double()
+        if self.cos.dtype != torch.float64:
+            self.cos, self.sin = self.cos.double(), self.sin.double()
+            self.reset_buffers()
         return self
 
     def cos_sin(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,14 +128,19 @@ def permute_qk_to_half(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def sinusoidal_table(max_seq_len: int, d_model: int) -> torch.Tensor:
-    """(max_seq_len, d_model) table of "Attention is All You Need": sin on even dimensions,
-    cos on odd ones, wavelengths growing geometrically up to 10000 * 2pi (seed 004)."""
+    """(max_seq_len, d_model) float64 table of "Attention is All You Need": sin on even
+    dimensions, cos on odd ones, wavelengths growing geometrically up to 10000 * 2pi (seed 004).
+    Dimensions pair up (2i, 2i+1), so d_model must be even. Computed in float64; the caller
+    rounds it to its own dtype."""
+    if d_model % 2:
+        raise ConfigError(f"d_model={d_model} is odd; sinusoidal positions fill dimensions in (sin, cos) "
+                          f"pairs, so give an even d_model.")
     positions = torch.arange(max_seq_len, dtype=torch.float64)[:, None]
     frequencies = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
     table = torch.zeros(max_seq_len, d_model, dtype=torch.float64)
     table[:, 0::2] = torch.sin(positions * frequencies)
     table[:, 1::2] = torch.cos(positions * frequencies)
-    return table.float()
+    return table
 
 
 class SinusoidalPositions(nn.Module):
@@ -140,8 +150,17 @@ class SinusoidalPositions(nn.Module):
         self.reset_buffers()
 
     def reset_buffers(self) -> None:
+        """The table in the buffer's dtype (a float64 model keeps it exact)."""
         if not self.table.is_meta:
             self.table.copy_(sinusoidal_table(*self.table.shape))
+
+    def _apply(self, fn, recurse=True):
+        # model.double() would widen the float32-rounded table: compute it again in the new dtype.
+        before = self.table.dtype
+        super()._apply(fn, recurse)
+        if self.table.dtype != before:
+            self.reset_buffers()
+        return self
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         return self.table[position_ids]  # (B, T, d)

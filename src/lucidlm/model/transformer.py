@@ -22,7 +22,7 @@ from lucidlm.validation import check_allocation, check_int
 from lucidlm.model.block import Block
 from lucidlm.model.decode_block import nothing_listens, one_call_stack
 from lucidlm.model.hooks import HookPoint
-from lucidlm.model.input_checks import check_ids, check_length, check_slots
+from lucidlm.model.input_checks import check_ids, check_length, check_positions, check_slots
 from lucidlm.model.kv_cache import KVCache
 from lucidlm.model.masks import attention_mask_for, fit_key_mask, positions_of, sliding_window_mask
 from lucidlm.model.norms import make_norm
@@ -206,15 +206,16 @@ class Transformer(nn.Module):
         attention_mask: (B, S) 1 for real tokens, 0 for padding, over key positions from
             slot 0 (without a cache S = T; with one, slots past its end count as real).
             Left padding works.
-        position_ids: (B, T) positions for RoPE / position embeddings; by default counted
-            from the first real token of each row, so padding does not shift positions.
+        position_ids: (B, T) positions for RoPE / position embeddings, each in
+            0..max_seq_len-1 (the position tables' rows); by default counted from the first
+            real token of each row, so padding does not shift positions.
         input_pos: (T,) KV-cache slots to write; uses the cache set up by ``setup_kv_cache``
             and attends over all of it. None runs without touching any cache.
         last_token_only: unembed only the last position (all generation needs).
         prefix_kv: (n_layers, 2, n_kv, P, hd) keys and values every query sees before the
             text; by default those of the installed prefix module, if any.
 
-        The checks read the ids (and slots) back once; ``step`` is the same pass without them.
+        The checks read the ids (and slots, positions) back once; ``step`` is the same pass without them.
         """
         ids = check_ids(ids, self.config.vocab_size, self.device)  # (B, T) long, ids in range
         B, T = ids.shape
@@ -223,10 +224,16 @@ class Transformer(nn.Module):
                              "model.setup_kv_cache(batch_size, max_seq_len) first, or leave input_pos out.")
         if input_pos is not None:
             input_pos = check_slots(input_pos, T, self.device, self._context_limit(), self.config.max_seq_len)
-        else:
-            check_length(T, self._context_limit(), self.config.max_seq_len)
+            cache_rows = self.kv_caches[0].batch_size
+            if B != cache_rows:
+                raise InputError(f"{B} rows of ids, but the KV cache was set up for {cache_rows}: call "
+                                 f"model.setup_kv_cache({B}, ...) first, or leave input_pos out.")
+        else:  # a pass without input_pos touches no cache: only the context window limits it
+            check_length(T, self.config.max_seq_len, self.config.max_seq_len)
         if attention_mask is not None and (attention_mask.ndim != 2 or attention_mask.shape[0] != B):
             raise InputError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected ({B}, key positions).")
+        if position_ids is not None:
+            position_ids = check_positions(position_ids, B, T, self.config.max_seq_len, self.device)  # (B, T)
         return self.step(ids, input_pos, attention_mask, position_ids, last_token_only, prefix_kv)
 
     def step(self, ids: torch.Tensor, input_pos: Optional[torch.Tensor] = None,

@@ -28,7 +28,7 @@ from lucidlm.peft.lora_linear import LoRALinear
 from lucidlm.peft.lora_targets import (  # noqa: F401  (some re-exported: this module was their home)
     DEFAULT_TARGETS, SHORT_TARGETS, expand_targets, linear_module_names, match_targets)
 from lucidlm.peft.trainable import (  # noqa: F401  (some re-exported: this module was their home)
-    check_one_method, count_parameters, freeze_base, trainable_parameters_report)
+    check_one_method, count_parameters, freeze_base, trainable_parameters_report, unmergeable_note)
 
 LORA_INITS = ("kaiming", "gaussian")
 
@@ -148,7 +148,7 @@ def merge_adapter(model: nn.Module) -> None:
     """Fold the active adapter into the base weights (W += scale * B @ A, in float32)."""
     layers = [layer for _, layer in lora_layers(model) if layer.active_adapter is not None]
     if not layers:
-        raise AdapterError("the model has no active LoRA adapter to merge.")
+        raise AdapterError(f"the model has no active LoRA adapter to merge.{unmergeable_note(model)}")
     merged = [layer.merged_adapter for layer in layers if layer.merged_adapter is not None]
     if merged:
         raise AdapterError(f"LoRA adapter {merged[0]!r} is already merged; call unmerge_adapter() first.")

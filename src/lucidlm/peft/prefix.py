@@ -1,8 +1,13 @@
 """Prefix tuning (Li & Liang, 2021; seed 004 section 3.1.1).
 
 Every attention layer gets P extra key/value pairs that all queries can see, as if an
-invisible, trained prompt came before the text. Training the keys/values directly is
-unstable, so (as in the paper) they are produced by a small MLP from P trainable vectors:
+invisible, trained prompt came before the text. That prompt takes no positions: the text's
+still count from 0 and the prefix keys are not rotated. peft's ``PrefixTuning`` numbers the
+text from P instead, so its logits differ; ``position_ids`` counted from P reproduce them
+(the two formats are not interchangeable anyway: a prefix has no PEFT file).
+
+Training the keys/values directly is unstable, so (as in the paper) they are produced by a
+small MLP from P trainable vectors:
 
     tokens (P, d) -> Linear(d, hidden) -> tanh -> Linear(hidden, n_layers * 2 * kv_dim) -> (k, v) per layer
 

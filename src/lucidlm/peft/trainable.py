@@ -55,3 +55,10 @@ def check_one_method(model: nn.Module, adding: str) -> None:
     if others:
         raise AdapterError(f"the model already has {_WHAT[others[0]]}, so {_WHAT[adding]} cannot be added: lucidlm "
                            f"attaches one fine-tuning method at a time. {_HOW_TO_REMOVE[others[0]]}.")
+
+
+def unmergeable_note(model: nn.Module) -> str:
+    """For ``merge_adapter`` on a model without a LoRA: what it carries instead and why that cannot
+    be merged (" It has bottleneck adapters. ..."), or "" when it carries no other method."""
+    others = [method for method in attached_methods(model) if method != "lora"]
+    return f" It has {_WHAT[others[0]]}. {_HOW_TO_REMOVE[others[0]]}." if others else ""
