@@ -27,12 +27,17 @@ from lucidlm.inspect.hook_names import (  # noqa: F401  (re-exported: this modul
     unknown_hook_error)
 from lucidlm.model.hooks import HookFn, HookPoint
 
-def _attach(model: nn.Module, pairs: list[tuple[str, HookFn]], dir: str = "fwd",
+def _attach(model: nn.Module, pairs: list[tuple[str, HookFn]], dir: str = "fwd", first: bool = False,
             ) -> list[tuple[HookPoint, HookFn, str]]:
+    """``first`` (bwd only): run each fn before the hooks already there, so it sees the hook
+    point's own gradient, not one a user's bwd hook has edited (as in TransformerLens, where
+    every bwd hook is handed the output's gradient unchanged)."""
     points = model.hook_points()
     attached = []
     for name, fn in pairs:
         points[name].add_hook(fn, dir=dir)
+        if first and dir == "bwd":
+            points[name].bwd_fns.insert(0, points[name].bwd_fns.pop())
         attached.append((points[name], fn, dir))
     return attached
 
@@ -40,6 +45,19 @@ def _attach(model: nn.Module, pairs: list[tuple[str, HookFn]], dir: str = "fwd",
 def _detach(attached: list[tuple[HookPoint, HookFn, str]]) -> None:
     for point, fn, dir in attached:
         point.remove_hook(fn, dir)
+
+
+def _gradient_starts(model: nn.Module) -> list[tuple[str, HookFn]]:
+    """Hooks that make the stream's start require grad where nothing else does: a quantized
+    embedding's table is buffers, not a parameter, so without this no gradient would reach
+    ``hook_embed`` (nor, in a fully quantized model, any hook). A float model's embedding
+    output requires grad already and is left as it is."""
+    def start_gradient(act: torch.Tensor, hook: HookPoint) -> Optional[torch.Tensor]:
+        if torch.is_grad_enabled() and act.is_floating_point() and not act.requires_grad:
+            return act.detach().requires_grad_()
+        return None
+    points = model.hook_points()
+    return [(name, start_gradient) for name in ("hook_embed", "hook_pos_embed") if name in points]
 
 
 def _as_ids(model: nn.Module, ids: Any, forward_kwargs: dict[str, Any], prepend_bos: Optional[bool] = None,
@@ -165,9 +183,10 @@ def run_with_cache(model: nn.Module, ids: Any, names_filter: NamesFilter = None,
         return save
 
     tokens = _as_ids(model, ids, forward_kwargs, prepend_bos, padding_side, run_with_cache)
-    attached = _attach(model, [(name, make_saver(name)) for name in names])
+    attached = _attach(model, _gradient_starts(model)) if incl_bwd else []
+    attached += _attach(model, [(name, make_saver(name)) for name in names])
     if incl_bwd:
-        attached += _attach(model, [(name, make_saver(name + "_grad")) for name in names], dir="bwd")
+        attached += _attach(model, [(name, make_saver(name + "_grad")) for name in names], dir="bwd", first=True)
     try:
         with torch.enable_grad() if incl_bwd else contextlib.nullcontext():
             logits = model(tokens, input_pos=input_pos, **forward_kwargs)
@@ -194,10 +213,14 @@ def run_with_hooks(model: nn.Module, ids: Any,
     ``fn(grad, hook) -> new | None`` run when the returned logits are backpropagated (they
     are bound to this pass's graph, so they work after the hooks are reset)."""
     tokens = _as_ids(model, ids, forward_kwargs, prepend_bos, padding_side, run_with_hooks)
-    attached = _attach(model, _hook_pairs(model, fwd_hooks))
-    attached += _attach(model, _hook_pairs(model, bwd_hooks), dir="bwd")
+    # Both lists are checked before either is attached: a bad bwd entry must not leave the
+    # fwd hooks on the model, silently editing every later pass.
+    fwd, bwd = _hook_pairs(model, fwd_hooks), _hook_pairs(model, bwd_hooks)
+    starts = _attach(model, _gradient_starts(model)) if bwd else []  # for this pass only
+    attached = _attach(model, fwd) + _attach(model, bwd, dir="bwd")
     try:
         return model(tokens, **forward_kwargs)
     finally:
+        _detach(starts)
         if reset_hooks_end:
             _detach(attached)

@@ -181,7 +181,7 @@ def head_results(cache: Any, layer: int) -> torch.Tensor:
         return cache[name]
     attn = cache.model.blocks[layer].attn
     nh, hd = attn.n_heads, attn.head_dim
-    w_o = dense_weight(attn.o_proj).T.reshape(nh, hd, -1)  # (nh, hd, d); a quantized layer dequantized
+    w_o = effective_weight(attn.o_proj).T.reshape(nh, hd, -1)  # (nh, hd, d)
     z = cache["z", layer]  # ([B,] T, nh, hd)
     return torch.einsum("...hk,hkd->...hd", z.to(w_o.dtype), w_o)
 
@@ -217,12 +217,24 @@ def tokens_to_residual_directions(model: Any, tokens: Any) -> torch.Tensor:
     if isinstance(tokens, str):
         tokens = single_token(model, tokens)
     tokens = _token_ids(model, tokens)
-    w_u = dense_weight(model.unembed)  # (V, d)
+    w_u = effective_weight(model.unembed)  # (V, d)
     directions = w_u[tokens.reshape(-1) if tokens.numel() == 1 else tokens]
     directions = directions[0] if tokens.numel() == 1 else directions
-    if model.ln_final is not None:  # fold the final norm's weight in, as TransformerLens's fold_ln does
-        directions = directions * model.ln_final.weight.detach()
+    norm_weight = getattr(model.ln_final, "weight", None)  # norm="none": an Identity, nothing to fold
+    if norm_weight is not None:  # fold the final norm's weight in, as TransformerLens's fold_ln does
+        directions = directions * norm_weight.detach()
     return directions
+
+
+def effective_weight(module: Any) -> torch.Tensor:
+    """The (out, in) matrix a linear layer applies: a quantized layer's codes dequantized, plus
+    the active LoRA adapter's ``scale * B @ A`` when it is not merged into the weight (its
+    frozen base weight alone would leave the adapter's write out of every head's result)."""
+    weight = dense_weight(module)
+    name = getattr(module, "active_adapter", None)
+    if name is not None and not module.disabled and module.merged_adapter is None:
+        weight = (weight.float() + module.delta_weight(name).to(weight.device)).to(weight.dtype)
+    return weight
 
 
 def _token_ids(model: Any, tokens: Any) -> torch.Tensor:

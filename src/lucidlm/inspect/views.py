@@ -101,8 +101,10 @@ def attention_view(model: nn.Module, text_or_ids: Any, cache: Optional[Activatio
         raise InputError("attention_view shows a whole sequence, but this cache was recorded at a KV-cached step "
                          "(run_with_cache(..., input_pos=...)); record it without input_pos, or plot one head's "
                          "row over the cache slots with plot_attention(cache, layer, head).")
-    patterns = torch.stack([token_columns(cache["pattern", layer][0])  # (L, nh, T, T): a prefix's keys left out
-                            for layer in range(model.config.n_layers)]).float().cpu()
+    # The first sequence's (nh, T, S) per layer (a cache recorded with remove_batch_dim=True has
+    # no batch dim to index), a prefix's keys left out: (L, nh, T, T).
+    per_layer = [cache["pattern", layer] for layer in range(model.config.n_layers)]
+    patterns = torch.stack([token_columns(p[0] if cache.has_batch_dim else p) for p in per_layer]).float().cpu()
     tokens = to_str_tokens(model, ids[0]) if getattr(model, "tokenizer", None) is not None else \
         [str(i) for i in ids[0].tolist()]
     return AttentionView(tokens, patterns)

@@ -186,8 +186,12 @@ class QuantizedLinear(nn.Module):
         return self.compute_dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.requires_grad and torch.is_grad_enabled():  # a gradient to x wanted (hooks, attribution)
+            return FrozenWeightProduct.apply(x, self)  # which comes back here, with grad mode off
         shape = x.shape
-        y = self._matmul(as_dtype(x.reshape(-1, shape[-1]), self.matmul_dtype(x.dtype)))  # (M, in) -> (M, out)
+        # contiguous: torch's int4/int8 ops refuse a strided view (x[:, -1:] unembedded without a final norm)
+        rows = as_dtype(x.reshape(-1, shape[-1]), self.matmul_dtype(x.dtype)).contiguous()  # (M, in)
+        y = self._matmul(rows)  # (M, in) -> (M, out)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return as_dtype(y, x.dtype).reshape(*shape[:-1], self.out_features)
@@ -253,6 +257,27 @@ class QuantizedLinear(nn.Module):
         group = "per channel" if self.group_size is None else f"group {self.group_size}"
         return (f"in_features={self.in_features}, out_features={self.out_features}, {self.scheme} {group}, "
                 f"compute {str(self.compute_dtype).replace('torch.', '')}, bias={self.bias is not None}")
+
+
+class FrozenWeightProduct(torch.autograd.Function):
+    """A quantized layer's product with a gradient to its input: the kernels have no autograd
+    formula (some custom ops would hand back None, silently), but with the weights frozen the
+    gradient is grad_y @ W, W dequantized in the dtype the forward multiplied in (so it is the
+    gradient of the same model with float weights). Used only while autograd records: inference
+    calls the kernel directly."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, layer: "QuantizedLinear") -> torch.Tensor:
+        ctx.layer, ctx.x_dtype = layer, x.dtype
+        return layer.forward(x)  # autograd runs this with grad mode off: the kernel path
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[Optional[torch.Tensor], None]:
+        layer = ctx.layer
+        dtype = layer.matmul_dtype(ctx.x_dtype)
+        weight = layer.dequantize(dtype).to(grad_y.device)  # (out, in)
+        grad_x = grad_y.to(dtype) @ weight  # (..., out) -> (..., in)
+        return grad_x.to(ctx.x_dtype), None
 
 
 class QuantizedEmbedding(nn.Module):
