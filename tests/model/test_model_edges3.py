@@ -25,6 +25,7 @@ from lucidlm.model.positions import sinusoidal_table
 from lucidlm.peft import add_adapters, add_prefix
 from lucidlm.weights.hf import load_hf
 from random_weights import randomize_
+from test_multihead import copy_into_torch  # the same nn.MultiheadAttention oracle
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -238,22 +239,6 @@ def test_an_all_zero_additive_padding_mask_attends_everywhere():
     keep = torch.tensor([[1.0, 1, 1, 1, 0, 0]])  # seed 004's float 0/1 keep-mask still keeps
     out, _ = scaled_dot_product_attention(q, k, v, keep)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=keep.bool()))
-
-
-def copy_into_torch(ours: MultiHeadAttention, kdim=None, vdim=None) -> nn.MultiheadAttention:
-    d = ours.q_proj.out_features
-    theirs = nn.MultiheadAttention(d, ours.n_heads, batch_first=True, kdim=kdim, vdim=vdim)
-    with torch.no_grad():
-        if theirs._qkv_same_embed_dim:
-            theirs.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
-        else:
-            theirs.q_proj_weight.copy_(ours.q_proj.weight)
-            theirs.k_proj_weight.copy_(ours.k_proj.weight)
-            theirs.v_proj_weight.copy_(ours.v_proj.weight)
-        theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
-        theirs.out_proj.weight.copy_(ours.o_proj.weight)
-        theirs.out_proj.bias.copy_(ours.o_proj.bias)
-    return theirs
 
 
 @torch.no_grad()

@@ -25,19 +25,11 @@ from lucidlm.training.finetune import build_finetuning, finetune
 from lucidlm.training.loop import Callback, Trainer
 from lucidlm.training.pretrain import build_pretraining, pretrain
 from lucidlm.weights.checkpoint import save_model
+from test_training_edges import corpus  # a tinyshakespeare slice as a file
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SHAKESPEARE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tinyshakespeare.txt"
 IGNORE = -100
-
-
-def corpus(tmp_path: Path, chars: int) -> Path:
-    if not SHAKESPEARE.is_file():
-        pytest.skip("tinyshakespeare.txt is not in shared/data")
-    path = tmp_path / "corpus.txt"
-    path.write_text(SHAKESPEARE.read_text()[:chars])
-    return path
 
 
 def base_model(root: Path, context: int = 48) -> Path:
