@@ -253,20 +253,24 @@ def test_the_module_at_length_one_with_torchs_causal_mask_matches_nn_multiheadat
 
 
 @torch.no_grad()
-def test_kdim_alone_leaves_vdim_at_d_model_as_nn_multiheadattention():
+def test_kdim_alone_takes_values_from_the_same_memory_and_widths_are_checked():
     torch.manual_seed(1)
-    ours = MultiHeadAttention(16, 2, kdim=8)
-    theirs = copy_into_torch(ours, kdim=8)
-    assert ours.v_proj.in_features == theirs.vdim == 16
-    q, k, v = randn(2, 3, 16, seed=8), randn(2, 5, 8, seed=9), randn(2, 5, 16, seed=10)
-    want, _ = theirs(q, k, v)
-    torch.testing.assert_close(ours(q, k, v), want)
-    with pytest.raises(InputError, match=r"value has shape \(2, 5, 8\).*vdim=16"):
-        ours(q, k)  # the value defaults to the 8-wide key
+    ours = MultiHeadAttention(16, 2, kdim=8)  # values default to the keys: one 8-wide memory
+    theirs = copy_into_torch(ours, kdim=8, vdim=8)
+    assert ours.v_proj.in_features == theirs.vdim == 8
+    q, k = randn(2, 3, 16, seed=8), randn(2, 5, 8, seed=9)
+    want, _ = theirs(q, k, k)
+    torch.testing.assert_close(ours(q, k), want)
+    with pytest.raises(InputError, match=r"value has shape \(2, 5, 16\).*vdim=8"):
+        ours(q, k, randn(2, 5, 16, seed=10))
     with pytest.raises(InputError, match=r"key has shape \(2, 5, 16\).*kdim=8"):
-        ours(q, v, v)
+        ours(q, q[:, :1].expand(2, 5, 16), k)
     with pytest.raises(InputError, match="batch size"):
-        ours(q, k[:1], v[:1])
+        ours(q, k[:1], k[:1])
+    separate = MultiHeadAttention(16, 2, kdim=8, vdim=16)  # nn.MultiheadAttention's widths, given
+    theirs = copy_into_torch(separate, kdim=8, vdim=16)
+    v = randn(2, 5, 16, seed=10)
+    torch.testing.assert_close(separate(q, k, v), theirs(q, k, v)[0])
 
 
 # -- 5. attention plots label every key exactly ---------------------------------------------

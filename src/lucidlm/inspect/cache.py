@@ -27,17 +27,12 @@ from lucidlm.inspect.hook_names import (  # noqa: F401  (re-exported: this modul
     unknown_hook_error)
 from lucidlm.model.hooks import HookFn, HookPoint
 
-def _attach(model: nn.Module, pairs: list[tuple[str, HookFn]], dir: str = "fwd", first: bool = False,
+def _attach(model: nn.Module, pairs: list[tuple[str, HookFn]], dir: str = "fwd",
             ) -> list[tuple[HookPoint, HookFn, str]]:
-    """``first`` (bwd only): run each fn before the hooks already there, so it sees the hook
-    point's own gradient, not one a user's bwd hook has edited (as in TransformerLens, where
-    every bwd hook is handed the output's gradient unchanged)."""
     points = model.hook_points()
     attached = []
     for name, fn in pairs:
         points[name].add_hook(fn, dir=dir)
-        if first and dir == "bwd":
-            points[name].bwd_fns.insert(0, points[name].bwd_fns.pop())
         attached.append((points[name], fn, dir))
     return attached
 
@@ -186,7 +181,8 @@ def run_with_cache(model: nn.Module, ids: Any, names_filter: NamesFilter = None,
     attached = _attach(model, _gradient_starts(model)) if incl_bwd else []
     attached += _attach(model, [(name, make_saver(name)) for name in names])
     if incl_bwd:
-        attached += _attach(model, [(name, make_saver(name + "_grad")) for name in names], dir="bwd", first=True)
+        # each bwd hook sees the point's own gradient (HookPoint), whatever a user's hook returns
+        attached += _attach(model, [(name, make_saver(name + "_grad")) for name in names], dir="bwd")
     try:
         with torch.enable_grad() if incl_bwd else contextlib.nullcontext():
             logits = model(tokens, input_pos=input_pos, **forward_kwargs)

@@ -59,8 +59,9 @@ class MultiHeadAttention(nn.Module):
     ``forward(query, key=None, value=None, mask=None)``: key defaults to query and value to
     key, so ``mha(x)`` is self-attention and ``mha(x, memory)`` cross-attention. kdim / vdim
     are the key / value inputs' widths when they differ from d_model (an encoder of another
-    size); each defaults to d_model on its own, as in ``nn.MultiheadAttention``, so keys and
-    values from one ``kdim``-wide memory need ``vdim=kdim`` too. Parameters mirror
+    size). vdim defaults to kdim (values default to the keys, so ``mha(x, memory)`` takes one
+    ``kdim``-wide memory); ``nn.MultiheadAttention``, whose value has no default, takes d_model
+    there: pass ``vdim=`` to match it. Parameters mirror
     ``nn.MultiheadAttention``'s layout under readable names. The mask says where a query may
     attend (True), the opposite of ``nn.MultiheadAttention``'s boolean ``attn_mask`` and
     ``key_padding_mask`` (True = blocked); a float mask is added to the scores, as there.
@@ -72,7 +73,7 @@ class MultiHeadAttention(nn.Module):
         if d_model % n_heads != 0:
             raise InputError(f"d_model={d_model} is not divisible by n_heads={n_heads}.")
         self.n_heads, self.head_dim = n_heads, d_model // n_heads
-        self.d_model, self.kdim, self.vdim = d_model, kdim or d_model, vdim or d_model
+        self.d_model, self.kdim, self.vdim = d_model, kdim or d_model, vdim or kdim or d_model
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
         self.k_proj = nn.Linear(self.kdim, d_model, bias=bias)
         self.v_proj = nn.Linear(self.vdim, d_model, bias=bias)
@@ -102,7 +103,7 @@ class MultiHeadAttention(nn.Module):
         for name, x, width, setting in (("query", query, self.d_model, "d_model"), ("key", key, self.kdim, "kdim"),
                                         ("value", value, self.vdim, "vdim")):
             if x.ndim != 3 or x.shape[-1] != width:
-                hint = " (vdim defaults to d_model; give vdim= when values come from a narrower or wider input)" \
+                hint = " (vdim defaults to kdim, else d_model; give vdim= when values have another width)" \
                     if name == "value" else ""
                 raise InputError(f"{name} has shape {tuple(x.shape)}, but this module takes (batch, positions, "
                                  f"{width}) {name}s ({setting}={width}){hint}.")
