@@ -200,8 +200,10 @@ class Console(Callback):
         speed = f", {record['tokens_per_s']:,.0f} tok/s" if record.get("tokens_per_s") else ""
         left = trainer.seconds_left()
         eta = f", eta {format_seconds(left)}" if left is not None and trainer.step < trainer.config.max_iters else ""
-        if math.isnan(record["val_loss"]):  # its batches count no token with a loss (estimate_loss)
+        if math.isnan(record["val_loss"]) and not trainer.eval_tokens.get("val"):  # a mean over no token
             val = "n/a (no token with a loss in the val batches)"
+        elif not math.isfinite(record["val_loss"]):  # the loop stops a diverged run before this (divergence.py)
+            val = f"{record['val_loss']} (diverged)"
         else:
             val = f"{record['val_loss']:.4f} (ppl {record['val_ppl']:.2f})"
         self.print(f"step {record['step']}: train loss {record['train_loss']:.4f}, val loss {val}{speed}{eta}")

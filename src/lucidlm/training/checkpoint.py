@@ -159,6 +159,9 @@ def save_checkpoint(out_dir: Path, write_payload: Callable[[Path], None], optimi
         (tmp / STATE_NAME).write_text(json.dumps(trainer_state, indent=1) + "\n")
         _fsync_dir(tmp)
         os.chmod(tmp, ordinary_mode(0o777))  # as mkdir makes it: mkdtemp's 0700 would hide the model
+        for path in tmp.iterdir():  # and the files as open makes them: safetensors writes 0600
+            if path.is_file() and not path.is_symlink():
+                os.chmod(path, ordinary_mode(0o666))
         # A directory cannot be renamed over a non-empty one: move the old one aside, move
         # the new one in, then delete the old. A crash between the two renames leaves the
         # old one under OLD_PREFIX, which find_checkpoint() puts back.

@@ -22,6 +22,9 @@ from lucidlm.suggest import did_you_mean, keywords_checked, unknown_fields_messa
 from lucidlm.validation import (MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, check_float, check_int,
                                 check_seed, first_surrogate)
 
+# Step counts, intervals and token counts: far more than any run takes, but a whole number the loop
+# can compute with (--gradient-accumulation-steps 1e30 overflowed mid-run) and a clear refusal.
+MAX_STEPS = 2**31 - 1
 DTYPES = ("auto", "float32", "bfloat16")
 STRATEGIES = ("auto", "ddp", "fsdp")
 
@@ -40,26 +43,27 @@ class LoopConfig:
     out_dir: str = opt("out", "output directory: checkpoint/, metrics.jsonl, loss.png", flag="--out")
     batch_size: int = opt(12, "sequences per micro-batch and process", low=1)
     gradient_accumulation_steps: int = opt(1, "micro-batches per optimizer step (global batch = batch size x this "
-                                              "x processes)", low=1)
+                                              "x processes)", low=1, high=MAX_STEPS)
     learning_rate: float = opt(1e-3, "peak learning rate", low=0.0, low_open=True)
     min_lr: float = opt(1e-4, "learning rate at the end of the cosine decay (at most --learning-rate)", low=0.0)
-    warmup_iters: int = opt(100, "steps of linear warmup", low=0)
-    max_iters: int = opt(2000, "total optimizer steps", low=0)
-    lr_decay_iters: int = opt(2000, "step at which the cosine decay reaches --min-lr", low=0)
+    warmup_iters: int = opt(100, "steps of linear warmup", low=0, high=MAX_STEPS)
+    max_iters: int = opt(2000, "total optimizer steps", low=0, high=MAX_STEPS)
+    lr_decay_iters: int = opt(2000, "step at which the cosine decay reaches --min-lr", low=0, high=MAX_STEPS)
     decay_lr: bool = opt(True, "keep --learning-rate constant (no warmup or decay)", flag="--constant-lr")
     beta1: float = opt(0.9, "AdamW beta1", low=0.0, high=1.0, high_open=True)
     beta2: float = opt(0.99, "AdamW beta2", low=0.0, high=1.0, high_open=True)
     weight_decay: float = opt(0.1, "AdamW weight decay (matrices only, not biases or norms)", low=0.0)
     grad_clip: float = opt(1.0, "clip the gradient norm to this (0 = no clipping)", low=0.0)
-    eval_interval: int = opt(250, "evaluate, sample and checkpoint every this many steps", low=1)
-    eval_iters: int = opt(20, "batches per split in each evaluation", low=1)
+    eval_interval: int = opt(250, "evaluate, sample and checkpoint every this many steps", low=1, high=MAX_STEPS)
+    eval_iters: int = opt(20, "batches per split in each evaluation", low=1, high=MAX_STEPS)
     final_eval_iters: Optional[int] = opt(None, "batches per split in the last evaluation (default: --eval-iters)",
-                                          low=1)
+                                          low=1, high=MAX_STEPS)
     log_interval: int = opt(10, "read the training loss back from the device every this many steps (progress bar)",
-                            low=1)
+                            low=1, high=MAX_STEPS)
     sample_prompt: Optional[str] = opt(None, "prompt for the samples printed at each evaluation", text=True)
     sample_tokens: int = opt(100, "tokens sampled at each evaluation (0 = none); past the context each token is "
-                                  "predicted from the last --block-size tokens, as nanoGPT's generate", low=0)
+                                  "predicted from the last --block-size tokens, as nanoGPT's generate",
+                             low=0, high=MAX_STEPS)
     sample_temperature: float = opt(0.0, "sampling temperature of those samples (0 = greedy)", low=0.0)
     sample_top_p: Optional[float] = opt(None, "nucleus (top-p) cut-off of those samples",
                                         low=0.0, low_open=True, high=1.0)
@@ -89,6 +93,10 @@ class LoopConfig:
                   "compile", "compile_mode", "fused_adamw", "resume", "out_dir", "epochs", "strategy")
 
     def __post_init__(self) -> None:
+        if isinstance(self.out_dir, (str, Path)) and str(self.out_dir).startswith("~"):  # as --data: $HOME's
+            from lucidlm.outputs import user_path
+
+            self.out_dir = str(user_path(self.out_dir))
         if isinstance(self.dtype, str):  # the names lucidlm.load takes: bf16, fp32, torch.bfloat16
             from lucidlm.devices import DTYPES
 
@@ -328,13 +336,15 @@ class FinetuneConfig(LoopConfig):
     learning_rate: Optional[float] = opt(None, "peak learning rate (default: 1e-3 lora and adapter, 3e-3 prefix, "
                                                "1e-4 full)", low=0.0, low_open=True)
     min_lr: Optional[float] = opt(None, "final learning rate (default: learning-rate / 10)", low=0.0)
-    warmup_iters: int = opt(20, "steps of linear warmup", low=0)
-    max_iters: int = opt(200, "total optimizer steps", low=0)
-    lr_decay_iters: Optional[int] = opt(None, "cosine decay length (default: the number of steps)", low=0)
+    warmup_iters: int = opt(20, "steps of linear warmup", low=0, high=MAX_STEPS)
+    max_iters: int = opt(200, "total optimizer steps", low=0, high=MAX_STEPS)
+    lr_decay_iters: Optional[int] = opt(None, "cosine decay length (default: the number of steps)", low=0,
+                                        high=MAX_STEPS)
     weight_decay: float = opt(0.0, "AdamW weight decay (matrices only)", low=0.0)
-    eval_interval: int = opt(50, "evaluate, sample and checkpoint every this many steps", low=1)
-    eval_iters: int = opt(10, "batches per split in each evaluation", low=1)
-    sample_tokens: int = opt(40, "tokens sampled at each evaluation, base model beside tuned (0 = none)", low=0)
+    eval_interval: int = opt(50, "evaluate, sample and checkpoint every this many steps", low=1, high=MAX_STEPS)
+    eval_iters: int = opt(10, "batches per split in each evaluation", low=1, high=MAX_STEPS)
+    sample_tokens: int = opt(40, "tokens sampled at each evaluation, base model beside tuned (0 = none)", low=0,
+                             high=MAX_STEPS)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -11,7 +11,8 @@ No step reads a value back from the device: losses stay tensors until every
 keeps queueing work ahead of a GPU. The next batch is drawn while the forward pass runs.
 
 Beside it: ``loop_contract.py`` (the ``Callback`` hooks and the ``TrainResult``, re-exported
-here) and ``trainer_state.py`` (what of the loop a checkpoint keeps for an exact resume).
+here), ``trainer_state.py`` (what of the loop a checkpoint keeps for an exact resume) and
+``divergence.py`` (a NaN/inf loss or weight stops the run before it checkpoints).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 
 from lucidlm import host_memory
 from lucidlm.training.distributed import DistributedContext, any_rank
+from lucidlm.training.divergence import TrainingDiverged, diverged_message, first_nonfinite, parameters_finite
 from lucidlm.training.interrupt import install_interrupt_handler
 from lucidlm.training.kill_points import kill_point
 from lucidlm.training.loop_contract import Callback, TrainResult
@@ -72,6 +74,13 @@ class Trainer:
         # them first (``flush_losses``), and the next ``_log`` still owes them to the callbacks.
         self._unlogged: list[float] = []
         self._stop_requested = False
+        # Tokens with a loss that the last evaluation counted, per split: a NaN loss over none is
+        # no divergence (estimate_loss). The last checkpoint this run saved (or resumed from) is
+        # what a diverged run keeps; ``_checked`` train losses are known finite.
+        self.eval_tokens: dict[str, int] = {}
+        self.saved_step: Optional[int] = None
+        self.saved_path: Optional[Path] = None
+        self._checked = 0
         self.train_time, self.tokens_seen = 0.0, 0  # since the last evaluation (tokens/s)
         # Seconds spent in training steps this run, and how many steps: the ETA's rate. No
         # evaluation, sampling or checkpoint time is in it, so the ETA does not jump after one.
@@ -186,6 +195,7 @@ class Trainer:
             # NaN when these batches count no token (as F.cross_entropy's mean over nothing), not
             # a 0.0 that reads as a perfect model.
             out[split] = float(total / counted)
+            self.eval_tokens[split] = int(counted)
         self.model.train()
         return out
 
@@ -195,6 +205,10 @@ class Trainer:
         if self.ctx.is_main or self.ctx.sharded:
             with torch.random.fork_rng(devices=[]):  # leave the training RNG exactly as it was
                 losses = self.estimate_loss(iters)
+        # Before any callback: sampling or logging a NaN model is no use, and the checkpoint
+        # that follows must not replace the last good one.
+        self.check_diverged(losses if (self.ctx.is_main or self.ctx.sharded) else {})
+        if self.ctx.is_main or self.ctx.sharded:
             record = {
                 "step": self.step, "train_loss": losses["train"], "val_loss": losses["val"],
                 "val_ppl": math.exp(min(losses["val"], 50.0)), "lr": self.lr_at(max(self.step - 1, 0)),
@@ -224,7 +238,30 @@ class Trainer:
     def save_checkpoint(self) -> Optional[Path]:
         """Write a checkpoint through the checkpointer; its path, or None without a checkpointer
         (and on ranks other than 0). Collective under torchrun."""
-        return self.checkpointer.save(self) if self.checkpointer is not None else None
+        if self.checkpointer is None:
+            return None
+        path = self.checkpointer.save(self)
+        self.saved_step, self.saved_path = self.step, path
+        return path
+
+    def check_diverged(self, eval_losses: dict[str, float]) -> None:
+        """Raise TrainingDiverged when a training loss since the last check, an evaluation loss over
+        counted tokens (``eval_losses``, from ``estimate_loss``) or a weight is NaN or infinite.
+        Collective under torchrun: every rank calls it at the same step, and all raise together."""
+        self.flush_losses()  # collective: the same (rank-averaged) losses on every rank
+        what = None
+        bad_step = first_nonfinite(self.train_losses[self._checked:], self._checked)
+        if bad_step is not None:
+            what = f"the training loss became {bad_step[1]} at step {bad_step[0]}"
+        for split, loss in eval_losses.items():
+            if what is None and not math.isfinite(loss) and self.eval_tokens.get(split):
+                what = f"the {split} loss is {loss}"
+        if what is None and not parameters_finite(self.model.parameters()):
+            what = "the weights hold NaN or infinite values"
+        if any_rank(what is not None, self.ctx):
+            what = what or "another process's loss or weights are not finite"
+            raise TrainingDiverged(diverged_message(self.step, what, self.saved_step, self.saved_path))
+        self._checked = len(self.train_losses)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> TrainResult:
@@ -241,6 +278,9 @@ class Trainer:
         cfg, ctx = self.config, self.ctx
         self._start = time.perf_counter()
         interrupted, checkpoint_path = False, None
+        if self.step > 0 and self.saved_step is None:  # resumed: its checkpoint is the last good one
+            self.saved_step = self.step
+        self._checked = len(self.train_losses)  # a resumed run's losses were checked when they were saved
         previous_handler = install_interrupt_handler(self)
         if ctx.is_main:
             for callback in self.callbacks:
@@ -262,6 +302,7 @@ class Trainer:
                 self.step_seconds, self.steps_timed = self.step_seconds + seconds, self.steps_timed + 1
                 self.tokens_seen += self.tokens_per_step
             if interrupted:
+                self.check_diverged({})
                 checkpoint_path = self.save_checkpoint()
             elif self.last_eval_step != self.step:
                 self.evaluate(cfg.final_eval_iters or cfg.eval_iters)
