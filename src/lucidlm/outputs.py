@@ -26,10 +26,17 @@ _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 _NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT}
 
 
+def user_path(path: PathLike) -> Path:
+    """``path`` as the user means it: a leading ``~`` is their home directory. A shell expands
+    ``~`` only at the start of a word, not in ``--out=~/run`` or a quoted path, and never in
+    Python's ``TrainConfig(out_dir="~/run")``; a literal directory named "~" is never meant."""
+    return Path(os.path.expanduser(path))
+
+
 def check_output_dir(path: PathLike, flag: str) -> Path:
-    """``path`` as a directory lucidlm may create or write into: not a file, not under a file,
-    its nearest existing ancestor writable. Creates nothing."""
-    path = Path(path).expanduser()
+    """``path`` (``user_path``) as a directory lucidlm may create or write into: not a file, not
+    under a file, its nearest existing ancestor writable. Creates nothing; use the path it returns."""
+    path = user_path(path)
     if path.exists() and not path.is_dir():
         raise OutputError(f"{flag} {path} is a file, not a directory; give a directory path (it is created if "
                           f"needed).")
@@ -40,7 +47,7 @@ def check_output_dir(path: PathLike, flag: str) -> Path:
 def check_output_file(path: PathLike, flag: str) -> Path:
     """``path`` as a file lucidlm may write (an existing file is replaced): not a directory,
     not under a file, its directory writable. Creates nothing."""
-    path = Path(path).expanduser()
+    path = user_path(path)
     if path.is_dir():
         raise OutputError(f"{flag} {path} is a directory; give a file path such as {path / 'report.html'}.")
     _check_parents(path, flag)

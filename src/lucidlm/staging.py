@@ -20,7 +20,8 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Iterator
+from contextlib import contextmanager
+from typing import IO, Iterable, Iterator, Optional
 
 STALE_AFTER = 24 * 3600  # seconds: a staging file nobody wrote to for this long is abandoned
 _NAME = re.compile(r"[.-](?:partial|tmp|old)-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-")
@@ -138,3 +139,38 @@ def _alive(pid: int) -> bool:
     except (PermissionError, OverflowError, ValueError):
         return True  # someone else's process (or a pid we cannot ask about): keep its file
     return True
+
+
+@contextmanager
+def replacing_files(directory: Path, names: Iterable[str]) -> Iterator[list[str]]:
+    """Around a write of several files into ``directory`` (a model save): once it has succeeded,
+    remove the files called ``names`` that were there before and that the write did not rewrite
+    (an earlier save's leftovers), and fill the yielded list with the names of the files the write
+    wrote. Any other file (the user's) is left alone; a failed write removes nothing."""
+    before = {path.name: _stamp(path) for path in _plain_files(directory)}
+    written: list[str] = []
+    yield written
+    ours = set(names)
+    for path in _plain_files(directory):
+        if before.get(path.name) != _stamp(path):  # new, or replaced (atomic writes make a new file)
+            written.append(path.name)
+        elif path.name in ours and path.is_file():
+            path.unlink()
+    written.sort()
+
+
+def _plain_files(directory: Path) -> list[Path]:
+    """The plain files of ``directory`` (staging files, which start with ".", left out)."""
+    if not directory.is_dir():
+        return []
+    return [p for p in directory.iterdir() if not p.name.startswith(".") and p.is_file() and not p.is_symlink()]
+
+
+def _stamp(path: Path) -> Optional[tuple[int, int, int, int]]:
+    """What changes when a file is written: a new inode (written beside and renamed in), or the
+    modification and change times and the size (written in place)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size

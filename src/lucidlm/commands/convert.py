@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
 
@@ -55,15 +54,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lucidlm.commands.generate import check_quantize_flags
-    from lucidlm.commands.model_dir import replacing_model
+    from lucidlm.commands.model_dir import refuse_writing_over, replacing_model
     from lucidlm.loading import load
 
     out_dir = check_output_dir(args.out_dir, "OUT_DIR")
+    refuse_writing_over(out_dir, args.source, "SOURCE", "OUT_DIR")  # --force or not
     if out_dir.is_dir() and any(out_dir.iterdir()) and not args.force:
         raise LucidLMError(f"OUT_DIR {out_dir} is not empty; pick another directory or pass --force.")
-    source = Path(args.source).expanduser()
-    if source.exists() and source.resolve() == out_dir.resolve():
-        raise LucidLMError(f"OUT_DIR {out_dir} is the SOURCE itself; write the conversion somewhere else.")
 
     start = time.perf_counter()
     if args.quantize and args.to_format != "lucidlm":

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--top-k {args.top_k}: give a number of candidates >= 1.")
     check_output_file(args.out, "--out")  # before the model loads: a bad path costs nothing
     if args.plots:
-        check_output_dir(args.plots, "--plots")
+        args.plots = check_output_dir(args.plots, "--plots")  # "~" expanded: the path written below
     model = load(args.model, adapter=args.adapter, device=args.device, dtype=torch.float32)  # the exact float model
     start = time.perf_counter()
     with writing(args.out, "--out"):
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB) in {time.perf_counter() - start:.1f} s")
     if args.plots:
         with writing(args.plots, "--plots"):
-            written = _write_plots(model, args.text, Path(args.plots))
+            written = _write_plots(model, args.text, args.plots)
         print(f"wrote {len(written)} figures to {args.plots}")
     return 0
 

@@ -1,59 +1,36 @@
-"""Saving a model over an earlier one (``convert`` / ``merge`` with ``--force``).
-
-A lucidlm save and a Hugging Face save write different files. Written into a directory that
-held the other kind, the old files stayed beside the new ones: an old ``lucidlm_config.json``
-and ``checksums.json`` made lucidlm read a fresh Hugging Face save as its own format and call
-its new weights damaged. So after a save, the model files lucidlm writes (either format's)
-that this save did not rewrite are removed; any other file (the user's) is left alone.
+"""Saving a model into a directory (``convert`` / ``merge``): never over the model it is made
+from (``refuse_writing_over``). Over an earlier model (with ``--force``) the saves themselves
+remove that model's files they do not rewrite (``weights.checkpoint.replacing_model``,
+re-exported here: the commands use the names of the files it wrote).
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
+
+from lucidlm.errors import OutputError
+from lucidlm.weights.checkpoint import model_dir_read, model_file_names, replacing_model
 
 
-def model_file_names() -> tuple[str, ...]:
-    """Every file a lucidlm save (``save_model``) or a Hugging Face save (``save_hf``) writes."""
-    from lucidlm.weights import checkpoint, hf
-    from lucidlm.weights.hf_generation_config import CONFIG_NAME, GENERATION_CONFIG_NAME
+def refuse_writing_over(out_dir: Path, source: Optional[str], what: str, out_flag: str) -> None:
+    """Refuse an output directory that is the directory a model (or adapter) ``source`` is read
+    from, or lies on the way from ``source`` to it (a training run RUN is read from RUN/checkpoint:
+    OUT_DIR RUN/checkpoint, and RUN itself, whose new model would hide its checkpoint). A save there
+    would replace the input it is made from. Real paths are compared (``~``, ``..`` and symbolic
+    links resolved), never the strings. A directory beside or below the model is fine: it changes
+    none of its files. ``what`` and ``out_flag`` name the two in the message."""
+    if source is None:
+        return
+    path = Path(source).expanduser()
+    if not path.is_dir():  # a pretrained name or a .gguf file: nothing a model directory can replace
+        return
+    start, read = Path(os.path.realpath(path)), Path(os.path.realpath(model_dir_read(path)))
+    out = Path(os.path.realpath(out_dir.expanduser()))
+    if out == read or (out in read.parents and (out == start or start in out.parents)):
+        shown = "" if read == start else f" (read from {read})"
+        raise OutputError(f"{out_flag} {out_dir} is the {what} {source}{shown}: writing there would replace the "
+                          f"model it is made from; choose another {out_flag}.")
 
-    return (checkpoint.CONFIG_NAME, checkpoint.WEIGHTS_NAME, checkpoint.TOKENIZER_NAME, checkpoint.QUANTIZATION_NAME,
-            checkpoint.CHECKSUMS_NAME, CONFIG_NAME, GENERATION_CONFIG_NAME, hf.WEIGHTS_NAME, hf.TOKENIZER_NAME,
-            hf.TOKENIZER_CONFIG_NAME)
-
-
-@contextmanager
-def replacing_model(directory: Path) -> Iterator[list[str]]:
-    """Around a save into ``directory``: once it has succeeded, remove the stale model files
-    (named by ``model_file_names``, present before and untouched by the save) and fill the
-    yielded list with the names of the files the save wrote. A failed save removes nothing."""
-    before = {path.name: _stamp(path) for path in _entries(directory)}
-    written: list[str] = []
-    yield written
-    ours = set(model_file_names())
-    for path in _entries(directory):
-        if before.get(path.name) != _stamp(path):  # new, or replaced (atomic writes make a new file)
-            written.append(path.name)
-        elif path.name in ours and path.is_file():
-            path.unlink()
-    written.sort()
-
-
-def _entries(directory: Path) -> list[Path]:
-    """The plain files of ``directory`` (staging files, which start with ".", left out)."""
-    if not directory.is_dir():
-        return []
-    return [p for p in directory.iterdir() if not p.name.startswith(".") and p.is_file() and not p.is_symlink()]
-
-
-def _stamp(path: Path) -> Optional[tuple[int, int, int, int]]:
-    """What changes when a file is written: a new inode (written beside and renamed in), or the
-    modification and change times and the size (written in place)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size
+__all__ = ["model_file_names", "refuse_writing_over", "replacing_model"]

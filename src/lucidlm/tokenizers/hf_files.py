@@ -18,6 +18,17 @@ from lucidlm.tokenizers.regex_safety import check_backend_regexes
 from lucidlm.validation import Fields
 
 
+def is_parse_failure(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by the tokenizers backend while it parses a tokenizer.json, means
+    the file is bad: an ordinary exception, or a panic of its Rust code (a damaged normalizer
+    charsmap panics), which pyo3 raises as PanicException, a BaseException. Ctrl-C is neither."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
 def tokenizer_from_file(cls: Any, path: str | Path, config_path: Optional[str | Path] = None) -> Any:
     """An ``HFTokenizer`` (``cls``) reading a Hugging Face ``tokenizer.json``. Roles (bos/eos/pad)
     and add_bos come from ``tokenizer_config.json`` beside it (or ``config_path``) if present,
@@ -30,8 +41,10 @@ def tokenizer_from_file(cls: Any, path: str | Path, config_path: Optional[str | 
         raise TokenizerError(f"tokenizer file {path} does not exist.")
     try:
         backend = Backend.from_file(str(path))
-    except Exception as exc:
-        raise TokenizerError(f"{path} is not a Hugging Face tokenizer.json ({exc}).") from None
+    except BaseException as exc:  # noqa: BLE001 - a panic of the backend is a BaseException
+        if not is_parse_failure(exc):
+            raise
+        raise TokenizerError(f"{path} is not a Hugging Face tokenizer.json ({_one_line(exc)}).") from None
     check_backend_regexes(backend, str(path))
     config_path = Path(config_path) if config_path else path.with_name("tokenizer_config.json")
     config = _read_tokenizer_config(config_path) if config_path.exists() else {}

@@ -214,8 +214,13 @@ class HFTokenizer(Tokenizer):
         try:
             embedded = data["tokenizer_json"]
             backend = Backend.from_str(embedded if isinstance(embedded, str) else json.dumps(embedded))
-        except Exception as exc:
-            raise TokenizerError(f"the embedded tokenizer_json cannot be read ({exc})") from None
+        except BaseException as exc:  # noqa: BLE001 - a panic of the backend is a BaseException
+            from lucidlm.tokenizers.hf_files import is_parse_failure
+
+            if not is_parse_failure(exc):
+                raise
+            raise TokenizerError(f"the embedded tokenizer_json cannot be read "
+                                 f"({' '.join(str(exc).split())[:200]})") from None
         check_backend_regexes(backend, "the embedded tokenizer_json")
         # absent in files saved before lucidlm kept every end id: the EOS role's id alone, as then
         eos_ids = Fields(data, "the saved tokenizer", TokenizerError,

@@ -10,6 +10,9 @@ Training checkpoints add optimizer and RNG state beside these (see training/chec
 from __future__ import annotations
 
 import json
+import os
+import re
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Optional
 
@@ -20,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from lucidlm.config import ModelConfig
 from lucidlm.errors import CheckpointError
 from lucidlm.model.transformer import Transformer
-from lucidlm.staging import atomic_write_text, publish, staging_file
+from lucidlm.staging import atomic_write_text, publish, replacing_files, staging_file
 from lucidlm.weights.finite import check_finite
 from lucidlm.weights.integrity import sha256_file, verify_sha256
 from lucidlm.weights.state import load_into, own_state_dict
@@ -90,6 +93,19 @@ def is_checkpoint_dir(path: Path) -> bool:
     return path.is_dir() and (path / CONFIG_NAME).is_file()
 
 
+def model_dir_read(path: Path) -> Path:
+    """The directory ``lucidlm.load(path)`` reads a model directory ``path`` from: ``path`` itself,
+    or a training run's checkpoint (RUN/checkpoint, or an interrupted swap's RUN/.checkpoint.old-*)
+    (the order of ``loading._load_float``). What a write must not go over (``convert``, ``merge``)."""
+    if is_checkpoint_dir(path):
+        return path
+    if is_checkpoint_dir(path / "checkpoint"):
+        return path / "checkpoint"
+    if not (path / "checkpoint").exists():
+        return interrupted_checkpoint(path) or path
+    return path
+
+
 def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path,
                             metadata: Optional[dict[str, str]] = None) -> None:
     """Write to a staging file in the same directory, then rename: a crash mid-write
@@ -98,16 +114,55 @@ def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path,
     out, tmp = staging_file(path)
     out.close()
     try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        try:
+            save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        except SafetensorError as exc:  # its I/O errors (a full disk) are no OSError: make them one
+            raise _os_error(exc, path) from None
         publish(tmp, path, 0o644)
     finally:
         tmp.unlink(missing_ok=True)
 
 
+def _os_error(exc: SafetensorError, path: Path) -> Exception:
+    """The OSError a SafetensorError for an I/O error stands for ("... I/O error: No space left
+    on device (os error 28)"), so ``outputs.writing`` names the path; any other one as it is."""
+    found = re.search(r"\(os error (\d+)\)", str(exc))
+    if found is None:
+        return exc
+    errno = int(found.group(1))
+    return OSError(errno, os.strerror(errno), str(path))
+
+
+def model_file_names() -> tuple[str, ...]:
+    """Every file a lucidlm save (``save_model``) or a Hugging Face save (``hf.save_hf``) writes."""
+    from lucidlm.weights import hf_config
+    from lucidlm.weights.hf_generation_config import GENERATION_CONFIG_NAME
+
+    return (CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME, QUANTIZATION_NAME, CHECKSUMS_NAME, hf_config.CONFIG_NAME,
+            GENERATION_CONFIG_NAME, hf_config.WEIGHTS_NAME, hf_config.INDEX_NAME, hf_config.TOKENIZER_NAME,
+            hf_config.TOKENIZER_CONFIG_NAME)
+
+
+def replacing_model(directory: Path) -> AbstractContextManager[list[str]]:
+    """Around a save into ``directory`` over an earlier model: once it has succeeded, remove the
+    model files (either format's, ``model_file_names``) that this save did not rewrite, and yield
+    the names of those it wrote. A lucidlm save and a Hugging Face save write different files:
+    an old ``lucidlm_config.json`` and ``checksums.json`` left beside a Hugging Face save made it
+    read as lucidlm's format with damaged weights, and an old ``tokenizer.json`` beside a model
+    saved without a tokenizer was loaded as its tokenizer. ``save_model`` and ``save_hf`` use it."""
+    return replacing_files(Path(directory), model_file_names())
+
+
 def save_model(model: Transformer, directory: str | Path) -> Path:
+    directory = Path(directory)
+    with replacing_model(directory):
+        _save_model(model, directory)
+    return directory
+
+
+def _save_model(model: Transformer, directory: Path) -> None:
     from lucidlm.quantization import is_quantized, quantization_layout
 
-    directory = Path(directory)
     # The old checksums go first: a crash before the new ones are written leaves a directory
     # without checksums (loaded unverified, as before), never one that wrongly looks damaged.
     (directory / CHECKSUMS_NAME).unlink(missing_ok=True)
@@ -126,7 +181,6 @@ def save_model(model: Transformer, directory: str | Path) -> Path:
     digest = sha256_file(directory / WEIGHTS_NAME)
     atomic_write_text(directory / CHECKSUMS_NAME, json.dumps({"format": 1, "sha256": {WEIGHTS_NAME: digest}},
                                                              indent=2) + "\n")
-    return directory
 
 
 def verify_checksums(directory: Path) -> None:

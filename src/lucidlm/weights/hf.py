@@ -37,20 +37,17 @@ from lucidlm.errors import (
 from lucidlm.model.transformer import Transformer
 from lucidlm.staging import atomic_write_text
 from lucidlm.validation import read_json_object
-from lucidlm.weights.checkpoint import atomic_save_safetensors
+from lucidlm.weights.checkpoint import atomic_save_safetensors, replacing_model
 from lucidlm.weights.finite import FiniteCheck
-from lucidlm.weights.hf_config import (CONFIG_NAME, GPT2_NAMES, LLAMA_NAMES, SUPPORTED, config_from_hf, hf_family,
-                                       read_hf_config)
+from lucidlm.weights.hf_config import (  # noqa: F401  (the file names re-exported: this module was their home)
+    CONFIG_NAME, GPT2_NAMES, INDEX_NAME, LLAMA_NAMES, SUPPORTED, TOKENIZER_CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME,
+    config_from_hf, hf_family, read_hf_config)
 from lucidlm.weights.hf_generation_config import (end_token_ids, hf_eos_token_id, use_generation_eos_ids,
                                                    write_generation_config)
 from lucidlm.weights.hf_names import (ARCHITECTURE_OF_FAMILY, GPT2_ACTIVATION_NAMES, export_family,
                                       hf_state_dict, to_our_names)
 from lucidlm.weights.state import load_into
 
-WEIGHTS_NAME = "model.safetensors"
-INDEX_NAME = "model.safetensors.index.json"
-TOKENIZER_NAME = "tokenizer.json"
-TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -168,14 +165,18 @@ _FLOAT8 = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz", "floa
 
 
 def _check_float_dtype(tensor: torch.Tensor, name: str, source: Path) -> None:
-    """A weight stored as float8 or integers is quantized (it needs scales lucidlm does not read):
-    converting it to float would load wrong numbers without a word."""
+    """A weight stored as float8 or 8-bit integers is quantized (it needs scales lucidlm does not
+    read), and one stored as another integer, bool or complex is no weight at all: converting
+    either to float would load wrong numbers without a word."""
     if tensor.is_floating_point() and tensor.dtype not in _FLOAT8:
         return
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    quantized = tensor.dtype in _FLOAT8 or tensor.dtype in (torch.int8, torch.uint8)
+    what = "a quantized format" if quantized else "not a floating-point type (the file is damaged or not a model)"
+    fix = "use the model's unquantized release" if quantized else "re-download or re-convert it"
     raise WeightsError(
-        f"{source}: tensor {name!r} is stored as {str(tensor.dtype).removeprefix('torch.')}, a quantized format; "
-        f"lucidlm reads Hugging Face checkpoints in float32, float16 or bfloat16 (and quantizes them itself with "
-        f"quantize=): use the model's unquantized release."
+        f"{source}: tensor {name!r} is stored as {dtype}, {what}; lucidlm reads Hugging Face checkpoints in "
+        f"float32, float16 or bfloat16 (and quantizes them itself with quantize=): {fix}."
     )
 
 
@@ -265,10 +266,11 @@ def save_hf(model: Transformer, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     config = hf_config(model)  # raises ConfigError before anything is written
     tensors = hf_state_dict(model)
-    atomic_save_safetensors(tensors, out_dir / WEIGHTS_NAME, metadata={"format": "pt"})
-    atomic_write_text(out_dir / CONFIG_NAME, json.dumps(config, indent=2) + "\n")
-    _save_tokenizer(model.tokenizer, out_dir)
-    write_generation_config(out_dir, model)  # its sampling defaults and end tokens
+    with replacing_model(out_dir):  # an earlier save's files this one does not write are removed
+        atomic_save_safetensors(tensors, out_dir / WEIGHTS_NAME, metadata={"format": "pt"})
+        atomic_write_text(out_dir / CONFIG_NAME, json.dumps(config, indent=2) + "\n")
+        _save_tokenizer(model.tokenizer, out_dir)
+        write_generation_config(out_dir, model)  # its sampling defaults and end tokens
     return out_dir
 
 

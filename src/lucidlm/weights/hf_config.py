@@ -15,6 +15,12 @@ from lucidlm.errors import ConfigError, UnsupportedArchitectureError
 from lucidlm.validation import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, Fields, read_json_object
 
 CONFIG_NAME = "config.json"
+# The other files of a Hugging Face directory (here, beside config.json, so that lucidlm's own
+# save can name them without importing the exporter: weights/checkpoint.py)
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+TOKENIZER_NAME = "tokenizer.json"
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 # architecture class -> (family, model_type)
 SUPPORTED = {"LlamaForCausalLM": ("llama", "llama"), "GPT2LMHeadModel": ("gpt2", "gpt2")}
 _FAMILY_OF_MODEL_TYPE = {model_type: family for family, model_type in SUPPORTED.values()}
