@@ -69,6 +69,18 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+# -- a small corpus for tiny training runs --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """The first 20,000 characters of tinyshakespeare (``../shared/data``) as a corpus file:
+    enough text for a char tokenizer and a few batches of a tiny model."""
+    source = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinyshakespeare.txt"
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text(source.read_text()[:20000])
+    return path
+
+
 @pytest.fixture
 def ctrl_c_after_step(monkeypatch):
     """``ctrl_c_after_step(n)``: the Trainer receives a real SIGINT (Ctrl-C) right after its

@@ -27,19 +27,11 @@ from lucidlm.weights.hf import save_hf
 
 from harness import api_refused, main_refused, refused, snapshot  # tests/hostile is on sys.path
 
-SHAKESPEARE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tinyshakespeare.txt"
 TINY = dict(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_mlp=64, max_seq_len=32)
 TINY_TRAIN = ["--tokenizer", "char", "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16",
               "--batch-size", "2", "--eval-iters", "1", "--sample-tokens", "0", "--no-progress"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny runs on one torch thread
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text(SHAKESPEARE.read_text()[:20000])
-    return path
 
 
 # -- a diverged run keeps its last good checkpoint -----------------------------------------------
@@ -300,7 +292,6 @@ def test_inspect_plots_tilde_is_the_home_directory(tmp_path, monkeypatch):
     assert cli.main(["inspect", "hi", "--model", str(tmp_path / "m"), "--out", "~/r.html", "--plots", "~/figs"]) == 0
     assert any(Path(os.path.expanduser("~/figs")).iterdir())
     assert not (cwd / "~").exists()
-
 
 
 # -- messages ------------------------------------------------------------------------------------------

@@ -1,7 +1,5 @@
 """The data pipeline: tokenize once into memory-mapped splits, random windows, padding, errors."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -10,15 +8,6 @@ from lucidlm.errors import DataError
 from lucidlm.tokenizers import CharTokenizer
 from lucidlm.training.batches import get_batch, pad_batch
 from lucidlm.training.data import check_enough_data, count_batches, prepare_data
-
-SHAKESPEARE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tinyshakespeare.txt"
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "small.txt"
-    path.write_text(SHAKESPEARE.read_text()[:20000])
-    return path
 
 
 def test_char_split_matches_nanogpt_prepare(corpus, tmp_path):
