@@ -244,20 +244,31 @@ def test_gguf_nibble_words_are_the_blocks_layout():
 
 @pytest.mark.parametrize("scheme", ["int4", "int8"])
 def test_row_gathers_read_the_layout(scheme):
-    # A tied embedding's lookup gathers rows straight from the kernel layout: the same rows
-    # as decoding the whole layout back to codes.
+    # A tied embedding's lookup dequantizes rows straight from the kernel layout: the scheme's
+    # formula in NumPy float32 on the plain codes and scales of those rows, repeated rows too.
     N, K = 64, 96
     g = torch.Generator().manual_seed(9)
     rows = torch.tensor([0, 17, 63, 17, 5, 31, 48])
-    values = torch.randn(N, K // 32, generator=g)
-    assert torch.equal(blocks_kernel.lane_rows(blocks_kernel.lanes_from_rows(values), rows), values[rows])
     if scheme == "int4":
         codes = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
-        got = blocks_kernel.int4_rows(blocks_kernel.blocks_from_codes(codes), rows)
+        scales = (torch.rand(N, K // 32, generator=g) * 0.1).to(torch.bfloat16)
+        zeros = (torch.randn(N, K // 32, generator=g) * 0.1).to(torch.bfloat16)
+        operands = (blocks_kernel.blocks_from_codes(codes), blocks_kernel.lanes_from_rows(scales),
+                    blocks_kernel.lanes_from_rows(zeros))
+        s = scales.float().numpy()[rows.numpy()].repeat(32, axis=1)
+        z = zeros.float().numpy()[rows.numpy()].repeat(32, axis=1)
+        want = (codes.numpy()[rows.numpy()].astype(np.float32) - np.float32(8)) * s + z
     else:
         codes = torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8)
-        got = blocks_kernel.int8_rows(blocks_kernel.int8_blocks_from_codes(codes), rows)
-    assert torch.equal(got, codes[rows])
+        scales = torch.rand(N, K // 32, generator=g) * 0.1
+        operands = (blocks_kernel.int8_blocks_from_codes(codes), blocks_kernel.lanes_from_rows(scales),
+                    blocks_kernel.int8_code_sums(codes))
+        want = codes.numpy()[rows.numpy()].astype(np.float32) * scales.numpy()[rows.numpy()].repeat(32, axis=1)
+    got = blocks_kernel.dequantized_rows(*operands, rows)
+    assert got.dtype == torch.float32 and got.shape == (len(rows), K)
+    np.testing.assert_array_equal(got.numpy(), want)
+    with pytest.raises(RuntimeError, match="outside"):
+        blocks_kernel.dequantized_rows(*operands, torch.tensor([N]))
 
 
 def test_int8_layout_round_trips():

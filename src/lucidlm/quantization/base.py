@@ -155,11 +155,15 @@ class QuantizedLinear(nn.Module):
         """This module's weight in the plain layout (what a file stores)."""
         raise NotImplementedError
 
-    def plain_rows(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The plain-layout tensors of output rows ``rows`` (T,) only: what a tied embedding's
-        lookup reads (``QuantizedEmbedding.reading``). Layouts that do not hold the plain
-        tensors themselves override it to gather the rows straight from their own."""
-        return {name: t.index_select(0, rows) for name, t in self.plain_state().items()}
+    def dequantized_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Output rows ``rows`` (T,) of the float matrix, float32 (T, in), the other rows never
+        decoded: what a tied embedding's lookup reads (``QuantizedEmbedding.source``). The
+        kernel layout gathers them straight from its own buffers (``blocks_kernel.dequantized_rows``)."""
+        operands = self.blocks_operands()
+        if operands is not None:
+            return blocks_kernel.dequantized_rows(*operands, rows)
+        plain = {name: t.index_select(0, rows) for name, t in self.plain_state().items()}
+        return self.dequantize_plain(plain, self.group_size).float()
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -339,11 +343,11 @@ class QuantizedEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)  # (B*T,)
         if self.source is not None:
-            rows = self.source.plain_rows(flat)
+            rows = self.source.dequantized_rows(flat)
         else:
-            rows = {name: t.index_select(0, flat) for name, t in self.plain_state().items()}
-        return self.linear_cls.dequantize_plain(rows, self.group_size).to(self.dtype).reshape(
-            *ids.shape, self.embedding_dim)  # (B, T, d)
+            plain = {name: t.index_select(0, flat) for name, t in self.plain_state().items()}
+            rows = self.linear_cls.dequantize_plain(plain, self.group_size)
+        return rows.to(self.dtype).reshape(*ids.shape, self.embedding_dim)  # (B, T, d)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.linear_cls.dequantize_plain(self.plain_state(), self.group_size).to(dtype)

@@ -253,24 +253,14 @@ def int8_code_sums(codes: torch.Tensor) -> torch.Tensor:
     return lanes_from_rows(groups.sum(-1, dtype=torch.int32).float())
 
 
-def int4_rows(blocks: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Rows ``rows`` (T,) of an int4 blocks layout (N/16, G, 256) as (T, K) uint8 codes,
-    gathered without decoding the other rows (a tied embedding's lookup)."""
-    B, G, _ = blocks.shape
-    nibbles = blocks.view(B, G, 4, ROW_BLOCK, 4)[rows // ROW_BLOCK, :, :, rows % ROW_BLOCK]  # (T, G, t, j)
-    nibbles = nibbles.reshape(-1, G, 16)  # byte 4t + j: column 4t + j low, 16 + 4t + j high
-    return torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).reshape(-1, G * GROUP)
-
-
-def int8_rows(blocks: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Rows ``rows`` (T,) of an int8 blocks layout (N/16, G, 512) as (T, K) int8 codes."""
-    B, G, _ = blocks.shape
-    return blocks.view(B, G, 8, ROW_BLOCK, 4)[rows // ROW_BLOCK, :, :, rows % ROW_BLOCK].reshape(-1, G * GROUP)
-
-
-def lane_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Rows ``rows`` (T,) of per-lane values (N/16, G, 16) as (T, G)."""
-    return values[rows // ROW_BLOCK, :, rows % ROW_BLOCK]
+def dequantized_rows(blocks: torch.Tensor, scales: torch.Tensor, extra: torch.Tensor,
+                     rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` (T,) int64 of a blocks-layout matrix (``blocks_mm``'s operands), dequantized to
+    float32 (T, K) exactly as the plain layout's ``dequantize_plain`` gives them, the other rows
+    never decoded: a tied embedding's lookup (``torch.ops.lucidlm.blocks_rows``, one C++ call)."""
+    if not torch.compiler.is_compiling():
+        assert library() is not None, f"the blocks kernels are not available here: {unavailable_reason()}"
+    return torch.ops.lucidlm.blocks_rows(blocks, scales, extra, rows)
 
 
 def lanes_from_rows(values: torch.Tensor) -> torch.Tensor:

@@ -362,13 +362,6 @@ class Int4Linear(QuantizedLinear):
         self.register_buffer("block_scales", scales)
         self.register_buffer("block_zeros", zeros)
 
-    def plain_rows(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        if self.uses_blocks_kernel:
-            return {"weight_int4": pack_nibbles(blocks_kernel.int4_rows(self.weight_int4, rows)),
-                    "scales": blocks_kernel.lane_rows(self.block_scales, rows),
-                    "zeros": blocks_kernel.lane_rows(self.block_zeros, rows)}
-        return super().plain_rows(rows)
-
     def plain_state(self) -> dict[str, torch.Tensor]:
         N = self.out_features
         if self.uses_blocks_kernel:

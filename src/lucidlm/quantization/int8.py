@@ -128,12 +128,6 @@ class Int8Linear(QuantizedLinear):
         module._install_block_lanes(*out)
         return module, nonfinite
 
-    def plain_rows(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        if self.uses_blocks_kernel:
-            return {"weight_int8": blocks_kernel.int8_rows(self.code_blocks, rows),
-                    "scales": blocks_kernel.lane_rows(self.block_scales, rows).to(self.scale_dtype)}
-        return super().plain_rows(rows)
-
     def plain_state(self) -> dict[str, torch.Tensor]:
         if self.uses_blocks_kernel:
             return {"weight_int8": blocks_kernel.int8_codes_from_blocks(self.code_blocks),
