@@ -111,6 +111,21 @@ def test_a_row_alone_gets_the_same_bits_as_in_a_batch(dtype):
         assert torch.equal(run_kernel(x[i:i + 1], codes, scales, zeros), batch[i:i + 1]), i
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_int8_row_alone_gets_the_same_bits_as_in_a_batch(dtype):
+    # The int8 weights (the embedded model's unembedding) have a one-row loop on AVX2 too.
+    N, K = 64, 576
+    g = torch.Generator().manual_seed(7)
+    codes = torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8)
+    scales = torch.rand(N, K // 32, generator=g) * 0.01 + 1e-4
+    operands = (blocks_kernel.int8_blocks_from_codes(codes), blocks_kernel.lanes_from_rows(scales),
+                blocks_kernel.int8_code_sums(codes))
+    x = (torch.randn(8, K, generator=g) * 2).to(dtype)
+    batch = blocks_kernel.blocks_mm(x, *operands)
+    for i in range(8):
+        assert torch.equal(blocks_kernel.blocks_mm(x[i:i + 1], *operands), batch[i:i + 1]), i
+
+
 @pytest.mark.parametrize("M", [1, 3, 8, 9, 21])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_matches_the_numpy_reference(M, dtype):
