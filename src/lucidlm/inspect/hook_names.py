@@ -7,8 +7,10 @@ and the plots; ``cache.py`` re-exports these names.
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Sequence, Union
+import operator
+from typing import Any, Callable, Optional, Sequence, Union
 
+import torch
 from torch import nn
 
 from lucidlm.errors import HookError
@@ -85,11 +87,27 @@ def resolve_hook_names(model: nn.Module, names_filter: NamesFilter) -> list[str]
     return names
 
 
-def check_layer(layer: int, n_layers: int) -> int:
-    """Layer index, negative counting from the end; HookError naming the valid range."""
-    if not -n_layers <= layer < n_layers:
-        raise HookError(f"layer={layer} is out of range: this model has {n_layers} layers (0..{n_layers - 1}).")
-    return layer % n_layers
+def as_index(value: Any) -> Optional[int]:
+    """``value`` as a plain int when it is a layer or head index: an int, a numpy integer (what
+    ``np.unravel_index`` over patching results gives) or a 0-d integer tensor (``results.argmax()``).
+    None for a bool (True is not layer 1), a float and anything else."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and (value.ndim or value.dtype == torch.bool)):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def check_layer(layer: Any, n_layers: int) -> int:
+    """Layer index as an int, negative counting from the end; HookError naming the valid range."""
+    index = as_index(layer)
+    if index is None:
+        raise HookError(f"layer={layer!r} is not a layer index: give a whole number (0..{n_layers - 1}, "
+                        f"negative counting from the end).")
+    if not -n_layers <= index < n_layers:
+        raise HookError(f"layer={index} is out of range: this model has {n_layers} layers (0..{n_layers - 1}).")
+    return index % n_layers
 
 
 def full_hook_name(key: Union[str, tuple], n_layers: int) -> str:
@@ -104,8 +122,11 @@ def full_hook_name(key: Union[str, tuple], n_layers: int) -> str:
         return GLOBAL_SHORT_NAMES[short]
     if short not in SHORT_NAMES:
         raise _unknown_short_name_error(short, key)
-    if not rest or not isinstance(rest[0], int):
+    if not rest or rest[0] is None:
         raise HookError(f"cache key {key!r}: {short!r} is per layer; write cache[{short!r}, layer].")
+    if as_index(rest[0]) is None:
+        raise HookError(f"cache key {key!r}: the layer {rest[0]!r} is not a whole number; write "
+                        f"cache[{short!r}, layer] with an int layer (0..{n_layers - 1}).")
     layer = check_layer(rest[0], n_layers)
     path = SHORT_NAMES[short]
     if "{sub}" in path:
@@ -117,5 +138,5 @@ def full_hook_name(key: Union[str, tuple], n_layers: int) -> str:
     return f"blocks.{layer}.{path}"
 
 
-__all__ = ["GLOBAL_SHORT_NAMES", "NamesFilter", "OPT_IN_HOOKS", "SHORT_NAMES", "check_layer", "full_hook_name",
+__all__ = ["GLOBAL_SHORT_NAMES", "NamesFilter", "OPT_IN_HOOKS", "SHORT_NAMES", "as_index", "check_layer", "full_hook_name",
            "resolve_hook_names", "unknown_hook_error"]

@@ -63,33 +63,48 @@ def lens_logits(model: nn.Module, cache: ActivationCache) -> torch.Tensor:
 @keywords_checked(InputError)
 def logit_lens(model: nn.Module, ids: Any, top_k: int = 1, cache: Optional[ActivationCache] = None) -> LogitLens:
     """Top ``top_k`` tokens of every layer at every position, for one sequence: ``ids`` is a
-    text or ids (T,); of a (B, T) batch row 0 is read, of a list of texts the first."""
+    text or ids (T,); of a (B, T) batch row 0 is read, of a list of texts the first (taken
+    alone, unpadded). ``cache``: one ``run_with_cache`` made of that same sequence (row 0 of a
+    batch cache); a cache of another length is refused, as its columns would sit under the
+    wrong tokens."""
     check_int(top_k, "top_k", InputError, low=1, high=model.config.vocab_size)
-    ids = _one_text(ids)
-    if cache is None:
+    ids = one_sequence(ids)
+    if cache is None:  # the run checks the ids (type, vocabulary, length) before they are labelled below
         names = ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(model.config.n_layers)]
         with torch.no_grad():
             _, cache = run_with_cache(model, ids, names_filter=names)
-    probs = torch.softmax(lens_logits(model, cache).float(), dim=-1)  # (L+1, T, V)
-    top_probs, top_ids = probs.topk(top_k, dim=-1)
+    logits = lens_logits(model, cache)  # (L+1, T, V)
     tokenizer = getattr(model, "tokenizer", None)
-    name = tokenizer.id_to_token if tokenizer is not None else str
-    top_tokens = [[[name(int(i)) for i in pos] for pos in layer] for layer in top_ids.tolist()]
     if tokenizer is not None:
         from lucidlm.inspect.steps import to_str_tokens
         input_tokens = to_str_tokens(model, ids if isinstance(ids, str) else _first_row(ids))
     else:
         input_tokens = [str(i) for i in _first_row(ids)]
+    check_cache_fits(logits.shape[1], len(input_tokens), "logit_lens")
+    probs = torch.softmax(logits.float(), dim=-1)  # (L+1, T, V)
+    top_probs, top_ids = probs.topk(top_k, dim=-1)
+    name = tokenizer.id_to_token if tokenizer is not None else str
+    top_tokens = [[[name(int(i)) for i in pos] for pos in layer] for layer in top_ids.tolist()]
     labels = ["embed"] + [str(i) for i in range(model.config.n_layers)]
     return LogitLens(labels, input_tokens, top_ids, top_probs, top_tokens)
 
 
-def _one_text(ids: Any) -> Any:
-    """The lens reads one sequence: of a list of texts, the first (as of a (B, T) batch of
-    ids, row 0). Taken alone, so no padding of the others lengthens it."""
+def one_sequence(ids: Any) -> Any:
+    """The lens and the attention view read one sequence: of a list of texts, the first (as of a
+    (B, T) batch of ids, row 0). Taken alone, so no padding of the others lengthens it."""
     if isinstance(ids, (list, tuple)) and ids and all(isinstance(t, str) for t in ids):
         return ids[0]
     return ids
+
+
+def check_cache_fits(cache_positions: int, n_tokens: int, caller: str) -> None:
+    """A cache handed in must be of the sequence shown, whose tokens label its columns. The
+    cache keeps no attention mask, so a padded row cannot be cut back to its text: refused."""
+    if cache_positions != n_tokens:
+        raise InputError(
+            f"{caller}: the cache holds {cache_positions} positions, but the text has {n_tokens} token(s), so the "
+            f"columns would sit under the wrong tokens (a padded batch's cache, or another text's). Pass the cache "
+            f"of this text alone (_, cache = run_with_cache(model, text)), or leave cache out.")
 
 
 def _first_row(ids: Any) -> list[int]:

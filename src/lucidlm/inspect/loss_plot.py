@@ -12,13 +12,36 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from lucidlm.errors import InputError
+from lucidlm.validation import check_float
+
 __all__ = ["plot_loss_curves", "read_metrics"]
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The evaluation records of a ``metrics.jsonl`` file, one dict per line."""
-    lines = Path(path).read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    """The evaluation records of a ``metrics.jsonl`` file, one dict per line. Lines a killed run
+    tore (half-written JSON, NUL bytes, no integer ``step``) are dropped with a note, never a
+    traceback, as training's own reader (``training/callbacks.py``) drops them."""
+    path = Path(path)
+    records, torn = [], []
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not raw.strip(b" \t\r\x00"):
+            if raw:
+                torn.append(number)
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+            step = record["step"]
+            if isinstance(step, bool) or not isinstance(step, int):
+                raise TypeError(step)
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+            torn.append(number)
+            continue
+        records.append(record)
+    if torn:
+        print(f"note: {path}: dropped {len(torn)} torn line(s) (line {', '.join(map(str, torn[:5]))}), left by a "
+              f"run that was killed while writing; the other records are kept.", flush=True)
+    return records
 
 
 def _smooth(values: Sequence[float], weight: float) -> list[float]:
@@ -37,11 +60,15 @@ def plot_loss_curves(metrics: Sequence[dict[str, Any]] | str | Path, path: str |
 
     metrics: records with ``step``, ``train_loss``, ``val_loss`` (or a metrics.jsonl path).
     step_losses: the training loss of every optimizer step, step 1 first (optional).
+    smoothing: the weight on the past of the running average drawn over step_losses, in [0, 1).
     learning_rates: the learning rate of every optimizer step; drawn in a panel beside the losses.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    # The EMA's debiasing divides by 1 - smoothing**i: 1 would divide by zero, above 1 or below 0 it diverges.
+    smoothing = check_float(smoothing, "smoothing", InputError, low=0.0, high=1.0, high_open=True,
+                            fix="give the running average's weight on the past, e.g. 0.9 (0: no smoothing)")
     records = read_metrics(metrics) if isinstance(metrics, (str, Path)) else list(metrics)
     fig = Figure(figsize=(12 if learning_rates else 8, 4.5), dpi=100)
     FigureCanvasAgg(fig)

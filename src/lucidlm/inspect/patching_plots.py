@@ -25,7 +25,11 @@ def _matrix(results: torch.Tensor, ndim: int, what: str) -> np.ndarray:
 
 
 def _limit(matrix: np.ndarray) -> float:
-    return float(np.abs(matrix).max()) or 1.0
+    """The colour scale's half-width, from the finite cells only: a NaN (a normalised metric whose
+    clean - corrupt is 0) or an inf would otherwise set the scale for every other cell; those
+    cells are drawn in the colour map's "bad" colour."""
+    finite = np.abs(matrix[np.isfinite(matrix)])
+    return float(finite.max()) if finite.size and finite.max() > 0 else 1.0
 
 
 def _layer_heatmap(matrix: np.ndarray, columns: Sequence[str], xlabel: str, inches_per_column: float, title: str,

@@ -19,20 +19,24 @@ from matplotlib.figure import Figure
 from lucidlm.errors import HookError, InputError
 from lucidlm.validation import MAX_CONTEXT, MAX_WIDTH, check_float, check_int
 from lucidlm.inspect.cache import ActivationCache, check_layer, token_columns
+from lucidlm.inspect.hook_names import as_index
 from lucidlm.model.positions import rope_angles, sinusoidal_table
 
 PathLike = Union[str, Path]
 
 
 def save_figure(fig: Figure, path: Optional[PathLike]) -> list[Path]:
-    """Write ``path`` with .png and .svg suffixes; returns the files written."""
+    """Write ``path.png`` and ``path.svg``; returns the files written. The suffixes are added to
+    the whole name ("figs/L0.H1" -> "figs/L0.H1.png"), so a dot inside a name never makes two
+    figures share a file; a path already ending in .png or .svg has that suffix swapped."""
     if path is None:
         return []
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    base = path.with_suffix("") if path.suffix.lower() in (".png", ".svg") else path
     written = []
     for suffix in (".png", ".svg"):
-        target = path.with_suffix(suffix)
+        target = base.with_name(base.name + suffix)
         fig.savefig(target, dpi=120, bbox_inches="tight")
         written.append(target)
     return written
@@ -55,10 +59,13 @@ def attention_pattern(pattern_or_cache: Union[ActivationCache, torch.Tensor], la
     if pattern.ndim != 3:
         raise HookError(f"expected an attention pattern of shape (n_heads, T, S), got {tuple(pattern.shape)}.")
     n_heads = pattern.shape[0]
-    if not isinstance(head, int) or isinstance(head, bool) or not -n_heads <= head < n_heads:
-        raise HookError(f"head={head} is out of range: layer {layer} has {n_heads} heads (0..{n_heads - 1}).")
+    index = as_index(head)  # an int, a numpy integer or a 0-d tensor (argmax over patching results)
+    if index is None:
+        raise HookError(f"head={head!r} is not a head index: give a whole number (0..{n_heads - 1}).")
+    if not -n_heads <= index < n_heads:
+        raise HookError(f"head={index} is out of range: layer {layer} has {n_heads} heads (0..{n_heads - 1}).")
     key_slots = pattern_or_cache.key_slots if isinstance(pattern_or_cache, ActivationCache) else None
-    return token_columns(pattern[head], key_slots).float().cpu().numpy()
+    return token_columns(pattern[index], key_slots).float().cpu().numpy()
 
 
 def _draw_heatmap(ax: Any, matrix: np.ndarray, row_labels: Sequence[str], col_labels: Sequence[str],
@@ -103,7 +110,9 @@ def plot_attention(pattern_or_cache: Union[ActivationCache, torch.Tensor], layer
     fig.colorbar(image, ax=ax, label="attention weight")
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (attending)")
-    ax.set_title(title or f"Attention pattern, layer {layer}, head {head}")
+    layer_index = as_index(layer)  # "layer 1", not "layer tensor(1)"; a bare pattern's layer is only a label
+    ax.set_title(title or f"Attention pattern, layer {layer if layer_index is None else layer_index}, "
+                          f"head {as_index(head)}")
     save_figure(fig, path)
     return fig
 

@@ -37,7 +37,10 @@ MAX_REPORT_TOKENS = 256
 @torch.no_grad()
 def report_data(model: nn.Module, text: str, top_k: int = 5) -> dict[str, Any]:
     """Everything the page shows, as plain JSON-ready data."""
-    if not isinstance(text, str) or not text:
+    if not isinstance(text, str):
+        raise InputError(f"the report takes one text (a str), got a {type(text).__name__}; for several texts, "
+                         f"build one report per text.")
+    if not text:
         raise InputError("the text to inspect is empty; pass the text to run through the model, e.g. 'Hello world'.")
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
         raise InputError(f"top_k={top_k!r} must be a whole number >= 1.")

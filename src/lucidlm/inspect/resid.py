@@ -18,6 +18,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from lucidlm.errors import HookError, InputError
+from lucidlm.inspect.hook_names import as_index
 from lucidlm.inspect.tokens import encode
 from lucidlm.quantization.base import dense_weight
 
@@ -44,11 +45,18 @@ def apply_slice(tensor: torch.Tensor, pos_slice: PosSlice, dim: int) -> torch.Te
 
 
 def _final_layer(cache: Any, layer: Optional[int]) -> int:
+    """``layer`` as an int in 0..n_layers (n_layers: the unembedding's input, also for -1 / None);
+    numpy integers and 0-d tensors are indices too (``as_index``)."""
     n = cache.n_layers
-    layer = n if layer is None or layer == -1 else layer
-    if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer <= n:
-        raise HookError(f"layer={layer} is out of range: take 0..{n} (or -1 / None for the unembedding).")
-    return layer
+    index = n if layer is None else as_index(layer)
+    if index == -1:
+        index = n
+    if index is None:
+        raise HookError(f"layer={layer!r} is not a layer index: take a whole number 0..{n} (or -1 / None for "
+                        f"the unembedding).")
+    if not 0 <= index <= n:
+        raise HookError(f"layer={index} is out of range: take 0..{n} (or -1 / None for the unembedding).")
+    return index
 
 
 def _norm_kind(model: Any) -> str:

@@ -17,6 +17,7 @@ from torch import nn
 from lucidlm.display import element_id, iframe_html, scoped_style, script_json  # noqa: F401 (re-exported: their home)
 from lucidlm.errors import InputError
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, token_columns
+from lucidlm.inspect.logit_lens import check_cache_fits, one_sequence
 from lucidlm.suggest import keywords_checked
 
 _TEMPLATE = """<div id="__ID__" class="lucidlm-attention">
@@ -91,9 +92,12 @@ class AttentionView:
 
 @keywords_checked(InputError)
 def attention_view(model: nn.Module, text_or_ids: Any, cache: Optional[ActivationCache] = None) -> AttentionView:
-    """The attention view of one sequence (text, or ids of shape (T,) / (1, T))."""
+    """The attention view of one sequence, as ``logit_lens`` reads it: a text or ids (T,); of a
+    (B, T) batch row 0, of a list of texts the first (taken alone, unpadded). ``cache``: one
+    ``run_with_cache`` made of that same sequence (row 0 of a batch cache); a cache of another
+    length is refused, as its rows would sit under the wrong tokens."""
     from lucidlm.inspect.tokens import id_batch, to_str_tokens
-    ids = id_batch(model, text_or_ids, "attention_view")[:1]
+    ids = id_batch(model, one_sequence(text_or_ids), "attention_view")[:1]  # (1, T)
     if cache is None:
         with torch.no_grad():
             _, cache = run_with_cache(model, ids, names_filter=lambda n: n.endswith("hook_pattern"))
@@ -107,4 +111,5 @@ def attention_view(model: nn.Module, text_or_ids: Any, cache: Optional[Activatio
     patterns = torch.stack([token_columns(p[0] if cache.has_batch_dim else p) for p in per_layer]).float().cpu()
     tokens = to_str_tokens(model, ids[0]) if getattr(model, "tokenizer", None) is not None else \
         [str(i) for i in ids[0].tolist()]
+    check_cache_fits(patterns.shape[-1], len(tokens), "attention_view")
     return AttentionView(tokens, patterns)

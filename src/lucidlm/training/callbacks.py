@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from lucidlm.inspect import loss_plot
 from lucidlm.training.kill_points import kill_point
 from lucidlm.training.loop import Callback, Trainer, TrainResult
 from lucidlm.training.step import unsharded
@@ -115,27 +116,8 @@ class MetricsLog(Callback):
 
 def read_metrics(path: Path, last_step: int) -> list[dict[str, Any]]:
     """The records of ``path`` with step <= ``last_step``; lines a kill tore (half-written JSON,
-    NUL bytes) are dropped with a note, never a traceback."""
-    records, torn = [], []
-    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
-        if not raw.strip(b" \t\r\x00"):
-            if raw:
-                torn.append(number)
-            continue
-        try:
-            record = json.loads(raw.decode("utf-8"))
-            step = record["step"]
-            if isinstance(step, bool) or not isinstance(step, int):
-                raise TypeError(step)
-        except (UnicodeDecodeError, ValueError, KeyError, TypeError):
-            torn.append(number)
-            continue
-        if step <= last_step:
-            records.append(record)
-    if torn:
-        print(f"note: {path}: dropped {len(torn)} torn line(s) (line {', '.join(map(str, torn[:5]))}), left by a "
-              f"run that was killed while writing; the other records are kept.", flush=True)
-    return records
+    NUL bytes) are dropped with a note, never a traceback (``inspect.loss_plot.read_metrics``)."""
+    return [record for record in loss_plot.read_metrics(path) if record["step"] <= last_step]
 
 
 class Console(Callback):
