@@ -108,7 +108,7 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
                            quantize_embeddings)
     if not random_init:
         from lucidlm.generation.defaults import sampling_defaults_for
-        model.generation_defaults = sampling_defaults_for(source)
+        model.generation_defaults = sampling_defaults_for(_directory_read(source))
     if adapter is not None:
         from lucidlm.peft import load_adapter
         load_adapter(model, adapter)
@@ -127,6 +127,18 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
     if compile:
         model.compile()
     return model
+
+
+def _directory_read(source: str | Path) -> str | Path:
+    """The directory ``_load_float`` reads a model directory ``source`` from (a training run's
+    checkpoint, ``model_dir_read``), where its generation_config.json is; any other source as it is."""
+    path = Path(source).expanduser()
+    if not path.is_dir():
+        return source
+    from lucidlm.weights.checkpoint import model_dir_read
+
+    read = model_dir_read(path)
+    return source if read == path else read
 
 
 def _check_overrides(random_init: bool, overrides: dict[str, Any]) -> None:
@@ -198,14 +210,13 @@ def _load_base(source: str | Path, dtype: Optional[torch.dtype], device: str | t
 def _load_float(source: str | Path, name: str, path: Path, dtype: torch.dtype, device: str | torch.device,
                 seed: int, overrides: dict[str, Any]) -> LanguageModel:
     if path.is_dir():
-        from lucidlm.weights.checkpoint import interrupted_checkpoint, is_checkpoint_dir, load_model
+        from lucidlm.weights.checkpoint import is_checkpoint_dir, load_model, model_dir_read
         from lucidlm.weights.hf import is_hf_dir, load_hf
-        if is_checkpoint_dir(path):
-            return load_model(path, dtype=dtype, device=device, model_cls=LanguageModel)
-        if (path / "checkpoint").is_dir() and is_checkpoint_dir(path / "checkpoint"):
-            return load_model(path / "checkpoint", dtype=dtype, device=device, model_cls=LanguageModel)
-        if not (path / "checkpoint").exists() and interrupted_checkpoint(path) is not None:
-            return load_model(interrupted_checkpoint(path), dtype=dtype, device=device, model_cls=LanguageModel)
+        # a lucidlm model, else a training run's checkpoint (RUN/checkpoint, or an interrupted
+        # swap's RUN/.checkpoint.old-*), before the directory's own Hugging Face files
+        read = model_dir_read(path)
+        if is_checkpoint_dir(read):
+            return load_model(read, dtype=dtype, device=device, model_cls=LanguageModel)
         if is_hf_dir(path):
             return load_hf(path, dtype=dtype, device=device, model_cls=LanguageModel)
         from lucidlm.weights.meta import is_meta_dir, load_meta

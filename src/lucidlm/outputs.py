@@ -24,6 +24,8 @@ _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 # ENOENT too: a directory that cannot be made where it is asked for (under /proc), or one
 # removed while it was being written
 _NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT}
+# a directory where a file goes (OUT/config.json/), or a file where a directory goes
+_IN_THE_WAY = {errno.EISDIR, errno.ENOTDIR}
 
 
 def user_path(path: PathLike) -> Path:
@@ -66,8 +68,9 @@ def foreign_entries(directory: Path, ours: tuple[str, ...]) -> list[str]:
 
 @contextmanager
 def writing(path: PathLike, flag: str) -> Iterator[None]:
-    """Turn a full disk or a read-only target while writing ``path`` into one ``OutputError``
-    naming the path and ``flag``; any other OSError is left as it is."""
+    """Turn a full disk, a read-only target or a directory in the way of a file while writing
+    ``path`` into one ``OutputError`` naming the path and ``flag``; any other OSError is left as
+    it is."""
     try:
         yield
     except OutputError:
@@ -78,6 +81,10 @@ def writing(path: PathLike, flag: str) -> Iterator[None]:
                               f"{flag}.") from None
         if exc.errno in _NOT_WRITABLE:
             raise OutputError(f"cannot write {path} ({exc.strerror}): choose another {flag}.") from None
+        if exc.errno in _IN_THE_WAY:  # the file named, not the staging file renamed onto it
+            target = exc.filename2 or exc.filename or path
+            raise OutputError(f"cannot write {target} ({exc.strerror}): move it out of the way or choose another "
+                              f"{flag}.") from None
         raise
 
 

@@ -146,17 +146,29 @@ def replacing_files(directory: Path, names: Iterable[str]) -> Iterator[list[str]
     """Around a write of several files into ``directory`` (a model save): once it has succeeded,
     remove the files called ``names`` that were there before and that the write did not rewrite
     (an earlier save's leftovers), and fill the yielded list with the names of the files the write
-    wrote. Any other file (the user's) is left alone; a failed write removes nothing."""
+    wrote. A name ending in "/" is a directory (transformers' ``additional_chat_templates/``),
+    removed whole when the write left it as it was. Any other file (the user's) is left alone;
+    a failed write removes nothing."""
+    folders = {name.rstrip("/") for name in names if name.endswith("/")}
+    ours = {name for name in names if not name.endswith("/")}
     before = {path.name: _stamp(path) for path in _plain_files(directory)}
+    folders_before = {name: _stamp(directory / name) for name in folders if _is_real_dir(directory / name)}
     written: list[str] = []
     yield written
-    ours = set(names)
     for path in _plain_files(directory):
         if before.get(path.name) != _stamp(path):  # new, or replaced (atomic writes make a new file)
             written.append(path.name)
         elif path.name in ours and path.is_file():
             path.unlink()
+    for name, stamp in folders_before.items():
+        if _is_real_dir(directory / name) and _stamp(directory / name) == stamp:  # nothing written into it
+            remove_entry(directory / name)
     written.sort()
+
+
+def _is_real_dir(path: Path) -> bool:
+    """A directory, not a symbolic link to one (whose target is not ours to remove)."""
+    return path.is_dir() and not path.is_symlink()
 
 
 def _plain_files(directory: Path) -> list[Path]:

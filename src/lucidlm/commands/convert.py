@@ -54,11 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lucidlm.commands.generate import check_quantize_flags
-    from lucidlm.commands.model_dir import refuse_writing_over, replacing_model
+    from lucidlm.commands.model_dir import refuse_unusable_output, refuse_writing_over, replacing_model
     from lucidlm.loading import load
 
     out_dir = check_output_dir(args.out_dir, "OUT_DIR")
     refuse_writing_over(out_dir, args.source, "SOURCE", "OUT_DIR")  # --force or not
+    refuse_unusable_output(out_dir, "OUT_DIR")  # a training run, or a directory named like a model file
     if out_dir.is_dir() and any(out_dir.iterdir()) and not args.force:
         raise LucidLMError(f"OUT_DIR {out_dir} is not empty; pick another directory or pass --force.")
 

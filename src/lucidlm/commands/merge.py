@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lucidlm.commands.model_dir import refuse_writing_over, replacing_model
+    from lucidlm.commands.model_dir import refuse_unusable_output, refuse_writing_over, replacing_model
     from lucidlm.loading import load
     from lucidlm.peft import lora_layers, merge_and_unload
     from lucidlm.peft.files import read_meta
@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir = check_output_dir(args.out, "--out")
     refuse_writing_over(out_dir, args.model, "--model", "--out")  # --force or not
     refuse_writing_over(out_dir, args.adapter, "--adapter", "--out")
+    refuse_unusable_output(out_dir, "--out")  # a training run, or a directory named like a model file
     if out_dir.is_dir() and any(out_dir.iterdir()) and not args.force:
         raise LucidLMError(f"--out {out_dir} is not empty; pick another directory or pass --force.")
     meta = read_meta(Path(args.adapter).expanduser())

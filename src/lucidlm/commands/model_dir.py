@@ -1,5 +1,6 @@
 """Saving a model into a directory (``convert`` / ``merge``): never over the model it is made
-from (``refuse_writing_over``). Over an earlier model (with ``--force``) the saves themselves
+from (``refuse_writing_over``), nor where it would be hidden or fail half-way
+(``refuse_unusable_output``). Over an earlier model (with ``--force``) the saves themselves
 remove that model's files they do not rewrite (``weights.checkpoint.replacing_model``,
 re-exported here: the commands use the names of the files it wrote).
 """
@@ -11,7 +12,8 @@ from pathlib import Path
 from typing import Optional
 
 from lucidlm.errors import OutputError
-from lucidlm.weights.checkpoint import model_dir_read, model_file_names, replacing_model
+from lucidlm.weights.checkpoint import (TRAINER_STATE_NAME, blocked_model_files, model_dir_read, model_file_names,
+                                        replacing_model)
 
 
 def refuse_writing_over(out_dir: Path, source: Optional[str], what: str, out_flag: str) -> None:
@@ -33,4 +35,33 @@ def refuse_writing_over(out_dir: Path, source: Optional[str], what: str, out_fla
         raise OutputError(f"{out_flag} {out_dir} is the {what} {source}{shown}: writing there would replace the "
                           f"model it is made from; choose another {out_flag}.")
 
-__all__ = ["model_file_names", "refuse_writing_over", "replacing_model"]
+
+def refuse_unusable_output(out_dir: Path, out_flag: str) -> None:
+    """Refuse, before any work, an output directory a saved model could not be used from:
+
+    - one holding a training run (RUN/checkpoint, or an interrupted swap's RUN/.checkpoint.old-*):
+      ``lucidlm.load(RUN)`` and ``generate --model RUN`` read that checkpoint before any model
+      files beside it, so the new model would be hidden from lucidlm while transformers reads it;
+    - a training checkpoint itself (RUN/checkpoint): the save would replace the model a resume
+      continues, beside its optimizer state. A run's checkpoint is the user's work, never
+      replaced or removed to make room;
+    - one where a model file's name is taken by a directory (``OUT/config.json/``): the save
+      would fail only after writing the files before it (``checkpoint.blocked_model_files``)."""
+    if not out_dir.is_dir():
+        return
+    run_checkpoint = model_dir_read(out_dir)
+    if run_checkpoint != out_dir:
+        raise OutputError(f"{out_flag} {out_dir} holds a training run: lucidlm.load({str(out_dir)!r}) and "
+                          f"`generate --model {out_dir}` read its checkpoint {run_checkpoint} before any model "
+                          f"written beside it, so the new model would be hidden behind the run's; choose another "
+                          f"{out_flag} (the run is left as it is).")
+    if (out_dir / TRAINER_STATE_NAME).is_file():
+        raise OutputError(f"{out_flag} {out_dir} is a training checkpoint ({TRAINER_STATE_NAME}): writing there "
+                          f"would replace the model its run resumes from; choose another {out_flag}.")
+    blocked = blocked_model_files(out_dir)
+    if blocked:
+        raise OutputError(f"cannot write {blocked[0]} (it is a directory): move it out of the way or choose another "
+                          f"{out_flag}.")
+
+
+__all__ = ["model_file_names", "refuse_unusable_output", "refuse_writing_over", "replacing_model"]

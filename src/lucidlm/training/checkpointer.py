@@ -29,6 +29,7 @@ from lucidlm.training.distributed import DistributedContext, barrier
 from lucidlm.training.resume_checks import DAMAGED, check_optimizer_state
 from lucidlm.weights.checkpoint import CONFIG_NAME, TOKENIZER_NAME, TRAINABLE_NAME, WEIGHTS_NAME
 from lucidlm.weights.finite import check_finite
+from lucidlm.weights.hf_generation_config import write_generation_config
 
 
 def full_model_state(model: torch.nn.Module, ctx: DistributedContext) -> dict[str, torch.Tensor]:
@@ -124,6 +125,10 @@ class Checkpointer:
         (directory / CONFIG_NAME).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
         if model.tokenizer is not None and hasattr(model.tokenizer, "save"):
             model.tokenizer.save(directory / TOKENIZER_NAME)
+        # the sampling defaults and end tokens of the model trained (a fine-tuned base's
+        # generation_config.json), as save_model keeps them: lucidlm.load(RUN) and a convert
+        # of the run sample and stop as the base did
+        write_generation_config(directory, model)
 
     def restore(self, trainer: Any, directory: Path, state: dict[str, Any]) -> None:
         """Weights (or the trainable ones), optimizer moments and loop state from ``directory``."""

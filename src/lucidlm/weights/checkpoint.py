@@ -9,6 +9,7 @@ Training checkpoints add optimizer and RNG state beside these (see training/chec
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -27,7 +28,7 @@ from lucidlm.staging import atomic_write_text, publish, replacing_files, staging
 from lucidlm.weights.finite import check_finite
 from lucidlm.weights.integrity import sha256_file, verify_sha256
 from lucidlm.weights.state import load_into, own_state_dict
-from lucidlm.weights.hf_generation_config import eos_token_ids, write_generation_config
+from lucidlm.weights.hf_generation_config import use_generation_eos_ids, write_generation_config
 
 CONFIG_NAME = "lucidlm_config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -129,18 +130,38 @@ def _os_error(exc: SafetensorError, path: Path) -> Exception:
     found = re.search(r"\(os error (\d+)\)", str(exc))
     if found is None:
         return exc
-    errno = int(found.group(1))
-    return OSError(errno, os.strerror(errno), str(path))
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code), str(path))
+
+
+# The tokenizer files transformers' save_pretrained writes besides tokenizer.json and
+# tokenizer_config.json (slow tokenizers' vocabularies, older role files): never written by
+# lucidlm, but an earlier transformers-saved model's, which AutoTokenizer reads when they are there.
+_TRANSFORMERS_TOKENIZER_FILES = ("special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
+                                 "tokenizer.model")
 
 
 def model_file_names() -> tuple[str, ...]:
-    """Every file a lucidlm save (``save_model``) or a Hugging Face save (``hf.save_hf``) writes."""
+    """Every file a lucidlm save (``save_model``) or a Hugging Face save (``hf.save_hf``) writes,
+    and those of a model transformers saved (its chat template files, which both transformers and
+    lucidlm read before tokenizer_config.json's ``chat_template``, and its other tokenizer files):
+    what a save over an earlier model replaces. A name ending in "/" is a directory."""
+    from lucidlm.tokenizers.hf_files import CHAT_TEMPLATE_DIR, CHAT_TEMPLATE_FILE
     from lucidlm.weights import hf_config
     from lucidlm.weights.hf_generation_config import GENERATION_CONFIG_NAME
 
     return (CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME, QUANTIZATION_NAME, CHECKSUMS_NAME, hf_config.CONFIG_NAME,
             GENERATION_CONFIG_NAME, hf_config.WEIGHTS_NAME, hf_config.INDEX_NAME, hf_config.TOKENIZER_NAME,
-            hf_config.TOKENIZER_CONFIG_NAME)
+            hf_config.TOKENIZER_CONFIG_NAME, CHAT_TEMPLATE_FILE, f"{CHAT_TEMPLATE_DIR}/",
+            *_TRANSFORMERS_TOKENIZER_FILES)
+
+
+def blocked_model_files(directory: Path) -> list[Path]:
+    """The paths in ``directory`` named like a model file that are directories (a
+    ``config.json/`` left by an unzip or a mistaken ``mkdir -p``): a save there fails only after
+    it has written the files before it, which would then sit beside the old model's."""
+    return [Path(directory) / name for name in model_file_names()
+            if not name.endswith("/") and (Path(directory) / name).is_dir()]
 
 
 def replacing_model(directory: Path) -> AbstractContextManager[list[str]]:
@@ -149,8 +170,15 @@ def replacing_model(directory: Path) -> AbstractContextManager[list[str]]:
     the names of those it wrote. A lucidlm save and a Hugging Face save write different files:
     an old ``lucidlm_config.json`` and ``checksums.json`` left beside a Hugging Face save made it
     read as lucidlm's format with damaged weights, and an old ``tokenizer.json`` beside a model
-    saved without a tokenizer was loaded as its tokenizer. ``save_model`` and ``save_hf`` use it."""
-    return replacing_files(Path(directory), model_file_names())
+    saved without a tokenizer was loaded as its tokenizer. ``save_model`` and ``save_hf`` use it.
+
+    Raises IsADirectoryError (an OSError naming the path; ``outputs.writing`` makes it one line)
+    before anything is written when a model file's name is taken by a directory."""
+    directory = Path(directory)
+    blocked = blocked_model_files(directory)
+    if blocked:
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(blocked[0]))
+    return replacing_files(directory, model_file_names())
 
 
 def save_model(model: Transformer, directory: str | Path) -> Path:
@@ -227,8 +255,8 @@ def load_model(directory: str | Path, dtype: torch.dtype = torch.float32,
         tensors = _install_quantized(model, directory / QUANTIZATION_NAME, tensors, device)
     load_into(model, tensors, weights_path)
     model.tokenizer = tokenizer
-    if tokenizer is None:  # the end tokens a Hugging Face folder declared, kept by save_model
-        model.eos_ids = eos_token_ids(directory, config.vocab_size, strict=False) or []
+    if tokenizer is None:  # the end, bos and pad ids a Hugging Face folder declared, kept by save_model
+        use_generation_eos_ids(model, directory)
     return model.to(dtype).eval()
 
 

@@ -42,8 +42,8 @@ from lucidlm.weights.finite import FiniteCheck
 from lucidlm.weights.hf_config import (  # noqa: F401  (the file names re-exported: this module was their home)
     CONFIG_NAME, GPT2_NAMES, INDEX_NAME, LLAMA_NAMES, SUPPORTED, TOKENIZER_CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME,
     config_from_hf, hf_family, read_hf_config)
-from lucidlm.weights.hf_generation_config import (end_token_ids, hf_eos_token_id, use_generation_eos_ids,
-                                                   write_generation_config)
+from lucidlm.weights.hf_generation_config import (end_token_ids, hf_eos_token_id, role_token_id,
+                                                   use_generation_eos_ids, write_generation_config)
 from lucidlm.weights.hf_names import (ARCHITECTURE_OF_FAMILY, GPT2_ACTIVATION_NAMES, export_family,
                                       hf_state_dict, to_our_names)
 from lucidlm.weights.state import load_into
@@ -89,9 +89,13 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | 
 
 
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a Hugging Face directory, from one file or from the shards its index lists."""
+    """Every tensor of a Hugging Face directory, from one file or from the shards its index lists.
+    ``model.safetensors`` wins over an index beside it, as in transformers' ``from_pretrained``
+    (``_get_resolved_checkpoint_files`` tries it first): its ``save_pretrained`` leaves an old
+    index behind when a model saved in shards is saved again in one file."""
     path = Path(path)
-    files = _shard_files(path) if (path / INDEX_NAME).is_file() else [WEIGHTS_NAME]
+    files = [WEIGHTS_NAME] if (path / WEIGHTS_NAME).is_file() or not (path / INDEX_NAME).is_file() \
+        else _shard_files(path)
     tensors: dict[str, torch.Tensor] = {}
     for name in files:
         file = path / name
@@ -237,9 +241,10 @@ def hf_config(model: Transformer) -> dict[str, Any]:
     # eos: the ids lucidlm stops on, which may differ from the tokenizer's eos_token role (a
     # config.json that names another end token, Llama 3's list); transformers reads them here
     # when there is no generation_config.json, and write_generation_config repeats them there
-    token_ids = {"bos_token_id": getattr(model.tokenizer, "bos_id", None),
+    # bos/pad: the tokenizer's roles, or those the model's directory declared when it has none
+    token_ids = {"bos_token_id": role_token_id(model, "bos"),
                  "eos_token_id": hf_eos_token_id(end_token_ids(model)),
-                 "pad_token_id": getattr(model.tokenizer, "pad_id", None)}
+                 "pad_token_id": role_token_id(model, "pad")}
     dtype_name = _DTYPE_NAMES.get(model.dtype, "float32")
     common = dict(architectures=[architecture], model_type=SUPPORTED[architecture][1], vocab_size=cfg.vocab_size,
                   tie_word_embeddings=cfg.tie_embeddings, **token_ids, torch_dtype=dtype_name, dtype=dtype_name,

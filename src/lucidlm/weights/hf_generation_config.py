@@ -10,6 +10,10 @@ reads them, every field checked (one line naming the file and the field when one
   ``end_token_ids`` is what generation stops on and what an export writes. (transformers 5 does
   not look at config.json when a generation_config.json exists without an eos_token_id; lucidlm
   does, rather than never stop, and writes the ids into both files.)
+- BOS and pad: a directory without tokenizer.json still declares them (config.json,
+  generation_config.json); ``use_generation_eos_ids`` keeps them on the model and
+  ``role_token_id`` gives them to an export, so transformers' ``generate()`` without a prompt
+  starts from the same BOS.
 - Sampling: ``sampling_settings`` gives transformers' decoding for the file: greedy unless it
   says ``"do_sample": true`` (its temperature, top-k, top-p, min-p then); a
   ``repetition_penalty`` applies either way. ``generation/defaults.py`` calls it.
@@ -63,6 +67,12 @@ def eos_token_ids(directory: str | Path, vocab_size: int, strict: bool = True) -
     neither names one. ``strict=False`` drops ids outside the vocabulary instead of refusing the
     file: the model can never produce them (transformers' GPT2Config writes 50256 whatever the
     vocabulary size, so a small random GPT-2 carries one)."""
+    return _declared_ids(directory, "eos_token_id", vocab_size, strict) or None
+
+
+def _declared_ids(directory: str | Path, key: str, vocab_size: int, strict: bool) -> list[int]:
+    """Field ``key`` (an id or a list of ids) of ``generation_config.json``, else of ``config.json``,
+    as token ids (``_token_ids``); [] when neither names any."""
     directory = Path(directory)
     generation = read_generation_config(directory)
     sources = [generation] if generation is not None else []
@@ -70,23 +80,43 @@ def eos_token_ids(directory: str | Path, vocab_size: int, strict: bool = True) -
         sources.append(read_json_object(directory / CONFIG_NAME, ConfigError, "model config",
                                         fix=_FIX.format(name=CONFIG_NAME)))
     for fields in sources:
-        if fields.has("eos_token_id"):
-            ids = _token_ids(fields, "eos_token_id", vocab_size, strict)
+        if fields.has(key):
+            ids = _token_ids(fields, key, vocab_size, strict)
             if ids:
                 return ids
-    return None
+    return []
 
 
 def use_generation_eos_ids(model: Any, directory: str | Path) -> None:
     """Give ``model`` the directory's end tokens (``eos_token_ids``): its tokenizer's ``eos_ids``
     when it names any (the tokenizer's bos/eos roles are left as its own files set them), and
     ``model.eos_ids``, which generation falls back on when there is no tokenizer (a directory
-    without tokenizer.json still declares where the model stops, as transformers reads it)."""
+    without tokenizer.json still declares where the model stops, as transformers reads it).
+    Without a tokenizer the directory's bos and pad ids are kept too (``model.bos_id``,
+    ``model.pad_id``), so that an export writes them back (``role_token_id``)."""
     # Out-of-vocabulary ids are a damaged file beside a tokenizer, a config default without one.
     ids = eos_token_ids(directory, model.config.vocab_size, strict=model.tokenizer is not None) or []
     model.eos_ids = ids
     if model.tokenizer is not None and ids:
         model.tokenizer.eos_ids = ids
+    if model.tokenizer is None:
+        for role in _ROLES:
+            try:
+                found = _declared_ids(directory, f"{role}_token_id", model.config.vocab_size, strict=False)
+            except ConfigError:  # not an id: lucidlm never uses these, so it is not kept rather than refused
+                found = []
+            setattr(model, f"{role}_id", found[0] if found else None)
+
+
+_ROLES = ("bos", "pad")  # the ids besides eos that config.json and generation_config.json declare
+
+
+def role_token_id(model: Any, role: str) -> Optional[int]:
+    """The model's ``"bos"`` or ``"pad"`` id: its tokenizer's, or for a model without one the id
+    its directory declared (``use_generation_eos_ids``); None when none is known."""
+    tokenizer = getattr(model, "tokenizer", None)
+    value = getattr(tokenizer if tokenizer is not None else model, f"{role}_id", None)
+    return None if value is None else int(value)
 
 
 def end_token_ids(model: Any) -> list[int]:
@@ -130,9 +160,14 @@ def write_generation_config(directory: str | Path, model: Any) -> None:
         greedy = defaults.get("temperature") == 0
         config["do_sample"] = not greedy
         config.update({k: v for k, v in defaults.items() if not (greedy and k != "repetition_penalty")})
-    # Without a tokenizer (whose own file keeps them) this file is where a lucidlm save keeps them.
-    if eos_ids and (config or len(eos_ids) > 1 or getattr(model, "tokenizer", None) is None):
+    # Without a tokenizer (whose own file keeps them) this file is where a lucidlm save keeps them,
+    # and transformers 5 reads no bos/pad id from config.json once this file exists.
+    tokenizer = getattr(model, "tokenizer", None)
+    if eos_ids and (config or len(eos_ids) > 1 or tokenizer is None):
         config["eos_token_id"] = hf_eos_token_id(eos_ids)
+    if tokenizer is None:
+        config.update({f"{role}_token_id": role_token_id(model, role) for role in _ROLES
+                       if role_token_id(model, role) is not None})
     if not config:
         path.unlink(missing_ok=True)
         return
@@ -162,4 +197,4 @@ def _token_ids(fields: Fields, key: str, vocab_size: int, strict: bool = True) -
 
 
 __all__ = ["GENERATION_CONFIG_NAME", "end_token_ids", "eos_token_ids", "hf_eos_token_id", "read_generation_config",
-           "sampling_settings", "use_generation_eos_ids", "write_generation_config"]
+           "role_token_id", "sampling_settings", "use_generation_eos_ids", "write_generation_config"]
