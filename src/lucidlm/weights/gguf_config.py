@@ -74,7 +74,6 @@ def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
     vocab = fields.int("vocab_size", default=len(tokens) if tokens else None, low=1, high=MAX_VOCAB)
     if vocab is None:
         raise GGUFError(f"{source}: neither {arch}.vocab_size nor tokenizer.ggml.tokens says the vocabulary size.")
-    family_fields = FAMILIES[arch].config_fields(fields, head_dim)
     settings = dict(
         name=arch,
         vocab_size=vocab,
@@ -93,7 +92,7 @@ def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
         mlp="swiglu",
         tie_embeddings=False,  # decided from the tensors by fit_to_tensors
     )
-    return ModelConfig(**{**settings, **family_fields})
+    return ModelConfig(**{**settings, **FAMILIES[arch].config_fields(fields, settings)})
 
 
 def per_layer_int(fields: Fields, key: str, n_layers: int, **bounds: Any) -> int:

@@ -12,8 +12,11 @@ Gemma facts (llama.cpp ``convert_hf_to_gguf.py`` / ``src/llama-model.cpp``, tran
 - Gemma's RMSNorm multiplies by (1 + weight); the converter stores weight + 1, so the GGUF
   value is the plain scale our RMSNorm uses (transformers subtracts the 1 again on load);
 - Q/K rows are *not* permuted (only the ``llama`` converter does that);
-- Gemma 3: 5 sliding-window layers then 1 global, local RoPE base 10000, scores scaled by
-  1/sqrt(head_dim) (query_pre_attn_scalar = head_dim), GeGLU, embeddings times sqrt(d_model).
+- Gemma 3: 5 sliding-window layers then 1 global, local RoPE base 10000, GeGLU, embeddings
+  times sqrt(d_model). Without an ``attention.sliding_window`` key, or with 0, every layer is
+  global with the file's RoPE base (llama.cpp's ``found_swa && n_swa > 0`` test; its converter
+  omits the key for all-global models such as Rnj-1). Scores are scaled by 1/sqrt(head_dim),
+  except for the 62-layer 27B, where llama.cpp uses 1/sqrt(d_model / n_heads) (168, not 128).
 """
 
 from __future__ import annotations
@@ -36,18 +39,29 @@ GEMMA_LAYER_TENSORS = {
 class GGUFFamily:
     permuted_qk: bool  # llama.cpp permuted Q/K rows to the interleaved RoPE layout
     extra_layer_tensors: dict[str, str] = field(default_factory=dict)
-    # (the architecture's metadata as validation.Fields, head_dim) -> ModelConfig fields beyond LLaMA's
-    config_fields: Callable[[Any, int], dict[str, Any]] = lambda fields, head_dim: {}
+    # (the architecture's metadata as validation.Fields, the LLaMA-shaped ModelConfig settings read
+    # from it: d_model, n_layers, n_heads, head_dim, ...) -> ModelConfig fields beyond LLaMA's
+    config_fields: Callable[[Any, dict[str, Any]], dict[str, Any]] = lambda fields, settings: {}
 
 
-def _gemma3_fields(fields: Any, head_dim: int) -> dict[str, Any]:
+GEMMA3_27B_LAYERS = 62  # llama.cpp's LLM_TYPE_27B for gemma3, the one size with its own attention scale
+
+
+def _gemma3_fields(fields: Any, settings: dict[str, Any]) -> dict[str, Any]:
     from lucidlm.validation import MAX_CONTEXT
 
+    # llama.cpp: `found_swa && n_swa > 0` -> 5 local layers per global one; else every layer global
+    window = fields.int("attention.sliding_window", None, low=0, high=MAX_CONTEXT) or None
+    # llama.cpp's f_attention_scale: the 27B scales by n_embd / n_head (integer division), others by head_dim
+    scalar = settings["d_model"] // settings["n_heads"] if settings["n_layers"] == GEMMA3_27B_LAYERS \
+        else settings["head_dim"]
+    if not scalar:
+        fields.fail(f"a {GEMMA3_27B_LAYERS}-layer (27B) model with gemma3.embedding_length={settings['d_model']} below "
+                    f"gemma3.attention.head_count={settings['n_heads']} would scale attention scores by 1/sqrt(0)")
     return dict(
         mlp="geglu", norm_eps=fields.float("attention.layer_norm_rms_epsilon", 1e-6, low=0.0, high=1.0), qk_norm=True,
-        post_sublayer_norm=True, scale_embeddings=True, query_pre_attn_scalar=float(head_dim),
-        sliding_window=fields.int("attention.sliding_window", 512, low=1, high=MAX_CONTEXT), global_layer_every=6,
-        rope_local_theta=10000.0,
+        post_sublayer_norm=True, scale_embeddings=True, query_pre_attn_scalar=float(scalar),
+        sliding_window=window, global_layer_every=6 if window else None, rope_local_theta=10000.0 if window else None,
         final_logit_softcap=fields.float("final_logit_softcapping", None, low=0.0, low_open=True) or None,
     )
 
