@@ -19,6 +19,7 @@ from lucidlm.commands import arg_types
 from lucidlm.commands.chat_input import enable_line_editing, read_message
 from lucidlm.commands.generate import add_model_arguments, add_sampling_arguments, load_model_from_args, sampling_kwargs
 from lucidlm.errors import LucidLMError
+from lucidlm.staging import atomic_write_text
 from lucidlm.suggest import did_you_mean
 
 HELP_TEXT = "type /help for the commands; /exit or Ctrl-D leaves"
@@ -179,9 +180,8 @@ class ChatSession:
             return
         data = {"system": self.convo.system, "messages": self.convo.messages,
                 "settings": {k: v for k, v in self.settings.items() if v is not None}}
-        try:
-            Path(path).expanduser().write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n",
-                                               encoding="utf-8")
+        try:  # through a staging file: a failed write (full disk) leaves an earlier save whole
+            atomic_write_text(Path(path).expanduser(), json.dumps(data, ensure_ascii=False, indent=2) + "\n")
         except OSError as exc:
             self.say(f"cannot write {path}: {exc.strerror or exc}")
             return
