@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from lucidlm.errors import TokenizerError
+from lucidlm.suggest import did_you_mean
 from lucidlm.tokenizers.encode_input import (  # noqa: F401  (check_text re-exported: this module was its home)
-    AllowedSpecial, allowed_special_set, check_text, compile_special_regex, split_on_special)
+    AllowedSpecial, allowed_special_set, check_text, compile_special_regex, list_names, split_on_special)
 from lucidlm.tokenizers.tokenizer_file import FORMAT_VERSION, read_tokenizer_json
 
 # type name written in the JSON file -> class; filled in by Tokenizer.__init_subclass__
@@ -57,7 +58,8 @@ class Tokenizer(ABC):
             if name is not None and name not in self.special_tokens:
                 raise TokenizerError(
                     f"{role}_token {name!r} is not one of this tokenizer's special tokens "
-                    f"{sorted(self.special_tokens)}; add it to special_tokens or pass None"
+                    f"{list_names(self.special_tokens)}; add it to special_tokens or pass None"
+                    f"{did_you_mean(name, self.special_tokens)}"
                 )
         self.bos_token, self.eos_token, self.pad_token = bos_token, eos_token, pad_token
         self._special_regex_compiled: re.Pattern[str] | None | bool = False  # compiled on first need

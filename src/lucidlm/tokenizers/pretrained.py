@@ -19,6 +19,7 @@ this one holds the tokenizer itself: encoding, decoding to bytes, and saving.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -35,6 +36,11 @@ from lucidlm.tokenizers.regex_safety import check_backend_regexes
 from lucidlm.validation import Fields
 
 _BYTE_DECODER = {char: byte for byte, char in bytes_to_unicode().items()}
+
+# Backends rebuilt for a strict subset of allowed special tokens, most recent kept. Each is a full
+# copy (Gemma 3's: ~80 MB, 6-10 s to build), so a caller cycling through many subsets must not keep
+# them all; two still serve one alternating between two subsets (e.g. {bos} and {eos}).
+SUBSET_BACKENDS_KEPT = 2
 
 
 class HFTokenizer(Tokenizer):
@@ -63,6 +69,7 @@ class HFTokenizer(Tokenizer):
         self.source = source  # the file it was read from, named by errors
         added = backend.get_added_tokens_decoder()  # id -> AddedToken
         special = {tok.content: i for i, tok in added.items() if tok.special}
+        unflagged_added = {tok.content for tok in added.values() if not tok.special}
         for role in (bos_token, eos_token, pad_token):  # a role token is special even if unflagged
             if role is not None and role not in special:
                 role_id = backend.token_to_id(role)
@@ -74,7 +81,15 @@ class HFTokenizer(Tokenizer):
         default_eos = [] if self.eos_id is None else [self.eos_id]
         self.eos_ids: list[int] = [int(i) for i in eos_ids] if eos_ids else default_eos  # generation stops on any
         self._decoder = plan_decoder(backend, self.source or "the tokenizer")  # refuses decoders it cannot mirror
-        self._subsets: dict[frozenset[str], Any] = {}  # allowed special tokens -> backend (_backend_allowing)
+        # The backend's encode_special_tokens switch makes every added token flagged special plain
+        # text, which is allowed_special=False exactly unless a role token is an added token *not*
+        # flagged special (the switch would leave that one whole).
+        self._switch_splits_specials = not unflagged_added & special.keys()
+        # Held by every encode through self._backend: allowed_special=False flips its switch for the
+        # call, and the backend encodes with the GIL released, so another thread's encode would see
+        # the flip. Also guards _subsets (never held while a subset backend is built).
+        self._lock = threading.Lock()
+        self._subsets: dict[frozenset[str], Any] = {}  # allowed special tokens -> backend, oldest first
         self._bytes: dict[int, bytes] = {}  # id -> bytes, each built when first decoded
         self._added: Optional[dict[int, Any]] = None  # the backend's added tokens, read on first decode
 
@@ -102,9 +117,7 @@ class HFTokenizer(Tokenizer):
     def encode(self, text: str, *, allowed_special: AllowedSpecial = True) -> list[int]:
         """Text -> ids, with the BOS id first when the model's tokenizer adds one."""
         check_text(text)
-        allowed = self._allowed_special_set(allowed_special)
-        backend = self._backend_allowing(frozenset(allowed))
-        ids = self._guarded(lambda: backend.encode(text, add_special_tokens=False).ids)
+        ids = self._encode_allowing(text, frozenset(self._allowed_special_set(allowed_special)))
         if self.add_bos and self.bos_id is not None:
             ids = [self.bos_id, *ids]
         return ids
@@ -114,31 +127,56 @@ class HFTokenizer(Tokenizer):
         texts = list(texts)
         for text in texts:
             check_text(text)
-        encoded = self._guarded(lambda: self._backend.encode_batch(texts, add_special_tokens=False))
+        with self._lock:
+            encoded = self._guarded(lambda: self._backend.encode_batch(texts, add_special_tokens=False))
         prefix = [self.bos_id] if self.add_bos and self.bos_id is not None else []
         return [prefix + e.ids for e in encoded]
 
     def _encode_ordinary(self, text: str, offset: int) -> list[int]:
-        backend = self._backend_allowing(frozenset())
+        return self._encode_allowing(text, frozenset())
+
+    def _encode_allowing(self, text: str, allowed: frozenset[str]) -> list[int]:
+        """``text``'s ids, the special tokens in ``allowed`` (a subset of ``special_tokens``)
+        being their own id and the others ordinary text. One backend call encodes the whole
+        text, the allowed tokens keeping their own flags (lstrip, rstrip, single_word) and the
+        text around them its sentencepiece prefix only at the start, as transformers does.
+        Added tokens that are not special (Gemma's <h1>, runs of newlines) stay whole either
+        way: they are how the model writes that text (transformers' split_special_tokens=True
+        keeps them too)."""
+        if len(allowed) == len(self.special_tokens):  # all of them
+            with self._lock:
+                return self._guarded(lambda: self._backend.encode(text, add_special_tokens=False).ids)
+        if not allowed and self._switch_splits_specials:
+            # the backend's own switch (what split_special_tokens=True sets): no copy of it
+            with self._lock:
+                before = self._backend.encode_special_tokens
+                self._backend.encode_special_tokens = True
+                try:
+                    return self._guarded(lambda: self._backend.encode(text, add_special_tokens=False).ids)
+                finally:
+                    self._backend.encode_special_tokens = before
+        backend = self._backend_allowing(allowed)
         return self._guarded(lambda: backend.encode(text, add_special_tokens=False).ids)
 
     def _backend_allowing(self, allowed: frozenset[str]) -> Any:
-        """The backend, less the special tokens not in ``allowed``, so that those strings stay
-        ordinary text: the backend has no switch for that. One backend call then encodes the
-        whole text, the allowed tokens keeping their own flags (lstrip, rstrip, single_word)
-        and the text around them its sentencepiece prefix only at the start, as transformers
-        does. Added tokens that are not special (Gemma's <h1>, runs of newlines) stay: they are
-        how the model writes that text (transformers' split_special_tokens=True keeps them too)."""
-        if allowed >= set(self.special_tokens):
-            return self._backend
-        backend = self._subsets.get(allowed)
-        if backend is None:
-            from tokenizers import Tokenizer as Backend
+        """A copy of the backend less the special tokens not in ``allowed``, so that those
+        strings stay ordinary text: the backend's switch turns all of them into text or none.
+        The last ``SUBSET_BACKENDS_KEPT`` are kept; never the whole backend (use it directly)."""
+        with self._lock:
+            backend = self._subsets.pop(allowed, None)
+            if backend is not None:
+                self._subsets[allowed] = backend  # now the most recent
+                return backend
+        from tokenizers import Tokenizer as Backend
 
-            removed = set(self.special_tokens) - allowed
-            spec = json.loads(self._backend.to_str())
-            spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] not in removed]
-            backend = self._subsets[allowed] = Backend.from_str(json.dumps(spec))
+        removed = set(self.special_tokens) - allowed
+        spec = json.loads(self._backend.to_str())
+        spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] not in removed]
+        backend = Backend.from_str(json.dumps(spec))  # seconds for a large vocabulary: built unlocked
+        with self._lock:
+            self._subsets[allowed] = backend
+            while len(self._subsets) > SUBSET_BACKENDS_KEPT:
+                del self._subsets[next(iter(self._subsets))]  # the least recently used
         return backend
 
     def _guarded(self, run: Any) -> Any:
@@ -184,8 +222,19 @@ class HFTokenizer(Tokenizer):
 
     @property
     def backend(self) -> Any:
-        """The underlying ``tokenizers.Tokenizer`` (read it; changing it desynchronises us)."""
+        """The underlying ``tokenizers.Tokenizer`` (read it; changing it desynchronises us).
+        An ``encode(..., allowed_special=False)`` running in another thread sets its
+        ``encode_special_tokens`` for that call."""
         return self._backend
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()  # a lock cannot be copied or pickled: a copy gets its own
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     # ----------------------------------------------------------------- save / load
 
