@@ -147,8 +147,10 @@ def replacing_files(directory: Path, names: Iterable[str]) -> Iterator[list[str]
     remove the files called ``names`` that were there before and that the write did not rewrite
     (an earlier save's leftovers), and fill the yielded list with the names of the files the write
     wrote. A name ending in "/" is a directory (transformers' ``additional_chat_templates/``),
-    removed whole when the write left it as it was. Any other file (the user's) is left alone;
-    a failed write removes nothing."""
+    removed whole, with what it holds, when the write added or removed no entry in it (a symbolic
+    link to one is kept, and its target). Any other file (the user's) is left alone; a failed
+    write removes nothing."""
+    names = list(names)  # read twice below: a generator would leave the second set empty
     folders = {name.rstrip("/") for name in names if name.endswith("/")}
     ours = {name for name in names if not name.endswith("/")}
     before = {path.name: _stamp(path) for path in _plain_files(directory)}

@@ -16,6 +16,7 @@ from torch import nn
 
 from lucidlm.errors import InputError
 from lucidlm.inspect.cache import ActivationCache, run_with_cache
+from lucidlm.inspect.tokens import check_cache_fits, one_sequence
 from lucidlm.suggest import keywords_checked
 from lucidlm.validation import check_int
 
@@ -87,24 +88,6 @@ def logit_lens(model: nn.Module, ids: Any, top_k: int = 1, cache: Optional[Activ
     top_tokens = [[[name(int(i)) for i in pos] for pos in layer] for layer in top_ids.tolist()]
     labels = ["embed"] + [str(i) for i in range(model.config.n_layers)]
     return LogitLens(labels, input_tokens, top_ids, top_probs, top_tokens)
-
-
-def one_sequence(ids: Any) -> Any:
-    """The lens and the attention view read one sequence: of a list of texts, the first (as of a
-    (B, T) batch of ids, row 0). Taken alone, so no padding of the others lengthens it."""
-    if isinstance(ids, (list, tuple)) and ids and all(isinstance(t, str) for t in ids):
-        return ids[0]
-    return ids
-
-
-def check_cache_fits(cache_positions: int, n_tokens: int, caller: str) -> None:
-    """A cache handed in must be of the sequence shown, whose tokens label its columns. The
-    cache keeps no attention mask, so a padded row cannot be cut back to its text: refused."""
-    if cache_positions != n_tokens:
-        raise InputError(
-            f"{caller}: the cache holds {cache_positions} positions, but the text has {n_tokens} token(s), so the "
-            f"columns would sit under the wrong tokens (a padded batch's cache, or another text's). Pass the cache "
-            f"of this text alone (_, cache = run_with_cache(model, text)), or leave cache out.")
 
 
 def _first_row(ids: Any) -> list[int]:

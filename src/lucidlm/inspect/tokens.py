@@ -140,6 +140,30 @@ def id_batch(model: nn.Module, text_or_ids: Any, caller: str) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.long)
 
 
+def one_sequence(ids: Any) -> Any:
+    """The lens and the attention view read one sequence: of a list of texts, the first (as of a
+    (B, T) batch of ids, row 0). Taken alone, so no padding of the others lengthens it."""
+    if isinstance(ids, (list, tuple)) and ids and all(isinstance(t, str) for t in ids):
+        return ids[0]
+    return ids
+
+
+def check_cache_fits(cache_positions: int, n_tokens: int, caller: str) -> None:
+    """A cache handed in must be of the sequence shown, whose tokens label its columns. The
+    cache keeps no attention mask, so a padded row cannot be cut back to its text: refused
+    (row 0 of a batch cache is read when it is the batch's longest, unpadded)."""
+    if cache_positions == n_tokens + 1:  # run_with_cache(model, text, prepend_bos=True)
+        raise InputError(
+            f"{caller}: the cache holds {cache_positions} positions, one more than the text's {n_tokens} token(s): "
+            f"it was made with a BOS prepended. Pass the same tokens, to_tokens(model, text, prepend_bos=True), "
+            f"instead of the text, or leave cache out.")
+    if cache_positions != n_tokens:
+        raise InputError(
+            f"{caller}: the cache holds {cache_positions} positions, but the text has {n_tokens} token(s), so the "
+            f"columns would sit under the wrong tokens (a padded batch's cache, or another text's). Pass the cache "
+            f"of this text alone (_, cache = run_with_cache(model, text)), or leave cache out.")
+
+
 def _id_rows(ids: Any, caller: str) -> Any:
     """Token ids as a list of ints, or a list of lists of ints for a batch; anything else
     (None, floats, strings, a float tensor) is refused naming ``caller``."""

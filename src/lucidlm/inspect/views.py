@@ -17,7 +17,7 @@ from torch import nn
 from lucidlm.display import element_id, iframe_html, scoped_style, script_json  # noqa: F401 (re-exported: their home)
 from lucidlm.errors import InputError
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, token_columns
-from lucidlm.inspect.logit_lens import check_cache_fits, one_sequence
+from lucidlm.inspect.tokens import check_cache_fits, one_sequence
 from lucidlm.suggest import keywords_checked
 
 _TEMPLATE = """<div id="__ID__" class="lucidlm-attention">

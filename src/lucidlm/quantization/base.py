@@ -156,9 +156,10 @@ class QuantizedLinear(nn.Module):
         raise NotImplementedError
 
     def dequantized_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """Output rows ``rows`` (T,) of the float matrix, float32 (T, in), the other rows never
-        decoded: what a tied embedding's lookup reads (``QuantizedEmbedding.source``). The
-        kernel layout gathers them straight from its own buffers (``blocks_kernel.dequantized_rows``)."""
+        """Output rows ``rows`` (T,) of the float matrix, float32 (T, in): what a tied embedding's
+        lookup reads (``QuantizedEmbedding.source``). lucidlm's kernel layout gathers and decodes
+        those rows only (``blocks_kernel.dequantized_rows``); other layouts go through their
+        plain tensors (``plain_state``, which torch's int4 tiles rebuild whole)."""
         operands = self.blocks_operands()
         if operands is not None:
             return blocks_kernel.dequantized_rows(*operands, rows)
@@ -341,7 +342,7 @@ class QuantizedEmbedding(nn.Module):
         return {name: getattr(self, name) for name in self.linear_cls.plain_names}
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        flat = ids.reshape(-1)  # (B*T,)
+        flat = ids.reshape(-1).long()  # (B*T,) int64, as the kernel layout's gather takes them (no copy if so)
         if self.source is not None:
             rows = self.source.dequantized_rows(flat)
         else:

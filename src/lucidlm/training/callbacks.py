@@ -107,10 +107,8 @@ class MetricsLog(Callback):
             os.fsync(fd)
         finally:
             os.close(fd)
-        from lucidlm.inspect.loss_plot import plot_loss_curves
-
         trainer.flush_losses()
-        plot_loss_curves([*trainer.metrics, record], self.plot, trainer.train_losses, title=self.title,
+        loss_plot.plot_loss_curves([*trainer.metrics, record], self.plot, trainer.train_losses, title=self.title,
                          learning_rates=trainer.learning_rates)
 
 

@@ -127,8 +127,11 @@ class Checkpointer:
             model.tokenizer.save(directory / TOKENIZER_NAME)
         # the sampling defaults and end tokens of the model trained (a fine-tuned base's
         # generation_config.json), as save_model keeps them: lucidlm.load(RUN) and a convert
-        # of the run sample and stop as the base did
-        write_generation_config(directory, model)
+        # of the run sample and stop as the base did. Only when the base had sampling defaults:
+        # a file holding ids alone reads as greedy (transformers' do_sample=False), where the
+        # base, with no such file, samples at lucidlm's fallback
+        if getattr(model, "generation_defaults", None):
+            write_generation_config(directory, model)
 
     def restore(self, trainer: Any, directory: Path, state: dict[str, Any]) -> None:
         """Weights (or the trainable ones), optimizer moments and loop state from ``directory``."""

@@ -157,11 +157,15 @@ def model_file_names() -> tuple[str, ...]:
 
 
 def blocked_model_files(directory: Path) -> list[Path]:
-    """The paths in ``directory`` named like a model file that are directories (a
+    """The paths in ``directory`` named like a file a lucidlm save writes that are directories (a
     ``config.json/`` left by an unzip or a mistaken ``mkdir -p``): a save there fails only after
-    it has written the files before it, which would then sit beside the old model's."""
+    it has written the files before it, which would then sit beside the old model's. (The names
+    only a transformers save writes are not in the way: a folder of that name is left alone.)"""
+    from lucidlm.tokenizers.hf_files import CHAT_TEMPLATE_FILE
+
+    never_written = {*_TRANSFORMERS_TOKENIZER_FILES, CHAT_TEMPLATE_FILE}
     return [Path(directory) / name for name in model_file_names()
-            if not name.endswith("/") and (Path(directory) / name).is_dir()]
+            if not name.endswith("/") and name not in never_written and (Path(directory) / name).is_dir()]
 
 
 def replacing_model(directory: Path) -> AbstractContextManager[list[str]]:
