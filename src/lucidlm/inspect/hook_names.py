@@ -138,5 +138,5 @@ def full_hook_name(key: Union[str, tuple], n_layers: int) -> str:
     return f"blocks.{layer}.{path}"
 
 
-__all__ = ["GLOBAL_SHORT_NAMES", "NamesFilter", "OPT_IN_HOOKS", "SHORT_NAMES", "as_index", "check_layer", "full_hook_name",
-           "resolve_hook_names", "unknown_hook_error"]
+__all__ = ["GLOBAL_SHORT_NAMES", "NamesFilter", "OPT_IN_HOOKS", "SHORT_NAMES", "as_index", "check_layer",
+           "full_hook_name", "resolve_hook_names", "unknown_hook_error"]
