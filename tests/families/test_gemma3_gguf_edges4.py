@@ -11,10 +11,6 @@ GGUF reader and its config defaults play no part):
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
-
-import gguf
 import numpy as np
 import pytest
 import torch
@@ -23,79 +19,11 @@ import lucidlm
 from lucidlm.errors import GGUFError
 from lucidlm.weights.gguf_config import config_from_metadata
 
+from gemma3_gguf_toys import VOCAB, gemma_weights, write_gemma3_gguf
+
 transformers = pytest.importorskip("transformers")
 
 D_MLP, ROPE_GLOBAL, ROPE_LOCAL, EPS = 32, 1e6, 1e4, 1e-6
-PIECES = ["\u2581", "a", "b", "c", "\u2581a", "ab", "\u2581ab", "bc", "<start_of_turn>", "<end_of_turn>"]
-TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", *(f"<0x{b:02X}>" for b in range(256)), *PIECES]
-VOCAB = len(TOKENS)
-
-
-def gemma_weights(n_layers: int, d_model: int, n_heads: int, n_kv: int, head_dim: int,
-                  seed: int = 0) -> dict[str, np.ndarray]:
-    """Random float32 weights under Gemma 3's GGUF names; norm weights near 1 (the GGUF stores 1 + w)."""
-    g = np.random.default_rng(seed)
-
-    def mat(out_dim: int, in_dim: int) -> np.ndarray:
-        return (g.standard_normal((out_dim, in_dim)) / np.sqrt(in_dim)).astype(np.float32)
-
-    def scale(dim: int) -> np.ndarray:
-        return (1.0 + 0.2 * g.standard_normal(dim)).astype(np.float32)
-
-    w = {"token_embd.weight": (g.standard_normal((VOCAB, d_model)) * 0.5).astype(np.float32),
-         "output_norm.weight": scale(d_model)}
-    for i in range(n_layers):
-        w |= {
-            f"blk.{i}.attn_norm.weight": scale(d_model),
-            f"blk.{i}.attn_q.weight": mat(n_heads * head_dim, d_model),
-            f"blk.{i}.attn_k.weight": mat(n_kv * head_dim, d_model),
-            f"blk.{i}.attn_v.weight": mat(n_kv * head_dim, d_model),
-            f"blk.{i}.attn_q_norm.weight": scale(head_dim),
-            f"blk.{i}.attn_k_norm.weight": scale(head_dim),
-            f"blk.{i}.attn_output.weight": mat(d_model, n_heads * head_dim),
-            f"blk.{i}.post_attention_norm.weight": scale(d_model),
-            f"blk.{i}.ffn_norm.weight": scale(d_model),
-            f"blk.{i}.ffn_gate.weight": mat(D_MLP, d_model),
-            f"blk.{i}.ffn_up.weight": mat(D_MLP, d_model),
-            f"blk.{i}.ffn_down.weight": mat(d_model, D_MLP),
-            f"blk.{i}.post_ffw_norm.weight": scale(d_model),
-        }
-    return w
-
-
-def write_gemma3(path: Path, weights: dict[str, np.ndarray], n_layers: int, d_model: int, n_heads: int, n_kv: int,
-                 head_dim: int, window: Optional[int]) -> Path:
-    """A gemma3 GGUF as llama.cpp's converter writes it; ``window=None`` leaves the key out."""
-    w = gguf.GGUFWriter(str(path), "gemma3")
-    w.add_context_length(256)
-    w.add_embedding_length(d_model)
-    w.add_block_count(n_layers)
-    w.add_feed_forward_length(D_MLP)
-    w.add_head_count(n_heads)
-    w.add_head_count_kv(n_kv)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_rope_freq_base(ROPE_GLOBAL)
-    w.add_layer_norm_rms_eps(EPS)
-    if window is not None:
-        w.add_sliding_window(window)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(TOKENS)
-    w.add_token_scores([0.0] * VOCAB)
-    w.add_token_types([3, 3, 3, 2] + [6] * 256 + [1] * 8 + [3, 3])
-    w.add_bos_token_id(2)
-    w.add_eos_token_id(1)
-    w.add_unk_token_id(3)
-    w.add_pad_token_id(0)
-    w.add_add_bos_token(True)
-    for name, value in weights.items():
-        w.add_tensor(name, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 def transformers_gemma3(weights: dict[str, np.ndarray], n_layers: int, d_model: int, n_heads: int, n_kv: int,
@@ -135,8 +63,9 @@ def logits_of(model, ids: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("window", [None, 0], ids=["no-key", "zero"])
 def test_a_file_without_a_sliding_window_is_all_global(tmp_path, window):
     shape = dict(n_layers=7, d_model=32, n_heads=2, n_kv=1, head_dim=16)
-    weights = gemma_weights(**shape)
-    ours = lucidlm.load(write_gemma3(tmp_path / "global.gguf", weights, window=window, **shape))
+    weights = gemma_weights(**shape, d_mlp=D_MLP)
+    ours = lucidlm.load(write_gemma3_gguf(tmp_path / "global.gguf", weights, **shape, d_mlp=D_MLP,
+                                          window=window, rope_base=ROPE_GLOBAL, eps=EPS))
     reference = transformers_gemma3(weights, **shape, layer_types=["full_attention"] * shape["n_layers"],
                                     window=4096, query_pre_attn_scalar=shape["head_dim"])
     ids = torch.randint(4, VOCAB, (2, 40), generator=torch.Generator().manual_seed(0))
@@ -149,8 +78,9 @@ def test_a_file_without_a_sliding_window_is_all_global(tmp_path, window):
 def test_the_attention_scale_follows_llama_cpp(tmp_path, n_layers, scalar):
     """d_model / n_heads = 48 / 2 = 24 differs from head_dim = 16: only the 62-layer file uses 24."""
     shape = dict(n_layers=n_layers, d_model=48, n_heads=2, n_kv=1, head_dim=16)
-    weights = gemma_weights(**shape, seed=1)
-    ours = lucidlm.load(write_gemma3(tmp_path / "scaled.gguf", weights, window=4, **shape))
+    weights = gemma_weights(**shape, d_mlp=D_MLP, seed=1)
+    ours = lucidlm.load(write_gemma3_gguf(tmp_path / "scaled.gguf", weights, **shape, d_mlp=D_MLP, window=4,
+                                          rope_base=ROPE_GLOBAL, eps=EPS))
     layer_types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n_layers)]
     reference = transformers_gemma3(weights, **shape, layer_types=layer_types, window=4,
                                     query_pre_attn_scalar=scalar)
