@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_gemma3_tiny import VOCAB, WINDOW, write_gemma3_gguf
+from test_gemma3_tiny import VOCAB, WINDOW, write_tiny
 
 import lucidlm
 from lucidlm.peft import add_lora, freeze_base, load_adapter, save_adapter
@@ -13,7 +13,7 @@ from lucidlm.peft import add_lora, freeze_base, load_adapter, save_adapter
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return lucidlm.load(write_gemma3_gguf(tmp_path_factory.mktemp("gemma") / "tiny.gguf"))
+    return lucidlm.load(write_tiny(tmp_path_factory.mktemp("gemma") / "tiny.gguf"))
 
 
 def test_run_with_cache_shows_the_sliding_window(tiny):
@@ -28,7 +28,7 @@ def test_run_with_cache_shows_the_sliding_window(tiny):
 
 
 def test_lora_fine_tuning_trains_and_round_trips(tiny, tmp_path):
-    model = lucidlm.load(write_gemma3_gguf(tmp_path / "copy.gguf"))  # its own copy: it will train
+    model = lucidlm.load(write_tiny(tmp_path / "copy.gguf"))  # its own copy: it will train
     freeze_base(model)
     add_lora(model, r=4, alpha=8, targets="q,v,gate,up,down")
     batch = torch.randint(4, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
