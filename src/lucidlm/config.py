@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lucidlm.config_checks import (  # noqa: F401  (re-exported: this module was their home)
-    INIT_SCHEMES, MLP_KINDS, NORM_KINDS, NORM_POSITIONS, POSITION_KINDS, ROPE_VARIANTS, check_and_complete,
-    llama_hidden_dim)
+    INIT_SCHEMES, MLP_KINDS, NORM_KINDS, NORM_POSITIONS, POSITION_KINDS, ROPE_SCALING_PARAMETERS, ROPE_SCALING_TYPES,
+    ROPE_VARIANTS, check_and_complete, llama_hidden_dim)
 from lucidlm.config_presets import PRESETS
 from lucidlm.errors import ConfigError
 from lucidlm.suggest import did_you_mean, keywords_checked, unknown_fields_message
@@ -60,6 +60,12 @@ class ModelConfig:
     rope_variant: str = "half"  # half (rotate_half, HF layout) | interleaved (complex pairs, GGUF/Meta)
     rope_theta: float = 10000.0
     rope_local_theta: Optional[float] = None  # RoPE base of sliding-window layers; None -> rope_theta
+    # Frequency scaling for a longer context, in Hugging Face's spelling (model/rope_scaling.py):
+    # None | {"rope_type": "linear", "factor": 8.0} | {"rope_type": "llama3", "factor": 32.0,
+    # "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    # | {"rope_type": "frequency_factors", "factors": [one divisor per pair]} (a GGUF's rope_freqs).
+    # With a rope_local_theta, sliding-window layers keep unscaled frequencies (Gemma 3).
+    rope_scaling: Optional[dict[str, Any]] = None
 
     # attention pattern and scale
     # Sliding-window (local) attention: a query sees itself and the sliding_window - 1 keys
@@ -136,7 +142,7 @@ class ModelConfig:
         """Bytes of the position tables sized from max_seq_len: RoPE's cos and sin (float64,
         a second pair for a local base) or the sinusoidal table (float32)."""
         if self.positions == "rope":
-            tables = 2 if self.rope_local_theta not in (None, self.rope_theta) else 1
+            tables = 2 if self.has_local_rope_table else 1
             return tables * 2 * self.max_seq_len * (self.head_dim // 2) * 8
         return self.max_seq_len * self.d_model * 4 if self.positions == "sinusoidal" else 0
 
@@ -157,6 +163,13 @@ class ModelConfig:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    @property
+    def has_local_rope_table(self) -> bool:
+        """Whether sliding-window layers rotate by a table of their own: another base, or the
+        same base unscaled while the global layers scale theirs."""
+        return self.rope_local_theta is not None and (self.rope_local_theta != self.rope_theta
+                                                      or self.rope_scaling is not None)
 
     def layer_is_local(self, index: int) -> bool:
         """Whether layer ``index`` uses sliding-window attention (and rope_local_theta)."""

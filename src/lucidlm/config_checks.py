@@ -22,6 +22,13 @@ NORM_KINDS = ("rms", "layer", "none")
 NORM_POSITIONS = ("pre", "post")
 MLP_KINDS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
 INIT_SCHEMES = ("gpt2", "lecun")
+# RoPE scaling rules (model/rope_scaling.py) and the parameters each one reads
+ROPE_SCALING_PARAMETERS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "frequency_factors": ("factors",),
+}
+ROPE_SCALING_TYPES = tuple(ROPE_SCALING_PARAMETERS)
 
 
 def check_and_complete(cfg: Any) -> None:
@@ -54,6 +61,7 @@ def check_and_complete(cfg: Any) -> None:
     put("float", "ffn_dim_multiplier", default=None, low=0.0, low_open=True, high=float(MAX_WIDTH))
     put("float", "rope_theta", low=0.0, low_open=True)
     put("float", "rope_local_theta", default=None, low=0.0, low_open=True)
+    cfg.rope_scaling = rope_scaling_complete(check, name("rope_scaling"))
     put("float", "query_pre_attn_scalar", default=None, low=0.0, low_open=True)
     put("float", "final_logit_softcap", default=None, low=0.0, low_open=True)
     put("float", "norm_eps", low=0.0, high=1.0)
@@ -100,8 +108,47 @@ def check_and_complete(cfg: Any) -> None:
                    f"other layers; set sliding_window or leave global_layer_every None")
     if cfg.post_sublayer_norm and cfg.norm_position != "pre":
         check.fail("post_sublayer_norm adds norms around pre-norm sub-layers; it needs norm_position='pre'")
+    if cfg.rope_scaling is not None and cfg.positions != "rope":
+        check.fail(f"rope_scaling={cfg.rope_scaling!r} scales RoPE, but positions={cfg.positions!r}; "
+                   f"drop rope_scaling or use positions='rope'")
+    factors = (cfg.rope_scaling or {}).get("factors")
+    if factors is not None and cfg.positions == "rope" and len(factors) != cfg.head_dim // 2:
+        check.fail(f"rope_scaling has {len(factors)} frequency factors, but {name('head_dim')}={cfg.head_dim} "
+                   f"rotates {cfg.head_dim // 2} pairs; give one factor per pair")
     if cfg.norm == "none" and (cfg.qk_norm or cfg.post_sublayer_norm):
         check.fail("norm='none' has no norm to use for qk_norm / post_sublayer_norm; pick norm='rms'")
+
+
+def rope_scaling_complete(check: Fields, key: str) -> Optional[dict[str, Any]]:
+    """``rope_scaling`` checked and completed: None for none (or ``rope_type`` "default"), else a
+    new dict with every parameter its rule uses (model/rope_scaling.py), defaults filled in as
+    llama.cpp's converter fills them (low 1, high 4, original context 8192)."""
+    if check.raw(key, None) is None:
+        return None
+    given = check.object(key)
+    kind = given.str("rope_type", choices=ROPE_SCALING_TYPES + ("default",))
+    unknown = sorted(set(given.data) - {"rope_type", *ROPE_SCALING_PARAMETERS.get(kind, ())})
+    if unknown:
+        given.fail(f"{key} of type {kind!r} has no parameter {', '.join(map(repr, unknown))}; its parameters are "
+                   f"{', '.join(ROPE_SCALING_PARAMETERS.get(kind, ())) or 'none'}")
+    if kind == "default":
+        return None
+    if kind == "frequency_factors":
+        factors = given.list("factors")
+        if not factors or not all(isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f)
+                                  and f > 0 for f in factors):
+            given.fail(f"{key}.factors must be positive finite numbers, one per rotated pair")
+        return {"rope_type": kind, "factors": [float(f) for f in factors]}
+    complete = {"rope_type": kind, "factor": given.float("factor", low=0.0, low_open=True)}
+    if kind == "llama3":
+        low = given.float("low_freq_factor", default=1.0, low=0.0, low_open=True)
+        high = given.float("high_freq_factor", default=4.0, low=0.0, low_open=True)
+        if high <= low:
+            given.fail(f"{key}.high_freq_factor={high:g} must exceed low_freq_factor={low:g}: the rule blends "
+                       f"between the two wavelengths they set")
+        complete.update(low_freq_factor=low, high_freq_factor=high, original_max_position_embeddings=given.int(
+            "original_max_position_embeddings", default=8192, low=1, high=MAX_CONTEXT))
+    return complete
 
 
 def llama_hidden_dim(d_model: int, multiple_of: int, ffn_dim_multiplier: Optional[float] = None) -> int:
@@ -117,5 +164,5 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-__all__ = ["INIT_SCHEMES", "MLP_KINDS", "NORM_KINDS", "NORM_POSITIONS", "POSITION_KINDS", "ROPE_VARIANTS",
-           "check_and_complete", "llama_hidden_dim"]
+__all__ = ["INIT_SCHEMES", "MLP_KINDS", "NORM_KINDS", "NORM_POSITIONS", "POSITION_KINDS", "ROPE_SCALING_PARAMETERS",
+           "ROPE_SCALING_TYPES", "ROPE_VARIANTS", "check_and_complete", "llama_hidden_dim", "rope_scaling_complete"]

@@ -82,13 +82,18 @@ def scaled_rope_file(tmp_path: Path, name: str, **keys: object) -> Path:
     return write_llama_gguf(tmp_path / name, {k: to_gguf_layout(k, v) for k, v in weights.items()}, 1, extra=extra)
 
 
-@pytest.mark.parametrize("keys", [{"rope.scaling.factor": 4.0}, {"rope.scale_linear": 2.0},
-                                  {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}])
-def test_scaled_rope_is_refused_even_without_a_type(tmp_path, keys):
+@pytest.mark.parametrize("keys, factor", [({"rope.scaling.factor": 4.0}, 4.0), ({"rope.scale_linear": 2.0}, 2.0)])
+def test_scaled_rope_without_a_type_is_linear(tmp_path, keys, factor):
     """llama.cpp (load_hparams) reads a missing rope.scaling.type as "linear" and scales by the
-    factor (rope.scaling.factor, or the older rope.scale_linear): such a file was read unscaled."""
+    factor (rope.scaling.factor, or the older rope.scale_linear); such a file was read unscaled.
+    (test_rope_scaling.py checks linear scaling's logits against transformers.)"""
     path = scaled_rope_file(tmp_path, "scaled.gguf", **keys)
-    with pytest.raises(UnsupportedArchitectureError, match=r"RoPE scaling '(linear|yarn)' by [24].*not implemented"):
+    assert load_gguf(path).config.rope_scaling == {"rope_type": "linear", "factor": factor}
+
+
+def test_unimplemented_rope_scaling_is_refused(tmp_path):
+    path = scaled_rope_file(tmp_path, "scaled.gguf", **{"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0})
+    with pytest.raises(UnsupportedArchitectureError, match=r"RoPE scaling 'yarn' by 4 is not implemented"):
         load_gguf(path)
 
 

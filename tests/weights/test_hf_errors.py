@@ -53,8 +53,8 @@ def test_unimplemented_rope_scaling_is_named(llama_dir):
     edit_config(llama_dir, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0})
     with pytest.raises(UnsupportedArchitectureError, match=r"'yarn' is not implemented"):
         load_hf(llama_dir)
-    edit_config(llama_dir, rope_parameters=None, rope_scaling={"type": "linear", "factor": 2.0})  # pre-v5 spelling
-    with pytest.raises(UnsupportedArchitectureError, match=r"'linear' is not implemented"):
+    edit_config(llama_dir, rope_parameters=None, rope_scaling={"type": "dynamic", "factor": 2.0})  # pre-v5 spelling
+    with pytest.raises(UnsupportedArchitectureError, match=r"'dynamic' is not implemented"):
         load_hf(llama_dir)
 
 

@@ -15,30 +15,36 @@ The two are the same function up to a fixed permutation of each head's Q/K rows:
 from __future__ import annotations
 
 import math
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from lucidlm.devices import as_dtype
 from lucidlm.errors import ConfigError
+from lucidlm.model.rope_scaling import rope_frequency_divisors
 
 
-def rope_inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
-    """(head_dim/2,) angle per position step for each rotated pair: theta^(-2i/d)."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+def rope_inverse_frequencies(head_dim: int, theta: float, scaling: Optional[dict[str, Any]] = None) -> torch.Tensor:
+    """(head_dim/2,) angle per position step for each rotated pair: theta^(-2i/d), divided by
+    the pair's factor when the model scales its RoPE (``rope_scaling.py``)."""
+    unscaled = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    return unscaled / rope_frequency_divisors(unscaled, scaling)
 
 
-def rope_angles(max_seq_len: int, head_dim: int, theta: float) -> torch.Tensor:
+def rope_angles(max_seq_len: int, head_dim: int, theta: float,
+                scaling: Optional[dict[str, Any]] = None) -> torch.Tensor:
     """(max_seq_len, head_dim/2) angle m * theta_i, computed in float64 for accuracy."""
     positions = torch.arange(max_seq_len, dtype=torch.float64)
-    return torch.outer(positions, rope_inverse_frequencies(head_dim, theta))
+    return torch.outer(positions, rope_inverse_frequencies(head_dim, theta, scaling))
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, max_seq_len: int, theta: float, variant: str) -> None:
+    def __init__(self, head_dim: int, max_seq_len: int, theta: float, variant: str,
+                 scaling: Optional[dict[str, Any]] = None) -> None:
         super().__init__()
         self.variant = variant
-        self.head_dim, self.max_seq_len, self.theta = head_dim, max_seq_len, theta
+        self.head_dim, self.max_seq_len, self.theta, self.scaling = head_dim, max_seq_len, theta, scaling
         # Non-persistent: derived from the config, so never stored in checkpoints.
         # float64 tables: rounding them to the activations' dtype happens after the lookup.
         self.register_buffer("cos", torch.empty(max_seq_len, head_dim // 2, dtype=torch.float64), persistent=False)
@@ -48,7 +54,7 @@ class RotaryEmbedding(nn.Module):
     def reset_buffers(self) -> None:
         if self.cos.is_meta:
             return
-        angles = rope_angles(self.max_seq_len, self.head_dim, self.theta)
+        angles = rope_angles(self.max_seq_len, self.head_dim, self.theta, self.scaling)
         self.cos.copy_(angles.cos())
         self.sin.copy_(angles.sin())
 

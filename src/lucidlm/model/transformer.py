@@ -79,12 +79,12 @@ class Transformer(nn.Module):
         elif cfg.positions == "sinusoidal":
             self.pos_embed = SinusoidalPositions(cfg.max_seq_len, cfg.d_model)
         # One rotation table for every layer, looked up once per forward pass; sliding-window
-        # layers may have their own RoPE base (Gemma 3: 10k local, 1M global), hence a second.
-        self.rotary = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_variant)
-                       if cfg.positions == "rope" else None)
+        # layers may have their own RoPE base (Gemma 3: 10k local, 1M global), hence a second,
+        # which is never scaled (Gemma 3 scales only its global layers' frequencies).
+        self.rotary = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_variant,
+                                       cfg.rope_scaling) if cfg.positions == "rope" else None)
         self.rotary_local = (RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_local_theta, cfg.rope_variant)
-                             if self.rotary is not None and cfg.rope_local_theta not in (None, cfg.rope_theta)
-                             else None)
+                             if self.rotary is not None and cfg.has_local_rope_table else None)
         self.embed_dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.ln_final = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.final_norm else None

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import torch
+
 from lucidlm.config import ModelConfig
 from lucidlm.errors import GGUFError, MissingTensorError, ShapeMismatchError, UnsupportedArchitectureError
+from lucidlm.model.positions import rope_inverse_frequencies
+from lucidlm.model.rope_scaling import rope_frequency_divisors
 from lucidlm.model.transformer import Transformer
 from lucidlm.validation import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, Fields, check_allocation
-from lucidlm.weights.gguf_families import FAMILIES, gguf_tensors_check_name, our_name
+from lucidlm.weights.gguf_families import CONFIG_TENSORS, FAMILIES, ROPE_FREQS, gguf_tensors_check_name, our_name
 from lucidlm.weights.gguf_quants import FLOAT_TYPES
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
@@ -41,16 +46,22 @@ def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
         raise GGUFError(f"{source}: {problem}. {METADATA_FIX[0].upper()}{METADATA_FIX[1:]}.")
 
     # llama.cpp reads an absent scaling type as "linear", with the factor from rope.scaling.factor
-    # (or the older rope.scale_linear); a factor of 0 or 1 scales nothing, and type "none" never scales.
+    # (or the older rope.scale_linear); a factor of 0 or 1 scales nothing, and type "none" never
+    # scales. Llama 3.1's rule comes as a rope_freqs.weight tensor instead (fit_skeleton).
     scaling = fields.raw("rope.scaling.type", "linear")
     factor = fields.float("rope.scaling.factor", default=None)
     factor = fields.float("rope.scale_linear", default=None) if factor is None else factor
-    if scaling != "none" and not (scaling == "linear" and factor in (None, 0.0, 1.0)):
-        stated = "" if "rope.scaling.type" in fields.data else " (no rope.scaling.type: llama.cpp reads it as linear)"
+    if scaling not in ("none", "linear"):
         raise UnsupportedArchitectureError(
-            f"{source}: RoPE scaling {scaling!r}{f' by {factor:g}' if factor is not None else ''}{stated} is not "
-            f"implemented in lucidlm; only unscaled RoPE is supported."
+            f"{source}: RoPE scaling {scaling!r}{f' by {factor:g}' if factor is not None else ''} is not "
+            f"implemented in lucidlm; it reads unscaled RoPE, linear scaling and Llama 3.1's frequency factors."
         )
+    if scaling == "linear" and factor is not None and factor not in (0.0, 1.0):
+        if factor < 0:
+            fail(f"{arch}.rope.scaling.factor={factor:g} is negative; a RoPE scaling factor divides frequencies")
+        rope_scaling = {"rope_type": "linear", "factor": factor}
+    else:
+        rope_scaling = None
     d_model = fields.int("embedding_length", low=1, high=MAX_WIDTH)
     n_layers = fields.int("block_count", low=1, high=MAX_LAYERS)
     n_heads = per_layer_int(fields, "attention.head_count", n_layers, low=1, high=MAX_HEADS)
@@ -87,6 +98,7 @@ def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
         positions="rope",
         rope_variant="half",  # Q/K rows are un-permuted on load (llama) or never were (gemma)
         rope_theta=fields.float("rope.freq_base", default=10000.0, low=0.0, low_open=True),
+        rope_scaling=rope_scaling,
         norm="rms",
         norm_eps=fields.float("attention.layer_norm_rms_epsilon", default=1e-5, low=0.0, high=1.0),
         mlp="swiglu",
@@ -116,6 +128,32 @@ def per_layer_int(fields: Fields, key: str, n_layers: int, **bounds: Any) -> int
             f"builds every layer with the same {key.rsplit('.', 1)[-1].replace('_', ' ')}, so it cannot load "
             f"this model (per-layer values are not supported).")
     return checked[0]
+
+
+def _rope_scaling_from_freqs(tensor: Any, config: ModelConfig, source: str) -> dict[str, Any]:
+    """``rope_scaling`` for a ``rope_freqs.weight`` tensor: llama.cpp divides pair i's frequency
+    by its value i. Its converter writes it for Llama 3.1-3.3 from their llama3 rule; when the
+    values are that rule with Meta's constants (low 1, high 4, original context 8192) and the
+    largest value as the factor, the config says so (and exports to transformers as such),
+    else it keeps the divisors themselves."""
+    pairs = config.head_dim // 2
+    if tensor.tensor_type.name != "F32" or tuple(int(d) for d in tensor.shape) != (pairs,):
+        raise GGUFError(f"{source}: {ROPE_FREQS} is {tensor.tensor_type.name} of shape {tensor.shape.tolist()}; "
+                        f"llama.cpp reads one float32 divisor per rotated pair ({pairs}). {METADATA_FIX[0].upper()}"
+                        f"{METADATA_FIX[1:]}.")
+    if config.rope_scaling is not None:
+        raise UnsupportedArchitectureError(f"{source}: the file scales RoPE twice ({config.rope_scaling['rope_type']} "
+                                           f"by rope.scaling.factor and {ROPE_FREQS}); lucidlm reads one or the other.")
+    factors = torch.from_numpy(np.array(tensor.data, dtype=np.float64))  # (hd/2,)
+    if not bool(torch.isfinite(factors).all()) or not bool((factors > 0).all()):
+        raise GGUFError(f"{source}: {ROPE_FREQS} holds a divisor that is not a positive finite number. "
+                        f"{METADATA_FIX[0].upper()}{METADATA_FIX[1:]}.")
+    llama3 = {"rope_type": "llama3", "factor": float(factors.max()), "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    unscaled = rope_inverse_frequencies(config.head_dim, config.rope_theta)
+    if torch.allclose(rope_frequency_divisors(unscaled, llama3), factors, rtol=1e-6, atol=0.0):
+        return llama3
+    return {"rope_type": "frequency_factors", "factors": factors.tolist()}
 
 
 def partial_rotary_error(source: str, rope_dims: int, head_dim: int) -> UnsupportedArchitectureError:
@@ -167,12 +205,16 @@ def fit_skeleton(reader: Any, config: ModelConfig, meta: dict[str, Any], source:
         raise GGUFError(f"{source}: {config.name}.block_count={config.n_layers} but the file has {found}. "
                         f"{METADATA_FIX[0].upper()}{METADATA_FIX[1:]}.")
     _refuse_unstated_partial_rotary(by_name, config, meta, source)
+    if ROPE_FREQS in by_name:
+        config = config.replace(rope_scaling=_rope_scaling_from_freqs(by_name[ROPE_FREQS], config, source))
     config = config.replace(tie_embeddings="output.weight" not in by_name, vocab_size=rows)
     skeleton = model_cls.skeleton(config)
     expected = {name: tuple(p.shape) for name, p in skeleton.state_dict().items()}
     family = FAMILIES.get(config.name, FAMILIES["llama"])
     present = set()
     for tensor in reader.tensors:
+        if tensor.name in CONFIG_TENSORS:
+            continue  # read into the config above
         ours = our_name(tensor.name, family.extra_layer_tensors)
         if ours is None or ours not in expected:
             gguf_tensors_check_name(tensor, config, source)

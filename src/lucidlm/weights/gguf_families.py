@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from lucidlm.errors import GGUFError, UnsupportedArchitectureError
+from lucidlm.errors import GGUFError
 
 # GGUF per-layer tensor -> our name below ``blocks.N.``, for tensors beyond LLaMA's set.
 GEMMA_LAYER_TENSORS = {
@@ -91,13 +91,14 @@ GLOBAL_TENSORS = {
 }
 
 
+# Tensors that describe the model rather than weigh it: read into its config (gguf_config.py),
+# never into the weights. rope_freqs: one RoPE frequency divisor per pair (Llama 3.1's scaling).
+ROPE_FREQS = "rope_freqs.weight"
+CONFIG_TENSORS = frozenset({ROPE_FREQS})
+
+
 def gguf_tensors_check_name(tensor: Any, config: Any, source: str) -> None:
     """Refuse a tensor that has no place in the model (``our_name`` found none for it)."""
-    if tensor.name == "rope_freqs.weight":
-        raise UnsupportedArchitectureError(
-            f"{source}: the file carries rope_freqs.weight (Llama 3.1-style RoPE frequency scaling), "
-            f"which lucidlm does not implement."
-        )
     raise GGUFError(f"{source}: tensor {tensor.name!r} has no place in a {config.name} model; the file "
                     f"is for a different architecture.")
 

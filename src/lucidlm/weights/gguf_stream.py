@@ -27,7 +27,7 @@ from torch import nn
 from lucidlm.config import ModelConfig
 from lucidlm.errors import GGUFError
 from lucidlm.model.positions import permute_qk_to_half
-from lucidlm.weights.gguf_families import FAMILIES, gguf_tensors_check_name, our_name
+from lucidlm.weights.gguf_families import CONFIG_TENSORS, FAMILIES, gguf_tensors_check_name, our_name
 from lucidlm.weights.gguf_quants import (EXACT, FLOAT_TYPES, MAPPED, exact_float, exact_group_codes,
                                          exact_nibble_words, exact_plain, finite_parts, mapped_plain, native_scheme,
                                          stored_blocks)
@@ -88,6 +88,8 @@ def plan(reader: Any, config: ModelConfig, source: str, quantize: Optional[str] 
     family = FAMILIES.get(config.name, FAMILIES["llama"])
     planned: list[Planned] = []
     for tensor in reader.tensors:
+        if tensor.name in CONFIG_TENSORS:
+            continue  # already in the config (gguf_config.fit_skeleton)
         ours = our_name(tensor.name, family.extra_layer_tensors)
         if ours is None:
             gguf_tensors_check_name(tensor, config, source)

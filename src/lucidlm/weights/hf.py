@@ -254,7 +254,10 @@ def hf_config(model: Transformer) -> dict[str, Any]:
             common, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
             num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, intermediate_size=cfg.d_mlp,
             hidden_act="silu", max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
-            rope_theta=cfg.rope_theta, rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+            # transformers 5 reads rope_parameters; 4.x reads rope_scaling beside the top-level rope_theta
+            rope_theta=cfg.rope_theta, rope_parameters={"rope_type": "default", **(cfg.rope_scaling or {}),
+                                                        "rope_theta": cfg.rope_theta},
+            **({"rope_scaling": dict(cfg.rope_scaling)} if cfg.rope_scaling else {}),
             attention_bias=bool(cfg.attn_bias or cfg.attn_out_bias), mlp_bias=cfg.mlp_bias,
             attention_dropout=cfg.dropout, initializer_range=0.02,
         )

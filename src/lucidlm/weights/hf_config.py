@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lucidlm.config import ModelConfig
+from lucidlm.config import ROPE_SCALING_PARAMETERS, ModelConfig
 from lucidlm.errors import ConfigError, UnsupportedArchitectureError
 from lucidlm.validation import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, Fields, read_json_object
 
@@ -84,8 +84,8 @@ def _refuse_quantized(hf: Fields) -> None:
 LLAMA_NAMES = {"vocab_size": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
                 "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
                 "d_mlp": "intermediate_size", "max_seq_len": "max_position_embeddings", "rope_theta": "rope_theta",
-                "norm_eps": "rms_norm_eps", "attn_bias": "attention_bias", "mlp_bias": "mlp_bias",
-                "tie_embeddings": "tie_word_embeddings"}
+                "rope_scaling": "rope_scaling", "norm_eps": "rms_norm_eps", "attn_bias": "attention_bias",
+                "mlp_bias": "mlp_bias", "tie_embeddings": "tie_word_embeddings"}
 GPT2_NAMES = {"vocab_size": "vocab_size", "d_model": "n_embd", "n_layers": "n_layer", "n_heads": "n_head",
                "d_mlp": "n_inner", "max_seq_len": "n_positions", "norm_eps": "layer_norm_epsilon",
                "tie_embeddings": "tie_word_embeddings"}
@@ -114,7 +114,7 @@ def _llama_fields(hf: Fields) -> tuple[dict[str, Any], dict[str, str]]:
         head_dim=hf.int("head_dim", default=None, low=1, high=MAX_WIDTH),
         d_mlp=hf.int("intermediate_size", low=1, high=MAX_WIDTH),
         max_seq_len=hf.int("max_position_embeddings", default=2048, low=1, high=MAX_CONTEXT),
-        positions="rope", rope_variant="half", rope_theta=_rope_theta(hf),
+        positions="rope", rope_variant="half", **_rope(hf),
         norm="rms", norm_eps=hf.float("rms_norm_eps", default=1e-6, low=0.0, high=1.0),
         norm_position="pre", final_norm=True, mlp="swiglu", attn_bias=hf.bool("attention_bias", default=False),
         mlp_bias=hf.bool("mlp_bias", default=False), tie_embeddings=hf.bool("tie_word_embeddings", default=False),
@@ -122,13 +122,15 @@ def _llama_fields(hf: Fields) -> tuple[dict[str, Any], dict[str, str]]:
     return values, LLAMA_NAMES
 
 
-def _rope_theta(hf: Fields) -> float:
-    """transformers >= 5 keeps theta and scaling in ``rope_parameters``; older files have
-    ``rope_theta`` and ``rope_scaling`` at the top level. Only plain RoPE is implemented.
+def _rope(hf: Fields) -> dict[str, Any]:
+    """``rope_theta`` and ``rope_scaling`` (ModelConfig's spelling) from config.json.
 
-    transformers' rule (``convert_rope_params_to_dict``): a non-empty ``rope_scaling`` replaces
-    ``rope_parameters`` whole, and a theta missing from the chosen dict comes from the top-level
-    ``rope_theta``, else 10000. A file carrying both is read the same way here."""
+    transformers >= 5 keeps theta and scaling in ``rope_parameters``; older files have
+    ``rope_theta`` and ``rope_scaling`` at the top level. transformers' rule
+    (``convert_rope_params_to_dict``): a non-empty ``rope_scaling`` replaces ``rope_parameters``
+    whole, and a theta missing from the chosen dict comes from the top-level ``rope_theta``, else
+    10000. A file carrying both is read the same way here. Of the scaling rules, lucidlm has
+    "linear" and "llama3" (model/rope_scaling.py); it takes their parameters and no others."""
     parameters = hf.object("rope_parameters", default={})
     scaling = hf.object("rope_scaling", default={})
     scaling_type = scaling.str("rope_type", default=None) or scaling.str("type", default=None)
@@ -137,13 +139,18 @@ def _rope_theta(hf: Fields) -> float:
                      f"which RoPE scaling it means is unknown")
     chosen = scaling if scaling.data else parameters
     rope_type = chosen.str("rope_type", default=None) or chosen.str("type", default=None) or "default"
-    if rope_type != "default":
+    if rope_type not in ("default", "linear", "llama3"):
         raise UnsupportedArchitectureError(
-            f"{hf.source}: RoPE scaling type {rope_type!r} is not implemented; lucidlm supports only plain "
-            f"RoPE (rope_type 'default'). Remove the scaling only if the model was trained without it."
+            f"{hf.source}: RoPE scaling type {rope_type!r} is not implemented; lucidlm supports plain RoPE and the "
+            f"'linear' and 'llama3' scalings. Remove the scaling only if the model was trained without it."
         )
     top_level = hf.float("rope_theta", default=10000.0, low=0.0, low_open=True)  # checked even when unused
-    return chosen.float("rope_theta", default=top_level, low=0.0, low_open=True)
+    theta = chosen.float("rope_theta", default=top_level, low=0.0, low_open=True)
+    if rope_type == "default":
+        return dict(rope_theta=theta, rope_scaling=None)
+    # ModelConfig checks the values and fills llama3's optional ones, naming the file's fields
+    kept = {key: chosen.data[key] for key in ROPE_SCALING_PARAMETERS[rope_type] if chosen.has(key)}
+    return dict(rope_theta=theta, rope_scaling={"rope_type": rope_type, **kept})
 
 
 def _gpt2_fields(hf: Fields) -> tuple[dict[str, Any], dict[str, str]]:

@@ -130,6 +130,10 @@ def _common_export_problems(cfg: ModelConfig) -> list[str]:
         problems.append(f"rope_local_theta={cfg.rope_local_theta!r} differs from rope_theta={cfg.rope_theta!r} (the "
                         f"RoPE base of the {local} sliding_window={cfg.sliding_window} layers), but LLaMA has one "
                         f"RoPE base for every layer")
+    elif local and cfg.positions == "rope" and cfg.has_local_rope_table:
+        problems.append(f"rope_scaling={cfg.rope_scaling!r} scales the RoPE of the global layers only (the {local} "
+                        f"sliding_window={cfg.sliding_window} layers keep rope_local_theta unscaled), but LLaMA "
+                        f"rotates every layer alike")
     if cfg.final_logit_softcap is not None:
         problems.append(f"final_logit_softcap={cfg.final_logit_softcap!r}, but neither family caps its logits "
                         f"(it needs final_logit_softcap=None)")
@@ -153,6 +157,10 @@ def _llama_export_problems(cfg: ModelConfig) -> list[str]:
         problems.append(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}, but LlamaConfig "
                         f"requires hidden_size divisible by num_attention_heads, even with head_dim={cfg.head_dim} "
                         f"given (it needs an n_heads that divides d_model)")
+    if cfg.rope_scaling is not None and cfg.rope_scaling["rope_type"] not in ("linear", "llama3"):
+        problems.append(f"rope_scaling type {cfg.rope_scaling['rope_type']!r} (one divisor per frequency, from a "
+                        f"GGUF's rope_freqs that follow no llama3 rule), but transformers' LLaMA scales RoPE only by "
+                        f"the 'linear' or 'llama3' rules among those lucidlm implements")
     return problems + _common_export_problems(cfg)
 
 

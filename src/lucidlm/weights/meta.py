@@ -3,7 +3,8 @@
 What Meta's download script leaves in a directory (seed 001 builds this model):
 
 - ``params.json``: ``dim``, ``n_layers``, ``n_heads``, ``n_kv_heads``, ``vocab_size``,
-  ``multiple_of``, ``ffn_dim_multiplier``, ``norm_eps``, ``rope_theta``;
+  ``multiple_of``, ``ffn_dim_multiplier``, ``norm_eps``, ``rope_theta``, and from Llama 3.1 on
+  ``use_scaled_rope`` (the llama3 RoPE scaling, ``model/rope_scaling.py``);
 - ``consolidated.00.pth``: a ``torch.save``d dict of bf16 tensors under Meta's names
   (``layers.0.attention.wq.weight``, ``feed_forward.w1`` = gate, ``w3`` = up, ``w2`` = down);
   larger models come as model-parallel shards ``consolidated.00.pth`` ... ``.07.pth``, merged by
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from lucidlm.config import ModelConfig
-from lucidlm.errors import CheckpointError, ConfigError, UnsupportedArchitectureError
+from lucidlm.errors import CheckpointError, ConfigError
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
 from lucidlm.validation import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, Fields, read_json_object
@@ -65,10 +66,16 @@ def config_from_params(params: Any, source: str, max_seq_len: int = 8192) -> Mod
     fields = params if isinstance(params, Fields) else Fields(params, source, ConfigError, fix=_PARAMS_FIX)
     if fields.has("model"):  # some releases nest the sizes under "model"
         fields = fields.object("model")
-    if fields.bool("use_scaled_rope", default=False):
-        raise UnsupportedArchitectureError(f"{source}: use_scaled_rope (Llama 3.1's RoPE frequency scaling) is not "
-                                           f"implemented in lucidlm; Llama 3 checkpoints load.")
     dim = fields.int("dim", low=1, high=MAX_WIDTH)
+    rope_scaling = None
+    if fields.bool("use_scaled_rope", default=False):
+        # Llama 3.1-3.3's rule with Meta's constants; params.json does not carry the factor:
+        # transformers' converter sets 32 for Llama 3.2 (the 1B and 3B, dim 2048 / 3072, the only
+        # scaled releases of those widths) and 8 for 3.1 / 3.3. A params.json may say it.
+        factor = fields.float("rope_scaling_factor", default=32.0 if dim in (2048, 3072) else 8.0, low=0.0,
+                              low_open=True)
+        rope_scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192}
     n_heads = fields.int("n_heads", low=1, high=MAX_HEADS)
     multiple_of = fields.int("multiple_of", default=256, low=1, high=MAX_WIDTH)
     multiplier = fields.float("ffn_dim_multiplier", default=None, low=0.0, low_open=True, high=float(MAX_WIDTH))
@@ -78,7 +85,7 @@ def config_from_params(params: Any, source: str, max_seq_len: int = 8192) -> Mod
         n_kv_heads=fields.int("n_kv_heads", default=n_heads, low=1, high=MAX_HEADS),
         max_seq_len=fields.int("max_seq_len", default=max_seq_len, low=1, high=MAX_CONTEXT), positions="rope",
         rope_variant="half", rope_theta=fields.float("rope_theta", default=10000.0, low=0.0, low_open=True),
-        norm="rms", norm_eps=fields.float("norm_eps", default=1e-5, low=0.0, high=1.0), mlp="swiglu",
+        rope_scaling=rope_scaling, norm="rms", norm_eps=fields.float("norm_eps", default=1e-5, low=0.0, high=1.0), mlp="swiglu",
         multiple_of=multiple_of, ffn_dim_multiplier=multiplier, tie_embeddings=False,
     )
     return ModelConfig.from_dict(values, source=source, names=_PARAMS_NAMES, fix=_PARAMS_FIX)
