@@ -27,7 +27,7 @@ ARCHITECTURE_OF_FAMILY = {family: arch for arch, (family, _) in SUPPORTED.items(
 GPT2_ACTIVATION_NAMES = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 
 
-def _llama_names(cfg: ModelConfig) -> dict[str, str]:
+def _llama_names(cfg: ModelConfig, family: str = "llama") -> dict[str, str]:
     """our name -> Hugging Face name; LLaMA tensors need no reshaping, only renaming."""
     names = {"embed.weight": "model.embed_tokens.weight", "ln_final.weight": "model.norm.weight"}
     if not cfg.tie_embeddings:
@@ -42,7 +42,7 @@ def _llama_names(cfg: ModelConfig) -> dict[str, str]:
         for p in ("gate", "up", "down"):
             for kind in ("weight", "bias"):
                 names[f"{ours}.mlp.{p}_proj.{kind}"] = f"{theirs}.mlp.{p}_proj.{kind}"
-        if cfg.qk_norm:  # Qwen 3
+        if cfg.qk_norm and LLAMA_SHAPED[family].qk_norm:  # Qwen 3
             for p in ("q", "k"):
                 names[f"{ours}.attn.{p}_norm.weight"] = f"{theirs}.self_attn.{p}_norm.weight"
     return names
@@ -50,11 +50,11 @@ def _llama_names(cfg: ModelConfig) -> dict[str, str]:
 
 def to_our_names(cfg: ModelConfig, family: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A Hugging Face checkpoint's tensors (names and shapes already checked) under our names."""
-    return _gpt2_to_ours(cfg, tensors) if family == "gpt2" else _llama_to_ours(cfg, tensors)
+    return _gpt2_to_ours(cfg, tensors) if family == "gpt2" else _llama_to_ours(cfg, tensors, family)
 
 
-def _llama_to_ours(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {ours: tensors[theirs] for ours, theirs in _llama_names(cfg).items() if theirs in tensors}
+def _llama_to_ours(cfg: ModelConfig, tensors: dict[str, torch.Tensor], family: str) -> dict[str, torch.Tensor]:
+    return {ours: tensors[theirs] for ours, theirs in _llama_names(cfg, family).items() if theirs in tensors}
 
 
 def _gpt2_names(cfg: ModelConfig) -> list[tuple[str, str, str]]:
@@ -96,14 +96,12 @@ def _gpt2_to_ours(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[st
 
 
 def export_family(cfg: ModelConfig) -> str:
-    """``"llama"``, ``"qwen2"``, ``"qwen3"`` or ``"gpt2"``: the Hugging Face architecture this
-    config can be written as; its own family (``cfg.name``, a model read from Qwen 2) where it
-    fits, else the first that does. Raises ConfigError listing every field that keeps it from
-    the nearest family."""
-    problems = {family: _llama_export_problems(cfg, family) for family in LLAMA_SHAPED}
+    """``"llama"``, ``"gpt2"``, or for a Qwen model (``cfg.name``, as read from a Qwen file)
+    ``"qwen2"`` / ``"qwen3"``: the Hugging Face architecture this config can be written as, its
+    own first. Raises ConfigError listing every field that keeps it from the nearest family."""
+    own = [cfg.name] if cfg.name in LLAMA_SHAPED and cfg.name != "llama" else []
+    problems = {family: _llama_export_problems(cfg, family) for family in (*own, "llama")}
     problems["gpt2"] = _gpt2_export_problems(cfg)
-    if cfg.name in problems and not problems[cfg.name]:
-        return cfg.name
     for family, found in problems.items():
         if not found:
             return family
@@ -111,7 +109,7 @@ def export_family(cfg: ModelConfig) -> str:
     raise ConfigError(
         f"this model cannot be exported to Hugging Face: as {ARCHITECTURE_OF_FAMILY[nearest]} (the nearest fit) "
         f"{'; '.join(problems[nearest])}. lucidlm exports LLaMA-style models (rope + rms + swiglu + pre-norm + "
-        f"final norm, as LLaMA, Qwen 2 or Qwen 3) and GPT-2-style models (learned positions + layer norm + pre-norm + final norm); save this "
+        f"final norm; Qwen 2 / Qwen 3 models as their own architecture) and GPT-2-style models (learned positions + layer norm + pre-norm + final norm); save this "
         f"one in lucidlm's own format instead (lucidlm convert --to lucidlm)."
     )
 
@@ -125,8 +123,11 @@ def _common_export_problems(cfg: ModelConfig) -> list[str]:
         problems.append("final_norm=False, but both Hugging Face families apply a final norm")
     if cfg.unembed_bias:
         problems.append("unembed_bias=True, but both Hugging Face families have a bias-free lm_head")
-    # Gemma features: these architectures would load the file without them (dropping their
-    # tensors) and compute different logits, so each is a refusal, not a loss.
+    # Gemma / Qwen 3 features: LlamaForCausalLM and GPT2LMHeadModel would load the file without them
+    # (dropping their tensors) and compute different logits, so each is a refusal, not a loss.
+    if cfg.qk_norm:
+        problems.append("qk_norm=True (RMSNorm on each head's queries and keys), but neither family has "
+                        "q_norm/k_norm weights (it needs qk_norm=False)")
     local = sum(cfg.layer_is_local(i) for i in range(cfg.n_layers))
     # A window of max_seq_len keys or more covers the whole context: those layers attend globally.
     if local and cfg.sliding_window < cfg.max_seq_len:
@@ -162,10 +163,8 @@ def _llama_export_problems(cfg: ModelConfig, family: str = "llama") -> list[str]
         problems.append(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}, but LlamaConfig "
                         f"requires hidden_size divisible by num_attention_heads, even with head_dim={cfg.head_dim} "
                         f"given (it needs an n_heads that divides d_model)")
-    if cfg.qk_norm != facts.qk_norm:
-        problems.append(f"qk_norm={cfg.qk_norm} (RMSNorm on each head's queries and keys), but {architecture} "
-                        f"{'always has' if facts.qk_norm else 'has no'} q_norm/k_norm weights (it needs "
-                        f"qk_norm={facts.qk_norm})")
+    if facts.qk_norm and not cfg.qk_norm:
+        problems.append(f"qk_norm=False, but {architecture} has q_norm/k_norm weights (it needs qk_norm=True)")
     if cfg.mlp_bias and not facts.mlp_bias_switch:
         problems.append(f"mlp_bias=True, but {architecture}'s MLP has no biases (it needs mlp_bias=False)")
     if facts.qkv_bias and not cfg.attn_bias:
@@ -173,7 +172,8 @@ def _llama_export_problems(cfg: ModelConfig, family: str = "llama") -> list[str]
                         f"attn_bias=True)")
     if cfg.attn_out_bias and facts.out_bias is False:
         problems.append(f"attn_out_bias=True, but {architecture}'s o_proj has no bias (it needs attn_out_bias=False)")
-    return problems + _common_export_problems(cfg)
+    # a feature this architecture has (Qwen 3's q/k norms) is no problem
+    return problems + _common_export_problems(cfg.replace(qk_norm=False) if facts.qk_norm else cfg)
 
 
 def _gpt2_export_problems(cfg: ModelConfig) -> list[str]:
@@ -189,9 +189,6 @@ def _gpt2_export_problems(cfg: ModelConfig) -> list[str]:
                         f"GPT-2 has no grouped-query attention")
     if cfg.q_dim != cfg.d_model:
         problems.append(f"n_heads*head_dim={cfg.q_dim} differs from d_model={cfg.d_model}; GPT-2 needs them equal")
-    if cfg.qk_norm:
-        problems.append("qk_norm=True (RMSNorm on each head's queries and keys), but GPT-2 has no q_norm/k_norm "
-                        "weights (it needs qk_norm=False)")
     return problems + _common_export_problems(cfg)
 
 
@@ -212,7 +209,7 @@ def _check_all_mapped(model: Transformer, family: str, ours: dict[str, torch.Ten
     config feature that ``export_family`` does not know to refuse)."""
     cfg = model.config
     if family != "gpt2":
-        mapped = set(_llama_names(cfg))
+        mapped = set(_llama_names(cfg, family))
     else:
         mapped = set()
         for name, _, layout in _gpt2_names(cfg):  # a "qkv" row's name has {} for q, k or v
@@ -238,7 +235,7 @@ def _check_all_mapped(model: Transformer, family: str, ours: dict[str, torch.Ten
 
 def _llama_from_ours(cfg: ModelConfig, ours: dict[str, torch.Tensor], family: str = "llama") -> dict[str, torch.Tensor]:
     out = {}
-    for name, hf_name in _llama_names(cfg).items():
+    for name, hf_name in _llama_names(cfg, family).items():
         if name in ours:
             out[hf_name] = ours[name]
         elif _llama_has_bias(cfg, hf_name, family):  # a bias the architecture has and we do not: zeros
