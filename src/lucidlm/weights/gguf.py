@@ -5,7 +5,9 @@ tensors, each possibly quantized in blocks (Q8_0: 32 weights share one scale; Q4
 weights in super-blocks). We read it with our own small reader (``gguf_reader.py``:
 memory-mapped, nothing is copied until asked; ``gguf.GGUFReader`` takes seconds on a large
 vocabulary), and either keep the matrices quantized (``gguf_quants.py``) or dequantize them
-to float32 exactly as ``gguf.quants`` does, and rename them to our parameter names.
+to float32 exactly as ``gguf.quants`` does, and rename them to our parameter names. The
+architectures read (``general.architecture``) are ``llama``, ``gemma3``, ``qwen2`` (Qwen 2 and
+2.5) and ``qwen3``; what each adds to LLaMA's layout is data in ``gguf_families.py``.
 
 Two layout facts matter:
 - GGUF lists dimensions fastest-first (``ne`` order), so a (out, in) matrix is shown as

@@ -17,6 +17,14 @@ Gemma facts (llama.cpp ``convert_hf_to_gguf.py`` / ``src/llama-model.cpp``, tran
   global with the file's RoPE base (llama.cpp's ``found_swa && n_swa > 0`` test; its converter
   omits the key for all-global models such as Rnj-1). Scores are scaled by 1/sqrt(head_dim),
   except for the 62-layer 27B, where llama.cpp uses 1/sqrt(d_model / n_heads) (168, not 128).
+
+Qwen facts (llama.cpp ``convert_hf_to_gguf.py`` Qwen2Model / Qwen3Model, ``src/llama-model.cpp``):
+- Q/K rows are not permuted; the norms are Qwen's own plain scales (weight * x / rms(x));
+- qwen2 (Qwen 2 and 2.5): q/k/v biases (``blk.N.attn_q.bias`` ...), none on attn_output; its
+  window settings (use_sliding_window) are not written and llama.cpp attends globally;
+- qwen3: ``attn_q_norm`` / ``attn_k_norm`` over each head before RoPE, no biases, and
+  ``qwen3.attention.key_length`` for head_dim (128, not embedding_length / head_count).
+  transformers' GGUF loader ignores that key and takes Qwen3Config's default, also 128.
 """
 
 from __future__ import annotations
@@ -27,12 +35,16 @@ from typing import Any, Callable, Optional
 from lucidlm.errors import GGUFError
 
 # GGUF per-layer tensor -> our name below ``blocks.N.``, for tensors beyond LLaMA's set.
-GEMMA_LAYER_TENSORS = {
+QK_NORM_TENSORS = {
     "attn_q_norm.weight": "attn.q_norm.weight",
     "attn_k_norm.weight": "attn.k_norm.weight",
+}
+GEMMA_LAYER_TENSORS = {
+    **QK_NORM_TENSORS,
     "post_attention_norm.weight": "ln1_post.weight",
     "post_ffw_norm.weight": "ln2_post.weight",
 }
+QKV_BIAS_TENSORS = {f"attn_{p}.bias": f"attn.{p}_proj.bias" for p in "qkv"}
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,10 @@ def _gemma3_fields(fields: Any, settings: dict[str, Any]) -> dict[str, Any]:
 FAMILIES: dict[str, GGUFFamily] = {
     "llama": GGUFFamily(permuted_qk=True),
     "gemma3": GGUFFamily(permuted_qk=False, extra_layer_tensors=GEMMA_LAYER_TENSORS, config_fields=_gemma3_fields),
+    "qwen2": GGUFFamily(permuted_qk=False, extra_layer_tensors=QKV_BIAS_TENSORS,
+                        config_fields=lambda fields, settings: dict(attn_bias=True, attn_out_bias=False)),
+    "qwen3": GGUFFamily(permuted_qk=False, extra_layer_tensors=QK_NORM_TENSORS,
+                        config_fields=lambda fields, settings: dict(qk_norm=True)),
 }
 
 

@@ -192,6 +192,11 @@ def _place(model: nn.Module, name: str, value: Any) -> None:
     from lucidlm.quantization.swap import set_module
 
     if isinstance(value, nn.Module):
+        # A bias placed before its weight (Qwen 2's attn_q.bias sorts before attn_q.weight in
+        # llama.cpp's files) is on the float layer this quantized one replaces: keep it.
+        bias = getattr(model.get_submodule(name), "bias", None)
+        if isinstance(bias, torch.Tensor) and not bias.is_meta and getattr(value, "bias", False) is None:
+            value.bias = bias.detach().to(torch.float32)
         set_module(model, name, value)
         return
     module_name, _, leaf = name.rpartition(".")

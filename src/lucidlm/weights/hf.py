@@ -1,10 +1,12 @@
 """Hugging Face model directories, both ways: ``load_hf`` reads one, ``save_hf`` writes one.
 
 A Hugging Face directory is ``config.json`` plus ``model.safetensors`` (or shards listed in
-``model.safetensors.index.json``). Two families map onto our ModelConfig:
+``model.safetensors.index.json``). These architectures map onto our ModelConfig:
 
 - ``LlamaForCausalLM``: RoPE in the rotate_half layout (our ``rope_variant="half"``),
   RMSNorm, SwiGLU, grouped-query attention. Names differ from ours, tensors do not.
+- ``Qwen2ForCausalLM`` (Qwen 2 and 2.5) and ``Qwen3ForCausalLM`` (Qwen 3): LLaMA's layout with
+  Qwen 2's q/k/v biases, or Qwen 3's q/k norms and explicit head_dim (``hf_families.py``).
 - ``GPT2LMHeadModel``: learned positions, LayerNorm, GELU(tanh), biases. Its ``Conv1D``
   layers store weights as (in, out), the transpose of ``nn.Linear``, and ``c_attn`` holds
   q, k and v side by side in one matrix.
@@ -42,6 +44,7 @@ from lucidlm.weights.finite import FiniteCheck
 from lucidlm.weights.hf_config import (  # noqa: F401  (the file names re-exported: this module was their home)
     CONFIG_NAME, GPT2_NAMES, INDEX_NAME, LLAMA_NAMES, SUPPORTED, TOKENIZER_CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME,
     config_from_hf, hf_family, read_hf_config)
+from lucidlm.weights.hf_families import LLAMA_SHAPED
 from lucidlm.weights.hf_generation_config import (end_token_ids, hf_eos_token_id, role_token_id,
                                                    use_generation_eos_ids, write_generation_config)
 from lucidlm.weights.hf_names import (ARCHITECTURE_OF_FAMILY, GPT2_ACTIVATION_NAMES, export_family,
@@ -72,8 +75,8 @@ def is_hf_dir(path: str | Path) -> bool:
 
 def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
             model_cls: type[Transformer] = Transformer) -> Transformer:
-    """A Transformer (or ``model_cls``, a subclass) with the weights of a Hugging Face LLaMA
-    or GPT-2 directory."""
+    """A Transformer (or ``model_cls``, a subclass) with the weights of a Hugging Face LLaMA,
+    Qwen 2/2.5, Qwen 3 or GPT-2 directory."""
     path = Path(path)
     hf_config = read_hf_config(path)
     family = hf_family(hf_config)
@@ -141,7 +144,7 @@ def _to_our_names(model: Transformer, family: str, tensors: dict[str, torch.Tens
         tensors = {k if k.startswith("lm_head.") else f"transformer.{k}": v for k, v in tensors.items()}
     with torch.device("meta"):  # shapes only: no memory, no copies
         expected = {name: t.shape for name, t in hf_state_dict(Transformer(model.config)).items()}
-    names = LLAMA_NAMES if family == "llama" else GPT2_NAMES
+    names = GPT2_NAMES if family == "gpt2" else LLAMA_NAMES
     sizes = ", ".join(f"{names[k]}={getattr(model.config, k)}" for k in ("vocab_size", "d_model", "n_layers", "n_heads",
                                                                        "n_kv_heads", "head_dim", "d_mlp") if k in names)
     for name, shape in expected.items():
@@ -190,7 +193,7 @@ def _check_nothing_left_over(config: ModelConfig, family: str, tensors: dict[str
     would build a different model than the file's (a 2-layer file read as 1 layer, a Qwen 3
     style q_norm/k_norm checkpoint labelled LLaMA, a tied config with its own lm_head)."""
     left = {name for name in tensors if name not in used and not _HARMLESS.search(name)}
-    embed = "model.embed_tokens.weight" if family == "llama" else "transformer.wte.weight"
+    embed = "transformer.wte.weight" if family == "gpt2" else "model.embed_tokens.weight"
     if config.tie_embeddings and "lm_head.weight" in left:
         head = tensors["lm_head.weight"]
         if head.shape == tensors[embed].shape and torch.equal(head, tensors[embed]):
@@ -203,17 +206,18 @@ def _check_nothing_left_over(config: ModelConfig, family: str, tensors: dict[str
             )
     if not left:
         return
-    names = LLAMA_NAMES if family == "llama" else GPT2_NAMES
+    names = GPT2_NAMES if family == "gpt2" else LLAMA_NAMES
     layers = [int(m.group(1)) for m in map(_LAYER_INDEX.search, tensors) if m]
     if layers and max(layers) >= config.n_layers:
         cause = (f"the file has tensors for layers 0..{max(layers)} but config.json's {names['n_layers']}="
                  f"{config.n_layers}; correct config.json")
-    elif family == "llama" and all(name.endswith("_proj.bias") for name in left):
+    elif family != "gpt2" and all(name.endswith("_proj.bias") for name in left):
         cause = ("the file has bias tensors but config.json's attention_bias / mlp_bias say there are none; "
                  "correct config.json")
     else:
         cause = (f"config.json ({sizes}) does not describe these weights, or the checkpoint is an architecture "
-                 f"variant lucidlm does not implement (e.g. q_norm/k_norm, as in Qwen 3); correct config.json or "
+                 f"variant lucidlm does not implement (e.g. Qwen 3's q_norm/k_norm in a file labelled LLaMA); "
+                 f"correct config.json or "
                  f"use a supported model")
     raise WeightsError(
         f"{source}: {len(left)} tensor(s) in the file have no place in a model of this config, e.g. "
@@ -234,7 +238,8 @@ def _load_tokenizer(path: Path) -> Any:
 # ----------------------------------------------------------------------------- writing
 
 def hf_config(model: Transformer) -> dict[str, Any]:
-    """config.json contents for this model (LlamaForCausalLM or GPT2LMHeadModel)."""
+    """config.json contents for this model (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or
+    GPT2LMHeadModel, as ``export_family`` picks)."""
     cfg = model.config
     family = export_family(cfg)
     architecture = ARCHITECTURE_OF_FAMILY[family]
@@ -249,7 +254,7 @@ def hf_config(model: Transformer) -> dict[str, Any]:
     common = dict(architectures=[architecture], model_type=SUPPORTED[architecture][1], vocab_size=cfg.vocab_size,
                   tie_word_embeddings=cfg.tie_embeddings, **token_ids, torch_dtype=dtype_name, dtype=dtype_name,
                   use_cache=True)
-    if family == "llama":
+    if family in LLAMA_SHAPED:
         return dict(
             common, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
             num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, intermediate_size=cfg.d_mlp,
@@ -258,8 +263,7 @@ def hf_config(model: Transformer) -> dict[str, Any]:
             rope_theta=cfg.rope_theta, rope_parameters={"rope_type": "default", **(cfg.rope_scaling or {}),
                                                         "rope_theta": cfg.rope_theta},
             **({"rope_scaling": dict(cfg.rope_scaling)} if cfg.rope_scaling else {}),
-            attention_bias=bool(cfg.attn_bias or cfg.attn_out_bias), mlp_bias=cfg.mlp_bias,
-            attention_dropout=cfg.dropout, initializer_range=0.02,
+            attention_dropout=cfg.dropout, initializer_range=0.02, **_switches(cfg, LLAMA_SHAPED[family]),
         )
     return dict(
         common, n_embd=cfg.d_model, n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_mlp,
@@ -267,6 +271,20 @@ def hf_config(model: Transformer) -> dict[str, Any]:
         activation_function=GPT2_ACTIVATION_NAMES[cfg.mlp], attn_pdrop=cfg.dropout, resid_pdrop=cfg.dropout,
         embd_pdrop=cfg.dropout, scale_attn_weights=True, initializer_range=0.02,
     )
+
+
+def _switches(cfg: ModelConfig, family: Any) -> dict[str, Any]:
+    """The config.json switches this LLaMA-shaped architecture has: LLaMA's attention_bias (one for
+    q/k/v/o: zeros fill the ones we lack) and mlp_bias, Qwen 3's attention_bias, and Qwen's
+    use_sliding_window, always false (lucidlm attends globally in every layer of these)."""
+    switches: dict[str, Any] = {}
+    if family.qkv_bias is None:
+        switches["attention_bias"] = bool(cfg.attn_bias or cfg.attn_out_bias)
+    if family.mlp_bias_switch:
+        switches["mlp_bias"] = cfg.mlp_bias
+    if family.sliding_window_switch:
+        switches["use_sliding_window"] = False
+    return switches
 
 
 def save_hf(model: Transformer, out_dir: str | Path) -> Path:

@@ -13,6 +13,7 @@ from typing import Any
 from lucidlm.config import ROPE_SCALING_PARAMETERS, ModelConfig
 from lucidlm.errors import ConfigError, UnsupportedArchitectureError
 from lucidlm.validation import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, Fields, read_json_object
+from lucidlm.weights.hf_families import LLAMA_SHAPED, attention_biases
 
 CONFIG_NAME = "config.json"
 # The other files of a Hugging Face directory (here, beside config.json, so that lucidlm's own
@@ -21,8 +22,9 @@ WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 TOKENIZER_NAME = "tokenizer.json"
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
-# architecture class -> (family, model_type)
-SUPPORTED = {"LlamaForCausalLM": ("llama", "llama"), "GPT2LMHeadModel": ("gpt2", "gpt2")}
+# architecture class -> (family, model_type); the LLaMA-shaped ones' differences are in hf_families.py
+SUPPORTED = {"LlamaForCausalLM": ("llama", "llama"), "GPT2LMHeadModel": ("gpt2", "gpt2"),
+             **{f.architecture: (name, name) for name, f in LLAMA_SHAPED.items()}}
 _FAMILY_OF_MODEL_TYPE = {model_type: family for family, model_type in SUPPORTED.values()}
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 _LLAMA_ACTIVATIONS = ("silu", "swish")  # transformers' ACT2FN builds torch.nn.SiLU for both names
@@ -40,7 +42,7 @@ def _fields(hf: dict[str, Any] | Fields, source: str | Path) -> Fields:
 
 
 def hf_family(hf_config: dict[str, Any] | Fields, source: str | Path = CONFIG_NAME) -> str:
-    """``"llama"`` or ``"gpt2"`` from config.json's architectures / model_type."""
+    """``"llama"``, ``"qwen2"``, ``"qwen3"`` or ``"gpt2"`` from config.json's architectures / model_type."""
     fields = _fields(hf_config, source)
     architectures = fields.list("architectures", default=[], item=str)
     model_type = fields.str("model_type", default=None)
@@ -62,7 +64,7 @@ def config_from_hf(hf: dict[str, Any] | Fields, source: str = CONFIG_NAME) -> Mo
     fields = _fields(hf, source)
     family = hf_family(fields)
     _refuse_quantized(fields)
-    values, names = _llama_fields(fields) if family == "llama" else _gpt2_fields(fields)
+    values, names = _gpt2_fields(fields) if family == "gpt2" else _llama_fields(fields, family)
     return ModelConfig.from_dict(values, source=fields.source, names=names, fix=_CONFIG_FIX)
 
 
@@ -91,33 +93,44 @@ GPT2_NAMES = {"vocab_size": "vocab_size", "d_model": "n_embd", "n_layers": "n_la
                "tie_embeddings": "tie_word_embeddings"}
 
 
-def _llama_fields(hf: Fields) -> tuple[dict[str, Any], dict[str, str]]:
+def _llama_fields(hf: Fields, family: str = "llama") -> tuple[dict[str, Any], dict[str, str]]:
+    facts = LLAMA_SHAPED[family]
     activation = hf.str("hidden_act", default="silu")
     if activation not in _LLAMA_ACTIVATIONS:
         raise UnsupportedArchitectureError(
-            f"{hf.source}: hidden_act={activation!r} is not supported for LLaMA; lucidlm's SwiGLU uses silu "
-            f"(also spelled swish)."
+            f"{hf.source}: hidden_act={activation!r} is not supported for {facts.title}; lucidlm's SwiGLU "
+            f"uses silu (also spelled swish)."
+        )
+    if facts.sliding_window_switch and hf.bool("use_sliding_window", default=False):
+        window, first = hf.raw("sliding_window", default=None), hf.raw("max_window_layers", default=None)
+        raise UnsupportedArchitectureError(
+            f"{hf.source}: use_sliding_window=true (sliding_window={window!r} from layer max_window_layers={first!r} "
+            f"on) is not implemented; lucidlm reads {facts.architecture} with full attention in every layer. Set "
+            f"use_sliding_window to false in config.json only if the model was meant to run without the window "
+            f"(as every released Qwen checkpoint does)."
         )
     n_heads = hf.int("num_attention_heads", low=1, high=MAX_HEADS)
     hidden, head_dim = hf.int("hidden_size", low=1, high=MAX_WIDTH), hf.int("head_dim", default=None, low=1, high=MAX_WIDTH)
-    if hidden % n_heads:
+    if facts.heads_divide_hidden and hidden % n_heads:
         # heads x head_dim != hidden_size is legal in transformers, but LlamaConfig refuses a head
         # count that does not divide hidden_size even when head_dim is given: no checkpoint has one
         given = f" (head_dim={head_dim} does not lift that rule)" if head_dim is not None else ""
         hf.fail(f"hidden_size={hidden} is not divisible by num_attention_heads={n_heads}, which transformers' "
                 f"LlamaConfig requires{given}, so transformers cannot load this directory either")
+    attn_bias, attn_out_bias = attention_biases(facts, hf.bool("attention_bias", default=False))
     values = dict(
-        name="llama", vocab_size=hf.int("vocab_size", low=1, high=MAX_VOCAB),
+        name=family, vocab_size=hf.int("vocab_size", low=1, high=MAX_VOCAB),
         d_model=hf.int("hidden_size", low=1, high=MAX_WIDTH),
         n_layers=hf.int("num_hidden_layers", low=1, high=MAX_LAYERS), n_heads=n_heads,
         n_kv_heads=hf.int("num_key_value_heads", default=n_heads, low=1, high=MAX_HEADS),
-        head_dim=hf.int("head_dim", default=None, low=1, high=MAX_WIDTH),
+        head_dim=facts.default_head_dim if head_dim is None else head_dim, qk_norm=facts.qk_norm,
         d_mlp=hf.int("intermediate_size", low=1, high=MAX_WIDTH),
         max_seq_len=hf.int("max_position_embeddings", default=2048, low=1, high=MAX_CONTEXT),
         positions="rope", rope_variant="half", **_rope(hf),
         norm="rms", norm_eps=hf.float("rms_norm_eps", default=1e-6, low=0.0, high=1.0),
-        norm_position="pre", final_norm=True, mlp="swiglu", attn_bias=hf.bool("attention_bias", default=False),
-        mlp_bias=hf.bool("mlp_bias", default=False), tie_embeddings=hf.bool("tie_word_embeddings", default=False),
+        norm_position="pre", final_norm=True, mlp="swiglu", attn_bias=attn_bias, attn_out_bias=attn_out_bias,
+        mlp_bias=facts.mlp_bias_switch and hf.bool("mlp_bias", default=False),
+        tie_embeddings=hf.bool("tie_word_embeddings", default=False),
     )
     return values, LLAMA_NAMES
 

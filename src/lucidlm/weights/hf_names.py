@@ -1,6 +1,7 @@
-"""Our tensor names <-> Hugging Face's, for the two families lucidlm writes and reads.
+"""Our tensor names <-> Hugging Face's, for the families lucidlm writes and reads.
 
-- LLaMA (``LlamaForCausalLM``): renaming only; an interleaved-RoPE model's q/k rows are put
+- LLaMA-shaped (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``; their
+  differences in ``hf_families.py``): renaming only; an interleaved-RoPE model's q/k rows are put
   back in the rotate-half order Hugging Face uses.
 - GPT-2 (``GPT2LMHeadModel``): ``Conv1D`` stores weights as (in, out), the transpose of
   ``nn.Linear``, and ``c_attn`` holds q, k and v side by side; GPT-2 always has biases, so a
@@ -19,13 +20,14 @@ from lucidlm.errors import ConfigError
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
 from lucidlm.weights.hf_config import SUPPORTED
+from lucidlm.weights.hf_families import LLAMA_SHAPED, attention_biases
 from lucidlm.weights.state import own_state_dict
 
 ARCHITECTURE_OF_FAMILY = {family: arch for arch, (family, _) in SUPPORTED.items()}
 GPT2_ACTIVATION_NAMES = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 
 
-def _llama_names(cfg: ModelConfig) -> dict[str, str]:
+def _llama_names(cfg: ModelConfig, family: str = "llama") -> dict[str, str]:
     """our name -> Hugging Face name; LLaMA tensors need no reshaping, only renaming."""
     names = {"embed.weight": "model.embed_tokens.weight", "ln_final.weight": "model.norm.weight"}
     if not cfg.tie_embeddings:
@@ -40,16 +42,19 @@ def _llama_names(cfg: ModelConfig) -> dict[str, str]:
         for p in ("gate", "up", "down"):
             for kind in ("weight", "bias"):
                 names[f"{ours}.mlp.{p}_proj.{kind}"] = f"{theirs}.mlp.{p}_proj.{kind}"
+        if cfg.qk_norm and LLAMA_SHAPED[family].qk_norm:  # Qwen 3
+            for p in ("q", "k"):
+                names[f"{ours}.attn.{p}_norm.weight"] = f"{theirs}.self_attn.{p}_norm.weight"
     return names
 
 
 def to_our_names(cfg: ModelConfig, family: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A Hugging Face checkpoint's tensors (names and shapes already checked) under our names."""
-    return _llama_to_ours(cfg, tensors) if family == "llama" else _gpt2_to_ours(cfg, tensors)
+    return _gpt2_to_ours(cfg, tensors) if family == "gpt2" else _llama_to_ours(cfg, tensors, family)
 
 
-def _llama_to_ours(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {ours: tensors[theirs] for ours, theirs in _llama_names(cfg).items() if theirs in tensors}
+def _llama_to_ours(cfg: ModelConfig, tensors: dict[str, torch.Tensor], family: str) -> dict[str, torch.Tensor]:
+    return {ours: tensors[theirs] for ours, theirs in _llama_names(cfg, family).items() if theirs in tensors}
 
 
 def _gpt2_names(cfg: ModelConfig) -> list[tuple[str, str, str]]:
@@ -91,9 +96,12 @@ def _gpt2_to_ours(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[st
 
 
 def export_family(cfg: ModelConfig) -> str:
-    """``"llama"`` or ``"gpt2"``: the Hugging Face architecture this config can be written as.
-    Raises ConfigError listing every field that keeps it from the nearer family."""
-    problems = {"llama": _llama_export_problems(cfg), "gpt2": _gpt2_export_problems(cfg)}
+    """``"llama"``, ``"gpt2"``, or for a Qwen model (``cfg.name``, as read from a Qwen file)
+    ``"qwen2"`` / ``"qwen3"``: the Hugging Face architecture this config can be written as, its
+    own first. Raises ConfigError listing every field that keeps it from the nearest family."""
+    own = [cfg.name] if cfg.name in LLAMA_SHAPED and cfg.name != "llama" else []
+    problems = {family: _llama_export_problems(cfg, family) for family in (*own, "llama")}
+    problems["gpt2"] = _gpt2_export_problems(cfg)
     for family, found in problems.items():
         if not found:
             return family
@@ -101,7 +109,7 @@ def export_family(cfg: ModelConfig) -> str:
     raise ConfigError(
         f"this model cannot be exported to Hugging Face: as {ARCHITECTURE_OF_FAMILY[nearest]} (the nearest fit) "
         f"{'; '.join(problems[nearest])}. lucidlm exports LLaMA-style models (rope + rms + swiglu + pre-norm + "
-        f"final norm) and GPT-2-style models (learned positions + layer norm + pre-norm + final norm); save this "
+        f"final norm; Qwen 2 / Qwen 3 models as their own architecture) and GPT-2-style models (learned positions + layer norm + pre-norm + final norm); save this "
         f"one in lucidlm's own format instead (lucidlm convert --to lucidlm)."
     )
 
@@ -149,19 +157,31 @@ def _common_export_problems(cfg: ModelConfig) -> list[str]:
     return problems
 
 
-def _llama_export_problems(cfg: ModelConfig) -> list[str]:
-    problems = [f"{name}={getattr(cfg, name)!r}, but LLaMA needs {name}={value!r}"
+def _llama_export_problems(cfg: ModelConfig, family: str = "llama") -> list[str]:
+    facts = LLAMA_SHAPED[family]
+    architecture = facts.title
+    problems = [f"{name}={getattr(cfg, name)!r}, but {architecture} needs {name}={value!r}"
                 for name, value in (("positions", "rope"), ("norm", "rms"), ("mlp", "swiglu"))
                 if getattr(cfg, name) != value]
-    if cfg.d_model % cfg.n_heads:  # transformers' LlamaConfig refuses it, even with head_dim given
+    if facts.heads_divide_hidden and cfg.d_model % cfg.n_heads:  # LlamaConfig refuses it, even with head_dim
         problems.append(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}, but LlamaConfig "
                         f"requires hidden_size divisible by num_attention_heads, even with head_dim={cfg.head_dim} "
                         f"given (it needs an n_heads that divides d_model)")
     if cfg.rope_scaling is not None and cfg.rope_scaling["rope_type"] not in ("linear", "llama3"):
         problems.append(f"rope_scaling type {cfg.rope_scaling['rope_type']!r} (one divisor per frequency, from a "
-                        f"GGUF's rope_freqs that follow no llama3 rule), but transformers' LLaMA scales RoPE only by "
-                        f"the 'linear' or 'llama3' rules among those lucidlm implements")
-    return problems + _common_export_problems(cfg)
+                        f"GGUF's rope_freqs that follow no llama3 rule), but transformers' {architecture} scales RoPE "
+                        f"only by the 'linear' or 'llama3' rules among those lucidlm implements")
+    if facts.qk_norm and not cfg.qk_norm:
+        problems.append(f"qk_norm=False, but {architecture} has q_norm/k_norm weights (it needs qk_norm=True)")
+    if cfg.mlp_bias and not facts.mlp_bias_switch:
+        problems.append(f"mlp_bias=True, but {architecture}'s MLP has no biases (it needs mlp_bias=False)")
+    if facts.qkv_bias and not cfg.attn_bias:
+        problems.append(f"attn_bias=False, but {architecture}'s q/k/v projections always have biases (it needs "
+                        f"attn_bias=True)")
+    if cfg.attn_out_bias and facts.out_bias is False:
+        problems.append(f"attn_out_bias=True, but {architecture}'s o_proj has no bias (it needs attn_out_bias=False)")
+    # a feature this architecture has (Qwen 3's q/k norms) is no problem
+    return problems + _common_export_problems(cfg.replace(qk_norm=False) if facts.qk_norm else cfg)
 
 
 def _gpt2_export_problems(cfg: ModelConfig) -> list[str]:
@@ -186,9 +206,9 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     ours = own_state_dict(model)
     family = export_family(cfg)
     _check_all_mapped(model, family, ours)
-    if family == "llama":
-        return _llama_from_ours(cfg, ours)
-    return _gpt2_from_ours(cfg, ours)
+    if family == "gpt2":
+        return _gpt2_from_ours(cfg, ours)
+    return _llama_from_ours(cfg, ours, family)
 
 
 def _check_all_mapped(model: Transformer, family: str, ours: dict[str, torch.Tensor]) -> None:
@@ -196,8 +216,8 @@ def _check_all_mapped(model: Transformer, family: str, ours: dict[str, torch.Ten
     would be left out of the file without a word (a quantized model's codes, or the weights of a
     config feature that ``export_family`` does not know to refuse)."""
     cfg = model.config
-    if family == "llama":
-        mapped = set(_llama_names(cfg))
+    if family != "gpt2":
+        mapped = set(_llama_names(cfg, family))
     else:
         mapped = set()
         for name, _, layout in _gpt2_names(cfg):  # a "qkv" row's name has {} for q, k or v
@@ -221,12 +241,12 @@ def _check_all_mapped(model: Transformer, family: str, ours: dict[str, torch.Ten
     )
 
 
-def _llama_from_ours(cfg: ModelConfig, ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _llama_from_ours(cfg: ModelConfig, ours: dict[str, torch.Tensor], family: str = "llama") -> dict[str, torch.Tensor]:
     out = {}
-    for name, hf_name in _llama_names(cfg).items():
+    for name, hf_name in _llama_names(cfg, family).items():
         if name in ours:
             out[hf_name] = ours[name]
-        elif _llama_has_bias(cfg, hf_name):  # HF has one switch for q/k/v/o biases: fill in zeros
+        elif _llama_has_bias(cfg, hf_name, family):  # a bias the architecture has and we do not: zeros
             weight = ours[name.replace(".bias", ".weight")]
             out[hf_name] = weight.new_zeros(weight.shape[0])
     if cfg.rope_variant == "interleaved":  # HF rotates halves: put each head's rows back in that order
@@ -236,14 +256,20 @@ def _llama_from_ours(cfg: ModelConfig, ours: dict[str, torch.Tensor]) -> dict[st
                     key = f"model.layers.{i}.self_attn.{p}_proj.{kind}"
                     if key in out:
                         out[key] = permute_qk_to_half(out[key], heads)
+                norm = f"model.layers.{i}.self_attn.{p}_norm.weight"
+                if norm in out:  # one scale per head dimension, in the same order as the rows
+                    out[norm] = permute_qk_to_half(out[norm], 1)
     return out
 
 
-def _llama_has_bias(cfg: ModelConfig, hf_name: str) -> bool:
+def _llama_has_bias(cfg: ModelConfig, hf_name: str, family: str = "llama") -> bool:
+    """Whether a model of ``family`` holds the bias ``hf_name``: LLaMA and Qwen 3 have one switch
+    for the q/k/v/o biases, Qwen 2 always has q/k/v biases and never an o_proj bias."""
     if not hf_name.endswith(".bias"):
         return False
     if ".self_attn." in hf_name:
-        return bool(cfg.attn_bias or cfg.attn_out_bias)
+        qkv, out = attention_biases(LLAMA_SHAPED[family], bool(cfg.attn_bias or cfg.attn_out_bias))
+        return out if ".o_proj." in hf_name else qkv
     return cfg.mlp_bias and ".mlp." in hf_name
 
 
