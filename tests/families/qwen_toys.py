@@ -185,3 +185,52 @@ def run_convert(source, out_dir, to: str) -> int:
     convert.register(parser.add_subparsers())
     args = parser.parse_args(["convert", str(source), str(out_dir), "--to", to])
     return args.handler(args)
+
+
+GGUF_TYPES = ("F32", "Q8_0", "Q4_0")
+
+
+def write_gguf_variants(hf: torch.nn.Module, arch: str, folder: Path) -> dict[str, tuple[Path, dict[str, torch.Tensor]]]:
+    """{file type: (path, the HF state dict the file stands for)}: ``hf`` written as F32, Q8_0, Q4_0."""
+    files = {}
+    for quant in GGUF_TYPES:
+        path = folder / f"tiny-{quant}.gguf"
+        files[quant] = path, write_qwen_gguf(path, hf, arch, None if quant == "F32" else quant)
+    return files
+
+
+def assert_gguf_logits(ours: torch.nn.Module, hf: torch.nn.Module, path: Path, ids: torch.Tensor) -> None:
+    """``ours`` (read from the F32 file ``path``) against transformers' model and its own GGUF loader."""
+    import warnings
+
+    from torch.testing import assert_close
+    from transformers import AutoModelForCausalLM
+
+    assert_close(logits(ours, ids), logits(hf, ids), atol=1e-4, rtol=1e-4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                      dtype=torch.float32).eval()
+    assert_close(logits(ours, ids), logits(theirs, ids), atol=1e-4, rtol=1e-4)
+
+
+def assert_quantized_logits(ours: torch.nn.Module, hf: torch.nn.Module, stands_for: dict[str, torch.Tensor],
+                            quantize: Optional[str], ids: torch.Tensor) -> None:
+    """``ours`` loaded with ``quantize`` from a quantized file: unquantized, it is transformers on the
+    file's dequantized numbers; quantized, transformers on ``ours``'s own dequantized matrices."""
+    from torch.testing import assert_close
+
+    if quantize is None:
+        assert_close(logits(ours, ids), logits(with_weights(hf, stands_for), ids), atol=1e-4, rtol=1e-4)
+        return
+    reference = with_weights(hf, dequantized_state(ours))
+    assert_close(logits(ours, ids), logits(reference, ids), atol=QUANTIZED_ATOL[quantize], rtol=0)
+
+
+def assert_same_logits(ours: torch.nn.Module, hf: torch.nn.Module, ids: torch.Tensor) -> None:
+    """Float32 logits of ``ours`` equal transformers' ``hf`` on ``ids``, spread enough to mean it."""
+    from torch.testing import assert_close
+
+    want = logits(hf, ids)
+    assert want.std() > 0.3  # the comparison means something
+    assert_close(logits(ours, ids), want, atol=1e-4, rtol=1e-4)

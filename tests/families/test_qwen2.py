@@ -9,7 +9,6 @@ weights, so a quantized load must keep a bias that arrived before its matrix."""
 from __future__ import annotations
 
 import json
-import warnings
 
 import pytest
 import torch
@@ -21,8 +20,10 @@ import lucidlm
 from lucidlm.errors import UnsupportedArchitectureError
 
 from lucidlm.model.decode_block import _plan
-from qwen_toys import (QUANTIZED_ATOL, assert_picks_are_references, dequantized_state, hf_greedy, hf_qwen, logits,
-                       our_greedy, run_convert, token_batch, with_weights, write_qwen_gguf)
+from qwen_toys import (QUANTIZED_ATOL, assert_gguf_logits, assert_picks_are_references, assert_quantized_logits,
+                       assert_same_logits,
+                       dequantized_state, hf_greedy, hf_qwen, logits, our_greedy, run_convert, token_batch,
+                       with_weights, write_gguf_variants)
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
 def saved(request, tmp_path_factory):
@@ -38,10 +39,7 @@ def test_folder_logits_match_transformers(saved):
     cfg = ours.config
     assert (cfg.name, cfg.attn_bias, cfg.attn_out_bias, cfg.qk_norm) == ("qwen2", True, False, False)
     assert cfg.tie_embeddings == hf.config.tie_word_embeddings and cfg.rope_theta == 1e6
-    ids = token_batch(seed=1)
-    want = logits(hf, ids)
-    assert want.std() > 0.3  # the comparison means something
-    assert_close(logits(ours, ids), want, atol=1e-4, rtol=1e-4)
+    assert_same_logits(ours, hf, token_batch(seed=1))
 
 
 def test_greedy_generation_matches_transformers(saved):
@@ -99,12 +97,7 @@ def test_use_sliding_window_is_refused_by_name(saved, tmp_path):
 def gguf_files(request, tmp_path_factory):
     """(the transformers model, {file type: (path, the HF state dict the file stands for)})."""
     hf = hf_qwen("qwen2", tie=request.param, seed=10 + int(request.param))
-    folder = tmp_path_factory.mktemp("qwen2_gguf")
-    files = {}
-    for quant in ("F32", "Q8_0", "Q4_0"):
-        path = folder / f"tiny-{quant}.gguf"
-        files[quant] = path, write_qwen_gguf(path, hf, "qwen2", None if quant == "F32" else quant)
-    return hf, files
+    return hf, write_gguf_variants(hf, "qwen2", tmp_path_factory.mktemp("qwen2_gguf"))
 
 
 def test_gguf_f32_matches_transformers_and_its_gguf_loader(gguf_files):
@@ -112,14 +105,7 @@ def test_gguf_f32_matches_transformers_and_its_gguf_loader(gguf_files):
     path, _ = files["F32"]
     ours = lucidlm.load(path)  # a GGUF file's default: float32
     assert (ours.config.name, ours.config.attn_bias, ours.config.attn_out_bias) == ("qwen2", True, False)
-    ids = token_batch(seed=5)
-    want = logits(hf, ids)
-    assert_close(logits(ours, ids), want, atol=1e-4, rtol=1e-4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                      dtype=torch.float32).eval()
-    assert_close(logits(ours, ids), logits(theirs, ids), atol=1e-4, rtol=1e-4)
+    assert_gguf_logits(ours, hf, path, token_batch(seed=5))
 
 
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_0"])
@@ -133,11 +119,7 @@ def test_gguf_quantized_files_every_load_path(gguf_files, quant, quantize):
     for p in "qkv":
         assert_close(getattr(ours.blocks[1].attn, f"{p}_proj").bias.float(),
                      stands_for[f"model.layers.1.self_attn.{p}_proj.bias"])
-    if quantize is None:  # every matrix dequantized as gguf.quants does: transformers on those numbers
-        assert_close(logits(ours, ids), logits(with_weights(hf, stands_for), ids), atol=1e-4, rtol=1e-4)
-        return
-    reference = with_weights(hf, dequantized_state(ours))
-    assert_close(logits(ours, ids), logits(reference, ids), atol=QUANTIZED_ATOL[quantize], rtol=0)
+    assert_quantized_logits(ours, hf, stands_for, quantize, ids)
 
 
 @pytest.mark.parametrize("quantize", ["gguf", "int4"])

@@ -7,7 +7,6 @@ is a Qwen 3 folder again."""
 from __future__ import annotations
 
 import json
-import warnings
 
 import pytest
 import torch
@@ -20,8 +19,10 @@ from lucidlm.weights.hf import save_hf
 
 from lucidlm.model.decode_block import _plan
 from lucidlm.quantization import blocks_kernel
-from qwen_toys import (QUANTIZED_ATOL, assert_picks_are_references, dequantized_state, hf_greedy, hf_qwen, logits,
-                       our_greedy, run_convert, token_batch, with_weights, write_qwen_gguf)
+from qwen_toys import (QUANTIZED_ATOL, assert_gguf_logits, assert_picks_are_references, assert_quantized_logits,
+                       assert_same_logits,
+                       dequantized_state, hf_greedy, hf_qwen, logits, our_greedy, run_convert, token_batch,
+                       with_weights, write_gguf_variants)
 
 HEAD_DIM = 32  # hidden_size 64 / 4 heads would be 16
 
@@ -41,10 +42,7 @@ def test_folder_logits_match_transformers(saved):
     assert (cfg.name, cfg.qk_norm, cfg.head_dim, cfg.attn_bias, cfg.norm_eps) == ("qwen3", True, HEAD_DIM, False, 1e-6)
     # the q/k norms hold transformers' own scales (no Gemma-style 1 + weight), spread around 1
     assert_close(ours.blocks[0].attn.q_norm.weight, hf.model.layers[0].self_attn.q_norm.weight)
-    ids = token_batch(seed=1)
-    want = logits(hf, ids)
-    assert want.std() > 0.3
-    assert_close(logits(ours, ids), want, atol=1e-4, rtol=1e-4)
+    assert_same_logits(ours, hf, token_batch(seed=1))
 
 
 def test_greedy_generation_matches_transformers(saved):
@@ -130,12 +128,7 @@ def test_use_sliding_window_is_refused_by_name(saved, tmp_path):
 def gguf_files(request, tmp_path_factory):
     """(the transformers model, {file type: (path, the HF state dict the file stands for)})."""
     hf = hf_qwen("qwen3", tie=request.param, seed=30 + int(request.param), head_dim=128)
-    folder = tmp_path_factory.mktemp("qwen3_gguf")
-    files = {}
-    for quant in ("F32", "Q8_0", "Q4_0"):
-        path = folder / f"tiny-{quant}.gguf"
-        files[quant] = path, write_qwen_gguf(path, hf, "qwen3", None if quant == "F32" else quant)
-    return hf, files
+    return hf, write_gguf_variants(hf, "qwen3", tmp_path_factory.mktemp("qwen3_gguf"))
 
 
 def test_gguf_f32_matches_transformers_and_its_gguf_loader(gguf_files):
@@ -143,13 +136,7 @@ def test_gguf_f32_matches_transformers_and_its_gguf_loader(gguf_files):
     path, _ = files["F32"]
     ours = lucidlm.load(path)
     assert (ours.config.name, ours.config.qk_norm, ours.config.head_dim) == ("qwen3", True, 128)
-    ids = token_batch(seed=7)
-    assert_close(logits(ours, ids), logits(hf, ids), atol=1e-4, rtol=1e-4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                      dtype=torch.float32).eval()
-    assert_close(logits(ours, ids), logits(theirs, ids), atol=1e-4, rtol=1e-4)
+    assert_gguf_logits(ours, hf, path, token_batch(seed=7))
 
 
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_0"])
@@ -158,12 +145,7 @@ def test_gguf_quantized_files_every_load_path(gguf_files, quant, quantize):
     hf, files = gguf_files
     path, stands_for = files[quant]
     ours = lucidlm.load(path, dtype=torch.float32, quantize=quantize)
-    ids = token_batch(seed=8)
-    if quantize is None:
-        assert_close(logits(ours, ids), logits(with_weights(hf, stands_for), ids), atol=1e-4, rtol=1e-4)
-        return
-    reference = with_weights(hf, dequantized_state(ours))
-    assert_close(logits(ours, ids), logits(reference, ids), atol=QUANTIZED_ATOL[quantize], rtol=0)
+    assert_quantized_logits(ours, hf, stands_for, quantize, token_batch(seed=8))
 
 
 def test_quantized_generation_matches_its_dequantized_reference(gguf_files):
