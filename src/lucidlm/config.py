@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lucidlm.config_checks import (  # noqa: F401  (re-exported: this module was their home)
-    INIT_SCHEMES, MLP_KINDS, NORM_KINDS, NORM_POSITIONS, POSITION_KINDS, ROPE_SCALING_PARAMETERS, ROPE_SCALING_TYPES,
-    ROPE_VARIANTS, check_and_complete, llama_hidden_dim)
+    INIT_SCHEMES, LLAMA3_ROPE_DEFAULTS, MLP_KINDS, NORM_KINDS, NORM_POSITIONS, POSITION_KINDS, ROPE_SCALING_PARAMETERS,
+    ROPE_SCALING_TYPES, ROPE_VARIANTS, check_and_complete, llama_hidden_dim)
 from lucidlm.config_presets import PRESETS
 from lucidlm.errors import ConfigError
 from lucidlm.suggest import did_you_mean, keywords_checked, unknown_fields_message

@@ -29,6 +29,9 @@ ROPE_SCALING_PARAMETERS = {
     "frequency_factors": ("factors",),
 }
 ROPE_SCALING_TYPES = tuple(ROPE_SCALING_PARAMETERS)
+# Meta's constants of the llama3 rule (Llama 3.1-3.3): what llama.cpp's converter fills in when a
+# config leaves them out, and what Meta's params.json and a GGUF's rope_freqs leave implicit
+LLAMA3_ROPE_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
 def check_and_complete(cfg: Any) -> None:
@@ -141,13 +144,15 @@ def rope_scaling_complete(check: Fields, key: str) -> Optional[dict[str, Any]]:
         return {"rope_type": kind, "factors": [float(f) for f in factors]}
     complete = {"rope_type": kind, "factor": given.float("factor", low=0.0, low_open=True)}
     if kind == "llama3":
-        low = given.float("low_freq_factor", default=1.0, low=0.0, low_open=True)
-        high = given.float("high_freq_factor", default=4.0, low=0.0, low_open=True)
+        low = given.float("low_freq_factor", default=LLAMA3_ROPE_DEFAULTS["low_freq_factor"], low=0.0, low_open=True)
+        high = given.float("high_freq_factor", default=LLAMA3_ROPE_DEFAULTS["high_freq_factor"], low=0.0,
+                           low_open=True)
         if high <= low:
             given.fail(f"{key}.high_freq_factor={high:g} must exceed low_freq_factor={low:g}: the rule blends "
                        f"between the two wavelengths they set")
         complete.update(low_freq_factor=low, high_freq_factor=high, original_max_position_embeddings=given.int(
-            "original_max_position_embeddings", default=8192, low=1, high=MAX_CONTEXT))
+            "original_max_position_embeddings", default=LLAMA3_ROPE_DEFAULTS["original_max_position_embeddings"], low=1,
+            high=MAX_CONTEXT))
     return complete
 
 
@@ -164,5 +169,5 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-__all__ = ["INIT_SCHEMES", "MLP_KINDS", "NORM_KINDS", "NORM_POSITIONS", "POSITION_KINDS", "ROPE_SCALING_PARAMETERS",
+__all__ = ["INIT_SCHEMES", "MLP_KINDS", "NORM_KINDS", "NORM_POSITIONS", "POSITION_KINDS", "LLAMA3_ROPE_DEFAULTS", "ROPE_SCALING_PARAMETERS",
            "ROPE_SCALING_TYPES", "ROPE_VARIANTS", "check_and_complete", "llama_hidden_dim", "rope_scaling_complete"]

@@ -308,3 +308,32 @@ def test_meta_use_scaled_rope_matches_transformers_conversion(tmp_path, converte
         expected = hf(ids).logits
     # transformers turns position 2000 in float32 (~1e-4 rad off), lucidlm in float64
     check_against(ours, expected, ids, tolerance=2e-3)
+
+
+def test_llama3_original_context_comes_from_max_position_embeddings_as_in_transformers(tmp_path):
+    """A llama3 dict without original_max_position_embeddings: transformers' standardize_rope_params
+    takes max_position_embeddings (a top-level original_max_position_embeddings first)."""
+    hf = hf_llama({"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+                  max_position_embeddings=512)
+    hf.save_pretrained(tmp_path)
+    ours = lucidlm.load(tmp_path)
+    assert ours.config.rope_scaling["original_max_position_embeddings"] == \
+        hf.config.rope_parameters["original_max_position_embeddings"] == 512
+    ids = torch.randint(0, 96, (1, 300), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = hf(ids).logits
+    check_against(ours, expected, ids)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["rope_parameters"].pop("original_max_position_embeddings", None)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "original_max_position_embeddings": 128}))
+    assert lucidlm.load(tmp_path).config.rope_scaling["original_max_position_embeddings"] == 128
+
+
+def test_a_bad_value_is_named_under_the_key_the_file_uses(tmp_path):
+    hf = hf_llama(None)
+    hf.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "rope_parameters": {
+        "rope_type": "linear", "factor": -2.0, "rope_theta": 10000.0}}))
+    with pytest.raises(ConfigError, match=r"config\.json: field 'rope_parameters\.factor' is -2"):
+        lucidlm.load(tmp_path)

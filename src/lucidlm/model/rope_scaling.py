@@ -1,9 +1,10 @@
 """RoPE frequency scaling: how a model trained on a short context reads a longer one.
 
 RoPE turns pair i of each query/key by m * f_i at position m, with f_i = theta^(-2i/d)
-(``positions.rope_inverse_frequencies``). A scaling divides each f_i by a factor >= 1, so
-that the slow pairs, which encode "how far back", turn no further at the new context length
-than they did at the old one. ``ModelConfig.rope_scaling`` names the rule, in Hugging Face's
+(``positions.rope_inverse_frequencies``). A scaling divides each f_i by a factor (above 1 to
+stretch the context; below 1 is accepted, as transformers and llama.cpp do), so that the slow
+pairs, which encode "how far back", turn no further at the new context length than they did at
+the old one. ``ModelConfig.rope_scaling`` names the rule, in Hugging Face's
 spelling (``config.json``'s ``rope_scaling`` / ``rope_parameters``):
 
 - ``{"rope_type": "linear", "factor": s}``: every pair divided by s (position interpolation;

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lucidlm.config import ModelConfig
+from lucidlm.config import LLAMA3_ROPE_DEFAULTS, ModelConfig
 from lucidlm.errors import GGUFError, MissingTensorError, ShapeMismatchError, UnsupportedArchitectureError
 from lucidlm.model.positions import rope_inverse_frequencies
 from lucidlm.model.rope_scaling import rope_frequency_divisors
@@ -148,8 +148,7 @@ def _rope_scaling_from_freqs(tensor: Any, config: ModelConfig, source: str) -> d
     if not bool(torch.isfinite(factors).all()) or not bool((factors > 0).all()):
         raise GGUFError(f"{source}: {ROPE_FREQS} holds a divisor that is not a positive finite number. "
                         f"{METADATA_FIX[0].upper()}{METADATA_FIX[1:]}.")
-    llama3 = {"rope_type": "llama3", "factor": float(factors.max()), "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    llama3 = {"rope_type": "llama3", "factor": float(factors.max()), **LLAMA3_ROPE_DEFAULTS}
     unscaled = rope_inverse_frequencies(config.head_dim, config.rope_theta)
     if torch.allclose(rope_frequency_divisors(unscaled, llama3), factors, rtol=1e-6, atol=0.0):
         return llama3

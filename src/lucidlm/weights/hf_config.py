@@ -13,7 +13,7 @@ from typing import Any
 from lucidlm.config import ROPE_SCALING_PARAMETERS, ModelConfig
 from lucidlm.errors import ConfigError, UnsupportedArchitectureError
 from lucidlm.validation import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, Fields, read_json_object
-from lucidlm.weights.hf_families import LLAMA_SHAPED, attention_biases
+from lucidlm.weights.hf_families import LLAMA_SHAPED, LlamaShapedFamily, attention_biases
 
 CONFIG_NAME = "config.json"
 # The other files of a Hugging Face directory (here, beside config.json, so that lucidlm's own
@@ -101,16 +101,12 @@ def _llama_fields(hf: Fields, family: str = "llama") -> tuple[dict[str, Any], di
             f"{hf.source}: hidden_act={activation!r} is not supported for {facts.title}; lucidlm's SwiGLU "
             f"uses silu (also spelled swish)."
         )
-    if facts.sliding_window_switch and hf.bool("use_sliding_window", default=False):
-        window, first = hf.raw("sliding_window", default=None), hf.raw("max_window_layers", default=None)
-        raise UnsupportedArchitectureError(
-            f"{hf.source}: use_sliding_window=true (sliding_window={window!r} from layer max_window_layers={first!r} "
-            f"on) is not implemented; lucidlm reads {facts.architecture} with full attention in every layer. Set "
-            f"use_sliding_window to false in config.json only if the model was meant to run without the window "
-            f"(as every released Qwen checkpoint does)."
-        )
+    n_layers = hf.int("num_hidden_layers", low=1, high=MAX_LAYERS)
+    if facts.sliding_window_switch:
+        _refuse_sliding_layers(hf, facts, n_layers)
     n_heads = hf.int("num_attention_heads", low=1, high=MAX_HEADS)
-    hidden, head_dim = hf.int("hidden_size", low=1, high=MAX_WIDTH), hf.int("head_dim", default=None, low=1, high=MAX_WIDTH)
+    hidden = hf.int("hidden_size", low=1, high=MAX_WIDTH)
+    head_dim = hf.int("head_dim", default=None, low=1, high=MAX_WIDTH)
     if facts.heads_divide_hidden and hidden % n_heads:
         # heads x head_dim != hidden_size is legal in transformers, but LlamaConfig refuses a head
         # count that does not divide hidden_size even when head_dim is given: no checkpoint has one
@@ -118,24 +114,50 @@ def _llama_fields(hf: Fields, family: str = "llama") -> tuple[dict[str, Any], di
         hf.fail(f"hidden_size={hidden} is not divisible by num_attention_heads={n_heads}, which transformers' "
                 f"LlamaConfig requires{given}, so transformers cannot load this directory either")
     attn_bias, attn_out_bias = attention_biases(facts, hf.bool("attention_bias", default=False))
+    max_positions = hf.int("max_position_embeddings", default=facts.default_max_positions, low=1, high=MAX_CONTEXT)
+    rope, rope_key = _rope(hf, max_positions)
     values = dict(
         name=family, vocab_size=hf.int("vocab_size", low=1, high=MAX_VOCAB),
         d_model=hf.int("hidden_size", low=1, high=MAX_WIDTH),
-        n_layers=hf.int("num_hidden_layers", low=1, high=MAX_LAYERS), n_heads=n_heads,
+        n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=hf.int("num_key_value_heads", default=n_heads, low=1, high=MAX_HEADS),
         head_dim=facts.default_head_dim if head_dim is None else head_dim, qk_norm=facts.qk_norm,
         d_mlp=hf.int("intermediate_size", low=1, high=MAX_WIDTH),
-        max_seq_len=hf.int("max_position_embeddings", default=2048, low=1, high=MAX_CONTEXT),
-        positions="rope", rope_variant="half", **_rope(hf),
+        max_seq_len=max_positions, positions="rope", rope_variant="half", **rope,
         norm="rms", norm_eps=hf.float("rms_norm_eps", default=1e-6, low=0.0, high=1.0),
         norm_position="pre", final_norm=True, mlp="swiglu", attn_bias=attn_bias, attn_out_bias=attn_out_bias,
         mlp_bias=facts.mlp_bias_switch and hf.bool("mlp_bias", default=False),
         tie_embeddings=hf.bool("tie_word_embeddings", default=False),
     )
-    return values, LLAMA_NAMES
+    return values, {**LLAMA_NAMES, "rope_scaling": rope_key}
 
 
-def _rope(hf: Fields) -> dict[str, Any]:
+def _refuse_sliding_layers(hf: Fields, facts: LlamaShapedFamily, n_layers: int) -> None:
+    """Qwen's configs name each layer's attention in ``layer_types``, or, without it, make layers
+    ``max_window_layers`` and above sliding when ``use_sliding_window`` is true (``Qwen2Config.
+    __post_init__``); lucidlm builds no such pattern, so a model with a sliding layer is refused."""
+    if hf.has("layer_types"):
+        kinds = hf.list("layer_types", item=str)
+        sliding = [i for i, kind in enumerate(kinds) if kind == "sliding_attention"]
+        where = f"layer_types marks layer(s) {sliding[:8]} 'sliding_attention'"
+        fix = "only if the model was meant to run without the window, set every layer_types entry to 'full_attention'"
+    elif hf.bool("use_sliding_window", default=False) and hf.has("sliding_window"):
+        first = hf.int("max_window_layers", default=28, low=0, high=MAX_LAYERS)
+        sliding = list(range(first, n_layers))
+        where = f"use_sliding_window=true makes layers {first}..{n_layers - 1} (max_window_layers={first} on) slide"
+        fix = "only if the model was meant to run without the window, set use_sliding_window to false"
+    else:
+        return
+    if sliding:
+        window = hf.raw("sliding_window", default=None)
+        raise UnsupportedArchitectureError(
+            f"{hf.source}: {where} within sliding_window={window!r} tokens, which is not implemented; lucidlm reads "
+            f"{facts.architecture} with full attention in every layer. In config.json, {fix} (every released Qwen "
+            f"checkpoint has no sliding layer)."
+        )
+
+
+def _rope(hf: Fields, max_positions: int) -> tuple[dict[str, Any], str]:
     """``rope_theta`` and ``rope_scaling`` (ModelConfig's spelling) from config.json.
 
     transformers >= 5 keeps theta and scaling in ``rope_parameters``; older files have
@@ -143,7 +165,10 @@ def _rope(hf: Fields) -> dict[str, Any]:
     (``convert_rope_params_to_dict``): a non-empty ``rope_scaling`` replaces ``rope_parameters``
     whole, and a theta missing from the chosen dict comes from the top-level ``rope_theta``, else
     10000. A file carrying both is read the same way here. Of the scaling rules, lucidlm has
-    "linear" and "llama3" (model/rope_scaling.py); it takes their parameters and no others."""
+    "linear" and "llama3" (model/rope_scaling.py); it takes their parameters and no others, and,
+    as transformers' ``standardize_rope_params``, llama3's original context from a top-level
+    ``original_max_position_embeddings``, else the dict's, else ``max_position_embeddings``.
+    Returns the ModelConfig fields and the file's name for the dict it read (for messages)."""
     parameters = hf.object("rope_parameters", default={})
     scaling = hf.object("rope_scaling", default={})
     scaling_type = scaling.str("rope_type", default=None) or scaling.str("type", default=None)
@@ -159,11 +184,15 @@ def _rope(hf: Fields) -> dict[str, Any]:
         )
     top_level = hf.float("rope_theta", default=10000.0, low=0.0, low_open=True)  # checked even when unused
     theta = chosen.float("rope_theta", default=top_level, low=0.0, low_open=True)
+    key = "rope_scaling" if scaling.data else "rope_parameters"
     if rope_type == "default":
-        return dict(rope_theta=theta, rope_scaling=None)
+        return dict(rope_theta=theta, rope_scaling=None), key
     # ModelConfig checks the values and fills llama3's optional ones, naming the file's fields
-    kept = {key: chosen.data[key] for key in ROPE_SCALING_PARAMETERS[rope_type] if chosen.has(key)}
-    return dict(rope_theta=theta, rope_scaling={"rope_type": rope_type, **kept})
+    kept = {name: chosen.data[name] for name in ROPE_SCALING_PARAMETERS[rope_type] if chosen.has(name)}
+    if rope_type == "llama3":
+        original = "original_max_position_embeddings"
+        kept[original] = hf.raw(original, default=None) or kept.get(original) or max_positions
+    return dict(rope_theta=theta, rope_scaling={"rope_type": rope_type, **kept}), key
 
 
 def _gpt2_fields(hf: Fields) -> tuple[dict[str, Any], dict[str, str]]:

@@ -9,10 +9,11 @@ data here, read from transformers' ``modeling_qwen2.py`` / ``modeling_qwen3.py``
 - Qwen 3: an RMSNorm over each head's query and key before RoPE (``q_norm``/``k_norm``: plain
   weight * x / rms(x) with ``rms_norm_eps``, our RMSNorm as it is); one ``attention_bias`` switch
   for q/k/v and o; ``head_dim`` is 128 when config.json leaves it out, not hidden/heads.
-- Both: ``use_sliding_window: true`` makes layers ``max_window_layers`` and above attend within a
-  window, a pattern lucidlm does not build, so it is refused; ``false`` (every released
-  checkpoint) is full attention everywhere, whatever ``sliding_window`` says (transformers sets
-  it to None).
+- Both: each layer's ``layer_types`` entry, or when config.json has none, ``use_sliding_window:
+  true`` making layers ``max_window_layers`` and above attend within a window: a pattern lucidlm
+  does not build, so a model with any sliding layer is refused; ``use_sliding_window: false``
+  (every released checkpoint) is full attention everywhere, whatever ``sliding_window`` says
+  (transformers sets it to None). Both default to a 32768-token context.
 - LlamaConfig refuses a hidden_size that num_attention_heads does not divide; Qwen's configs do not.
 """
 
@@ -32,13 +33,16 @@ class LlamaShapedFamily:
     mlp_bias_switch: bool = False  # config.json has mlp_bias
     default_head_dim: Optional[int] = None  # head_dim when config.json has none; None: hidden_size // heads
     heads_divide_hidden: bool = False  # the config class refuses hidden_size % num_attention_heads != 0
-    sliding_window_switch: bool = False  # config.json's use_sliding_window / max_window_layers
+    sliding_window_switch: bool = False  # config.json's use_sliding_window / max_window_layers / layer_types
+    default_max_positions: int = 2048  # max_position_embeddings when config.json has none (the config class's)
 
 
 LLAMA_SHAPED: dict[str, LlamaShapedFamily] = {
     "llama": LlamaShapedFamily("LLaMA", "LlamaForCausalLM", mlp_bias_switch=True, heads_divide_hidden=True),
-    "qwen2": LlamaShapedFamily("Qwen 2", "Qwen2ForCausalLM", qkv_bias=True, out_bias=False, sliding_window_switch=True),
-    "qwen3": LlamaShapedFamily("Qwen 3", "Qwen3ForCausalLM", qk_norm=True, default_head_dim=128, sliding_window_switch=True),
+    "qwen2": LlamaShapedFamily("Qwen 2", "Qwen2ForCausalLM", qkv_bias=True, out_bias=False, sliding_window_switch=True,
+                               default_max_positions=32768),
+    "qwen3": LlamaShapedFamily("Qwen 3", "Qwen3ForCausalLM", qk_norm=True, default_head_dim=128,
+                               sliding_window_switch=True, default_max_positions=32768),
 }
 
 

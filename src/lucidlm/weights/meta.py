@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from lucidlm.config import ModelConfig
+from lucidlm.config import LLAMA3_ROPE_DEFAULTS, ModelConfig
 from lucidlm.errors import CheckpointError, ConfigError
 from lucidlm.model.positions import permute_qk_to_half
 from lucidlm.model.transformer import Transformer
@@ -74,8 +74,7 @@ def config_from_params(params: Any, source: str, max_seq_len: int = 8192) -> Mod
         # scaled releases of those widths) and 8 for 3.1 / 3.3. A params.json may say it.
         factor = fields.float("rope_scaling_factor", default=32.0 if dim in (2048, 3072) else 8.0, low=0.0,
                               low_open=True)
-        rope_scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                        "original_max_position_embeddings": 8192}
+        rope_scaling = {"rope_type": "llama3", "factor": factor, **LLAMA3_ROPE_DEFAULTS}
     n_heads = fields.int("n_heads", low=1, high=MAX_HEADS)
     multiple_of = fields.int("multiple_of", default=256, low=1, high=MAX_WIDTH)
     multiplier = fields.float("ffn_dim_multiplier", default=None, low=0.0, low_open=True, high=float(MAX_WIDTH))
@@ -85,7 +84,8 @@ def config_from_params(params: Any, source: str, max_seq_len: int = 8192) -> Mod
         n_kv_heads=fields.int("n_kv_heads", default=n_heads, low=1, high=MAX_HEADS),
         max_seq_len=fields.int("max_seq_len", default=max_seq_len, low=1, high=MAX_CONTEXT), positions="rope",
         rope_variant="half", rope_theta=fields.float("rope_theta", default=10000.0, low=0.0, low_open=True),
-        rope_scaling=rope_scaling, norm="rms", norm_eps=fields.float("norm_eps", default=1e-5, low=0.0, high=1.0), mlp="swiglu",
+        rope_scaling=rope_scaling, norm="rms", norm_eps=fields.float("norm_eps", default=1e-5, low=0.0, high=1.0),
+        mlp="swiglu",
         multiple_of=multiple_of, ffn_dim_multiplier=multiplier, tie_embeddings=False,
     )
     return ModelConfig.from_dict(values, source=source, names=_PARAMS_NAMES, fix=_PARAMS_FIX)
