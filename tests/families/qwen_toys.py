@@ -146,6 +146,52 @@ def dequantized_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+# the groups ``quantize=`` requantizes a file's matrices into (quantization/int8.py, int4.py):
+# int8 one symmetric scale per output row, int4 asymmetric groups of 32
+REQUANTIZED_GROUP = {"int8": None, "int4": 32}
+# a file's quants kept (quantize="gguf"): Q8_0's float16 scales stay exact, Q4_0's are rounded to
+# bfloat16, so a matrix entry (code * scale) is the file's to bfloat16's unit roundoff of itself
+KEPT_BLOCKS_RTOL = 2.0 ** -8
+
+
+def one_step(reference: torch.Tensor, quantize: str) -> torch.Tensor:
+    """(N, K) the quantization step of ``quantize``'s scheme at each entry of ``reference`` (N, K):
+    its group's scale, max|w| / 127 (int8) or (max - min) / 15 (int4). Rounding to the nearest
+    code is off by half a step; the scale's own rounding to bfloat16 adds under a quarter more."""
+    N, K = reference.shape
+    g = REQUANTIZED_GROUP[quantize] or K
+    groups = reference.reshape(N, K // g, g)  # (N, G, g)
+    if quantize == "int8":
+        step = groups.abs().amax(-1, keepdim=True) / 127
+    else:
+        step = (groups.amax(-1, keepdim=True) - groups.amin(-1, keepdim=True)) / 15
+    return step.expand_as(groups).reshape(N, K)
+
+
+def checked_dequantized_state(ours: torch.nn.Module, stands_for: dict[str, torch.Tensor],
+                              quantize: Optional[str]) -> dict[str, torch.Tensor]:
+    """``dequantized_state(ours)`` after asserting each tensor is the file's own (``stands_for``:
+    ``gguf.quants.dequantize`` of its blocks) under the same name: the file's blocks kept
+    (``None``, "gguf") to float rounding, requantized ("int8", "int4") within one step of the
+    scheme. A matrix loaded into the wrong layer or projection is many steps off."""
+    from torch.testing import assert_close
+
+    state = dequantized_state(ours)
+    want = dict(stands_for)
+    want.setdefault("lm_head.weight", stands_for["model.embed_tokens.weight"])  # tied: the embedding
+    assert set(state) == set(want), set(state) ^ set(want)
+    for name, reference in want.items():
+        got = state[name].float()
+        if reference.ndim == 1 or quantize is None:
+            assert_close(got, reference, msg=lambda m: f"{name}: {m}")
+        elif quantize == "gguf":
+            assert_close(got, reference, atol=0, rtol=KEPT_BLOCKS_RTOL, msg=lambda m: f"{name}: {m}")
+        else:
+            off = (got - reference).abs() / one_step(reference, quantize)
+            assert off.max() <= 1, f"{name}: {off.max():.2f} quantization steps from the file's tensor"
+    return state
+
+
 # how far a quantized model's logits may be from transformers running its own dequantized
 # matrices: the kernels multiply bfloat16 activations (logits' spread is ~1.2)
 QUANTIZED_ATOL = {"gguf": 0.05, "int4": 0.05, "int8": 0.15}
@@ -169,7 +215,8 @@ def our_greedy(model, prompt: torch.Tensor, new: int = 20) -> list[int]:
     return model.generate(prompt[0].tolist(), max_new_tokens=new, temperature=0, stop_on_eos=False).token_ids
 
 
-def assert_picks_are_references(picks: list[int], reference: torch.nn.Module, prompt: torch.Tensor, atol: float) -> None:
+def assert_picks_are_references(picks: list[int], reference: torch.nn.Module, prompt: torch.Tensor,
+                                atol: float) -> None:
     """Each greedy token in ``picks`` (after ``prompt``, (1, T)) is the reference's pick from the
     same sequence, up to ``atol`` of rounding: a near-tie may go either way, a clear pick may not."""
     sequence = torch.cat([prompt, torch.tensor([picks])], dim=1)
@@ -190,7 +237,8 @@ def run_convert(source, out_dir, to: str) -> int:
 GGUF_TYPES = ("F32", "Q8_0", "Q4_0")
 
 
-def write_gguf_variants(hf: torch.nn.Module, arch: str, folder: Path) -> dict[str, tuple[Path, dict[str, torch.Tensor]]]:
+def write_gguf_variants(hf: torch.nn.Module, arch: str,
+                        folder: Path) -> dict[str, tuple[Path, dict[str, torch.Tensor]]]:
     """{file type: (path, the HF state dict the file stands for)}: ``hf`` written as F32, Q8_0, Q4_0."""
     files = {}
     for quant in GGUF_TYPES:
@@ -216,14 +264,16 @@ def assert_gguf_logits(ours: torch.nn.Module, hf: torch.nn.Module, path: Path, i
 
 def assert_quantized_logits(ours: torch.nn.Module, hf: torch.nn.Module, stands_for: dict[str, torch.Tensor],
                             quantize: Optional[str], ids: torch.Tensor) -> None:
-    """``ours`` loaded with ``quantize`` from a quantized file: unquantized, it is transformers on the
-    file's dequantized numbers; quantized, transformers on ``ours``'s own dequantized matrices."""
+    """``ours`` loaded with ``quantize`` from a quantized file: its matrices are the file's
+    (``checked_dequantized_state``); unquantized, it is transformers on the file's dequantized
+    numbers; quantized, transformers on ``ours``'s own dequantized matrices."""
     from torch.testing import assert_close
 
+    state = checked_dequantized_state(ours, stands_for, quantize)
     if quantize is None:
         assert_close(logits(ours, ids), logits(with_weights(hf, stands_for), ids), atol=1e-4, rtol=1e-4)
         return
-    reference = with_weights(hf, dequantized_state(ours))
+    reference = with_weights(hf, state)
     assert_close(logits(ours, ids), logits(reference, ids), atol=QUANTIZED_ATOL[quantize], rtol=0)
 
 

@@ -21,9 +21,9 @@ from lucidlm.errors import UnsupportedArchitectureError
 
 from lucidlm.model.decode_block import _plan
 from qwen_toys import (QUANTIZED_ATOL, assert_gguf_logits, assert_picks_are_references, assert_quantized_logits,
-                       assert_same_logits,
-                       dequantized_state, hf_greedy, hf_qwen, logits, our_greedy, run_convert, token_batch,
-                       with_weights, write_gguf_variants)
+                       assert_same_logits, checked_dequantized_state, hf_greedy, hf_qwen, logits, our_greedy,
+                       run_convert, token_batch, with_weights, write_gguf_variants)
+
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
 def saved(request, tmp_path_factory):
@@ -80,13 +80,19 @@ def test_export_is_a_qwen2_folder_transformers_reads(saved, tmp_path, capsys):
 
 
 def test_use_sliding_window_is_refused_by_name(saved, tmp_path):
-    hf, _ = saved
-    hf.config.use_sliding_window = True
-    try:
-        hf.save_pretrained(tmp_path)
-    finally:
-        hf.config.use_sliding_window = False
-    with pytest.raises(UnsupportedArchitectureError, match=r"use_sliding_window=true.*use_sliding_window to false"):
+    """use_sliding_window: true with max_window_layers=1 (and no layer_types list): transformers
+    slides layer 1, which lucidlm does not build."""
+    from transformers import AutoConfig
+
+    _, path = saved
+    config = json.loads((path / "config.json").read_text())
+    config.pop("layer_types", None)  # transformers 5 writes the list it derived; derive it from the switch
+    (tmp_path / "config.json").write_text(json.dumps({**config, "use_sliding_window": True, "sliding_window": 16,
+                                                      "max_window_layers": 1}))
+    (tmp_path / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes())
+    assert AutoConfig.from_pretrained(tmp_path).layer_types == ["full_attention", "sliding_attention"]
+    with pytest.raises(UnsupportedArchitectureError, match=r"use_sliding_window=true makes layers 1\.\.1.*"
+                                                           r"use_sliding_window to false"):
         lucidlm.load(tmp_path)
 
 
@@ -128,8 +134,9 @@ def test_quantized_generation_matches_its_dequantized_reference(gguf_files, quan
     own modules run): each of 20 greedy tokens is transformers' pick from the same dequantized
     matrices, up to the kernels' bfloat16 rounding (a near-tie may go either way)."""
     hf, files = gguf_files
-    ours = lucidlm.load(files["Q4_0"][0], quantize=quantize)
+    path, stands_for = files["Q4_0"]
+    ours = lucidlm.load(path, quantize=quantize)
     assert _plan(ours.blocks[0]) is None  # q/k/v biases keep the block off the one-call step
     prompt = token_batch(seed=7, rows=1, length=9)
-    assert_picks_are_references(our_greedy(ours, prompt), with_weights(hf, dequantized_state(ours)), prompt,
-                                QUANTIZED_ATOL[quantize])
+    reference = with_weights(hf, checked_dequantized_state(ours, stands_for, quantize))
+    assert_picks_are_references(our_greedy(ours, prompt), reference, prompt, QUANTIZED_ATOL[quantize])

@@ -20,9 +20,8 @@ from lucidlm.weights.hf import save_hf
 from lucidlm.model.decode_block import _plan
 from lucidlm.quantization import blocks_kernel
 from qwen_toys import (QUANTIZED_ATOL, assert_gguf_logits, assert_picks_are_references, assert_quantized_logits,
-                       assert_same_logits,
-                       dequantized_state, hf_greedy, hf_qwen, logits, our_greedy, run_convert, token_batch,
-                       with_weights, write_gguf_variants)
+                       assert_same_logits, checked_dequantized_state, hf_greedy, hf_qwen, logits, our_greedy,
+                       run_convert, token_batch, with_weights, write_gguf_variants)
 
 HEAD_DIM = 32  # hidden_size 64 / 4 heads would be 16
 
@@ -111,11 +110,19 @@ def test_export_is_a_qwen3_folder_transformers_reads(saved, tmp_path, capsys):
 
 
 def test_use_sliding_window_is_refused_by_name(saved, tmp_path):
+    """use_sliding_window: true with max_window_layers=1 (and no layer_types list): transformers
+    slides layer 1, which lucidlm does not build."""
+    from transformers import AutoConfig
+
     _, path = saved
     config = json.loads((path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "use_sliding_window": True}))
+    config.pop("layer_types", None)  # transformers 5 writes the list it derived; derive it from the switch
+    (tmp_path / "config.json").write_text(json.dumps({**config, "use_sliding_window": True, "sliding_window": 16,
+                                                      "max_window_layers": 1}))
     (tmp_path / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes())
-    with pytest.raises(UnsupportedArchitectureError, match=r"use_sliding_window=true.*use_sliding_window to false"):
+    assert AutoConfig.from_pretrained(tmp_path).layer_types == ["full_attention", "sliding_attention"]
+    with pytest.raises(UnsupportedArchitectureError, match=r"use_sliding_window=true makes layers 1\.\.1.*"
+                                                           r"use_sliding_window to false"):
         lucidlm.load(tmp_path)
 
 
@@ -153,9 +160,10 @@ def test_quantized_generation_matches_its_dequantized_reference(gguf_files):
     (model/decode_block.py): each greedy token is transformers' pick from the same matrices, up to
     the kernels' bfloat16 rounding."""
     hf, files = gguf_files
-    ours = lucidlm.load(files["Q4_0"][0], quantize="gguf")
+    path, stands_for = files["Q4_0"]
+    ours = lucidlm.load(path, quantize="gguf")
     if blocks_kernel.available():
         assert _plan(ours.blocks[0]) is not None
     prompt = token_batch(seed=9, rows=1, length=9)
-    assert_picks_are_references(our_greedy(ours, prompt), with_weights(hf, dequantized_state(ours)), prompt,
-                                QUANTIZED_ATOL["gguf"])
+    reference = with_weights(hf, checked_dequantized_state(ours, stands_for, "gguf"))
+    assert_picks_are_references(our_greedy(ours, prompt), reference, prompt, QUANTIZED_ATOL["gguf"])

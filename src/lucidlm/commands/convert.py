@@ -23,6 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "--to hf      a directory transformers' AutoModelForCausalLM.from_pretrained loads:\n"
                     "             LLaMA-style models (RoPE, RMSNorm, SwiGLU) become LlamaForCausalLM,\n"
                     "             GPT-2-style models (learned positions, LayerNorm) become GPT2LMHeadModel;\n"
+                    "             Qwen 2 / Qwen 3 models (read from Qwen folders or GGUF files) become\n"
+                    "             Qwen2ForCausalLM / Qwen3ForCausalLM;\n"
                     "             interleaved-RoPE (GGUF-layout) Q/K rows are permuted to rotate_half.\n"
                     "             Post-norm, sinusoidal and other non-HF configs are refused with the reason.\n"
                     "--to lucidlm lucidlm's own directory, which keeps every config field.",

@@ -44,7 +44,7 @@ from lucidlm.weights.finite import FiniteCheck
 from lucidlm.weights.hf_config import (  # noqa: F401  (the file names re-exported: this module was their home)
     CONFIG_NAME, GPT2_NAMES, INDEX_NAME, LLAMA_NAMES, SUPPORTED, TOKENIZER_CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME,
     config_from_hf, hf_family, read_hf_config)
-from lucidlm.weights.hf_families import LLAMA_SHAPED
+from lucidlm.weights.hf_families import LLAMA_SHAPED, LlamaShapedFamily
 from lucidlm.weights.hf_generation_config import (end_token_ids, hf_eos_token_id, role_token_id,
                                                    use_generation_eos_ids, write_generation_config)
 from lucidlm.weights.hf_names import (ARCHITECTURE_OF_FAMILY, GPT2_ACTIVATION_NAMES, export_family,
@@ -212,8 +212,7 @@ def _check_nothing_left_over(config: ModelConfig, family: str, tensors: dict[str
         cause = (f"the file has tensors for layers 0..{max(layers)} but config.json's {names['n_layers']}="
                  f"{config.n_layers}; correct config.json")
     elif family != "gpt2" and all(name.endswith("_proj.bias") for name in left):
-        cause = ("the file has bias tensors but config.json's attention_bias / mlp_bias say there are none; "
-                 "correct config.json")
+        cause = _bias_cause(LLAMA_SHAPED[family], left)
     else:
         cause = (f"config.json ({sizes}) does not describe these weights, or the checkpoint is an architecture "
                  f"variant lucidlm does not implement (e.g. Qwen 3's q_norm/k_norm in a file labelled LLaMA); "
@@ -223,6 +222,23 @@ def _check_nothing_left_over(config: ModelConfig, family: str, tensors: dict[str
         f"{source}: {len(left)} tensor(s) in the file have no place in a model of this config, e.g. "
         f"{sorted(left)[:4]}; {cause}."
     )
+
+
+def _bias_cause(facts: LlamaShapedFamily, left: set[str]) -> str:
+    """Why a LLaMA-shaped file's leftover ``*_proj.bias`` tensors have no place: a bias the
+    architecture never has (Qwen 2's o_proj, Qwen 3's MLP) means the file is another model; one
+    that config.json's attention_bias / mlp_bias switch turns on means config.json is wrong."""
+    kinds = {"q/k/v": r"\.self_attn\.[qkv]_proj\.", "o_proj": r"\.self_attn\.o_proj\.", "MLP": r"\.mlp\."}
+    never = {"q/k/v": facts.qkv_bias is False, "o_proj": facts.out_bias is False, "MLP": not facts.mlp_bias_switch}
+    foreign = [kind for kind, pattern in kinds.items() if never[kind] and any(re.search(pattern, n) for n in left)]
+    if foreign:
+        return (f"{facts.architecture} has no {' or '.join(foreign)} bias; this file is not a {facts.title} "
+                f"checkpoint (or config.json names the wrong architecture)")
+    switches = ["attention_bias"] * (facts.qkv_bias is None or facts.out_bias is None) + \
+               ["mlp_bias"] * facts.mlp_bias_switch
+    verb = "say" if len(switches) > 1 else "says"
+    return (f"the file has bias tensors but config.json's {' / '.join(switches)} {verb} there are none; "
+            f"correct config.json")
 
 
 def _load_tokenizer(path: Path) -> Any:
@@ -273,7 +289,7 @@ def hf_config(model: Transformer) -> dict[str, Any]:
     )
 
 
-def _switches(cfg: ModelConfig, family: Any) -> dict[str, Any]:
+def _switches(cfg: ModelConfig, family: LlamaShapedFamily) -> dict[str, Any]:
     """The config.json switches this LLaMA-shaped architecture has: LLaMA's attention_bias (one for
     q/k/v/o: zeros fill the ones we lack) and mlp_bias, Qwen 3's attention_bias, and Qwen's
     use_sliding_window, always false (lucidlm attends globally in every layer of these)."""

@@ -109,8 +109,9 @@ def export_family(cfg: ModelConfig) -> str:
     raise ConfigError(
         f"this model cannot be exported to Hugging Face: as {ARCHITECTURE_OF_FAMILY[nearest]} (the nearest fit) "
         f"{'; '.join(problems[nearest])}. lucidlm exports LLaMA-style models (rope + rms + swiglu + pre-norm + "
-        f"final norm; Qwen 2 / Qwen 3 models as their own architecture) and GPT-2-style models (learned positions + layer norm + pre-norm + final norm); save this "
-        f"one in lucidlm's own format instead (lucidlm convert --to lucidlm)."
+        f"final norm; Qwen 2 / Qwen 3 models as their own architecture) and GPT-2-style models (learned "
+        f"positions + layer norm + pre-norm + final norm); save this one in lucidlm's own format instead "
+        f"(lucidlm convert --to lucidlm)."
     )
 
 
