@@ -51,8 +51,9 @@ def gemma_weights(n_layers: int, d_model: int, n_heads: int, n_kv: int, head_dim
 
 def write_gemma3_gguf(path: Path, weights: dict[str, np.ndarray], n_layers: int, d_model: int, n_heads: int,
                       n_kv: int, head_dim: int, d_mlp: int, window: Optional[int], rope_base: float = 1e6,
-                      eps: float = 1e-6) -> Path:
-    """A gemma3 GGUF holding ``weights``; ``window=None`` leaves the sliding-window key out."""
+                      eps: float = 1e-6, linear_rope_factor: Optional[float] = None) -> Path:
+    """A gemma3 GGUF holding ``weights``; ``window=None`` leaves the sliding-window key out;
+    ``linear_rope_factor`` writes rope.scaling (the 4B and larger models scale by 8)."""
     w = gguf.GGUFWriter(str(path), "gemma3")
     w.add_context_length(256)
     w.add_embedding_length(d_model)
@@ -66,6 +67,9 @@ def write_gemma3_gguf(path: Path, weights: dict[str, np.ndarray], n_layers: int,
     w.add_layer_norm_rms_eps(eps)
     if window is not None:
         w.add_sliding_window(window)
+    if linear_rope_factor is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(linear_rope_factor)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(TOKENS)
