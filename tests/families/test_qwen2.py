@@ -17,7 +17,6 @@ from torch.testing import assert_close
 from transformers import AutoModelForCausalLM
 
 import lucidlm
-from lucidlm.errors import UnsupportedArchitectureError
 
 from lucidlm.model.decode_block import _plan
 from qwen_toys import (QUANTIZED_ATOL, assert_gguf_logits, assert_picks_are_references, assert_quantized_logits,
@@ -77,23 +76,6 @@ def test_export_is_a_qwen2_folder_transformers_reads(saved, tmp_path, capsys):
     assert type(back).__name__ == "Qwen2ForCausalLM"
     ids = token_batch(seed=4)
     assert_close(logits(back, ids), logits(hf, ids), atol=1e-5, rtol=1e-5)
-
-
-def test_use_sliding_window_is_refused_by_name(saved, tmp_path):
-    """use_sliding_window: true with max_window_layers=1 (and no layer_types list): transformers
-    slides layer 1, which lucidlm does not build."""
-    from transformers import AutoConfig
-
-    _, path = saved
-    config = json.loads((path / "config.json").read_text())
-    config.pop("layer_types", None)  # transformers 5 writes the list it derived; derive it from the switch
-    (tmp_path / "config.json").write_text(json.dumps({**config, "use_sliding_window": True, "sliding_window": 16,
-                                                      "max_window_layers": 1}))
-    (tmp_path / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes())
-    assert AutoConfig.from_pretrained(tmp_path).layer_types == ["full_attention", "sliding_attention"]
-    with pytest.raises(UnsupportedArchitectureError, match=r"use_sliding_window=true makes layers 1\.\.1.*"
-                                                           r"use_sliding_window to false"):
-        lucidlm.load(tmp_path)
 
 
 # ------------------------------------------------------------------------------------------ GGUF

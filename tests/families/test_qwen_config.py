@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from torch.testing import assert_close
 
 import lucidlm
@@ -50,14 +49,17 @@ def test_sliding_window_switch_without_a_sliding_layer_loads_as_transformers(tmp
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(use_sliding_window=True, sliding_window=16, max_window_layers=1), r"layers 1\.\.1 \(max_window_layers=1 on\)"),
+    (dict(use_sliding_window=True, sliding_window=16, max_window_layers=1),
+     r"use_sliding_window=true makes layers 1\.\.1 \(max_window_layers=1 on\)"),
     (dict(use_sliding_window=False, sliding_window=16, layer_types=["full_attention", "sliding_attention"]),
      r"layer_types marks layer\(s\) \[1\] 'sliding_attention'"),
 ])
-def test_a_sliding_layer_is_refused_naming_it(tmp_path, changes, message):
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_a_sliding_layer_is_refused_naming_it(tmp_path, arch, changes, message):
     from transformers import AutoConfig
 
-    path = _with_config(hf_qwen("qwen3", seed=43), tmp_path, **changes)
+    path = _with_config(hf_qwen(arch, seed=43), tmp_path, **changes)
     assert "sliding_attention" in AutoConfig.from_pretrained(path).layer_types  # transformers would slide
-    with pytest.raises(UnsupportedArchitectureError, match=message + r".*not implemented"):
+    # the problem, then the fix: the config.json field to change
+    with pytest.raises(UnsupportedArchitectureError, match=message + r".*not implemented.*In config\.json, only if"):
         lucidlm.load(path)
