@@ -284,3 +284,11 @@ def assert_same_logits(ours: torch.nn.Module, hf: torch.nn.Module, ids: torch.Te
     want = logits(hf, ids)
     assert want.std() > 0.3  # the comparison means something
     assert_close(logits(ours, ids), want, atol=1e-4, rtol=1e-4)
+
+
+def assert_same_greedy(hf: torch.nn.Module, path: Path) -> None:
+    """20 greedy tokens of the folder ``path`` read by lucidlm equal transformers' ``hf``'s."""
+    import lucidlm
+
+    prompt = token_batch(seed=2, rows=1, length=9)
+    assert our_greedy(lucidlm.load(path), prompt) == hf_greedy(hf, prompt)

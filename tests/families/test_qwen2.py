@@ -20,8 +20,8 @@ import lucidlm
 
 from lucidlm.model.decode_block import _plan
 from qwen_toys import (QUANTIZED_ATOL, assert_gguf_logits, assert_picks_are_references, assert_quantized_logits,
-                       assert_same_logits, checked_dequantized_state, hf_greedy, hf_qwen, logits, our_greedy,
-                       run_convert, token_batch, with_weights, write_gguf_variants)
+                       assert_same_greedy, assert_same_logits, checked_dequantized_state, hf_qwen, logits,
+                       our_greedy, run_convert, token_batch, with_weights, write_gguf_variants)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
@@ -42,9 +42,7 @@ def test_folder_logits_match_transformers(saved):
 
 
 def test_greedy_generation_matches_transformers(saved):
-    hf, path = saved
-    prompt = token_batch(seed=2, rows=1, length=9)
-    assert our_greedy(lucidlm.load(path), prompt) == hf_greedy(hf, prompt)
+    assert_same_greedy(*saved)
 
 
 def test_hook_q_is_transformers_q_projection(saved):

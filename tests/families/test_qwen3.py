@@ -19,8 +19,8 @@ from lucidlm.weights.hf import save_hf
 from lucidlm.model.decode_block import _plan
 from lucidlm.quantization import blocks_kernel
 from qwen_toys import (QUANTIZED_ATOL, assert_gguf_logits, assert_picks_are_references, assert_quantized_logits,
-                       assert_same_logits, checked_dequantized_state, hf_greedy, hf_qwen, logits, our_greedy,
-                       run_convert, token_batch, with_weights, write_gguf_variants)
+                       assert_same_greedy, assert_same_logits, checked_dequantized_state, hf_qwen, logits,
+                       our_greedy, run_convert, token_batch, with_weights, write_gguf_variants)
 
 HEAD_DIM = 32  # hidden_size 64 / 4 heads would be 16
 
@@ -44,9 +44,7 @@ def test_folder_logits_match_transformers(saved):
 
 
 def test_greedy_generation_matches_transformers(saved):
-    hf, path = saved
-    prompt = token_batch(seed=2, rows=1, length=9)
-    assert our_greedy(lucidlm.load(path), prompt) == hf_greedy(hf, prompt)
+    assert_same_greedy(*saved)
 
 
 def test_hook_q_and_normed_rotation_inputs_match_transformers(saved):
