@@ -340,3 +340,20 @@ def test_fake_tensors_get_the_real_outputs_shapes_dtypes_and_strides():
         sizes = [int(s) for s in fake.shape]  # hints of the symbolic sizes: the real ones
         assert sizes == list(real.shape), name
         assert fake.dtype == real.dtype and [int(s) for s in fake.stride()] == list(real.stride()), name
+
+
+def test_a_compiler_that_fails_leaves_torch_kernels_and_no_partial_library(tmp_path):
+    # The C files and the operators' one translation unit are compiled side by side; a failure
+    # in any of them is a reason, not an exception, and nothing half-built stays in the cache.
+    failing = tmp_path / "failing-cc"
+    failing.write_text("#!/bin/sh\necho 'no such compiler today' >&2\nexit 3\n")
+    failing.chmod(0o755)
+    code = ("from lucidlm.quantization import blocks_kernel as b; "
+            "print(b.available()); print(b.unavailable_reason())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, LUCIDLM_CACHE=str(tmp_path / "cache"), CC=str(failing),
+                                  CXX=str(failing))).stdout
+    available, reason = out.strip().split("\n", 1)
+    assert available == "False"
+    assert "building the kernels failed" in reason and "no such compiler today" in reason, reason
+    assert list((tmp_path / "cache" / "kernels").iterdir()) == []
