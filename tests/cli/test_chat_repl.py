@@ -37,6 +37,14 @@ def toy_dir(tmp_path_factory):
 
 
 def spawn_chat(toy_dir, cache_dir, *extra):
+    # A cache of its own (the history file), with this session's compiled CPU kernels in it:
+    # building them again would be 15-30 s of the first prompt, and tests/quantization builds them.
+    from lucidlm.cache_dir import cache_root
+
+    built = cache_root() / "kernels"
+    if built.is_dir() and not (cache_dir / "kernels").exists():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        (cache_dir / "kernels").symlink_to(built, target_is_directory=True)
     child = pexpect.spawn(sys.executable, ["-m", "lucidlm", "chat", "--model", str(toy_dir), "-q",
                                            "--temperature", "0", "--max-new-tokens", "5", *extra],
                           env=cli_env(LUCIDLM_CACHE=str(cache_dir), TERM="xterm", INPUTRC="/dev/null"),
