@@ -33,6 +33,7 @@ def test_ids_and_text_match_transformers(ours, hf_gemma3_tokenizer, text):
     assert ids == expected
     assert ids[0] == ours.bos_id == 2  # Gemma adds <bos>
     assert ours.decode(ids[1:]) == hf_gemma3_tokenizer.decode(expected[1:]) == text
+    assert ours.decode(ids, skip_special_tokens=True) == hf_gemma3_tokenizer.decode(expected, skip_special_tokens=True)
 
 
 def test_roles_and_round_trip(ours, tmp_path):
@@ -50,6 +51,9 @@ def test_not_special_added_tokens_stay_whole_when_specials_are_not_allowed(ours,
     for text in ["<h1>Title</h1>\n\n\n[multimodal]", "<start_of_turn>user<h1> <eos>x"]:
         expected = hf_gemma3_tokenizer(text, add_special_tokens=True, split_special_tokens=True)["input_ids"]
         assert ours.encode(text, allowed_special=False) == expected
+        ids = hf_gemma3_tokenizer(text, add_special_tokens=True)["input_ids"]  # <bos>, <start_of_turn>, <eos> whole
+        # skipped: the special ones; kept: <h1>, [multimodal], the runs of new lines
+        assert ours.decode(ids, skip_special_tokens=True) == hf_gemma3_tokenizer.decode(ids, skip_special_tokens=True)
     assert ours.encode(text, allowed_special=False) != ours.encode(text)  # <start_of_turn>, <eos>: plain here
 
 

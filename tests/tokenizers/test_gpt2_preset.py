@@ -38,6 +38,8 @@ def test_gpt2_preset_tokenizer_matches_transformers(tiny_gpt2):
     for text in TEXTS:
         assert tok.encode(text) == reference(text)["input_ids"]
         assert tok.decode(tok.encode(text)) == text
+        ids = tok.encode(text)
+        assert tok.decode(ids, skip_special_tokens=True) == reference.decode(ids, skip_special_tokens=True)
 
 
 def test_untrained_gpt2_generates_text(tiny_gpt2):

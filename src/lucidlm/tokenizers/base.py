@@ -111,14 +111,17 @@ class Tokenizer(ABC):
                 ids.extend(self._encode_ordinary(piece, start))
         return ids
 
-    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+    def decode_bytes(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> bytes:
         """Ids -> the raw bytes they stand for. Streaming uses this so that it never
         emits half of a multi-byte UTF-8 character."""
-        return b"".join(self._token_bytes(i) for i in self._checked(ids))
+        return b"".join(self._token_bytes(i) for i in self._kept(ids, skip_special_tokens))
 
-    def decode(self, ids: Iterable[int]) -> str:
-        """Ids -> text; byte sequences that are not valid UTF-8 become U+FFFD."""
-        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+    def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
+        """Ids -> text; byte sequences that are not valid UTF-8 become U+FFFD.
+        ``skip_special_tokens=True`` leaves out ``<|endoftext|>``, ``<|im_end|>`` and the
+        like, as transformers' ``decode`` does (an HF tokenizer skips the added tokens its
+        file flags special)."""
+        return self.decode_bytes(ids, skip_special_tokens=skip_special_tokens).decode("utf-8", errors="replace")
 
     def id_to_token(self, token_id: int) -> str:
         """A readable piece for one id (plots, debugging). Not always decodable on its own:
@@ -179,6 +182,17 @@ class Tokenizer(ABC):
         return tokenizer
 
     # ----------------------------------------------------------------- helpers
+
+    def _skippable_ids(self) -> frozenset[int]:
+        """The ids ``decode(..., skip_special_tokens=True)`` leaves out."""
+        return frozenset(self.special_tokens.values())
+
+    def _kept(self, ids: Iterable[int], skip_special_tokens: bool) -> Iterator[int]:
+        """The in-range ids to decode: all of them, or those that are not special tokens."""
+        if not skip_special_tokens:
+            return self._checked(ids)
+        skipped = self._skippable_ids()
+        return (i for i in self._checked(ids) if i not in skipped)
 
     def _checked(self, ids: Iterable[int]) -> Iterator[int]:
         """Yield ids, raising TokenizerError on the first one outside the vocabulary."""

@@ -203,7 +203,7 @@ class HFTokenizer(Tokenizer):
             piece = self._bytes[token_id] = self._piece_bytes(token_id, self._added)
         return piece
 
-    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+    def decode_bytes(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> bytes:
         """The tokens' bytes, concatenated. Sentencepiece decoders that drop the space they
         prepended when encoding (Metaspace ``first``, a leading ``Strip``) drop one leading
         space of the whole text, as the backend does.
@@ -212,10 +212,17 @@ class HFTokenizer(Tokenizer):
         and unlike the backend's byte fallback (which turns a whole run of byte tokens into
         U+FFFD when one is invalid) it is a function of each token and its predecessor, so
         streamed text can always equal decoding everything at once."""
-        data = super().decode_bytes(ids)
+        data = super().decode_bytes(ids, skip_special_tokens=skip_special_tokens)
         if self._decoder.strips_leading_space and data.startswith(b" "):
             data = data[1:]
         return data
+
+    def _skippable_ids(self) -> frozenset[int]:
+        # The backend's own rule (transformers' fast decode): added tokens flagged special. A role
+        # token the file does not flag (some GGUFs' BOS) stays, as it does there.
+        if self._added is None:
+            self._added = self._backend.get_added_tokens_decoder()
+        return frozenset(i for i, token in self._added.items() if token.special)
 
     def token_to_id(self, token: str) -> Optional[int]:
         return self._backend.token_to_id(token)

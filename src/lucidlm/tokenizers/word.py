@@ -95,9 +95,9 @@ class WordTokenizer(Tokenizer):
         # A special token's name typed as a plain word (allowed_special=False) is unknown.
         return [unk if w in SPECIALS else get(w, unk) for w in text.split()]
 
-    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+    def decode_bytes(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> bytes:
         # Words are separate items, so join them with a space rather than concatenating.
-        return " ".join(self._id_to_text[i] for i in self._checked(ids)).encode("utf-8")
+        return " ".join(self._id_to_text[i] for i in self._kept(ids, skip_special_tokens)).encode("utf-8")
 
     def _token_bytes(self, token_id: int) -> bytes:
         return self._id_to_text[token_id].encode("utf-8")
