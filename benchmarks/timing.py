@@ -21,8 +21,27 @@ def best_time(fn, repeats: int) -> float:
 
 def machine(**extra: Any) -> dict[str, Any]:
     """The machine a result was measured on: this project's hosts differ in kind (Intel Xeon
-    with AVX-512 VNNI, AMD EPYC with AVX2), and lucidlm's kernels with them."""
+    with AVX-512 VNNI, AMD EPYC Zen 3 with AVX2 only, Zen 4 and Zen 5 with AVX-512), and
+    lucidlm's kernels with them. The model name alone ("AMD EPYC") does not tell the EPYCs
+    apart; the CPU family and model numbers do (family 25 is Zen 3 and Zen 4, 26 is Zen 5)."""
     from lucidlm.quantization import blocks_kernel
 
-    return {"platform": platform.platform(), "cpu": blocks_kernel.cpu_model(), "cpus": os.cpu_count(),
-            "lucidlm_kernels": blocks_kernel.instruction_set() or "none (torch's)", **extra}
+    return {"platform": platform.platform(), "cpu": blocks_kernel.cpu_model(), "cpu_family_model": _family_model(),
+            "cpus": os.cpu_count(), "lucidlm_kernels": blocks_kernel.instruction_set() or "none (torch's)", **extra}
+
+
+def _family_model() -> str:
+    """"family/model" of the first CPU in /proc/cpuinfo, e.g. "26/2" ("" where it cannot be read)."""
+    numbers = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("cpu family", "model") and key not in numbers:
+                    numbers[key] = value.strip()
+                if len(numbers) == 2:
+                    break
+    except OSError:
+        return ""
+    return f"{numbers.get('cpu family', '?')}/{numbers.get('model', '?')}"
