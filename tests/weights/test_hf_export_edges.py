@@ -109,6 +109,29 @@ def test_export_keeps_a_declared_end_token_that_is_not_the_tokenizers_eos(tmp_pa
     assert json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())["eos_token"] == "</s>"
 
 
+@pytest.mark.parametrize("through_lucidlm_format", [False, True])
+def test_a_written_generation_config_keeps_the_bos_and_pad_ids(tmp_path, through_lucidlm_format):
+    """transformers 5 reads no bos/pad id from config.json once generation_config.json exists: an
+    export that writes one (sampling defaults, several end tokens) with a tokenizer beside it
+    named neither, so transformers' generate() without a prompt refused to start ("bos_token_id
+    has to be defined") where the source starts from its BOS."""
+    src = hf_dir(tmp_path / "src", [2, 7], {"do_sample": True, "temperature": 0.7, "top_k": 20, "eos_token_id": [2, 7],
+                                             "bos_token_id": 1, "pad_token_id": 0})
+    model = lucidlm.load(src)
+    if through_lucidlm_format:
+        save_model(model, tmp_path / "mine")
+        model = lucidlm.load(tmp_path / "mine")
+    save_hf(model, tmp_path / "out")
+
+    source = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    export = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id", "do_sample", "temperature", "top_k"):
+        assert getattr(export.generation_config, key) == getattr(source.generation_config, key), key
+    with torch.no_grad():  # no prompt: transformers starts from the BOS the files declare
+        assert export.generate(max_new_tokens=4, do_sample=False).tolist() == \
+            source.generate(max_new_tokens=4, do_sample=False).tolist()
+
+
 @pytest.mark.parametrize("declared", ["int", "list"])
 def test_a_directory_without_a_tokenizer_stops_on_its_declared_end_tokens(tmp_path, free_run, declared):
     end = free_run[5]
