@@ -148,3 +148,60 @@ def test_peft_variants_that_compute_otherwise_are_refused(base_dir, tmp_path, op
     assert json.loads((tmp_path / "adapter_config.json").read_text())[option] == value
     with pytest.raises(AdapterError, match=f"{named}.*not supported"):
         load(base_dir, adapter=tmp_path)
+
+
+def test_interleaved_rope_adapter_runs_in_peft_on_the_export(tmp_path):
+    """A model with GGUF/Meta's interleaved RoPE is exported with its q/k rows permuted to
+    transformers' rotate_half order, so its adapter's q/k lora_B rows must move with them: PEFT
+    on the export computes what the model with its adapter computes (0.44 apart on this model when they did not)."""
+    torch.manual_seed(0)
+    model = Transformer(preset("llama", **CONFIG, rope_variant="interleaved")).eval()
+    base = save_hf(model, tmp_path / "base")
+    add_lora(model, r=4, alpha=8, targets=("q", "k", "v", "o"))
+    with torch.no_grad():  # B starts at zero; randomise it so the adapter is not a no-op
+        for layer in (m for m in model.modules() if isinstance(m, LoRALinear)):
+            layer.lora_B["default"].normal_(0, 0.3)
+    model.eval()
+    save_adapter(model, tmp_path / "lora")
+
+    theirs = peft.PeftModel.from_pretrained(hf_model(base), tmp_path / "lora").eval()
+    with torch.no_grad():
+        ours_logits = model(ids())
+        their_logits = theirs(ids()).logits
+        assert (their_logits - hf_model(base)(ids()).logits).abs().max() > 1e-1
+        assert (ours_logits - their_logits).abs().max() <= 1e-4
+        # read back: onto the export (rotate_half) and onto an interleaved model like the one it was trained on
+        with pytest.warns(UserWarning, match="trained on a base model"):  # the export's config says rope_variant half
+            assert (load(base, adapter=tmp_path / "lora")(ids()) - their_logits).abs().max() <= 1e-4
+        torch.manual_seed(0)
+        again = load_adapter(Transformer(preset("llama", **CONFIG, rope_variant="interleaved")), tmp_path / "lora")
+        assert (again(ids()) - their_logits).abs().max() <= 1e-4
+
+
+def test_an_interleaved_adapter_saved_before_format_2_reads_as_written(tmp_path):
+    """lucidlm_adapter.json format 1 wrote an interleaved model's q/k rows in the model's own order:
+    such a file still loads onto that model unchanged."""
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    model = Transformer(preset("llama", **CONFIG, rope_variant="interleaved")).eval()
+    add_lora(model, r=2, targets=("q", "k"))
+    with torch.no_grad():
+        for layer in (m for m in model.modules() if isinstance(m, LoRALinear)):
+            layer.lora_B["default"].normal_(0, 0.3)
+    model.eval()
+    save_adapter(model, tmp_path)
+    # the file as format 1 wrote it: B exactly as the model holds it
+    tensors = load_file(tmp_path / "adapter_model.safetensors")
+    for i, block in enumerate(model.blocks):
+        for p in "qk":
+            key = f"base_model.model.model.layers.{i}.self_attn.{p}_proj.lora_B.weight"
+            tensors[key] = getattr(block.attn, f"{p}_proj").lora_B["default"].detach().clone()
+    save_file(tensors, tmp_path / "adapter_model.safetensors")
+    meta = json.loads((tmp_path / "lucidlm_adapter.json").read_text())
+    (tmp_path / "lucidlm_adapter.json").write_text(json.dumps({**meta, "format_version": 1}))
+
+    torch.manual_seed(0)
+    old = load_adapter(Transformer(preset("llama", **CONFIG, rope_variant="interleaved")), tmp_path)
+    with torch.no_grad():
+        assert (old(ids()) - model(ids())).abs().max() <= 1e-5

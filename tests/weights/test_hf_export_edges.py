@@ -109,6 +109,29 @@ def test_export_keeps_a_declared_end_token_that_is_not_the_tokenizers_eos(tmp_pa
     assert json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())["eos_token"] == "</s>"
 
 
+@pytest.mark.parametrize("through_lucidlm_format", [False, True])
+def test_a_written_generation_config_keeps_the_bos_and_pad_ids(tmp_path, through_lucidlm_format):
+    """transformers 5 reads no bos/pad id from config.json once generation_config.json exists: an
+    export that writes one (sampling defaults, several end tokens) with a tokenizer beside it
+    named neither, so transformers' generate() without a prompt refused to start ("bos_token_id
+    has to be defined") where the source starts from its BOS."""
+    src = hf_dir(tmp_path / "src", [2, 7], {"do_sample": True, "temperature": 0.7, "top_k": 20, "eos_token_id": [2, 7],
+                                             "bos_token_id": 1, "pad_token_id": 0})
+    model = lucidlm.load(src)
+    if through_lucidlm_format:
+        save_model(model, tmp_path / "mine")
+        model = lucidlm.load(tmp_path / "mine")
+    save_hf(model, tmp_path / "out")
+
+    source = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    export = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id", "do_sample", "temperature", "top_k"):
+        assert getattr(export.generation_config, key) == getattr(source.generation_config, key), key
+    with torch.no_grad():  # no prompt: transformers starts from the BOS the files declare
+        assert export.generate(max_new_tokens=4, do_sample=False).tolist() == \
+            source.generate(max_new_tokens=4, do_sample=False).tolist()
+
+
 @pytest.mark.parametrize("declared", ["int", "list"])
 def test_a_directory_without_a_tokenizer_stops_on_its_declared_end_tokens(tmp_path, free_run, declared):
     end = free_run[5]
@@ -209,3 +232,44 @@ def test_a_window_that_changes_something_is_still_refused(tmp_path, changes, fie
     with pytest.raises(ConfigError, match=field):
         save_hf(Transformer(preset("llama", **SIZES, **changes)), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------ a model saved quantized
+
+
+QUANTIZED_ATOL = {"int8": 0.15, "int4": 0.05}  # as tests/families/qwen_toys.py
+
+
+@pytest.mark.parametrize("tie, quantize", [(True, "int8"), (False, "int4")])
+def test_convert_to_hf_dequantizes_a_model_saved_quantized(tmp_path, capsys, tie, quantize):
+    """A lucidlm directory saved with --quantize loads back quantized, with no float weights to
+    go back to: --to hf writes the matrices its codes stand for (as a quantized GGUF is written),
+    where it used to refuse and tell the user to load it without quantize= (which they had).
+    Each exported matrix lies within one quantization step of transformers' original, and
+    transformers on the export computes what lucidlm's quantized model computes (which, for
+    int8 per channel read back from its file, used to crash the process: torch's int8 kernel
+    on codes the file's offsets left unaligned)."""
+    from lucidlm.cli import main
+
+    original = hf_llama(tie=tie)
+    original.save_pretrained(tmp_path / "float")
+    assert main(["convert", str(tmp_path / "float"), str(tmp_path / "q"), "--to", "lucidlm",
+                 "--quantize", quantize]) == 0
+    assert main(["convert", str(tmp_path / "q"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    assert f"dequantized from {quantize}" in capsys.readouterr().out
+
+    export = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    assert export.config.tie_word_embeddings is tie
+    exported, wanted = export.state_dict(), original.state_dict()
+    levels = 127 if quantize == "int8" else 15  # int8: symmetric per row; int4: (max - min) / 15 per group of 32
+    for name, weight in wanted.items():
+        if weight.ndim == 2:
+            rows = weight.reshape(weight.shape[0], -1, 32 if quantize == "int4" else weight.shape[1])
+            step = (rows.abs().amax(-1) if quantize == "int8" else rows.amax(-1) - rows.amin(-1)) / levels
+            assert ((exported[name] - weight).reshape(rows.shape).abs() <= step[..., None] * 1.01 + 1e-6).all(), name
+        else:
+            assert torch.equal(exported[name], weight), name  # norms stay float
+    assert not torch.equal(exported["model.layers.0.mlp.up_proj.weight"], wanted["model.layers.0.mlp.up_proj.weight"])
+    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # lucidlm's quantized kernels round activations through bfloat16
+        assert_close(export(ids).logits, lucidlm.load(tmp_path / "q")(ids), atol=QUANTIZED_ATOL[quantize], rtol=0)

@@ -180,4 +180,5 @@ def test_a_saved_model_keeps_its_sampling_defaults_and_end_tokens(tmp_path, free
     assert again.tokenizer.eos_ids == [2, free_run[5]]
     model.generation_defaults = {}
     (save_hf if to == "hf" else save_model)(model, tmp_path / "out")  # nothing to say on sampling: the ids stay
-    assert json.loads((tmp_path / "out" / "generation_config.json").read_text()) == {"eos_token_id": [2, free_run[5]]}
+    assert json.loads((tmp_path / "out" / "generation_config.json").read_text()) == {
+        "eos_token_id": [2, free_run[5]], "bos_token_id": 1, "pad_token_id": 0}  # the tokenizer's <s> and <pad>

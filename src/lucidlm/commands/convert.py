@@ -25,7 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "             GPT-2-style models (learned positions, LayerNorm) become GPT2LMHeadModel;\n"
                     "             Qwen 2 / Qwen 3 models (read from Qwen folders or GGUF files) become\n"
                     "             Qwen2ForCausalLM / Qwen3ForCausalLM;\n"
-                    "             interleaved-RoPE (GGUF-layout) Q/K rows are permuted to rotate_half.\n"
+                    "             interleaved-RoPE (GGUF-layout) Q/K rows are permuted to rotate_half;\n"
+                    "             quantized weights (a GGUF file's, a lucidlm directory saved with --quantize)\n"
+                    "             are written as the float matrices they stand for, in --dtype.\n"
                     "             Post-norm, sinusoidal and other non-HF configs are refused with the reason.\n"
                     "--to lucidlm lucidlm's own directory, which keeps every config field.",
         epilog="examples:\n"
@@ -71,6 +73,14 @@ def run(args: argparse.Namespace) -> int:
                            f"hold float weights. Use --to lucidlm, or drop --quantize.")
     check_quantize_flags(args)
     model = load(args.source, dtype=DTYPES[args.dtype], quantize=args.quantize, group_size=args.group_size)
+    stored = _stored_quantization(model)  # a lucidlm directory saved with --quantize loads back quantized
+    written_as = args.quantize or stored or args.dtype
+    if stored and args.to_format == "hf":
+        # Hugging Face directories hold float weights: write the matrices the codes stand for,
+        # as a quantized GGUF file is written (its blocks dequantized on load)
+        from lucidlm.quantization import dequantize
+        dequantize(model, DTYPES[args.dtype])
+        written_as = f"{args.dtype}, dequantized from {stored}"
     with writing(out_dir, "OUT_DIR"), replacing_model(out_dir) as written:
         if args.to_format == "hf":
             from lucidlm.weights.hf import export_family, save_hf, SUPPORTED
@@ -84,6 +94,16 @@ def run(args: argparse.Namespace) -> int:
     cfg = model.config
     files = ", ".join(written)
     print(f"converted {args.source} ({cfg.name}: {cfg.n_layers} layers, d_model {cfg.d_model}, "
-          f"{model.num_parameters() / 1e6:.2f}M parameters, {args.quantize or args.dtype}) -> {out_dir} as {target} "
+          f"{model.num_parameters() / 1e6:.2f}M parameters, {written_as}) -> {out_dir} as {target} "
           f"[{files}] in {time.perf_counter() - start:.1f}s")
     return 0
+
+
+def _stored_quantization(model: torch.nn.Module) -> str | None:
+    """The quantization a model holds ("int8 per channel", "int4 groups of 32"), or None for a float model."""
+    from lucidlm.quantization.base import first_quantized
+
+    module = first_quantized(model)
+    if module is None:
+        return None
+    return module.scheme + (f" groups of {module.group_size}" if module.group_size else " per channel")

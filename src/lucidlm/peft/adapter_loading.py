@@ -25,7 +25,8 @@ from lucidlm.peft.adapter_meta import META_NAME, base_identity, meta_fields, rea
 from lucidlm.peft.gpt2_names import from_gpt2_peft, gpt2_module_name, is_gpt2, tie_fused_qkv
 from lucidlm.peft.lora import _as_lora, adapter_names, freeze_base, linear_module_names, set_adapter
 from lucidlm.peft.peft_format import (PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, from_peft_tensors, hf_module_name,
-                                      module_rank, module_scaling, outside_blocks, read_peft_config)
+                                      module_rank, module_scaling, outside_blocks, qk_rows_from_hf,
+                                      read_peft_config)
 from lucidlm.peft.trainable import check_one_method
 from lucidlm.quantization.base import check_float_model
 from lucidlm.suggest import keywords_checked
@@ -51,7 +52,9 @@ def load_adapter(model: nn.Module, directory: str | Path, name: str = "default",
     check_one_method(model, method)
     if method == "lora":
         config = read_peft_config(directory)  # first: its absence says more than a missing tensor file
-        _load_lora(model, directory, config, _read_tensors(directory / PEFT_WEIGHTS_NAME), name)
+        # lucidlm before format 2 wrote an interleaved model's q/k rows unpermuted: read them as written
+        hf_rows = meta is None or _format_version(meta) >= 2
+        _load_lora(model, directory, config, _read_tensors(directory / PEFT_WEIGHTS_NAME), name, hf_rows)
     elif method == "adapter":
         _load_bottleneck(model, directory, _read_tensors(directory / PEFT_WEIGHTS_NAME), meta)
     else:
@@ -81,8 +84,13 @@ def _warn_if_other_base(model: nn.Module, meta: dict[str, Any], directory: Path)
                       f"{ours}; outputs may be meaningless.", stacklevel=3)
 
 
+def _format_version(meta: dict[str, Any]) -> int:
+    version = meta.get("format_version", 1)
+    return version if isinstance(version, int) and not isinstance(version, bool) else 1
+
+
 def _load_lora(model: nn.Module, directory: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
-               name: str) -> None:
+               name: str, hf_rows: bool = True) -> None:
     source = str(directory / PEFT_WEIGHTS_NAME)
     modules = from_peft_tensors(tensors, source)
     gpt2 = is_gpt2(model)
@@ -120,7 +128,7 @@ def _load_lora(model: nn.Module, directory: Path, config: dict[str, Any], tensor
         layer.scaling[name] = module_scaling(config, hf_module_name(module), A.shape[0])
         with torch.no_grad():
             layer.lora_A[name].copy_(A)
-            layer.lora_B[name].copy_(B)
+            layer.lora_B[name].copy_(qk_rows_from_hf(model.config, module, B) if hf_rows else B)
     if gpt2:
         tie_fused_qkv(model, name)  # c_attn's q, k and v parts share one A
     freeze_base(model)

@@ -21,6 +21,9 @@ from lucidlm.peft.trainable import METHODS
 from lucidlm.validation import MAX_CONTEXT, MAX_WIDTH, Fields, read_json_object
 
 META_NAME = "lucidlm_adapter.json"
+# 2: the q/k lora_B rows of an interleaved-RoPE model are in Hugging Face's order, as PEFT needs
+# them for its export (peft_format.qk_rows_to_hf); version 1 wrote them in the model's own order.
+FORMAT_VERSION = 2
 
 
 def base_identity(model: nn.Module) -> dict[str, Any]:

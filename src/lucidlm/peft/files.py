@@ -28,10 +28,11 @@ from lucidlm.errors import AdapterError
 from lucidlm.peft import adapters, prefix
 from lucidlm.peft.adapter_loading import load_adapter  # noqa: F401  (re-exported: this module was its home)
 from lucidlm.peft.adapter_meta import (  # noqa: F401  (re-exported: this module was their home)
-    META_NAME, METHODS, base_identity, meta_fields, read_meta)
+    FORMAT_VERSION, META_NAME, METHODS, base_identity, meta_fields, read_meta)
 from lucidlm.peft.gpt2_names import gpt2_module_name, is_gpt2, to_gpt2_peft
 from lucidlm.peft.lora import adapter_names, linear_module_names, lora_layers
-from lucidlm.peft.peft_format import PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, hf_module_name, peft_config, to_peft_tensors
+from lucidlm.peft.peft_format import (PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, hf_module_name, peft_config, qk_rows_to_hf,
+                                      to_peft_tensors)
 from lucidlm.peft.trainable import attached_methods
 from lucidlm.staging import atomic_write_text
 from lucidlm.suggest import keywords_checked
@@ -57,7 +58,7 @@ def save_adapter(model: nn.Module, directory: str | Path, name: Optional[str] = 
         raise AdapterError(f"the model carries several fine-tuning methods ({', '.join(methods)}); an adapter "
                            f"directory holds one. Remove all but one before saving.")
     method = methods[0]
-    meta: dict[str, Any] = {"method": method, "format_version": 1, "base": base_identity(model)}
+    meta: dict[str, Any] = {"method": method, "format_version": FORMAT_VERSION, "base": base_identity(model)}
     if method == "lora":
         name = name or _active_lora(model)
         tensors, config = _lora_files(model, name, base_model_name_or_path)
@@ -110,7 +111,7 @@ def _lora_files(model: nn.Module, name: str, base: Optional[str]) -> tuple[dict[
     tensors = {}
     for n, layer in layers:
         tensors[f"{n}.lora_A"] = layer.lora_A[name].detach()
-        tensors[f"{n}.lora_B"] = layer.lora_B[name].detach()
+        tensors[f"{n}.lora_B"] = qk_rows_to_hf(model.config, n, layer.lora_B[name].detach())
     config = peft_config(r, alpha, dropout, targets, base, rank_pattern, alpha_pattern)
     if gpt2:  # transformers' GPT-2 uses Conv1D, whose weight is (in, out): PEFT records that
         config["fan_in_fan_out"] = True

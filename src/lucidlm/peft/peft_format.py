@@ -7,6 +7,11 @@
 HF LLaMA module names map to ours one to one:
     model.layers.N.self_attn.q_proj  <->  blocks.N.attn.q_proj      (k, v, o alike)
     model.layers.N.mlp.gate_proj     <->  blocks.N.mlp.gate_proj    (up, down alike)
+
+A file's q/k lora_B rows are in Hugging Face's rotate_half order, the order of the q/k rows of
+the model PEFT applies it to: a model with ``rope_variant="interleaved"`` is exported with its
+q/k rows permuted to that order (``hf_names.py``), so its adapters' B rows move with them
+(``qk_rows_to_hf`` / ``qk_rows_from_hf``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lucidlm.errors import AdapterError
+from lucidlm.model.positions import permute_qk_to_half, permute_qk_to_interleaved
 from lucidlm.validation import MAX_WIDTH, Fields, read_json_object
 
 PEFT_CONFIG_NAME = "adapter_config.json"
@@ -67,6 +73,30 @@ def our_module_name(hf: str) -> str:
         if pattern.match(hf):
             return pattern.sub(replacement, hf)
     return hf
+
+
+_QK_MODULE = re.compile(r"^blocks\.\d+\.attn\.([qk])_proj$")
+
+
+def _qk_heads(config: Any, module: str) -> Optional[int]:
+    """The head count of ``module`` when it is a q/k projection of an interleaved-RoPE model, else None."""
+    found = _QK_MODULE.match(module)
+    if found is None or getattr(config, "rope_variant", "half") != "interleaved":
+        return None
+    return config.n_heads if found.group(1) == "q" else config.n_kv_heads
+
+
+def qk_rows_to_hf(config: Any, module: str, lora_B: Any) -> Any:
+    """``lora_B`` of our ``module`` with its rows in Hugging Face's order (unchanged but for the
+    q/k projections of an interleaved-RoPE model, whose export permutes those rows too)."""
+    heads = _qk_heads(config, module)
+    return lora_B if heads is None else permute_qk_to_half(lora_B, heads)
+
+
+def qk_rows_from_hf(config: Any, module: str, lora_B: Any) -> Any:
+    """Inverse of ``qk_rows_to_hf``: a file's lora_B rows in our ``module``'s order."""
+    heads = _qk_heads(config, module)
+    return lora_B if heads is None else permute_qk_to_interleaved(lora_B, heads)
 
 
 def to_peft_tensors(lora_tensors: dict[str, Any]) -> dict[str, Any]:

@@ -16,8 +16,8 @@ torch's, or for groups of 32 on AVX-512 VNNI CPUs lucidlm's own (``blocks_kernel
 from lucidlm.quantization.base import DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding, QuantizedLinear, dense_weight
 from lucidlm.quantization.int4 import Int4Linear
 from lucidlm.quantization.int8 import Int8Linear
-from lucidlm.quantization.swap import (SCHEMES, install_quantized, is_quantized, quantization_layout, quantize,
-                                       scheme_class)
+from lucidlm.quantization.swap import (SCHEMES, dequantize, install_quantized, is_quantized, quantization_layout,
+                                       quantize, scheme_class)
 
 __all__ = ["quantize", "QuantizedLinear", "QuantizedEmbedding", "Int8Linear", "Int4Linear", "SCHEMES",
-           "DEFAULT_COMPUTE_DTYPE", "dense_weight", "install_quantized", "is_quantized", "quantization_layout", "scheme_class"]
+           "DEFAULT_COMPUTE_DTYPE", "dense_weight", "dequantize", "install_quantized", "is_quantized", "quantization_layout", "scheme_class"]

@@ -63,6 +63,11 @@ class Int8Linear(QuantizedLinear):
 
     def _install(self, plain: dict[str, torch.Tensor]) -> None:
         codes = plain["weight_int8"].to(torch.int8).contiguous()
+        if codes.data_ptr() % 64:
+            # torch's _weight_int8pack_mm crashes the process on codes not 16-byte aligned, and
+            # safetensors' load_file hands out views of one file buffer at the file's offsets
+            # (a model saved with --quantize int8 segfaulted on its first forward): a fresh copy
+            codes = codes.clone()
         N = codes.shape[0]
         # float32 scales (exact GGUF Q8_0 ones) stay float32; others take the compute dtype
         self.scale_dtype = torch.float32 if plain["scales"].dtype == torch.float32 else self.compute_dtype

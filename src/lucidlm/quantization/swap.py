@@ -159,6 +159,32 @@ def install_quantized(model: nn.Module, layout: Mapping[str, Mapping[str, Any]],
     return {k: v for k, v in tensors.items() if k not in used}
 
 
+def dequantize(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The inverse swap (in place; returns ``model``): every quantized module becomes a float
+    ``nn.Linear`` / ``nn.Embedding`` in ``dtype`` holding the matrix its codes stand for, and a
+    tied pair one shared matrix again. The float model computes what the quantized one does, up
+    to the rounding of its kernels' ``compute_dtype``."""
+    with torch.no_grad():
+        for name, module in list(model.named_modules()):
+            if isinstance(module, QuantizedEmbedding):
+                table = module.dequantize(dtype)
+                embedding = nn.Embedding(*table.shape, device=table.device, dtype=dtype)
+                embedding.weight.copy_(table)
+                set_module(model, name, embedding)
+            elif isinstance(module, QuantizedLinear):
+                weight = module.dequantize(dtype)
+                linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None,
+                                   device=weight.device, dtype=dtype)
+                linear.weight.copy_(weight)
+                if module.bias is not None:
+                    linear.bias.copy_(module.bias)
+                set_module(model, name, linear)
+    embed, unembed = getattr(model, "embed", None), getattr(model, "unembed", None)
+    if _tied(model) and isinstance(embed, nn.Embedding) and isinstance(unembed, nn.Linear):
+        unembed.weight = embed.weight  # both stood for one set of codes: one matrix again
+    return model
+
+
 def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model

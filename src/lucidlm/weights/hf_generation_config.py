@@ -143,9 +143,9 @@ def write_generation_config(directory: str | Path, model: Any) -> None:
     """Write ``generation_config.json`` for ``model`` when it has something to say: its
     sampling defaults (``model.generation_defaults``: the embedded SmolLM2's temperature 0.2
     and top-p 0.5), as transformers writes them (``do_sample`` true unless greedy), or several
-    end tokens. A file that is written always names the end tokens (``end_token_ids``): once a
-    generation_config.json exists, transformers 5 takes no eos_token_id from config.json, and
-    would never stop. ``sampling_settings`` and ``eos_token_ids`` read them back, for lucidlm's
+    end tokens. A file that is written always names the end tokens (``end_token_ids``) and the
+    bos and pad ids: once a generation_config.json exists, transformers 5 takes none of them from
+    config.json, and would never stop. ``sampling_settings`` and ``eos_token_ids`` read them back, for lucidlm's
     own directories and Hugging Face ones alike, so a converted or merged model samples and
     stops as the model it came from. An old file is removed when there is nothing to say (a
     single end token then lives in config.json alone, which transformers reads without the file;
@@ -160,12 +160,13 @@ def write_generation_config(directory: str | Path, model: Any) -> None:
         greedy = defaults.get("temperature") == 0
         config["do_sample"] = not greedy
         config.update({k: v for k, v in defaults.items() if not (greedy and k != "repetition_penalty")})
-    # Without a tokenizer (whose own file keeps them) this file is where a lucidlm save keeps them,
-    # and transformers 5 reads no bos/pad id from config.json once this file exists.
     tokenizer = getattr(model, "tokenizer", None)
     if eos_ids and (config or len(eos_ids) > 1 or tokenizer is None):
         config["eos_token_id"] = hf_eos_token_id(eos_ids)
-    if tokenizer is None:
+    # transformers 5 reads no bos/pad id from config.json once this file exists (generate() without
+    # a prompt then has no BOS to start from), so a file that is written names them too; without a
+    # tokenizer (whose own file keeps them) it is also where a lucidlm save keeps them.
+    if config or tokenizer is None:
         config.update({f"{role}_token_id": role_token_id(model, role) for role in _ROLES
                        if role_token_id(model, role) is not None})
     if not config:

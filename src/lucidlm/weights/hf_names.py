@@ -233,7 +233,9 @@ def _check_all_mapped(model: Transformer, family: str, ours: dict[str, torch.Ten
         raise ConfigError(
             f"this model is quantized ({len(unmapped)} tensors such as {unmapped[:3]} are quantization codes), but a "
             f"{architecture} directory holds float weights; load the model without quantize= to export it to "
-            f"Hugging Face, or save it in lucidlm's own format (lucidlm convert --to lucidlm --quantize ...)."
+            f"Hugging Face (a model saved quantized: lucidlm.quantization.dequantize(model) first, or `lucidlm "
+            f"convert DIR OUT --to hf`, which does it), or save it in lucidlm's own format (lucidlm convert --to "
+            f"lucidlm --quantize ...)."
         )
     raise ConfigError(
         f"this model cannot be exported to Hugging Face as {architecture}: {len(unmapped)} of its tensors have no "
