@@ -251,6 +251,25 @@ def test_load_adapter_on_a_quantized_model_names_quantization(base_dir, tmp_path
     assert method_of(model) is None
 
 
+def test_a_model_saved_quantized_takes_an_adapter_once_dequantized(base_dir, tmp_path):
+    """A directory saved with quantize= has no float weights to load as float: the error names
+    dequantize(), and the dequantized model with the adapter computes what PEFT computes with it
+    on a Hugging Face export of that dequantized model."""
+    from lucidlm.quantization import dequantize, quantize
+    from lucidlm.weights.checkpoint import save_model
+
+    lora_dir = _plain_lora(base_dir, tmp_path / "lora")
+    saved = save_model(quantize(tiny(), "int8"), tmp_path / "int8")
+    model = load(saved)
+    with pytest.raises(QuantizationError, match=r"saved quantized.*dequantize\(model\)"):
+        load_adapter(model, lora_dir)
+    dequantize(model)
+    load_adapter(model, lora_dir)
+    reference = peft.PeftModel.from_pretrained(hf_model(save_hf(dequantize(load(saved)), tmp_path / "hf")), lora_dir)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids()), reference(ids()).logits, rtol=1e-4, atol=1e-4)
+
+
 # -- 6. PEFT LoRA on the output head or the embeddings ------------------------------------------
 
 @pytest.mark.parametrize("target,named", [("lm_head", "output head"), ("embed_tokens", "token embedding")])

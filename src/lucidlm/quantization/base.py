@@ -415,7 +415,8 @@ def dense_weight(module: nn.Module) -> torch.Tensor:
 
 
 FLOAT_LOAD_HINT = ("load the model as float (lucidlm.load(..., dtype='float32'); the embedded model's default "
-                   "keeps its file's quantized layers)")
+                   "keeps its file's quantized layers), or, for a directory saved quantized, which has no float "
+                   "weights to load, turn the codes back into float matrices: lucidlm.quantization.dequantize(model)")
 
 
 def first_quantized(model: nn.Module) -> Optional[nn.Module]:
