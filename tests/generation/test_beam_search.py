@@ -62,8 +62,8 @@ def test_beam_search_with_repetition_penalty_matches_hf(pair):
         assert result.token_ids == expected, prompt
 
 
-# Stop characters the beams of these prompts write (found by listing them).
-STOP_CASES = [([72, 105], ["]", "}", "c", "m"]), ([65, 66, 67], ["A", "V", "`", "m", "O"])]
+# Stop strings the beams of these prompts write (found by listing them); "]}" and "VA" span two tokens.
+STOP_CASES = [([72, 105], ["]", "}", "c", "m", "]}"]), ([65, 66, 67], ["A", "V", "`", "m", "O", "VA"])]
 
 
 @pytest.mark.parametrize("num_beams", [2, 3, 4])
