@@ -129,3 +129,18 @@ def sharpened_llama_pair(path, eos: int = 256):
     ours.tokenizer = byte_tokenizer()  # EOS id 256, for generate()
     return hf, ours
 
+
+def hf_byte_tokenizer():
+    """transformers' tokenizer for the toys' byte vocabulary (id b is byte b, EOS 256): HF's
+    stop strings read the vocabulary through it."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    byte_chars = {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}  # GPT-2's
+    vocab = {byte_chars[b]: b for b in range(256)} | {"<|endoftext|>": 256}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>")

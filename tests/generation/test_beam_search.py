@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from generation_toys import one_torch_thread, sharpened_llama_pair  # noqa: F401 (autouse fixture)
+from generation_toys import hf_byte_tokenizer, one_torch_thread, sharpened_llama_pair  # noqa: F401 (autouse fixture)
 
 from lucidlm.generation import generate
 from lucidlm.generation.beam_search import beam_search
@@ -60,6 +60,34 @@ def test_beam_search_with_repetition_penalty_matches_hf(pair):
         expected = hf_beam(hf, prompt, num_beams=3, repetition_penalty=1.5)
         result = generate(ours, prompt, num_beams=3, repetition_penalty=1.5, max_new_tokens=MAX_NEW)
         assert result.token_ids == expected, prompt
+
+
+# Stop strings the beams of these prompts write (found by listing them); "]}" and "VA" span two tokens.
+STOP_CASES = [([72, 105], ["]", "}", "c", "m", "]}"]), ([65, 66, 67], ["A", "V", "`", "m", "O", "VA"])]
+
+
+@pytest.mark.parametrize("num_beams", [2, 3, 4])
+def test_stop_strings_end_beams_as_in_hf(pair, num_beams):
+    """A beam that writes a stop string is a finished hypothesis, as with HF's ``stop_strings``:
+    it competes on score with the others. Cutting the best of a search that ignored stop
+    strings returned another sequence in 105 of 306 such cases."""
+    hf, ours = pair
+    tokenizer = hf_byte_tokenizer()
+    stopped = 0
+    for prompt, stops in STOP_CASES:
+        for stop, length_penalty in [(s, lp) for s in stops for lp in (1.0, 0.0)]:
+            expected = hf_beam(hf, prompt, num_beams=num_beams, length_penalty=length_penalty, stop_strings=[stop],
+                               tokenizer=tokenizer)
+            result = generate(ours, prompt, num_beams=num_beams, length_penalty=length_penalty,
+                              max_new_tokens=MAX_NEW, stop=stop)
+            assert result.token_ids == expected, (prompt, stop, length_penalty)
+            hf_text = tokenizer.decode(expected, skip_special_tokens=True)
+            if stop in hf_text:
+                stopped += 1
+                assert result.finish_reason == "stop" and result.text == hf_text[:hf_text.index(stop)]
+            else:
+                assert result.finish_reason == ("eos" if expected[-1] == EOS else "length")
+    assert stopped >= 3  # the stop strings really ended beams
 
 
 def test_one_beam_is_greedy_and_beams_beat_greedy_on_score(pair):

@@ -1,8 +1,8 @@
 """Edges of sampling and generation, each against a reference: top-p on a large vocabulary
 (transformers' TopPLogitsWarper and the exact float64 nucleus), beam search with a stop string
-(transformers' beam search), options float32 cannot hold, the text of an output that leaves a
-prompt's incomplete UTF-8 character incomplete (Python's own UTF-8 decoder), and the
-end-of-generation tokens of GGUF files (llama.cpp's rule)."""
+(transformers' beam search with stop_strings), options float32 cannot hold, the text of an
+output that leaves a prompt's incomplete UTF-8 character incomplete (Python's own UTF-8
+decoder), and the end-of-generation tokens of GGUF files (llama.cpp's rule)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import re
 
 import pytest
 import torch
-from generation_toys import ScriptedModel, byte_tokenizer, one_torch_thread, sharpened_llama_pair  # noqa: F401 (autouse fixture)
+from generation_toys import (ScriptedModel, byte_tokenizer, hf_byte_tokenizer, one_torch_thread,  # noqa: F401
+                             sharpened_llama_pair)  # (one_torch_thread: autouse fixture)
 from test_no_host_sync import reading_back_forbidden
 
 from lucidlm.errors import GenerationError
@@ -70,22 +71,26 @@ def pair(tmp_path_factory):
 def test_beam_search_with_a_stop_string_cuts_token_ids_like_greedy(pair):
     hf, ours = pair
     prompt = [5, 6, 7]
-    beams = hf.generate(torch.tensor([prompt]), do_sample=False, num_beams=2, max_new_tokens=8, eos_token_id=EOS,
-                        pad_token_id=EOS)[0, len(prompt):].tolist()
-    # a one-byte stop string the best beam reaches, with tokens after it
-    k = next(i for i, t in enumerate(beams[:-1]) if 32 < t < 127 and t not in beams[:i])
-    stop = chr(beams[k])
-    expected_ids = beams[:k + 1]  # the last id completes the stop string
-    expected_text = bytes(beams[:k]).decode("utf-8", errors="replace")  # the text before it
-    assert len(beams) > k + 1  # the beam goes on past the stop string
 
-    result = generate(ours, prompt, max_new_tokens=8, num_beams=2, stop=stop)
+    def hf_beams(**kwargs):
+        return hf.generate(torch.tensor([prompt]), do_sample=False, num_beams=2, max_new_tokens=8, eos_token_id=EOS,
+                           pad_token_id=EOS, length_penalty=0.0, **kwargs)[0, len(prompt):].tolist()
+
+    beams = hf_beams()
+    # a one-byte stop string that ends a beam: HF's stop_strings pick that beam (length_penalty 0
+    # favours it over the longer ones); the search without stop strings goes another way
+    stop = "&"
+    expected_ids = hf_beams(stop_strings=[stop], tokenizer=hf_byte_tokenizer())
+    assert expected_ids[-1] == ord(stop) and beams[:len(expected_ids)] != expected_ids
+    expected_text = bytes(expected_ids[:-1]).decode("utf-8", errors="replace")  # the text before it
+
+    result = generate(ours, prompt, max_new_tokens=8, num_beams=2, length_penalty=0.0, stop=stop)
     assert (result.token_ids, result.text, result.finish_reason) == (expected_ids, expected_text, "stop")
-    pieces = stream(ours, prompt, max_new_tokens=8, num_beams=2, stop=stop)
+    pieces = stream(ours, prompt, max_new_tokens=8, num_beams=2, length_penalty=0.0, stop=stop)
     assert "".join(pieces) == expected_text
     assert (pieces.result.token_ids, pieces.result.finish_reason) == (expected_ids, "stop")
     # without the stop string, the full beam (the reference's ids) comes back
-    assert generate(ours, prompt, max_new_tokens=8, num_beams=2).token_ids == beams
+    assert generate(ours, prompt, max_new_tokens=8, num_beams=2, length_penalty=0.0).token_ids == beams
 
 
 # -- options that cannot apply, and values float32 cannot hold -----------------------------------

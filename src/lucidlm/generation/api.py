@@ -165,7 +165,8 @@ def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
 
     ``num_beams > 1`` runs beam search (one prompt at a time): it keeps the likeliest sequences
     and samples nothing, so it ignores ``temperature``, ``top_k``, ``top_p``, ``min_p`` and
-    ``seed``; it uses ``repetition_penalty``, ``length_penalty``, ``stop`` and ``stop_on_eos``.
+    ``seed``; it uses ``repetition_penalty``, ``length_penalty``, ``stop`` and ``stop_on_eos``
+    (a beam that writes a stop string ends there, as with EOS: HF's ``stop_strings``).
     ``length_penalty`` needs ``num_beams > 1``."""
     options = {k: v for k, v in locals().items() if k not in ("model", "prompt", "unknown")}
     if unknown:
@@ -339,7 +340,8 @@ class _Run:
             token_ids, _ = beam_search(self.model, self.prompt_ids, num_beams=self.request.num_beams,
                                        max_new_tokens=self.max_new, eos_ids=self.request.eos_ids,
                                        length_penalty=self.request.length_penalty,
-                                       repetition_penalty=self.request.settings.repetition_penalty)
+                                       repetition_penalty=self.request.settings.repetition_penalty,
+                                       stop=self.request.stop)
             if token_ids and token_ids[-1] in self.request.eos_ids:
                 reason = "eos"
             text = ""

@@ -3,11 +3,16 @@
 Keep the n best partial sequences ("beams") by total log-probability. Each step every
 beam proposes every token; the best 2n candidates (n beams x vocab) are ranked:
 
-- a candidate that ends (EOS, or the length limit) becomes a finished hypothesis with
+- a candidate that ends (EOS, a stop string, or the length limit) becomes a finished hypothesis with
   score = sum of log-probs / (generated length) ** length_penalty, if it ranks in the
   top n; the best n finished hypotheses are kept;
 - the best n candidates that did not end become the next beams. 2n candidates guarantee
   n of them are still running even if n ended.
+
+A stop string ends a candidate as EOS does (HF's ``stop_strings`` are stopping criteria of
+the beam loop too), so the hypotheses that stop compete on score with the others; cutting
+the winner at its first stop string afterwards would pick a different one. As in greedy
+decoding, only the output's text is searched, not the prompt's.
 
 Stopping (``early_stopping``, HF's default False): stop once no running beam can beat the
 worst kept hypothesis (estimated at the current length); True stops as soon as n
@@ -24,6 +29,7 @@ from lucidlm.errors import GenerationError
 from lucidlm.generation.decode import DecodeSession
 from lucidlm.generation.request import fit_to_context
 from lucidlm.generation.sampling import apply_repetition_penalty
+from lucidlm.generation.streaming import TextAssembler
 from lucidlm.suggest import keywords_checked
 
 NEG_INF = -1.0e9  # HF's "impossible" score; a finite value keeps the arithmetic NaN-free
@@ -34,9 +40,13 @@ NEG_INF = -1.0e9  # HF's "impossible" score; a finite value keeps the arithmetic
 def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_new_tokens: int,
                 eos_ids: Sequence[int] = (), length_penalty: float = 1.0,
                 early_stopping: bool | str = False, repetition_penalty: Optional[float] = None,
-                ) -> tuple[list[int], float]:
-    """The best hypothesis' generated ids (EOS included if it ended with one) and its score."""
+                stop: Sequence[str] = ()) -> tuple[list[int], float]:
+    """The best hypothesis' generated ids (EOS included if it ended with one, and the token
+    completing a stop string if it ended with one) and its score. ``stop`` needs
+    ``model.tokenizer``, to decode the beams' text."""
     # As generate(): prompt + output fit the context (the prompt alone must).
+    if stop and getattr(model, "tokenizer", None) is None:
+        raise GenerationError("stop strings need a tokenizer to decode the beams' text, but model.tokenizer is None.")
     max_new_tokens = fit_to_context(model, [prompt_ids], max_new_tokens)
     if max_new_tokens <= 0:
         return [], 0.0
@@ -50,6 +60,8 @@ def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_ne
     running_scores = torch.full((n,), NEG_INF, device=device)
     running_scores[0] = 0.0
     finished: list[tuple[float, list[int]]] = []  # (score, generated ids), best first, at most n
+    # Each running beam's text so far, when stop strings can end it (EOS adds no text).
+    texts = [TextAssembler(model.tokenizer, stop, eos_ids, prompt_ids)] * n if stop else None
     improvement_possible = True
 
     with DecodeSession(model, [list(prompt_ids)] * n, capacity=L + max_new_tokens) as session:
@@ -64,6 +76,9 @@ def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_ne
             cand_beam, cand_token = cand_index // vocab, cand_index % vocab
             generated_len = t + 1
             ends = torch.isin(cand_token, eos) | (generated_len == max_new_tokens)  # (keep,)
+            if texts is not None:
+                cand_texts = [_extended(texts[b], tok) for b, tok in zip(cand_beam.tolist(), cand_token.tolist())]
+                ends |= torch.tensor([text.stopped for text in cand_texts], device=device)
 
             # Finished hypotheses: only candidates ranked in the top n may enter.
             if improvement_possible and not (early_stopping is True and len(finished) == n):
@@ -79,6 +94,8 @@ def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_ne
             beam_idx, next_tokens = cand_beam[next_rank], cand_token[next_rank]
             running = torch.cat([running[beam_idx], next_tokens[:, None]], dim=1)
             running_scores = cand_scores[next_rank] + ends[next_rank].float() * NEG_INF
+            if texts is not None:
+                texts = [cand_texts[r] for r in next_rank.tolist()]
 
             improvement_possible = improvement_possible and _can_improve(
                 running_scores, finished, n, generated_len, max_new_tokens, length_penalty, early_stopping)
@@ -90,6 +107,13 @@ def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_ne
 
     best_score, best_ids = finished[0]
     return best_ids, best_score
+
+
+def _extended(text: TextAssembler, token: int) -> TextAssembler:
+    """A copy of a beam's text with ``token`` added (the beam itself may go on with another)."""
+    text = text.fork()
+    text.add(token)
+    return text
 
 
 def _add_hypothesis(finished: list[tuple[float, list[int]]], score: float, ids: list[int], n: int) -> None:

@@ -20,6 +20,7 @@ results are identical by construction.
 from __future__ import annotations
 
 import codecs
+import copy
 from typing import Any, Iterable, Optional, Sequence
 
 
@@ -49,6 +50,14 @@ class TextAssembler:
         self._text = ""  # everything decoded so far
         self._emitted = 0  # how much of _text has been handed out
         self.stopped = False  # a stop string was found
+
+    def fork(self) -> "TextAssembler":
+        """An independent copy, to go on with other tokens (beam search tries several after
+        one beam); the tokenizer and stop strings are shared, not copied."""
+        twin = copy.copy(self)
+        twin._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        twin._decoder.setstate(self._decoder.getstate())
+        return twin
 
     @property
     def text(self) -> str:
