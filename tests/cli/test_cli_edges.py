@@ -210,6 +210,19 @@ def test_convert_group_size_names_the_flag(toy_dir, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_convert_builds_a_preset_with_random_init(tmp_path, capsys):
+    """SOURCE may be a preset name (convert --help says so, and the error for a bare preset
+    names --random-init): --random-init builds it untrained, as generate's flag does, and
+    transformers reads the export with lucidlm's logits."""
+    assert main(["convert", "shakespeare-char", str(tmp_path / "bare"), "--to", "hf"]) == 1
+    assert "--random-init" in one_error_line(capsys)
+    out = tmp_path / "out"
+    assert main(["convert", "shakespeare-char", str(out), "--to", "hf", "--random-init"]) == 0
+    ids = [1, 5, 9, 20, 33]
+    expected = lucidlm_logits(lucidlm.load("shakespeare-char", random_init=True, dtype=torch.float32), ids)
+    np.testing.assert_allclose(hf_logits(out, ids), expected, rtol=0, atol=1e-5)
+
+
 # ------------------------------------------------------------------ saving over the other format
 
 LUCIDLM_FILES = {"lucidlm_config.json", "checksums.json", "model.safetensors", "tokenizer.json"}
