@@ -145,6 +145,18 @@ def test_switch_help_says_what_the_switch_does(capsys):
         assert "use the fused AdamW kernel" not in lines["--no-fused-adamw"]
 
 
+def test_required_flags_promise_no_default(capsys):
+    """--out and --data must be given (the usage line shows them unbracketed), so their help
+    names no default: "(default: out)" told the user a flag left out would write to ./out."""
+    for command in ("train", "finetune"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        for flag in ("--out", "--data"):
+            own = text.split(f"\n  {flag} STR", 1)[1].split("\n  -", 1)[0]
+            assert "default" not in own, (command, flag, own)
+
+
 def test_int4_group_sizes_agree_in_the_code_the_help_and_the_readme(capsys):
     from lucidlm.quantization import Int4Linear
 
