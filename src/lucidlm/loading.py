@@ -231,7 +231,8 @@ def _load_float(source: str | Path, name: str, path: Path, dtype: torch.dtype, d
     if name in PRESETS:
         raise ConfigError(
             f"{name!r} is an architecture preset, not a pretrained model: it has no trained weights. For an "
-            f"untrained {name} pass random_init=True (CLI: --random-init); for a trained model give a checkpoint "
+            f"untrained {name} pass random_init=True (on the command line, generate, chat and convert take "
+            f"--random-init); for a trained model give a checkpoint "
             f"or a pretrained name ({', '.join(sorted(PRETRAINED))})."
         )
     if path.exists():

@@ -145,6 +145,18 @@ def test_switch_help_says_what_the_switch_does(capsys):
         assert "use the fused AdamW kernel" not in lines["--no-fused-adamw"]
 
 
+def test_required_flags_promise_no_default(capsys):
+    """--out and --data must be given (the usage line shows them unbracketed), so their help
+    names no default: "(default: out)" told the user a flag left out would write to ./out."""
+    for command in ("train", "finetune"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        for flag in ("--out", "--data"):
+            own = text.split(f"\n  {flag} STR", 1)[1].split("\n  -", 1)[0]
+            assert "default" not in own, (command, flag, own)
+
+
 def test_int4_group_sizes_agree_in_the_code_the_help_and_the_readme(capsys):
     from lucidlm.quantization import Int4Linear
 
@@ -208,6 +220,19 @@ def test_convert_group_size_names_the_flag(toy_dir, tmp_path, capsys):
     assert main(["convert", str(toy_dir), str(tmp_path / "out"), "--to", "lucidlm", "--group-size", "32"]) == 1
     assert "--group-size 32 only applies with --quantize" in one_error_line(capsys)
     assert not (tmp_path / "out").exists()
+
+
+def test_convert_builds_a_preset_with_random_init(tmp_path, capsys):
+    """SOURCE may be a preset name (convert --help says so, and the error for a bare preset
+    names --random-init): --random-init builds it untrained, as generate's flag does, and
+    transformers reads the export with lucidlm's logits."""
+    assert main(["convert", "shakespeare-char", str(tmp_path / "bare"), "--to", "hf"]) == 1
+    assert "--random-init" in one_error_line(capsys)
+    out = tmp_path / "out"
+    assert main(["convert", "shakespeare-char", str(out), "--to", "hf", "--random-init"]) == 0
+    ids = [1, 5, 9, 20, 33]
+    expected = lucidlm_logits(lucidlm.load("shakespeare-char", random_init=True, dtype=torch.float32), ids)
+    np.testing.assert_allclose(hf_logits(out, ids), expected, rtol=0, atol=1e-5)
 
 
 # ------------------------------------------------------------------ saving over the other format

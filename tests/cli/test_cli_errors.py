@@ -46,6 +46,33 @@ def test_bad_model_device_and_dtype_are_one_line(args, fragments, capsys):
         assert fragment in err
 
 
+@pytest.mark.parametrize("command", ["generate", "chat", "convert", "inspect", "finetune", "merge"])
+def test_a_preset_as_model_names_only_flags_the_command_has(command, tmp_path, capsys):
+    """A preset name where a trained model is needed: the advice names --random-init only to the
+    commands that take it (inspect, finetune and merge once told the user a flag they lack)."""
+    import re
+
+    from lucidlm.cli import _subparser, build_parser, main
+
+    (tmp_path / "d.txt").write_text("some text to train on\n" * 50)
+    argv = {"generate": ["generate", "hi", "-q", "--model", "gpt2"], "chat": ["chat", "-q", "--model", "gpt2"],
+            "convert": ["convert", "gpt2", str(tmp_path / "o"), "--to", "hf"],
+            "inspect": ["inspect", "hi", "--model", "gpt2", "--out", str(tmp_path / "r.html")],
+            "finetune": ["finetune", "--model", "gpt2", "--data", str(tmp_path / "d.txt"), "--out",
+                         str(tmp_path / "o")],
+            "merge": ["merge", "--model", "gpt2", "--adapter", str(tmp_path), "--out", str(tmp_path / "o")]}[command]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"lucidlm {command}: error: 'gpt2' is an architecture preset"), err
+    assert err.count("\n") == 1
+    def flags(name: str) -> set[str]:
+        return {s for a in _subparser(build_parser([name]), name)._actions for s in a.option_strings}
+
+    assert "generate, chat and convert take --random-init" in err, err  # not "(CLI: --random-init)" to all
+    assert all("--random-init" in flags(name) for name in ("generate", "chat", "convert"))
+    assert set(re.findall(r"--[a-z][a-z-]*", err)) == {"--random-init"}
+
+
 def test_cuda_without_cuda_says_so():
     import torch
 

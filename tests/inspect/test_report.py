@@ -104,6 +104,21 @@ def test_inspect_command_writes_the_report(tiny_model, tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+def test_an_unwritable_plots_dir_stops_before_the_report(tiny_model, tmp_path):
+    """--plots that cannot be made is one error before report.html is written. Under /proc root
+    passes the access check, yet no directory can be made there: the report used to be written
+    first, then the figures failed (a non-root user is refused by the check itself)."""
+    from lucidlm.weights.checkpoint import save_model
+
+    save_model(tiny_model, tmp_path / "model")
+    out = tmp_path / "report.html"
+    args = _parser().parse_args(["inspect", TEXT, "--model", str(tmp_path / "model"), "--out", str(out),
+                                 "--plots", "/proc/lucidlm-figs"])
+    with pytest.raises(LucidLMError, match="--plots"):
+        args.handler(args)
+    assert not out.exists()
+
+
 def test_inspect_command_errors(tiny_model, tmp_path):
     from lucidlm.weights.checkpoint import save_model
 

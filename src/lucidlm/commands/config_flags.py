@@ -44,7 +44,9 @@ def add_config_flags(parser: argparse.ArgumentParser | Any, config_class: type, 
         default = defaults[f.name].default
         if meta.get("text"):
             kind = arg_types.text
-        suffix = "" if "(default" in help_text or default in (None, "") else f" (default: {default})"
+        # a required flag has no default on the command line (the field's is Python's alone)
+        suffix = ("" if "(default" in help_text or default in (None, "") or f.name in required
+                  else f" (default: {default})")
         parser.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS,  # left out: not in args
                             choices=meta.get("choices"), required=f.name in required,
                             metavar=None if meta.get("choices") else _metavar(hints[f.name]), help=help_text + suffix)

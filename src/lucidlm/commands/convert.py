@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("source", metavar="SOURCE",
                         help="what to convert: a pretrained name (smollm2-135m), a .gguf file, a Hugging Face "
-                             "directory, a lucidlm model or checkpoint directory, or a preset name (random init)")
+                             "directory, a lucidlm model or checkpoint directory, or a preset name with --random-init")
     parser.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (created if needed)")
     parser.add_argument("--to", dest="to_format", choices=sorted(FORMATS), required=True,
                         help="output format: " + "; ".join(f"{k} = {v}" for k, v in FORMATS.items()))
@@ -50,6 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--group-size", type=int, default=None,
                         help="with --quantize int4 or int8: the group size (int4: 32, 64, 128 or 256, default 32; "
                              "int8: one that divides the layers' widths, default per output channel)")
+    parser.add_argument("--random-init", action="store_true",
+                        help="SOURCE names an architecture preset (gpt2, llama, ...): build it untrained")
     parser.add_argument("--force", action="store_true",
                         help="write into OUT_DIR even if it already holds files: a model saved there before "
                              "(either format) is replaced, other files are kept")
@@ -72,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         raise LucidLMError(f"--quantize {args.quantize} writes lucidlm's own format only: Hugging Face directories "
                            f"hold float weights. Use --to lucidlm, or drop --quantize.")
     check_quantize_flags(args)
-    model = load(args.source, dtype=DTYPES[args.dtype], quantize=args.quantize, group_size=args.group_size)
+    model = load(args.source, dtype=DTYPES[args.dtype], quantize=args.quantize, group_size=args.group_size,
+                 random_init=args.random_init)
     stored = _stored_quantization(model)  # a lucidlm directory saved with --quantize loads back quantized
     written_as = args.quantize or stored or args.dtype
     if stored and args.to_format == "hf":

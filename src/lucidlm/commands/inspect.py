@@ -57,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plots:
         args.plots = check_output_dir(args.plots, "--plots")  # "~" expanded: the path written below
     model = load(args.model, adapter=args.adapter, device=args.device, dtype=torch.float32)  # the exact float model
+    if args.plots:  # made before the report is written: a --plots that cannot be made leaves no report
+        with writing(args.plots, "--plots"):
+            args.plots.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with writing(args.out, "--out"):
         out = write_report(model, args.text, args.out, top_k=args.top_k,
