@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 
+import jinja2
 import pytest
 from generation_toys import toy_model, one_torch_thread  # noqa: F401 (autouse fixture)
 
@@ -77,7 +78,13 @@ def test_template_errors_are_generation_errors():
         render_chat([{"role": "robot", "content": "x"}], RICH_TEMPLATE)
     with pytest.raises(GenerationError, match="not valid Jinja2"):
         render_chat(CONVERSATIONS[0], "{% for m in messages %}")
-    with pytest.raises(GenerationError, match="list of {'role': str, 'content': str}"):
+    with pytest.raises(GenerationError, match="list of {'role': str, 'content': str or None}"):
+        render_chat([{"role": "user", "content": 3}], CHATML_TEMPLATE)
+    # No content is content None (a message that only calls tools): a template that reads it fails,
+    # as in transformers.
+    with pytest.raises(jinja2.UndefinedError):
+        render_jinja_template([[{"role": "user"}]], chat_template=CHATML_TEMPLATE)
+    with pytest.raises(GenerationError, match="undefined value.*'content'"):
         render_chat([{"role": "user"}], CHATML_TEMPLATE)
 
 
