@@ -48,7 +48,8 @@ def render_chat(messages: list[Message], template: Optional[str] = None, *, add_
     # A key set to None is a key left out, as in transformers (``_normalize_chat_messages``):
     # OpenAI-style messages carry "tool_calls": None, or "content": None when they only call
     # tools, and templates test `'tool_calls' in message` and `if message.content`.
-    messages = [{key: value for key, value in message.items() if value is not None} for message in messages]
+    messages = [_with_reasoning_aliases({key: value for key, value in message.items() if value is not None})
+                for message in messages]
     compiled = _compile_or_fail(template or CHATML_TEMPLATE, source)
     # tools/documents are None like in transformers: templates test them with `if tools`.
     values = {"tools": None, "documents": None, **extra, "messages": messages,
@@ -199,6 +200,18 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separato
 
 def _raise_exception(message: Any) -> None:
     raise _Refused(str(message))
+
+
+# The names a message's reasoning comes under; templates read the first (Qwen3, DeepSeek-R1) or
+# "thinking" (gpt-oss), clients send any of them (vLLM's "reasoning", Ollama's "thinking").
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _with_reasoning_aliases(message: dict) -> dict:
+    """The message with its reasoning under "reasoning_content" and "thinking" too, as transformers
+    passes it (``_alias_reasoning_fields``), so the template finds it under the name it reads."""
+    reasoning = next((message[key] for key in _REASONING_FIELDS if key in message), None)
+    return message if reasoning is None else {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
 def check_messages(messages: Any, *, content_may_be_none: bool = False) -> None:
