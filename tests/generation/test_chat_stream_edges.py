@@ -20,8 +20,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 import lucidlm.chat
-from lucidlm.chat import Conversation, encode_chat, render_chat_for
-from lucidlm.errors import ChatTemplateError, LucidLMError, TokenizerError
+from lucidlm.chat import Conversation, encode_chat, render_chat, render_chat_for
+from lucidlm.errors import ChatTemplateError, GenerationError, LucidLMError, TokenizerError
 from lucidlm.generation import generate
 from lucidlm.generation.streaming import TextAssembler
 from lucidlm.tokenizers import HFTokenizer
@@ -133,6 +133,47 @@ def test_message_keys_set_to_none_are_left_out_as_in_transformers(backend, tmp_p
     assert render_chat_for(ours, messages, add_generation_prompt=False) == expected
     assert encode_chat(ours, messages, add_generation_prompt=False) == hf_ids(hf, messages, False)
     assert messages[0]["name"] is None  # the caller's messages are left as they were
+
+
+# A Qwen/Llama-3.1-style tool template: the tools as JSON, a call's arguments with tojson, the
+# content only where the message has one (`if message.content`), tool results grouped with loop.last.
+TOOLS_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}<|start_header_id|>system<|end_header_id|>{% for t in tools %}{{ t | tojson }}"
+    "{% endfor %}<|eot_id|>{% endif %}{% for m in messages %}"
+    "{% if m.role == 'tool' %}{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}"
+    "<|start_header_id|>user<|end_header_id|>{% endif %}<tool_response>{{ m.content }}</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|eot_id|>{% endif %}"
+    "{% else %}<|start_header_id|>{{ m.role }}<|end_header_id|>{% if m.content %}{{ m.content }}{% endif %}"
+    "{% for c in m.tool_calls | default([]) %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": "
+    "{{ c.function.arguments | tojson }}}</tool_call>{% endfor %}<|eot_id|>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>{% endif %}")
+
+
+def test_a_tool_call_message_with_content_none_renders_as_in_transformers(backend, tmp_path):
+    """OpenAI's API returns a message that only calls tools with "content": None; sent back as it
+    came, transformers leaves the None out and renders it, so lucidlm must not refuse it."""
+    hf = hf_tokenizer(backend, TOOLS_TEMPLATE)
+    hf.save_pretrained(tmp_path)
+    ours = HFTokenizer.from_file(tmp_path / "tokenizer.json")
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "content": "22C"}, {"role": "tool", "content": "sunny"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in <city> é",
+                                               "parameters": {"type": "object", "required": ["city"]}}}]
+    for add_generation_prompt in (True, False):
+        expected = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>' in expected
+        assert "None" not in expected
+        assert render_chat_for(ours, messages, add_generation_prompt) == expected
+        assert encode_chat(ours, messages, add_generation_prompt) == hf_ids(hf, messages, add_generation_prompt)
+        with_tools = hf.apply_chat_template(messages, tools=tools, tokenize=False,
+                                            add_generation_prompt=add_generation_prompt)
+        assert render_chat(messages, TOOLS_TEMPLATE, add_generation_prompt=add_generation_prompt, tools=tools,
+                           bos_token=hf.bos_token, eos_token=hf.eos_token) == with_tools
+    assert messages[1]["content"] is None  # the caller's message is left as it was
+    with pytest.raises(GenerationError, match="'content': str or None"):  # other types are still refused
+        encode_chat(ours, [{"role": "user", "content": ["Hi"]}])
 
 
 # ------------------------------------------------- stop strings and the final flush (finding 3)

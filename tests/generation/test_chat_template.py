@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 
+import jinja2
 import pytest
 from generation_toys import toy_model, one_torch_thread  # noqa: F401 (autouse fixture)
 
@@ -66,6 +67,25 @@ def test_render_matches_transformers(which, messages, add_generation_prompt):
     assert render_chat(messages, template, add_generation_prompt=add_generation_prompt, **specials) == expected
 
 
+# Templates read an assistant's reasoning as reasoning_content (Qwen3) or thinking (gpt-oss).
+REASONING_TEMPLATES = {
+    "reasoning_content": ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.reasoning_content %}<think>\n"
+                          "{{ m.reasoning_content }}\n</think>\n\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"),
+    "thinking": ("{% for m in messages %}<|start|>{{ m.role }}{% if m.thinking is defined %}<|channel|>analysis"
+                 "<|message|>{{ m.thinking }}<|end|>{% endif %}<|message|>{{ m.content }}<|end|>{% endfor %}"),
+}
+
+
+@pytest.mark.parametrize("reads", REASONING_TEMPLATES)
+@pytest.mark.parametrize("sent_as", ["reasoning_content", "thinking", "reasoning"])
+def test_reasoning_reaches_the_template_under_any_of_its_names(reads, sent_as):
+    messages = [{"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "4", sent_as: "Two and two make four.", "tool_calls": None}]
+    (expected,), _ = render_jinja_template([messages], chat_template=REASONING_TEMPLATES[reads])
+    assert "Two and two make four." in expected
+    assert render_chat(messages, REASONING_TEMPLATES[reads], add_generation_prompt=False) == expected
+
+
 def test_smollm2_template_adds_its_default_system_prompt():
     text = render_chat(CONVERSATIONS[0], smollm2_template())
     assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
@@ -77,7 +97,13 @@ def test_template_errors_are_generation_errors():
         render_chat([{"role": "robot", "content": "x"}], RICH_TEMPLATE)
     with pytest.raises(GenerationError, match="not valid Jinja2"):
         render_chat(CONVERSATIONS[0], "{% for m in messages %}")
-    with pytest.raises(GenerationError, match="list of {'role': str, 'content': str}"):
+    with pytest.raises(GenerationError, match="list of {'role': str, 'content': str or None}"):
+        render_chat([{"role": "user", "content": 3}], CHATML_TEMPLATE)
+    # No content is content None (a message that only calls tools): a template that reads it fails,
+    # as in transformers.
+    with pytest.raises(jinja2.UndefinedError):
+        render_jinja_template([[{"role": "user"}]], chat_template=CHATML_TEMPLATE)
+    with pytest.raises(GenerationError, match="undefined value.*'content'"):
         render_chat([{"role": "user"}], CHATML_TEMPLATE)
 
 

@@ -44,10 +44,12 @@ def render_chat(messages: list[Message], template: Optional[str] = None, *, add_
     ``source`` names where the template came from, for error messages."""
     from lucidlm.generation.template_sandbox import render_bounded
 
-    check_messages(messages)
+    check_messages(messages, content_may_be_none=True)
     # A key set to None is a key left out, as in transformers (``_normalize_chat_messages``):
-    # OpenAI-style messages carry "tool_calls": None, and templates test `'tool_calls' in message`.
-    messages = [{key: value for key, value in message.items() if value is not None} for message in messages]
+    # OpenAI-style messages carry "tool_calls": None, or "content": None when they only call
+    # tools, and templates test `'tool_calls' in message` and `if message.content`.
+    messages = [_with_reasoning_aliases({key: value for key, value in message.items() if value is not None})
+                for message in messages]
     compiled = _compile_or_fail(template or CHATML_TEMPLATE, source)
     # tools/documents are None like in transformers: templates test them with `if tools`.
     values = {"tools": None, "documents": None, **extra, "messages": messages,
@@ -200,12 +202,27 @@ def _raise_exception(message: Any) -> None:
     raise _Refused(str(message))
 
 
-def check_messages(messages: Any) -> None:
-    """Refuse anything but a list of {"role": str, "content": str} dicts."""
+# The names a message's reasoning comes under; templates read the first (Qwen3, DeepSeek-R1) or
+# "thinking" (gpt-oss), clients send any of them (vLLM's "reasoning", Ollama's "thinking").
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _with_reasoning_aliases(message: dict) -> dict:
+    """The message with its reasoning under "reasoning_content" and "thinking" too, as transformers
+    passes it (``_alias_reasoning_fields``), so the template finds it under the name it reads."""
+    reasoning = next((message[key] for key in _REASONING_FIELDS if key in message), None)
+    return message if reasoning is None else {"thinking": reasoning, **message, "reasoning_content": reasoning}
+
+
+def check_messages(messages: Any, *, content_may_be_none: bool = False) -> None:
+    """Refuse anything but a list of {"role": str, "content": str} dicts; ``content_may_be_none``
+    also takes a content of None (or none at all), as an OpenAI message that only calls tools has."""
+    contents = (str, type(None)) if content_may_be_none else str
     if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), contents)
             for m in messages):
-        raise GenerationError("messages must be a list of {'role': str, 'content': str} dicts.")
+        content = "str or None" if content_may_be_none else "str"
+        raise GenerationError(f"messages must be a list of {{'role': str, 'content': {content}}} dicts.")
 
 
 def _special_string(tokenizer: Any, role: str) -> str:
