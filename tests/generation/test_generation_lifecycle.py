@@ -73,3 +73,25 @@ def test_a_stream_paused_in_one_thread_refuses_another_and_the_same_thread_takes
     assert model.generate("Hi", **OPTIONS).token_ids == fresh.generate("Hi", **OPTIONS).token_ids
     with pytest.raises(GenerationError, match="another generation ran on this model"):
         next(pieces)
+
+
+def test_generation_steps_and_a_stream_interleaved_do_not_share_a_cache():
+    """generation_steps set up its own cache outside the owner registry: a stream opened between
+    two of its steps decoded on, with the walk's cache put back under it (wrong tokens, no
+    error). Now the later one owns the cache and the earlier one says so when read again."""
+    from lucidlm.inspect import generation_steps
+
+    model, fresh = toy_model(model_cls=LanguageModel), toy_model(model_cls=LanguageModel)
+    prompt, other = list(b"Hello there"), list(b"Other prompt!")
+    walk = generation_steps(model, prompt, 6, stop_on_eos=False)
+    first = next(walk)
+    assert [first.new_id] == fresh.generate(prompt, **OPTIONS).token_ids[:1]
+    pieces = model.stream(other, **OPTIONS)
+    next(pieces)
+    with pytest.raises(GenerationError, match="another generation ran on this model"):
+        next(walk)
+    list(pieces)
+    assert pieces.result.token_ids == fresh.generate(other, **OPTIONS).token_ids
+    assert model.kv_caches is None
+    assert [s.new_id for s in generation_steps(model, prompt, 6, stop_on_eos=False)] == \
+        fresh.generate(prompt, **OPTIONS).token_ids
