@@ -488,3 +488,39 @@ def test_a_stream_made_steady_looks_the_stack_up_once_and_says_the_same(monkeypa
     assert text == model.generate(prompt, max_new_tokens=8, temperature=0).text
     with pytest.raises(GenerationError, match="steady must be True or False, got 'yes'"):
         model.stream(prompt, steady="yes")
+
+
+def test_steady_streams_closed_out_of_order_leave_nothing_steady_behind(monkeypatch):
+    """The first stream's close restored nothing and the second's restored the first one's dict,
+    so the model stayed steady: a plain stream afterwards kept its operands and skipped a hook
+    attached between its tokens. Oracle: the same hooked stream on a fresh model."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[1] / "generation"))
+    from generation_toys import byte_tokenizer
+
+    def model_with_tokenizer() -> LanguageModel:
+        model = int4_model(vocab_size=257)
+        model.tokenizer = byte_tokenizer()
+        return model
+
+    options = dict(max_new_tokens=10, temperature=0, stop_on_eos=False)
+
+    def hooked_stream(model: LanguageModel) -> int:
+        """Steps the MLP of block 1 ran in, with a hook attached after the third piece."""
+        seen, handle = [], None
+        for i, _ in enumerate(model.stream("Hello there", **options)):
+            if i == 2:
+                handle = model.blocks[1].mlp.register_forward_hook(lambda m, args, out: seen.append(1))
+        handle.remove()
+        return len(seen)
+
+    model = model_with_tokenizer()
+    first = model.stream("Hello there", steady=True, **options)
+    next(first)
+    second = model.stream("Hi", steady=True, **options)
+    next(second)
+    first.close()
+    list(second)
+    assert model._steady is None
+    assert hooked_stream(model) == hooked_stream(model_with_tokenizer()) > 0

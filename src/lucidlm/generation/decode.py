@@ -14,6 +14,7 @@ what to do with the logits (sample, beam search, stop) is the caller's business.
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from typing import Any, Iterator, Optional, Sequence
 
@@ -26,6 +27,11 @@ from lucidlm.errors import GenerationError
 # open owns it; a paused stream whose cache another generation has taken must not decode on
 # (its tokens would come from the other prompt's keys), nor clear that generation's cache.
 _CACHE_OWNER: "weakref.WeakKeyDictionary[Any, DecodeSession]" = weakref.WeakKeyDictionary()
+# Taking the cache over (set up + owner) and handing it back happen under this lock. Only the
+# owner's own thread may take it over (a paused stream, then generate): a session checks that it
+# owns the cache and then steps, and a second thread setting up its cache between the two made
+# the step run on the other prompt's cache, with wrong tokens and no error.
+_OWNER_LOCK = threading.Lock()
 
 
 class DecodeSession:
@@ -72,8 +78,17 @@ class DecodeSession:
     # leak the mode into the caller's code between steps.
     @torch.inference_mode()
     def __enter__(self) -> "DecodeSession":
-        self.model.setup_kv_cache(self.batch_size, max_seq_len=self.capacity)
-        _CACHE_OWNER[self.model] = self
+        self.thread = threading.get_ident()
+        with _OWNER_LOCK:
+            owner = _CACHE_OWNER.get(self.model)
+            if owner is not None and owner.thread != self.thread:
+                raise GenerationError(
+                    "another thread is generating on this model (or holds a stream it has not finished or "
+                    "closed): the model has one KV cache, so one generation runs on it at a time. Wait for "
+                    "the other thread (a lock around generate), or give each thread its own model "
+                    "(copy.deepcopy(model)).")
+            self.model.setup_kv_cache(self.batch_size, max_seq_len=self.capacity)
+            _CACHE_OWNER[self.model] = self
         if self._steady is not None:
             self._steady.__enter__()
         caches = getattr(self.model, "kv_caches", None)
@@ -91,9 +106,10 @@ class DecodeSession:
             return
         if self._steady is not None:
             self._steady.__exit__(None, None, None)
-        if _CACHE_OWNER.get(self.model) is self:  # else the cache is another session's now: leave it
-            del _CACHE_OWNER[self.model]
-            self.model.clear_kv_cache()
+        with _OWNER_LOCK:
+            if _CACHE_OWNER.get(self.model) is self:  # else the cache is another session's now: leave it
+                del _CACHE_OWNER[self.model]
+                self.model.clear_kv_cache()
 
     def _check_owner(self) -> None:
         if _CACHE_OWNER.get(self.model) is not self:

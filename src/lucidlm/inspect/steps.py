@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from lucidlm.errors import GenerationError, InputError
+from lucidlm.generation.decode import DecodeSession
 from lucidlm.suggest import keywords_checked
 from lucidlm.inspect.tokens import id_batch, model_tokenizer, to_str_tokens, to_tokens
 from lucidlm.validation import check_int, check_seed
@@ -83,26 +84,22 @@ def _steps(model: nn.Module, ids: list[int], max_new_tokens: int, temperature: f
     if seed is not None:
         generator.manual_seed(seed)
 
-    saved_caches = model.kv_caches
+    # A DecodeSession, as generate's: the cache is this walk's alone while it runs. Its own cache
+    # set up beside the owner registry let a stream opened between two steps share it (each wrote
+    # into the other's cache: wrong tokens, no error), and put its own back under a stream's feet.
     total = min(len(ids) + max_new_tokens, model.config.max_seq_len)
-    model.setup_kv_cache(1, total)
-    try:
-        device = model.device
-        step_ids = torch.tensor([ids], device=device)  # prefill with the whole prompt
-        start = 0
-        while len(ids) < total:
-            input_pos = torch.arange(start, start + step_ids.shape[1], device=device)
-            logits = model(step_ids, input_pos=input_pos, last_token_only=True)[0, -1].float()  # (V,)
+    if len(ids) >= total:
+        return
+    with DecodeSession(model, [ids], capacity=total - 1) as session:  # the last token is never fed back
+        logits = session.prefill()[0]  # (V,)
+        while True:
             new_id, prob = _pick(logits, temperature, top_k, generator)
             ids.append(new_id)
             str_tokens = to_str_tokens(model, ids) if tokenizer is not None else [str(i) for i in ids]
             yield GenerationStep(list(ids), str_tokens, new_id, str_tokens[-1], prob)
-            if new_id == eos_id:
+            if new_id == eos_id or len(ids) >= total:
                 return
-            start += step_ids.shape[1]
-            step_ids = torch.tensor([[new_id]], device=device)
-    finally:
-        model.kv_caches = saved_caches
+            logits = session.step(torch.tensor([new_id], device=model.device))[0]  # (V,)
 
 
 def _pick(logits: torch.Tensor, temperature: float, top_k: Optional[int],

@@ -329,12 +329,19 @@ class Transformer(nn.Module):
         nothing listens when it starts (no hook function, no torch hook: so no code but the
         model's runs in its passes), the one-call decode step (``model/decode_block.py``) looks
         its operands up at the first step and keeps them for the others, instead of checking
-        every block again at every step. Leaving it forgets them."""
-        previous, self._steady = self._steady, ({} if nothing_listens(self) else None)
+        every block again at every step. Leaving it forgets them.
+
+        Runs do not nest: each generation takes the model's one KV cache over from the last, so
+        leaving forgets the kept operands if they are still this run's, and never brings an
+        earlier run's back (two streams closed out of order left the first one's dict on the
+        model, and every later decode step, a plain stream's too, kept its operands and missed a
+        hook attached between tokens)."""
+        mine = self._steady = {} if nothing_listens(self) else None
         try:
             yield
         finally:
-            self._steady = previous
+            if self._steady is mine:
+                self._steady = None
 
     def reorder_kv_cache(self, rows: torch.Tensor) -> None:
         """Keep cache rows ``rows`` (B,), in that order (beam search reshuffles hypotheses)."""

@@ -1,0 +1,97 @@
+"""What a generation leaves on the model for the next call: its KV cache belongs to one
+generation at a time, in one thread at a time. Oracle: the same call on a fresh model."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from generation_toys import toy_model, one_torch_thread  # noqa: F401 (autouse fixture)
+
+from lucidlm.errors import GenerationError
+from lucidlm.language_model import LanguageModel
+
+OPTIONS = dict(max_new_tokens=6, temperature=0, stop_on_eos=False)
+
+
+def test_a_second_thread_cannot_take_the_cache_between_a_step_and_its_owner_check():
+    """Without a lock a thread's generate set up its cache after another's owner check and
+    before its step: that step read the wrong prompt's keys (wrong tokens, no error)."""
+    model, fresh = toy_model(model_cls=LanguageModel), toy_model(model_cls=LanguageModel)
+    outcome, this_thread = {}, threading.current_thread()
+
+    def other_thread() -> None:
+        try:
+            outcome["tokens"] = model.generate("a different prompt", **OPTIONS).token_ids
+        except GenerationError as error:
+            outcome["error"] = str(error)
+
+    def in_a_decode_step(module, args) -> None:  # runs inside model.step, after the owner check
+        if args[0].shape[1] == 1 and threading.current_thread() is this_thread and "started" not in outcome:
+            outcome["started"] = True
+            thread = threading.Thread(target=other_thread)
+            thread.start()
+            thread.join(timeout=60)
+
+    handle = model.embed.register_forward_pre_hook(in_a_decode_step)
+    try:
+        tokens = model.generate("Hello there", **OPTIONS).token_ids
+    finally:
+        handle.remove()
+    assert "another thread is generating on this model" in outcome.get("error", "")
+    assert tokens == fresh.generate("Hello there", **OPTIONS).token_ids
+    assert model.kv_caches is None
+    assert model.generate("a different prompt", **OPTIONS).token_ids == \
+        fresh.generate("a different prompt", **OPTIONS).token_ids
+
+
+def test_a_stream_paused_in_one_thread_refuses_another_and_the_same_thread_takes_over():
+    model, fresh = toy_model(model_cls=LanguageModel), toy_model(model_cls=LanguageModel)
+    paused, done, errors = threading.Event(), threading.Event(), []
+
+    def reader() -> None:
+        pieces = model.stream("Hello there", **OPTIONS)
+        next(pieces)
+        paused.set()
+        done.wait(timeout=60)
+        pieces.close()
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    paused.wait(timeout=60)
+    try:
+        with pytest.raises(GenerationError, match="another thread is generating on this model"):
+            model.generate("Hi", **OPTIONS)
+    finally:
+        done.set()
+        thread.join(timeout=60)
+    assert model.generate("Hi", **OPTIONS).token_ids == fresh.generate("Hi", **OPTIONS).token_ids
+    # within one thread a new generation still takes the cache over from a paused stream
+    pieces = model.stream("Hello there", **OPTIONS)
+    next(pieces)
+    assert model.generate("Hi", **OPTIONS).token_ids == fresh.generate("Hi", **OPTIONS).token_ids
+    with pytest.raises(GenerationError, match="another generation ran on this model"):
+        next(pieces)
+
+
+def test_generation_steps_and_a_stream_interleaved_do_not_share_a_cache():
+    """generation_steps set up its own cache outside the owner registry: a stream opened between
+    two of its steps decoded on, with the walk's cache put back under it (wrong tokens, no
+    error). Now the later one owns the cache and the earlier one says so when read again."""
+    from lucidlm.inspect import generation_steps
+
+    model, fresh = toy_model(model_cls=LanguageModel), toy_model(model_cls=LanguageModel)
+    prompt, other = list(b"Hello there"), list(b"Other prompt!")
+    walk = generation_steps(model, prompt, 6, stop_on_eos=False)
+    first = next(walk)
+    assert [first.new_id] == fresh.generate(prompt, **OPTIONS).token_ids[:1]
+    pieces = model.stream(other, **OPTIONS)
+    next(pieces)
+    with pytest.raises(GenerationError, match="another generation ran on this model"):
+        next(walk)
+    list(pieces)
+    assert pieces.result.token_ids == fresh.generate(other, **OPTIONS).token_ids
+    assert model.kv_caches is None
+    assert [s.new_id for s in generation_steps(model, prompt, 6, stop_on_eos=False)] == \
+        fresh.generate(prompt, **OPTIONS).token_ids
