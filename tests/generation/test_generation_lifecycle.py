@@ -48,7 +48,7 @@ def test_a_second_thread_cannot_take_the_cache_between_a_step_and_its_owner_chec
 
 def test_a_stream_paused_in_one_thread_refuses_another_and_the_same_thread_takes_over():
     model, fresh = toy_model(model_cls=LanguageModel), toy_model(model_cls=LanguageModel)
-    paused, done, errors = threading.Event(), threading.Event(), []
+    paused, done = threading.Event(), threading.Event()
 
     def reader() -> None:
         pieces = model.stream("Hello there", **OPTIONS)
