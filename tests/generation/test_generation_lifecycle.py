@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-import torch
 from generation_toys import toy_model, one_torch_thread  # noqa: F401 (autouse fixture)
 
 from lucidlm.errors import GenerationError
