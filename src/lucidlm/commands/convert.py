@@ -76,14 +76,16 @@ def run(args: argparse.Namespace) -> int:
     check_quantize_flags(args)
     model = load(args.source, dtype=DTYPES[args.dtype], quantize=args.quantize, group_size=args.group_size,
                  random_init=args.random_init)
-    stored = _stored_quantization(model)  # a lucidlm directory saved with --quantize loads back quantized
-    written_as = args.quantize or stored or args.dtype
-    if stored and args.to_format == "hf":
+    from lucidlm.quantization import dequantize
+    from lucidlm.quantization.base import first_quantized, scheme_label
+
+    held = first_quantized(model)  # a lucidlm directory saved with --quantize loads back quantized
+    written_as = args.quantize or (scheme_label(held) if held is not None else args.dtype)
+    if held is not None and args.to_format == "hf":
         # Hugging Face directories hold float weights: write the matrices the codes stand for,
         # as a quantized GGUF file is written (its blocks dequantized on load)
-        from lucidlm.quantization import dequantize
         dequantize(model, DTYPES[args.dtype])
-        written_as = f"{args.dtype}, dequantized from {stored}"
+        written_as = f"{args.dtype}, dequantized from {scheme_label(held)}"
     with writing(out_dir, "OUT_DIR"), replacing_model(out_dir) as written:
         if args.to_format == "hf":
             from lucidlm.weights.hf import export_family, save_hf, SUPPORTED
@@ -101,12 +103,3 @@ def run(args: argparse.Namespace) -> int:
           f"[{files}] in {time.perf_counter() - start:.1f}s")
     return 0
 
-
-def _stored_quantization(model: torch.nn.Module) -> str | None:
-    """The quantization a model holds ("int8 per channel", "int4 groups of 32"), or None for a float model."""
-    from lucidlm.quantization.base import first_quantized
-
-    module = first_quantized(model)
-    if module is None:
-        return None
-    return module.scheme + (f" groups of {module.group_size}" if module.group_size else " per channel")

@@ -419,6 +419,11 @@ FLOAT_LOAD_HINT = ("load the model as float (lucidlm.load(..., dtype='float32');
                    "weights to load, turn the codes back into float matrices: lucidlm.quantization.dequantize(model)")
 
 
+def scheme_label(module: nn.Module) -> str:
+    """How a quantized module's codes are laid out, for messages: "int8, per channel", "int4, groups of 32"."""
+    return module.scheme + (f", groups of {module.group_size}" if module.group_size else ", per channel")
+
+
 def first_quantized(model: nn.Module) -> Optional[nn.Module]:
     """The first quantized module of ``model`` (a QuantizedLinear or QuantizedEmbedding), or None."""
     return next((m for m in model.modules() if isinstance(m, (QuantizedLinear, QuantizedEmbedding))), None)

@@ -66,7 +66,8 @@ class Int8Linear(QuantizedLinear):
         if codes.data_ptr() % 64:
             # torch's _weight_int8pack_mm crashes the process on codes not 16-byte aligned, and
             # safetensors' load_file hands out views of one file buffer at the file's offsets
-            # (a model saved with --quantize int8 segfaulted on its first forward): a fresh copy
+            # (a model saved with --quantize int8 segfaulted on its first forward): a fresh copy,
+            # which torch's allocator places on a 64-byte boundary (the check asks for that)
             codes = codes.clone()
         N = codes.shape[0]
         # float32 scales (exact GGUF Q8_0 ones) stay float32; others take the compute dtype

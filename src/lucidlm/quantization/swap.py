@@ -23,7 +23,8 @@ from torch import nn
 
 from lucidlm.errors import QuantizationError
 from lucidlm.quantization.base import (DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding, QuantizedLinear,
-                                       check_finite_weight, check_group_size, check_group_size_value, first_quantized)
+                                       check_finite_weight, check_group_size, check_group_size_value, first_quantized,
+                                       scheme_label)
 from lucidlm.quantization.int4 import Int4Linear
 from lucidlm.quantization.int8 import Int8Linear
 from lucidlm.suggest import keywords_checked
@@ -74,8 +75,7 @@ def quantize(model: nn.Module, scheme: str, group_size: Optional[int] = None, *,
     group_size = check_group_size_value(group_size)  # once, by its own name, before each layer's width
     done = first_quantized(model)
     if done is not None:  # its layers would be skipped (they are no nn.Linear): say so, not keep the old scheme
-        held = f"{done.scheme}" + (f", groups of {done.group_size}" if done.group_size else ", per channel")
-        raise QuantizationError(f"this model already holds quantized weights ({held}); "
+        raise QuantizationError(f"this model already holds quantized weights ({scheme_label(done)}); "
                                 f"quantize() takes a float model: load it again without quantize= (or with "
                                 f"quantize={scheme!r}).")
     adapted = [name for name, m in model.named_modules() if getattr(m, "peft_method", None)]
