@@ -177,3 +177,15 @@ class LearnedPositions(nn.Embedding):
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, d)
         return super().forward(position_ids)
+
+
+def position_embedding(kind: str, max_seq_len: int, d_model: int) -> Optional[nn.Module]:
+    """The module that adds ``kind``'s positions to the token embeddings, (B, T) ids -> (B, T, d),
+    or None where positions act inside attention (``rope``) or nowhere (``none``). A module with
+    a table derived from the config, not trained, keeps it in a non-persistent buffer and has
+    ``reset_buffers()`` (``Transformer.materialize`` calls it once storage exists)."""
+    if kind == "learned":
+        return LearnedPositions(max_seq_len, d_model)
+    if kind == "sinusoidal":
+        return SinusoidalPositions(max_seq_len, d_model)
+    return None

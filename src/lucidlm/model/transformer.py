@@ -26,7 +26,7 @@ from lucidlm.model.input_checks import check_ids, check_length, check_positions,
 from lucidlm.model.kv_cache import KVCache
 from lucidlm.model.masks import attention_mask_for, fit_key_mask, positions_of, sliding_window_mask
 from lucidlm.model.norms import make_norm
-from lucidlm.model.positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions
+from lucidlm.model.positions import RotaryEmbedding, position_embedding
 from lucidlm.model.traced_once import run_block
 
 
@@ -73,11 +73,7 @@ class Transformer(nn.Module):
         # (an init on the meta device is not free: its normal_ imports torch._dynamo, ~1.5 s)
         self.embed = (nn.Embedding(cfg.vocab_size, cfg.d_model, _weight=torch.empty(cfg.vocab_size, cfg.d_model))
                       if skip_init else nn.Embedding(cfg.vocab_size, cfg.d_model))
-        self.pos_embed: Optional[nn.Module] = None
-        if cfg.positions == "learned":
-            self.pos_embed = LearnedPositions(cfg.max_seq_len, cfg.d_model)
-        elif cfg.positions == "sinusoidal":
-            self.pos_embed = SinusoidalPositions(cfg.max_seq_len, cfg.d_model)
+        self.pos_embed = position_embedding(cfg.positions, cfg.max_seq_len, cfg.d_model)  # or None (positions.py)
         # One rotation table for every layer, looked up once per forward pass; sliding-window
         # layers may have their own RoPE base (Gemma 3: 10k local, 1M global), hence a second,
         # which is never scaled (Gemma 3 scales only its global layers' frequencies).
@@ -147,8 +143,8 @@ class Transformer(nn.Module):
                         done[id(tensor)] = (nn.Parameter(real, requires_grad=tensor.requires_grad)
                                             if isinstance(tensor, nn.Parameter) else real)
                     store[name] = done[id(tensor)]
-        for module in self.modules():
-            if isinstance(module, (RotaryEmbedding, SinusoidalPositions)):
+        for module in self.modules():  # position tables (rotary, sinusoidal): computed, never loaded
+            if callable(getattr(module, "reset_buffers", None)):
                 module.reset_buffers()
         return self
 
@@ -211,7 +207,7 @@ class Transformer(nn.Module):
             real token of each row, so padding does not shift positions.
         input_pos: (T,) KV-cache slots to write; uses the cache set up by ``setup_kv_cache``
             and attends over all of it. None runs without touching any cache.
-        last_token_only: unembed only the last position (all generation needs).
+        last_token_only: unembed only the last position (all generation needs): logits (B, 1, vocab).
         prefix_kv: (n_layers, 2, n_kv, P, hd) keys and values every query sees before the
             text; by default those of the installed prefix module, if any.
 
