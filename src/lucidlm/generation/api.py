@@ -171,6 +171,7 @@ def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
     options = {k: v for k, v in locals().items() if k not in ("model", "prompt", "unknown")}
     if unknown:
         make_request({k: v for k, v in {**options, **unknown}.items() if k != "chat"})  # refuses them by name, with the closest known option
+        options.update(unknown)  # options make_request knows beyond this signature (a new sampler's field)
     rows = batch_rows(prompt)
     if rows is not None:
         if num_beams > 1:

@@ -8,7 +8,7 @@ the prompt is turned into token ids the model can read.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Optional, Sequence
 
 import torch
@@ -20,6 +20,9 @@ from lucidlm.suggest import did_you_mean
 from lucidlm.validation import check_allocation, check_float, check_seed
 from lucidlm.weights.hf_generation_config import end_token_ids
 
+# The sampler's options are SamplingSettings' fields, so a new sampler's field is a generation
+# option of its own, checked by SamplingSettings, with no second list to keep in step.
+SAMPLER_OPTIONS = tuple(f.name for f in fields(SamplingSettings))
 CONTEXT_OVERFLOW = ("stop", "crop")  # what happens when prompt + output fill max_seq_len
 # Beam scores divide by length ** length_penalty in Python floats: with lengths up to
 # MAX_CONTEXT (2**24), 2**(24 * 40) is still finite, 2**(24 * 43) overflows.
@@ -99,17 +102,17 @@ def make_request(kwargs: dict[str, Any]) -> Request:
     num_beams = kwargs.get("num_beams", 1)
     if not is_int(num_beams) or num_beams < 1:
         raise GenerationError(f"num_beams={num_beams!r} is invalid: use 1 (no beam search) or more.")
-    known = {"max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "stop",
-             "stop_on_eos", "num_beams", "length_penalty", "min_new_tokens", "context_overflow"}
+    known = {"max_new_tokens", *SAMPLER_OPTIONS, "seed", "stop", "stop_on_eos", "num_beams", "length_penalty",
+             "min_new_tokens", "context_overflow"}
     unknown = set(kwargs) - known
     if unknown:
         name = sorted(unknown)[0]
         raise GenerationError(f"unknown generation option {name!r}; known: {', '.join(sorted(known | {'chat'}))}"
                               f"{did_you_mean(name, known | {'chat'}) or '.'}")
-    temperature = kwargs.get("temperature")
-    settings = SamplingSettings(temperature=1.0 if temperature is None else temperature, top_k=kwargs.get("top_k"),
-                                top_p=kwargs.get("top_p"), min_p=kwargs.get("min_p"),
-                                repetition_penalty=kwargs.get("repetition_penalty"))
+    sampler = {name: kwargs.get(name) for name in SAMPLER_OPTIONS}
+    if sampler["temperature"] is None:
+        sampler["temperature"] = 1.0
+    settings = SamplingSettings(**sampler)
     stop = stop_strings(kwargs.get("stop"))
     min_new = kwargs.get("min_new_tokens", 0)
     if not is_int(min_new) or min_new < 0:

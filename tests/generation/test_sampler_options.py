@@ -1,0 +1,19 @@
+"""Each sampler knob is a generation option: SamplingSettings' fields are the one list."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from lucidlm.generation.request import make_request
+from lucidlm.generation.sampling import SamplingSettings
+
+VALUES = {"temperature": 0.5, "top_k": 3, "top_p": 0.5, "min_p": 0.1, "repetition_penalty": 1.2}
+
+
+def test_every_sampling_field_is_a_checked_generation_option():
+    names = [f.name for f in dataclasses.fields(SamplingSettings)]
+    assert set(names) <= set(VALUES), "give the new sampler's field a valid value in VALUES"
+    for name in names:
+        settings = make_request({name: VALUES[name]}).settings
+        assert getattr(settings, name) == VALUES[name]
+    assert make_request({}).settings == SamplingSettings()  # unset: off, temperature 1
