@@ -29,6 +29,7 @@ from lucidlm.errors import AdapterError, ConfigError, LucidLMError, Quantization
 from lucidlm.language_model import LanguageModel
 from lucidlm.model.fused import fuse_projections
 from lucidlm.quantization.blocks_kernel import use_cpu_loops
+from lucidlm.quantization.swap import SCHEMES
 from lucidlm.suggest import did_you_mean
 from lucidlm.validation import check_seed
 
@@ -86,7 +87,7 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
             f"quantize={quantize!r} with an adapter: merge the adapter into the float model first "
             f"(lucidlm merge ...), then load the merged model with quantize={quantize!r}."
         )
-    if group_size is not None and quantize not in ("int8", "int4"):
+    if group_size is not None and quantize not in SCHEMES:
         raise QuantizationError(
             f"group_size={group_size!r} only applies to quantize='int8' or 'int4' (quantize={quantize!r}): "
             f"add quantize='int4' (or 'int8'), or leave group_size out."

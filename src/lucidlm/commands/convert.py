@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from lucidlm.commands.generate import QUANTIZE_CHOICES
 from lucidlm.errors import LucidLMError
 from lucidlm.outputs import check_output_dir, writing
 
@@ -44,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="output format: " + "; ".join(f"{k} = {v}" for k, v in FORMATS.items()))
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                         help="dtype of the written weights (default: float32)")
-    parser.add_argument("--quantize", choices=("int8", "int4", "gguf"), default=None,
+    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
                         help="--to lucidlm only: store the weights quantized (int8 per channel, int4 in groups "
                              "of --group-size, or a GGUF file's own quantization); loads back quantized")
     parser.add_argument("--group-size", type=int, default=None,

@@ -12,6 +12,8 @@ from lucidlm.commands import arg_types
 from lucidlm.errors import GenerationError, InputError, QuantizationError
 
 DTYPES = ("float32", "bfloat16", "float16")
+# quantization.SCHEMES and "gguf" (the file's own quants), spelled out: --help must not import torch.
+# tests/quantization/test_quantize_choices.py holds the two lists together.
 QUANTIZE_CHOICES = ("int8", "int4", "gguf")
 
 
@@ -144,7 +146,7 @@ def check_quantize_flags(args: argparse.Namespace) -> None:
     before the model loads (``lucidlm.load``'s own messages name its Python keywords)."""
     quantize, group_size = getattr(args, "quantize", None), getattr(args, "group_size", None)
     if group_size is not None:
-        if quantize not in ("int8", "int4"):
+        if quantize in (None, "gguf"):  # not a scheme of QUANTIZE_CHOICES: refused before torch is imported
             given = (f"not --quantize {quantize}, which keeps the file's own groups" if quantize else
                      "which is not given")
             raise QuantizationError(f"--group-size {group_size} only applies with --quantize int4 or int8 ({given}); "
