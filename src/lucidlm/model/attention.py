@@ -45,7 +45,8 @@ class Attention(nn.Module):
         self.fused_qkv: Optional[FusedLinear] = None  # q/k/v as one matmul, where it can be (fused.py)
         # A float32 decode step on the CPU calls lucidlm's C loop for its attention
         # (``torch.ops.lucidlm.decode_attention``, quantization/kernels/decode_attention.c);
-        # set by ``LanguageModel.compile`` once that library is loaded.
+        # switched on by ``blocks_kernel.use_cpu_loops`` (``LanguageModel.compile``, and
+        # ``lucidlm.load`` for models on lucidlm's kernels) where that library is available.
         self.decode_kernel = False
         # Gemma 3 / Qwen 3: RMSNorm over each head's query and key (one weight shared by the
         # heads), before RoPE, so the scores stay bounded whatever the projections learn.

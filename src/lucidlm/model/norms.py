@@ -23,8 +23,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
-        self.hook_scale = HookPoint()  # (B, T, 1): rms(x) = sqrt(mean(x^2) + eps)
-        self.hook_normalized = HookPoint()  # (B, T, d): x / rms(x), before the weight
+        # (B, T, 1) and (B, T, d) on the residual stream; per head, (B, T, heads, 1) and (B, T, heads,
+        # width): as attention's q/k norm (width head_dim), or as ln1 with split q/k/v inputs (width d)
+        self.hook_scale = HookPoint()  # (..., 1): rms(x) = sqrt(mean(x^2) + eps)
+        self.hook_normalized = HookPoint()  # (..., d): x / rms(x), before the weight
         # Inference on the CPU through lucidlm's C loop (quantization/kernels/rms_norm_rows.c),
         # switched on by ``blocks_kernel.use_cpu_loops``: torch's rms_norm is a chain of small ops,
         # ~18 us a call at SmolLM2's decode shapes (2 threads) against ~3, 61 calls a token.
@@ -48,8 +50,8 @@ class LayerNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
-        self.hook_scale = HookPoint()  # (B, T, 1): std(x) = sqrt(var(x) + eps)
-        self.hook_normalized = HookPoint()  # (B, T, d): (x - mean) / std, before weight and bias
+        self.hook_scale = HookPoint()  # (B, T, 1) (with split inputs (B, T, heads, 1)): std(x) = sqrt(var(x) + eps)
+        self.hook_normalized = HookPoint()  # (B, T, d) (or (B, T, heads, d)): (x - mean) / std, before weight and bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.hook_scale.active or self.hook_normalized.active):
