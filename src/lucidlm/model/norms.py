@@ -66,4 +66,10 @@ class LayerNorm(nn.Module):
 def make_norm(kind: str, dim: int, eps: float, bias: bool = True) -> nn.Module:
     if kind == "none":  # seed 002's toy model: the residual stream is never normalised
         return nn.Identity()
-    return RMSNorm(dim, eps) if kind == "rms" else LayerNorm(dim, eps, bias)
+    if kind == "rms":
+        return RMSNorm(dim, eps)
+    if kind == "layer":
+        return LayerNorm(dim, eps, bias)
+    # A kind listed in config_checks.NORM_KINDS but not built here would otherwise pass the
+    # config check and quietly become some other norm.
+    raise ValueError(f"norm kind {kind!r} has no module in model/norms.py make_norm: add its branch there.")
