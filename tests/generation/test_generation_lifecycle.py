@@ -94,3 +94,49 @@ def test_generation_steps_and_a_stream_interleaved_do_not_share_a_cache():
     assert model.kv_caches is None
     assert [s.new_id for s in generation_steps(model, prompt, 6, stop_on_eos=False)] == \
         fresh.generate(prompt, **OPTIONS).token_ids
+
+
+@pytest.mark.parametrize("collected", ["before", "after"])
+def test_a_stream_the_garbage_collector_closes_while_a_cache_is_set_up(collected):
+    """A stream dropped part-way while held in a reference cycle is closed by the collector, at
+    whatever allocation it runs; setting up the next generation's cache allocates under the
+    cache lock, and the stream's session took that lock again on closing: a plain Lock hung
+    the process for good (Jupyter keeps such cycles through tracebacks and its history).
+    Closed just after the new cache is in place, the stream must not take it for its own."""
+    import gc
+
+    model, fresh = toy_model(model_cls=LanguageModel), toy_model(model_cls=LanguageModel)
+    set_up = model.setup_kv_cache
+
+    def set_up_as_the_collector_runs(*args, **kwargs):  # where an allocation in the set-up would trigger it
+        if collected == "before":
+            gc.collect()
+        set_up(*args, **kwargs)
+        if collected == "after":
+            gc.collect()
+
+    outcome = {}
+
+    def in_a_thread() -> None:  # a hang stays in this thread, not in the test run
+        class Holder:
+            pass
+
+        holder = Holder()
+        holder.cycle, holder.pieces = holder, model.stream("Hello there", **OPTIONS)
+        next(holder.pieces)
+        del holder  # only the collector can free it now
+        model.setup_kv_cache = set_up_as_the_collector_runs
+        outcome["tokens"] = model.generate("Hi", **OPTIONS).token_ids
+
+    was_enabled = gc.isenabled()
+    gc.disable()  # no collection before the one inside the set-up
+    try:
+        thread = threading.Thread(target=in_a_thread, daemon=True)
+        thread.start()
+        thread.join(timeout=20)
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert not thread.is_alive(), "generate hung closing an abandoned stream inside the cache set-up"
+    assert outcome["tokens"] == fresh.generate("Hi", **OPTIONS).token_ids
+    assert model.kv_caches is None

@@ -31,7 +31,10 @@ _CACHE_OWNER: "weakref.WeakKeyDictionary[Any, DecodeSession]" = weakref.WeakKeyD
 # owner's own thread may take it over (a paused stream, then generate): a session checks that it
 # owns the cache and then steps, and a second thread setting up its cache between the two made
 # the step run on the other prompt's cache, with wrong tokens and no error.
-_OWNER_LOCK = threading.Lock()
+# Re-entrant: the garbage collector closes an abandoned stream held in a reference cycle at
+# whatever allocation it runs, setting up a cache under this lock included, and that stream's
+# session takes the lock in its ``__exit__``; a plain Lock hung the process there for good.
+_OWNER_LOCK = threading.RLock()
 
 
 class DecodeSession:
@@ -87,8 +90,15 @@ class DecodeSession:
                     "closed): the model has one KV cache, so one generation runs on it at a time. Wait for "
                     "the other thread (a lock around generate), or give each thread its own model "
                     "(copy.deepcopy(model)).")
-            self.model.setup_kv_cache(self.batch_size, max_seq_len=self.capacity)
+            # Owner before the set-up: a stream of this model the collector closes during it (see
+            # _OWNER_LOCK) then sees the cache is no longer its own and leaves the new one alone.
+            # A set-up that fails still ends the paused stream, as one that succeeds would.
             _CACHE_OWNER[self.model] = self
+            try:
+                self.model.setup_kv_cache(self.batch_size, max_seq_len=self.capacity)
+            except BaseException:
+                self._release()
+                raise
         if self._steady is not None:
             self._steady.__enter__()
         caches = getattr(self.model, "kv_caches", None)
@@ -106,6 +116,9 @@ class DecodeSession:
             return
         if self._steady is not None:
             self._steady.__exit__(None, None, None)
+        self._release()
+
+    def _release(self) -> None:
         with _OWNER_LOCK:
             if _CACHE_OWNER.get(self.model) is self:  # else the cache is another session's now: leave it
                 del _CACHE_OWNER[self.model]
