@@ -524,3 +524,36 @@ def test_steady_streams_closed_out_of_order_leave_nothing_steady_behind(monkeypa
     list(second)
     assert model._steady is None
     assert hooked_stream(model) == hooked_stream(model_with_tokenizer()) > 0
+
+
+def test_a_plain_stream_after_a_paused_steady_one_runs_a_hook_added_between_its_tokens():
+    """A steady stream left paused kept the model steady while a plain stream took its cache
+    over: the plain stream decoded on kept operands, so a torch hook attached between its
+    tokens was never called. Oracle: the same hooked stream on a fresh model."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[1] / "generation"))
+    from generation_toys import byte_tokenizer
+
+    def model_with_tokenizer() -> LanguageModel:
+        model = int4_model(vocab_size=257)
+        model.tokenizer = byte_tokenizer()
+        return model
+
+    options = dict(max_new_tokens=10, temperature=0, stop_on_eos=False)
+
+    def hooked_stream(model: LanguageModel) -> int:
+        """Steps the MLP of block 1 ran in, with a hook attached after the third piece."""
+        seen, handle = [], None
+        for i, _ in enumerate(model.stream("Hello there", **options)):
+            if i == 2:
+                handle = model.blocks[1].mlp.register_forward_hook(lambda m, args, out: seen.append(1))
+        handle.remove()
+        return len(seen)
+
+    model = model_with_tokenizer()
+    paused = model.stream("Hi", steady=True, **options)
+    next(paused)
+    assert hooked_stream(model) == hooked_stream(model_with_tokenizer()) > 0
+    assert model._steady is None
+    paused.close()

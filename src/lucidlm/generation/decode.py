@@ -94,6 +94,8 @@ class DecodeSession:
             # _OWNER_LOCK) then sees the cache is no longer its own and leaves the new one alone.
             # A set-up that fails still ends the paused stream, as one that succeeds would.
             _CACHE_OWNER[self.model] = self
+            if owner is not None:  # a paused stream of this thread: its steady run ends with its cache
+                owner._end_steady()
             try:
                 self.model.setup_kv_cache(self.batch_size, max_seq_len=self.capacity)
             except BaseException:
@@ -114,9 +116,16 @@ class DecodeSession:
         # already be gone: there is nothing left to free then.
         if sys.is_finalizing():
             return
-        if self._steady is not None:
-            self._steady.__exit__(None, None, None)
+        self._end_steady()
         self._release()
+
+    def _end_steady(self) -> None:
+        """Forget the operands this session's steady run kept. Also when another generation takes
+        the cache over from this paused one: a plain stream after it ran on its kept operands, and
+        a torch hook its caller attached between tokens was never called."""
+        steady, self._steady = self._steady, None
+        if steady is not None:
+            steady.__exit__(None, None, None)
 
     def _release(self) -> None:
         with _OWNER_LOCK:
