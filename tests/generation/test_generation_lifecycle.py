@@ -140,3 +140,28 @@ def test_a_stream_the_garbage_collector_closes_while_a_cache_is_set_up(collected
     assert not thread.is_alive(), "generate hung closing an abandoned stream inside the cache set-up"
     assert outcome["tokens"] == fresh.generate("Hi", **OPTIONS).token_ids
     assert model.kv_caches is None
+
+
+def test_a_paused_stream_refuses_a_cache_set_up_by_hand_and_leaves_it_alone():
+    """run_with_cache(input_pos=...) needs a cache from model.setup_kv_cache; set up while a
+    stream was paused, the stream went on decoding against it (the other prompt's keys: wrong
+    tokens, no error), and closing the stream then cleared the hand-made cache."""
+    import torch
+
+    model, fresh = toy_model(model_cls=LanguageModel), toy_model(model_cls=LanguageModel)
+    pieces = model.stream("Hello there", **OPTIONS)
+    next(pieces)
+    model.setup_kv_cache(1, 64)
+    ids = torch.tensor([[5, 6, 7]])
+    model.run_with_cache(ids, input_pos=torch.arange(3))
+    with pytest.raises(GenerationError, match="KV cache was set up anew or cleared while this generation was paused"):
+        next(pieces)
+    pieces.close()
+    assert model.kv_caches is not None  # still the hand-made one, with its three slots
+    logits, _ = model.run_with_cache(torch.tensor([[8]]), input_pos=torch.tensor([3]))
+    fresh.setup_kv_cache(1, 64)
+    fresh.run_with_cache(ids, input_pos=torch.arange(3))
+    expected, _ = fresh.run_with_cache(torch.tensor([[8]]), input_pos=torch.tensor([3]))
+    torch.testing.assert_close(logits, expected, rtol=0, atol=0)
+    model.clear_kv_cache()
+    assert model.generate("Hi", **OPTIONS).token_ids == fresh.generate("Hi", **OPTIONS).token_ids

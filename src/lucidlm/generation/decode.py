@@ -76,6 +76,7 @@ class DecodeSession:
         self._decode = getattr(model, "decode_step", None) or model.step
         self.input_pos = torch.tensor([self.prompt_len], device=device)  # (1,) the slot of the next token
         self.next_slot = 0
+        self.caches: Any = None  # the model's KV cache once this session has set it up
 
     # Each call enters inference mode itself: a ``with`` around a generator's yields would
     # leak the mode into the caller's code between steps.
@@ -103,7 +104,8 @@ class DecodeSession:
                 raise
         if self._steady is not None:
             self._steady.__enter__()
-        caches = getattr(self.model, "kv_caches", None)
+        # the cache this session decodes on: set up anew by hand meanwhile, it is another's (_check_owner)
+        self.caches = caches = getattr(self.model, "kv_caches", None)
         if self.attention_mask is not None and caches is not None:
             # The model may round its cache up (a compiled one does): the mask covers all of
             # it, so the step's shapes depend on the cache alone, not on this prompt.
@@ -131,7 +133,8 @@ class DecodeSession:
         with _OWNER_LOCK:
             if _CACHE_OWNER.get(self.model) is self:  # else the cache is another session's now: leave it
                 del _CACHE_OWNER[self.model]
-                self.model.clear_kv_cache()
+                if getattr(self.model, "kv_caches", None) is self.caches:  # not one set up by hand since
+                    self.model.clear_kv_cache()
 
     def _check_owner(self) -> None:
         if _CACHE_OWNER.get(self.model) is not self:
@@ -140,6 +143,12 @@ class DecodeSession:
                 "then generate() or another stream): the model has one KV cache and it now holds the other "
                 "prompt. Finish or close a stream before generating again on the same model, or load a "
                 "second model.")
+        if getattr(self.model, "kv_caches", None) is not self.caches:
+            raise GenerationError(
+                "the model's KV cache was set up anew or cleared while this generation was paused "
+                "(model.setup_kv_cache / clear_kv_cache, e.g. for run_with_cache(input_pos=...)): it no longer "
+                "holds this prompt, so the generation cannot go on. Finish or close a stream before using the "
+                "cache by hand, or load a second model.")
 
     @torch.inference_mode()
     def prefill(self) -> torch.Tensor:
