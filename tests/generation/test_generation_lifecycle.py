@@ -3,6 +3,7 @@ generation at a time, in one thread at a time. Oracle: the same call on a fresh 
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
@@ -165,3 +166,38 @@ def test_a_paused_stream_refuses_a_cache_set_up_by_hand_and_leaves_it_alone():
     torch.testing.assert_close(logits, expected, rtol=0, atol=0)
     model.clear_kv_cache()
     assert model.generate("Hi", **OPTIONS).token_ids == fresh.generate("Hi", **OPTIONS).token_ids
+
+
+def test_a_stream_another_thread_dropped_in_a_reference_cycle_does_not_block_the_model():
+    """A half-read stream dropped inside a reference cycle (a notebook's traceback keeps one)
+    still owned the cache until the collector happened to run: another thread's generate was
+    refused as if that stream were still being read."""
+    model, fresh = toy_model(model_cls=LanguageModel), toy_model(model_cls=LanguageModel)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # the collector must not run by chance before the second thread asks
+
+    def reader() -> None:
+        pieces = model.stream("Hello there", **OPTIONS)
+        next(pieces)
+        cycle = {"pieces": pieces}
+        cycle["self"] = cycle  # only the collector frees this dict, and the stream with it
+
+    try:
+        thread = threading.Thread(target=reader)
+        thread.start()
+        thread.join(timeout=60)
+        outcome = {}
+
+        def other_thread() -> None:
+            try:
+                outcome["tokens"] = model.generate("a different prompt", **OPTIONS).token_ids
+            except GenerationError as error:
+                outcome["error"] = str(error)
+
+        second = threading.Thread(target=other_thread)
+        second.start()
+        second.join(timeout=60)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    assert outcome.get("tokens") == fresh.generate("a different prompt", **OPTIONS).token_ids, outcome

@@ -13,6 +13,7 @@ what to do with the logits (sample, beam search, stop) is the caller's business.
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import weakref
@@ -83,6 +84,11 @@ class DecodeSession:
     @torch.inference_mode()
     def __enter__(self) -> "DecodeSession":
         self.thread = threading.get_ident()
+        owner = _CACHE_OWNER.get(self.model)
+        if owner is not None and owner.thread != self.thread:
+            # Perhaps a stream another thread dropped inside a reference cycle (a notebook's
+            # traceback keeps one): only the collector closes it, so collect once before refusing.
+            gc.collect()
         with _OWNER_LOCK:
             owner = _CACHE_OWNER.get(self.model)
             if owner is not None and owner.thread != self.thread:
