@@ -56,6 +56,13 @@ def test_dtype_must_be_floating():
         resolve_dtype(torch.int8)
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_a_float8_dtype_is_refused_before_the_load(dtype):
+    # floating, so it passed the check above, and the first forward pass raised torch's own error
+    with pytest.raises(DeviceError, match=r"not one lucidlm computes in .*quantize='int8'"):
+        lucidlm.load("llama", random_init=True, dtype=dtype, **TINY)
+
+
 def test_device_names():
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device(torch.device("cpu")) == torch.device("cpu")

@@ -72,6 +72,10 @@ def resolve_dtype(dtype: Any) -> torch.dtype:
         if not dtype.is_floating_point:
             raise DeviceError(f"dtype={dtype} is not a floating-point dtype; weights need float32, "
                               f"bfloat16 or float16.")
+        if dtype not in DTYPES.values():  # float8 is floating too, but torch has no arithmetic for it:
+            # the first forward pass failed inside torch ("Promotion for Float8 Types is not supported")
+            raise DeviceError(f"dtype={dtype} is not one lucidlm computes in (known: {', '.join(DTYPE_NAMES)}); "
+                              f"for 8-bit weights use quantize='int8'.")
         return dtype
     if isinstance(dtype, str):
         name = dtype.strip().lower().removeprefix("torch.")
