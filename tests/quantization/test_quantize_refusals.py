@@ -44,3 +44,17 @@ def test_float16_scales_that_would_overflow_are_refused(scheme):
     assert type(model.blocks[0].mlp.down_proj) is torch.nn.Linear  # nothing was swapped
     quantize(model, scheme)  # bfloat16 scales hold it
     assert torch.isfinite(model.blocks[0].mlp.down_proj.dequantize()).all()
+
+
+def test_a_width_no_int4_group_divides_points_to_int8():
+    # d_mlp 200: no int4 group size (32..256) divides the down projection's input, so the old
+    # advice "use a group size that divides 200" could not be followed
+    config = preset("llama", vocab_size=96, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, d_mlp=200, max_seq_len=64)
+    model = lucidlm.Transformer(config).eval()
+    for group_size in (None, 64):
+        with pytest.raises(QuantizationError, match=r"down_proj: the input width 200 .*\(32, 64, 128, 256\).*"
+                                                    r"quantize='int8'"):
+            quantize(model, "int4", group_size)
+    assert type(model.blocks[0].mlp.down_proj) is torch.nn.Linear  # nothing was half-swapped
+    quantize(model, "int8")  # what the message offers works
+    assert model.blocks[0].mlp.down_proj.scheme == "int8"

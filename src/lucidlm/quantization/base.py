@@ -52,6 +52,11 @@ def check_group_size(name: str, in_features: int, group_size: Optional[int], sch
     allowed = scheme.group_sizes
     if in_features % group_size:
         divisors = [g for g in allowed or (16, 32, 64, 128, 256) if in_features % g == 0]
+        if allowed and not divisors:  # "use a group size that divides it" could not be followed
+            raise QuantizationError(
+                f"{name}: the input width {in_features} is not a multiple of any group size {scheme.scheme} takes "
+                f"({', '.join(map(str, allowed))}), so {scheme.scheme} cannot quantize this layer; use "
+                f"quantize='int8' (per channel, group_size=None, takes any width).")
         raise QuantizationError(
             f"{name}: group_size={group_size!r} does not divide the input width {in_features}, so {scheme.scheme} "
             f"groups cannot tile the rows. Use a group size that divides {in_features}"
