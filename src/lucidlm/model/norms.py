@@ -65,8 +65,10 @@ class LayerNorm(nn.Module):
         x32 = x.to(torch.promote_types(x.dtype, torch.float32))
         centred = x32 - x32.mean(-1, keepdim=True)
         scale = self.hook_scale((centred.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        y = self.hook_normalized(centred / scale).to(x.dtype) * self.weight
-        return y + self.bias if self.bias is not None else y
+        # weight and bias in float32, rounded once: what F.layer_norm does in bf16/fp16, so a hook
+        # leaves the output as it was (rounding x / std first changed ~30 % of bf16 outputs)
+        y = self.hook_normalized(centred / scale) * self.weight
+        return (y + self.bias if self.bias is not None else y).to(x.dtype)
 
 
 def make_norm(kind: str, dim: int, eps: float, bias: bool = True) -> nn.Module:
