@@ -5,8 +5,7 @@ do): the mean of squares of bf16 values loses too much precision. The weight mul
 float32 too and the result is rounded once, as Hugging Face's Gemma 3 norm does (its Llama
 norm rounds x / rms(x) to bf16 first, a second rounding). On Gemma 3 270M in bf16 the second
 rounding put lucidlm's logits 21 % further from float32 than transformers' bf16 ones (mean
-|error| 0.065 against 0.054 over 26 tokens); rounded once, 10 % (0.059: the rest is the stored
-1 + weight, rounded to bf16 where transformers rounds the weight). For Llama-style norms one
+|error| 0.065 against 0.054 over 26 tokens); rounded once, 0.053. For Llama-style norms one
 rounding is closer to float32 than transformers' two (tests/families/test_half_precision.py).
 
 Hook semantics follow TransformerLens exactly, so ported analysis code reads the same numbers:
