@@ -4,9 +4,11 @@ Every intermediate tensor of the model passes through a ``HookPoint``; its modul
 the hook's name (``blocks.0.attn.hook_pattern``), as in TransformerLens. A forward hook is
 ``fn(activation, hook) -> new_activation | None``; a backward hook is
 ``fn(grad, hook) -> new_grad | None`` and sees the gradient of the loss with respect to this
-hook's output. With no function attached a hook point is one attribute check: ``__call__``
+hook's output. With no function attached a hook point is a few attribute checks: ``__call__``
 is overridden so it skips nn.Module's call machinery, which is what makes hook points free
-when unused.
+when unused. torch's own module hooks (``register_forward_hook`` and the like, which generic
+tools such as baukit attach by module name) still run: a hook point that has one goes
+through nn.Module's machinery.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ class HookPoint(nn.Module):
     # Bumped whenever any hook point gains or loses a function: a compiled decode loop reads
     # it once per step to notice hooks attached mid-generation (generation/compiled.py).
     version = 0
+    # Set on a point when torch's own hooks are registered on it (register_forward_hook): one flag
+    # for __call__ to read instead of torch's four hook dicts. A class default, so models
+    # pickled without the attribute load.
+    maybe_torch_hooked = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,11 +63,43 @@ class HookPoint(nn.Module):
 
     @property
     def active(self) -> bool:
-        return bool(self.fns) or bool(self.bwd_fns)
+        return bool(self.fns) or bool(self.bwd_fns) or self._torch_hooked()
+
+    def _torch_hooked(self) -> bool:
+        """Whether torch's own hooks are registered on this point (``register_forward_hook``, ...)."""
+        return bool(self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks)
+
+    def _register_torch_hook(self, register: Callable, *args, **kwargs):
+        handle = register(*args, **kwargs)
+        self.maybe_torch_hooked = True
+        HookPoint.version += 1  # what caches which points are active (decode_block.py) looks again
+        return handle
+
+    def register_forward_hook(self, *args, **kwargs):
+        return self._register_torch_hook(super().register_forward_hook, *args, **kwargs)
+
+    def register_forward_pre_hook(self, *args, **kwargs):
+        return self._register_torch_hook(super().register_forward_pre_hook, *args, **kwargs)
+
+    def register_full_backward_hook(self, *args, **kwargs):
+        return self._register_torch_hook(super().register_full_backward_hook, *args, **kwargs)
+
+    def register_full_backward_pre_hook(self, *args, **kwargs):
+        return self._register_torch_hook(super().register_full_backward_pre_hook, *args, **kwargs)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if not self.fns and not self.bwd_fns:
+        if not self.fns and not self.bwd_fns and not self.maybe_torch_hooked:
             return x
+        # A torch hook on the point (a plain register_forward_hook, baukit, nnsight) needs torch's
+        # machinery around forward: skipping it always dropped such hooks silently.
+        if self.maybe_torch_hooked:
+            self.maybe_torch_hooked = self._torch_hooked()  # a handle's remove() does not tell this point
+            if self.maybe_torch_hooked:
+                return super().__call__(x)
+        return self.forward(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Run the attached functions (``__call__`` skips this when there are none)."""
         for fn in self.fns:
             out = fn(x, self)
             if out is not None:
@@ -85,9 +123,6 @@ class HookPoint(nn.Module):
                     passed_on = out
             return passed_on
         return on_grad
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self(x)
 
     def extra_repr(self) -> str:
         return self.name

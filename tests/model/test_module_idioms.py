@@ -1,0 +1,77 @@
+"""Ordinary nn.Module idioms on lucidlm's models, against what torch and transformers do for the
+same call: torch's own module hooks on hook points (generic tools such as baukit attach them by
+module name)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import lucidlm
+from random_weights import randomize_
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB = 101
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A tiny random Llama (GQA, tied embeddings) in transformers and, loaded from its folder, in lucidlm."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=128, max_position_embeddings=128)
+    hf = randomize_(LlamaForCausalLM(config), seed=0)
+    path = tmp_path_factory.mktemp("llama")
+    hf.save_pretrained(path)
+    return hf, lucidlm.load(path)
+
+
+def ids(rows: int = 1, length: int = 10) -> torch.Tensor:
+    return torch.randint(1, VOCAB, (rows, length), generator=torch.Generator().manual_seed(0))
+
+
+# -- torch's own hooks on a hook point ------------------------------------------------------
+
+def test_torch_forward_hook_on_a_hook_point_reads_the_activation(llama):
+    hf, model = llama
+    seen = []
+    handle = model.blocks[1].hook_resid_pre.register_forward_hook(lambda module, args, out: seen.append(out))
+    with torch.no_grad():
+        model(ids())
+        want = hf(ids(), output_hidden_states=True).hidden_states[1]  # the input of layer 1
+    handle.remove()
+    assert len(seen) == 1  # torch calls a forward hook once per call of its module
+    assert_close(seen[0], want)
+
+
+def test_torch_forward_hook_on_a_hook_point_replaces_the_activation(llama):
+    """A forward hook's return value replaces the module's output (torch): zeroing each head's
+    mix of values in layer 0 is zeroing the input of transformers' o_proj there."""
+    hf, model = llama
+    handle = model.blocks[0].attn.hook_z.register_forward_hook(lambda module, args, out: torch.zeros_like(out))
+    hf_handle = hf.model.layers[0].self_attn.o_proj.register_forward_pre_hook(lambda module, args: (args[0] * 0,))
+    with torch.no_grad():
+        ablated, want = model(ids()), hf(ids()).logits
+    handle.remove()
+    hf_handle.remove()
+    with torch.no_grad():
+        assert (ablated - hf(ids()).logits).abs().max() > 0.1  # the ablation changed something
+        assert_close(model(ids()), hf(ids()).logits)  # and the removed hook is gone
+    assert_close(ablated, want)
+
+
+def test_torch_forward_hook_on_a_hook_point_runs_in_every_generation_pass(smollm2_default):
+    """The embedded default decodes each block in one C++ call when nothing listens: a torch hook
+    on a hook point inside a block listens, so it is called once per forward pass."""
+    model = smollm2_default
+    shapes = []
+    handle = model.blocks[3].hook_resid_post.register_forward_hook(lambda module, args, out: shapes.append(out.shape))
+    try:
+        model.generate("The capital of France is", max_new_tokens=4, temperature=0, stop_on_eos=False)
+    finally:
+        handle.remove()
+    prompt_len = len(model.tokenizer.encode("The capital of France is"))
+    assert shapes == [(1, prompt_len, 576)] + [(1, 1, 576)] * 3  # the prompt, then one pass per further token
