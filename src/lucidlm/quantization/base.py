@@ -190,9 +190,12 @@ class QuantizedLinear(nn.Module):
         """The dtype the product runs in. lucidlm's kernel reads float32 and bfloat16 inputs
         alike (it quantizes them to int8 codes either way) and writes its output in the
         input's dtype, so a float32 residual stream goes through without two conversions per
-        layer; torch's kernels take ``compute_dtype`` only."""
-        if self.uses_blocks_kernel and activations in BLOCKS_KERNEL_DTYPES:
-            return activations
+        layer; torch's kernels take ``compute_dtype`` only. Other activations (a model's
+        ``.half()`` or ``.double()``) go through lucidlm's kernel in float32: through bfloat16,
+        a float16 model's logits were twice as far from the exact product's as a float32 model's
+        (the output rounded to 8 bits), and a float64 one's too."""
+        if self.uses_blocks_kernel:
+            return activations if activations in BLOCKS_KERNEL_DTYPES else torch.float32
         return self.compute_dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
