@@ -75,3 +75,19 @@ def test_torch_forward_hook_on_a_hook_point_runs_in_every_generation_pass(smollm
         handle.remove()
     prompt_len = len(model.tokenizer.encode("The capital of France is"))
     assert shapes == [(1, prompt_len, 576)] + [(1, 1, 576)] * 3  # the prompt, then one pass per further token
+
+
+# -- train() / eval() ----------------------------------------------------------------------
+
+def test_a_refused_train_leaves_every_module_in_eval_mode():
+    """A quantized layer refuses ``train()``; the modules before it must not be left training,
+    or their dropout runs in a model the caller still takes for an eval one (torch: in eval
+    mode ``nn.Dropout`` is the identity, so two passes agree)."""
+    model = lucidlm.load("llama", random_init=True, n_layers=2, d_model=64, n_heads=4, vocab_size=VOCAB,
+                         max_seq_len=32, dropout=0.5).eval()
+    lucidlm.quantize(model, "int8", embeddings=False)  # the first quantized layer sits inside block 0
+    with pytest.raises(lucidlm.errors.QuantizationError, match="dtype='float32'"):
+        model.train()
+    assert not any(module.training for module in model.modules())
+    with torch.no_grad():
+        assert torch.equal(model(ids()), model(ids()))

@@ -183,6 +183,19 @@ class Transformer(nn.Module):
                 count += stands_for
         return count
 
+    def train(self, mode: bool = True) -> "Transformer":
+        """``nn.Module.train``, all or nothing: where a module refuses (a quantized layer cannot be
+        trained), every module keeps the mode it had. nn.Module switches children one by one, so
+        the modules before the refusing one were left training, their dropout on in a model the
+        caller still took for an eval one."""
+        before = [(module, module.training) for module in self.modules()]
+        try:
+            return super().train(mode)
+        except Exception:
+            for module, was in before:
+                module.training = was
+            raise
+
     @property
     def device(self) -> torch.device:
         """Where the weights are (the token embedding's device)."""
