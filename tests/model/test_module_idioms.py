@@ -91,3 +91,36 @@ def test_a_refused_train_leaves_every_module_in_eval_mode():
     assert not any(module.training for module in model.modules())
     with torch.no_grad():
         assert torch.equal(model(ids()), model(ids()))
+
+
+# -- copies of a compiled model ------------------------------------------------------------
+
+def hf_greedy(hf: LlamaForCausalLM, prompt: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("copy_model", ["deepcopy", "pickle"])
+def test_a_copy_of_a_compiled_model_generates_with_its_own_weights(tmp_path, copy_model):
+    """``copy.deepcopy(model)`` (the README's way to give each thread a model) of a compiled
+    model: the copy's compiled steps ran the original's step, its weights and KV cache."""
+    import copy
+    import pickle
+
+    torch.manual_seed(1)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64)
+    hf = randomize_(LlamaForCausalLM(config), seed=1)
+    hf.save_pretrained(tmp_path)
+    model = lucidlm.load(tmp_path).compile(backend="aot_eager")  # dynamo, no code generation: quick
+    prompt = [5, 17, 33, 2, 8]
+    assert model.generate(prompt, max_new_tokens=6, temperature=0, stop_on_eos=False).token_ids == hf_greedy(hf, prompt, 6)
+
+    twin = copy.deepcopy(model) if copy_model == "deepcopy" else pickle.loads(pickle.dumps(model))
+    with torch.no_grad():  # a different model from here on, in both libraries alike
+        for p in list(twin.parameters()) + list(hf.parameters()):
+            p.mul_(-1.3)
+    assert twin.compiled
+    assert twin.generate(prompt, max_new_tokens=6, temperature=0, stop_on_eos=False).token_ids == hf_greedy(hf, prompt, 6)

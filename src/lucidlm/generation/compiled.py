@@ -201,13 +201,25 @@ class CompiledSteps:
         self.fingerprint = structure_fingerprint(self.model)
         self._look_for_hooks()
 
+    # The compiled callables close over the model they were built for: a copy of them, in a
+    # ``copy.deepcopy(model)``, ran the original's step (its weights, its KV cache) and gave the
+    # copy's generations wrong tokens, and pickling failed on them. A copy keeps the settings and
+    # builds its own steps for its own model at its first generation (the model may still be half
+    # copied when this runs).
+    def __getstate__(self) -> dict[str, Any]:
+        return {"model": self.model, "cuda_graphs": self.cuda_graphs, "_settings": self._settings}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.fingerprint = None  # matches no model: check() builds the steps
+
     def _look_for_hooks(self) -> None:
         self.hook_count = hook_counter()
         self.hooked = has_hooks(self.model)
 
     def check(self) -> None:
         """Before a generation: compile again if the model changed since the trace."""
-        if structure_fingerprint(self.model) != self.fingerprint:
+        if self.fingerprint is None or structure_fingerprint(self.model) != self.fingerprint:
             self._build()
         else:
             self._look_for_hooks()
@@ -217,6 +229,8 @@ class CompiledSteps:
         # A hook attached since the last look moves a counter; a hook removed from a hooked
         # model may not (torch's handles), so a hooked model looks again each step (it runs
         # eagerly anyway, and the walk is cheap beside an eager step).
+        if self.fingerprint is None:  # a copy's steps, not built yet (__setstate__)
+            self._build()
         if self.hooked or hook_counter() != self.hook_count:
             self._look_for_hooks()
         return self.model.step if self.hooked else self.decode
