@@ -22,7 +22,8 @@ def llama(tmp_path_factory):
     """A tiny random Llama (GQA, tied embeddings) in transformers and, loaded from its folder, in lucidlm."""
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=128, max_position_embeddings=128)
+                         num_key_value_heads=2, intermediate_size=128, max_position_embeddings=128,
+                         tie_word_embeddings=True)
     hf = randomize_(LlamaForCausalLM(config), seed=0)
     path = tmp_path_factory.mktemp("llama")
     hf.save_pretrained(path)
@@ -124,3 +125,22 @@ def test_a_copy_of_a_compiled_model_generates_with_its_own_weights(tmp_path, cop
             p.mul_(-1.3)
     assert twin.compiled
     assert twin.generate(prompt, max_new_tokens=6, temperature=0, stop_on_eos=False).token_ids == hf_greedy(hf, prompt, 6)
+
+
+# -- state dicts ---------------------------------------------------------------------------
+
+def test_a_meta_model_given_its_weights_by_assign_runs_like_transformers(llama):
+    """torch's way to skip the random init: build on the meta device, then
+    ``load_state_dict(sd, assign=True)``. The position tables are derived, never saved, so they
+    were left on meta (the forward failed), and the tied matrix was split in two."""
+    from lucidlm.language_model import LanguageModel
+
+    hf, model = llama
+    with torch.device("meta"):
+        fresh = LanguageModel(model.config)
+    fresh.load_state_dict(model.state_dict(), assign=True)
+    assert not any(t.is_meta for t in list(fresh.parameters()) + list(fresh.buffers()))
+    assert fresh.unembed.weight is fresh.embed.weight  # tied, as transformers ties its own after loading
+    assert hf.lm_head.weight is hf.model.embed_tokens.weight
+    with torch.no_grad():
+        assert_close(fresh(ids(2)), hf(ids(2)).logits)

@@ -148,6 +148,17 @@ class Transformer(nn.Module):
                 module.reset_buffers()
         return self
 
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict``. With ``assign=True`` on a model built on the meta device
+        (torch's way to skip the random init), the position tables stayed on meta, as they are
+        derived from the config and never saved, and the forward failed ("Tensor on device meta");
+        a tied unembedding got a Parameter of its own. Once every parameter is real,
+        ``materialize`` computes the tables and ties the matrix again."""
+        loaded = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        if assign and not any(p.is_meta for p in self.parameters()):
+            self.materialize(self.device)
+        return loaded
+
     # ------------------------------------------------------------------ parameters
     def reset_parameters(self, std: float = 0.02) -> None:
         """Random weights as ``config.init`` says. "gpt2": N(0, 0.02) everywhere, residual
