@@ -78,6 +78,23 @@ def test_torch_forward_hook_on_a_hook_point_runs_in_every_generation_pass(smollm
     assert shapes == [(1, prompt_len, 576)] + [(1, 1, 576)] * 3  # the prompt, then one pass per further token
 
 
+
+def test_torch_hook_on_a_hook_point_of_a_compiled_model(llama, tmp_path):
+    """A compiled model runs eagerly while something listens, then compiled again once the
+    handle is removed; the tokens are transformers' throughout."""
+    hf, _ = llama
+    hf.save_pretrained(tmp_path)
+    model = lucidlm.load(tmp_path).compile(backend="aot_eager")  # dynamo, no code generation: quick
+    prompt, want = [5, 17, 33, 2, 8], hf_greedy(hf, [5, 17, 33, 2, 8], 4)
+    calls = []
+    handle = model.blocks[0].hook_resid_post.register_forward_hook(lambda module, args, out: calls.append(out.shape))
+    assert model.generate(prompt, max_new_tokens=4, temperature=0, stop_on_eos=False).token_ids == want
+    assert len(calls) == 4  # the prompt, then three single-token passes
+    handle.remove()
+    for _ in range(2):
+        assert model.generate(prompt, max_new_tokens=4, temperature=0, stop_on_eos=False).token_ids == want
+    assert len(calls) == 4
+
 # -- train() / eval() ----------------------------------------------------------------------
 
 def test_a_refused_train_leaves_every_module_in_eval_mode():

@@ -92,10 +92,8 @@ class HookPoint(nn.Module):
             return x
         # A torch hook on the point (a plain register_forward_hook, baukit, nnsight) needs torch's
         # machinery around forward: skipping it always dropped such hooks silently.
-        if self.maybe_torch_hooked:
-            self.maybe_torch_hooked = self._torch_hooked()  # a handle's remove() does not tell this point
-            if self.maybe_torch_hooked:
-                return super().__call__(x)
+        if self.maybe_torch_hooked and self._torch_hooked():  # (a handle's remove() leaves the flag set)
+            return super().__call__(x)
         return self.forward(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
