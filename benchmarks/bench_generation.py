@@ -40,6 +40,7 @@ import sys
 import time
 from pathlib import Path
 
+from llama_peer import peer_gguf
 from timing import best_time, machine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "generation.json"
@@ -175,12 +176,11 @@ def run_hf(spec: dict, repeats: int, light: bool, metrics: tuple[str, ...] = MET
     return out
 
 
-def child(side: str, threads: int, repeats: int, light: bool, metrics: tuple[str, ...]) -> None:
+def child(side: str, threads: int, repeats: int, light: bool, metrics: tuple[str, ...], gguf: str | None) -> None:
     spec = SIDES[side]
-    if spec["kind"] == "llama":
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if spec["kind"] == "llama":  # gguf: the path, found by the parent (lucidlm's lookup imports torch)
         from llama_peer import run_llama_cpp
-        out = run_llama_cpp(threads, repeats, light, PREFILL, PROMPT, NEW1, BATCH, NEW8, prompt_ids, metrics)
+        out = run_llama_cpp(gguf, threads, repeats, light, PREFILL, PROMPT, NEW1, BATCH, NEW8, prompt_ids, metrics)
     else:
         import torch
         torch.set_num_threads(threads)
@@ -196,6 +196,8 @@ def spawn(side: str, threads: int, repeats: int, light: bool = False, metrics: t
                OMP_NUM_THREADS=str(threads), **SIDES[side].get("env", {}))
     cmd = [sys.executable, __file__, "--child", side, "--threads", str(threads), "--repeats", str(repeats),
            "--metrics", *metrics]
+    if SIDES[side]["kind"] == "llama":
+        cmd += ["--gguf", peer_gguf()]
     proc = subprocess.run(cmd + (["--light"] if light else []), capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -209,7 +211,7 @@ def fresh_first_token(side: str, threads: int) -> float:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(threads),
                **spec.get("env", {}))
     if spec["kind"] == "llama":
-        cmd = [sys.executable, str(Path(__file__).with_name("llama_peer.py")), "--first-token", str(threads)]
+        cmd = [sys.executable, str(Path(__file__).with_name("llama_peer.py")), "--first-token", str(threads), peer_gguf()]
     else:
         cmd = [sys.executable, "-m", "lucidlm", "generate", "The capital of France is", "--max-new-tokens", "1",
                "--temperature", "0"]
@@ -262,10 +264,11 @@ def main() -> None:
                         help="start no round that would end later than this many minutes after the start")
     parser.add_argument("--child", choices=list(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--light", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--gguf", help=argparse.SUPPRESS)
     args = parser.parse_args()
     metrics = tuple(args.metrics)
     if args.child:
-        child(args.child, args.threads, args.repeats, args.light, metrics)
+        child(args.child, args.threads, args.repeats, args.light, metrics, args.gguf)
         return
 
     began = time.perf_counter()

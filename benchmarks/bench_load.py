@@ -5,7 +5,8 @@ reading it), plus a fresh ``lucidlm generate`` to its first token.
 Every measurement runs in a fresh process, the sides alternating round by round so that
 load from other processes on a shared machine hits all of them alike:
 
-- first load: ``lucidlm.load(...)`` once the imports are done (llama.cpp: model + context);
+- first load: ``lucidlm.load(...)`` once the imports are done (llama.cpp: model + a context of
+  one sequence and its smallest cache, 256 cells: lucidlm's load sets up no cache at all);
 - warm load: a second load in that same process (imports and page cache warm): issue 9's
   "warm load <= 0.3 s";
 - peak RSS: the process's VmHWM after loading (and nothing else), issue 9's "<= 300 MB in
@@ -36,6 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from llama_peer import peer_gguf
 from timing import machine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,10 +66,10 @@ import json, sys, time
 sys.path.insert(0, {bench!r})
 import llama_cpp
 from llama_peer import open_model
-t = time.perf_counter(); lc, model, ctx, _ = open_model({threads}); first = time.perf_counter() - t
+t = time.perf_counter(); lc, model, ctx, _ = open_model({gguf!r}, {threads}, n_seq=1, n_ctx=256); first = time.perf_counter() - t
 peak = peak_mb()
 lc.llama_free(ctx); lc.llama_model_free(model)
-t = time.perf_counter(); lc, model, ctx, _ = open_model({threads}); warm = time.perf_counter() - t
+t = time.perf_counter(); lc, model, ctx, _ = open_model({gguf!r}, {threads}, n_seq=1, n_ctx=256); warm = time.perf_counter() - t
 print(json.dumps({{"first_s": first, "warm_s": warm, "peak_mb": peak}}))
 """
 TRANSFORMERS = PEAK + """
@@ -155,7 +157,9 @@ def main() -> None:
             envs[f"{name}, before"] = old_env
     try:
         import llama_cpp  # noqa: F401 - a peer, built by setup_peers.sh
-        sides["llama.cpp (same file)"] = [py, "-c", LLAMA.format(bench=str(ROOT / "benchmarks"), threads=args.threads)]
+        # the path found here: lucidlm's lookup imports torch, which llama.cpp's process must not count
+        sides["llama.cpp (same file)"] = [py, "-c", LLAMA.format(bench=str(ROOT / "benchmarks"), threads=args.threads,
+                                                                 gguf=peer_gguf())]
     except ImportError:
         print("llama-cpp-python is not installed (benchmarks/setup_peers.sh): no llama.cpp row")
     if args.transformers:
@@ -177,7 +181,7 @@ def main() -> None:
             tokens[f"{name}, runtime install"] = [args.runtime_python, *tokens[name][1:]]
     if "llama.cpp (same file)" in sides:
         tokens["llama.cpp first token"] = [py, str(ROOT / "benchmarks" / "llama_peer.py"), "--first-token",
-                                           str(args.threads)]
+                                           str(args.threads), peer_gguf()]
 
     load_before = os.getloadavg()
     for name, command in sides.items():  # warm the page cache once

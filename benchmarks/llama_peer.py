@@ -5,11 +5,17 @@ Decoding goes through llama.cpp's own batch API (``llama_decode`` with one seque
 row), greedy by argmax over the returned logits, so batch 8 is a real batch of 8 sequences
 sharing each forward pass, the same work lucidlm's ``generate_batch`` does.
 
-    python benchmarks/llama_peer.py --first-token THREADS   # a fresh process: load, 1 token
+    python benchmarks/llama_peer.py --first-token THREADS GGUF   # a fresh process: load, 1 token
+
+The GGUF's path comes from the caller (``peer_gguf()`` in the benchmark's own process): this
+module imports neither lucidlm nor torch, whose import (~1 s, ~190 MB) would otherwise count in
+llama.cpp's load time, first token and peak RSS.
 """
 
 from __future__ import annotations
 
+import functools
+import subprocess
 import sys
 import time
 from typing import Callable, Sequence
@@ -17,19 +23,28 @@ from typing import Callable, Sequence
 import numpy as np
 
 
-def gguf_path() -> str:
-    from lucidlm.pretrained import find_gguf
-    return str(find_gguf("smollm2-135m"))
+@functools.lru_cache(maxsize=None)
+def peer_gguf() -> str:
+    """The embedded model's GGUF, for a benchmark to hand to llama.cpp's process. Looked up in a
+    process of its own: lucidlm's lookup imports torch, and a child started after that inherits
+    the parent's peak RSS as its own ru_maxrss floor (Linux carries it across exec), 219 MB."""
+    code = "from lucidlm.pretrained import find_gguf; print(find_gguf('smollm2-135m'))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"cannot find the embedded model's GGUF:\n{done.stderr[-2000:]}")
+    return done.stdout.strip().splitlines()[-1]
 
 
-def open_model(threads: int, n_seq: int = 8):
+def open_model(path: str, threads: int, n_seq: int = 8, n_ctx: int = 1024):
+    """n_seq, n_ctx: the context's sequences and KV cells (llama.cpp allocates and clears all of
+    them up front, so a light run that counts them would count prefill 512's and batch 8's)."""
     import llama_cpp as lc
 
     lc.llama_backend_init()
     mparams = lc.llama_model_default_params()
-    model = lc.llama_model_load_from_file(gguf_path().encode(), mparams)
+    model = lc.llama_model_load_from_file(path.encode(), mparams)
     cparams = lc.llama_context_default_params()
-    cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = 1024, 512, 512
+    cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = n_ctx, 512, 512
     cparams.n_seq_max = n_seq
     # One KV cache shared by the sequences: split per sequence (the default), 1024 slots give
     # each of 8 sequences 128 and the 512-token prefill fails to find room.
@@ -41,9 +56,9 @@ def open_model(threads: int, n_seq: int = 8):
 
 
 class Runner:
-    def __init__(self, threads: int) -> None:
-        self.lc, self.model, self.ctx, self.n_vocab = open_model(threads)
-        self.batch = self.lc.llama_batch_init(512, 0, 8)
+    def __init__(self, path: str, threads: int, n_seq: int = 8, n_ctx: int = 1024) -> None:
+        self.lc, self.model, self.ctx, self.n_vocab = open_model(path, threads, n_seq, n_ctx)
+        self.batch = self.lc.llama_batch_init(512, 0, n_seq)
 
     def clear(self) -> None:
         self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), True)
@@ -83,13 +98,15 @@ class Runner:
         return generated
 
 
-def run_llama_cpp(threads: int, repeats: int, light: bool, prefill: int, prompt: int, new1: int, batch: int,
+def run_llama_cpp(path: str, threads: int, repeats: int, light: bool, prefill: int, prompt: int, new1: int, batch: int,
                   new8: int, prompt_ids: Callable[..., list[int]],
                   metrics: Sequence[str] = ("prefill512", "decode1", "decode8")) -> dict:
     import llama_cpp
 
     start = time.perf_counter()
-    runner = Runner(threads)
+    # light (peak RSS): a context for its one 16 + 16-token sequence, as lucidlm's light run sets
+    # up a cache for just that (llama.cpp rounds the cells up to 256)
+    runner = Runner(path, threads, n_seq=1, n_ctx=prompt + 16) if light else Runner(path, threads)
     out = {"load_s": time.perf_counter() - start, "threads": threads, "llama_cpp": llama_cpp.__version__}
     ids16 = prompt_ids(prompt)
     if light:
@@ -123,8 +140,8 @@ def run_llama_cpp(threads: int, repeats: int, light: bool, prefill: int, prompt:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--first-token":
-        runner = Runner(int(sys.argv[2]))
+    if len(sys.argv) == 4 and sys.argv[1] == "--first-token":
+        runner = Runner(sys.argv[3], int(sys.argv[2]), n_seq=1, n_ctx=8)  # the cache a 1-token answer needs
         print(runner.greedy([[504, 3575, 282, 4649, 314]], 1))
     else:
         raise SystemExit(__doc__)
