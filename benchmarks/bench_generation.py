@@ -210,6 +210,10 @@ def fresh_first_token(side: str, threads: int) -> float:
     spec = SIDES[side]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(threads),
                **spec.get("env", {}))
+    # as bench_load.py: keep lucidlm's bytecode between runs, as a user's install does. This project's
+    # machines set PYTHONDONTWRITEBYTECODE=1, so a tree without __pycache__ compiled lucidlm's ~115
+    # modules in every fresh process (~0.1 s), while llama_cpp's came precompiled from pip
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if spec["kind"] == "llama":
         cmd = [sys.executable, str(Path(__file__).with_name("llama_peer.py")), "--first-token", str(threads), peer_gguf()]
     else:

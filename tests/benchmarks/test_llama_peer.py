@@ -135,3 +135,18 @@ def test_load_benchmark_process_is_llama_cpp_alone(tmp_path):
     assert [c["model"] for c in calls if "model" in c] == [GGUF, GGUF]  # first load, warm load
     assert seen["heavy"] == []
     assert seen["n_seq_max"] == 1 and seen["n_ctx"] <= 256  # like lucidlm.load: no cache for batch 8
+
+
+def test_fresh_first_token_processes_keep_their_bytecode(monkeypatch):
+    """Both sides' fresh processes start as a user's install does: bytecode kept between runs
+    (llama_cpp's comes precompiled from pip; lucidlm's must not be recompiled every run)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_generation
+
+    envs = []
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setattr(bench_generation, "peer_gguf", lambda: GGUF)
+    monkeypatch.setattr(bench_generation.subprocess, "run", lambda cmd, **kw: envs.append(kw["env"]))
+    for side in ("llama.cpp Q4_1", "lucidlm default"):
+        bench_generation.fresh_first_token(side, 2)
+    assert len(envs) == 2 and not any("PYTHONDONTWRITEBYTECODE" in env for env in envs)
