@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from llama_peer import peer_gguf
-from timing import best_time, machine
+from timing import best_time, machine, run_record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "generation.json"
 SIDES = {
@@ -329,11 +329,13 @@ def main() -> None:
             pass
     RESULTS.write_text(json.dumps({
         "model": "SmolLM2-135M-Instruct, the embedded Q4_1 GGUF (token embedding Q8_0)",
+        "run": run_record(),
         "machine": machine(load_average_min_max=[min(loads), max(loads)]),
         "versions": versions,
         "settings": {"threads": args.threads, "rounds": rounds, "metrics": list(metrics), "repeats": args.repeats, "prefill": PREFILL,
                      "decode_prompt": PROMPT, "decode_new_b1": NEW1, "batch": BATCH, "decode_new_b8": NEW8},
         "results": results, f"ratios_to_{peer}": ratios,
+        "runs": runs,  # every round of every side, in the order run: the paired ratios come from these
     }, indent=2) + "\n")
     print(f"\nwrote {RESULTS}")
 

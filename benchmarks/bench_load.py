@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from llama_peer import peer_gguf
-from timing import machine
+from timing import machine, run_record
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "load.json"
@@ -216,6 +216,7 @@ def main() -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
         "benchmark": "load the embedded smollm2-135m (Q4_1 GGUF) and a fresh generate to its first token",
+        "run": run_record(),
         "machine": machine(threads=args.threads, load_average_before=load_before, load_average_after=load_after),
         "rounds": args.rounds, "before": args.before, "runtime_python": args.runtime_python, "medians": summary,
         "runs": {"load": loads, "first_token": starts},

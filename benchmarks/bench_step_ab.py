@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from timing import machine
+from timing import machine, run_record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "step_ab.json"
 PROMPT = "The quick brown fox jumps over the lazy dog and then"
@@ -98,6 +98,7 @@ def main() -> None:
     args.output.write_text(json.dumps({
         "benchmark": f"eager decode step of lucidlm.load({args.model or ''}) from several source trees, fresh "
                      "processes taking turns",
+        "run": run_record(),
         "machine": machine(threads=args.threads, load_average_before=load_before, load_average_after=os.getloadavg()),
         "settings": {**vars(args), "output": str(args.output)}, "summary": summary, "runs": runs}, indent=1) + "\n")
 

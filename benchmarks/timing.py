@@ -30,6 +30,19 @@ def machine(**extra: Any) -> dict[str, Any]:
             "cpus": os.cpu_count(), "lucidlm_kernels": blocks_kernel.instruction_set() or "none (torch's)", **extra}
 
 
+def run_record() -> dict[str, Any]:
+    """When, from which commit and by which command a result was measured: what the README quotes
+    beside each result ("2026-12-07, 03:34 UTC, at e84e165", the command line)."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    git = lambda *args: subprocess.run(["git", "-C", root, *args], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    return {"utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "commit": git("rev-parse", "--short", "HEAD"),
+            "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "command": ["python", *sys.argv]}
+
+
 def _family_model() -> str:
     """"family/model" of the first CPU in /proc/cpuinfo, e.g. "26/2" ("" where it cannot be read)."""
     numbers = {}

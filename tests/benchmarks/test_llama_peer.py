@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -150,3 +151,17 @@ def test_fresh_first_token_processes_keep_their_bytecode(monkeypatch):
     for side in ("llama.cpp Q4_1", "lucidlm default"):
         bench_generation.fresh_first_token(side, 2)
     assert len(envs) == 2 and not any("PYTHONDONTWRITEBYTECODE" in env for env in envs)
+
+
+def test_results_record_when_where_and_how(monkeypatch):
+    """The results files carry the commit, time and command the README quotes beside them."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    from timing import run_record
+
+    monkeypatch.setattr(sys, "argv", ["benchmarks/bench_generation.py", "--rounds", "3"])
+    record = run_record()
+    head = subprocess.run(["git", "-C", str(BENCH), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    assert record["commit"] == head
+    assert record["command"] == ["python", "benchmarks/bench_generation.py", "--rounds", "3"]
+    assert abs(time.mktime(time.strptime(record["utc"], "%Y-%m-%d %H:%M")) - time.mktime(time.gmtime())) < 120
