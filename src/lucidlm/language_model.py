@@ -31,7 +31,7 @@ from lucidlm.model.hooks import HookFn
 from lucidlm.model.transformer import Transformer
 from lucidlm.peft import merge_adapter, set_adapter, unmerge_adapter
 from lucidlm.quantization.blocks_kernel import use_cpu_loops
-from lucidlm.suggest import keywords_checked
+from lucidlm.suggest import keyword_options, keywords_checked, unknown_keyword_message
 
 Prompt = Union[str, Sequence[int], torch.Tensor]
 Prompts = Union[Prompt, Sequence[str], Sequence[Sequence[int]]]
@@ -189,12 +189,22 @@ class LanguageModel(Transformer):
         return super().to(*args, **kwargs)
 
     # ------------------------------------------------------------------ forward on text
-    def forward(self, ids: Union[torch.Tensor, Sequence[int], str, Sequence[str]], *args: Any,
+    def forward(self, ids: Union[torch.Tensor, Sequence[int], str, Sequence[str], None] = None, *args: Any,
                 **kwargs: Any) -> torch.Tensor:
         """Logits (B, T, vocab). ``ids``: token ids (B, T) or (T,), or text: ``model("Hello")``
         encodes with the model's tokenizer (like ``to_tokens``); a list of texts is left-padded
         with an attention mask, so position -1 of every row is that text's last token.
-        The other arguments are ``Transformer.forward``'s."""
+        The other arguments are ``Transformer.forward``'s. transformers' ``input_ids=`` is taken
+        for ``ids``; its ``labels=`` is refused (the loss is ``next_token_loss(logits, ids)``)."""
+        ids = _hf_style_ids(ids, kwargs, "model")
+        if "labels" in kwargs:
+            raise InputError(
+                "model(ids) returns the logits (B, T, vocab), not transformers' output with a .loss: leave "
+                "labels= out and take the loss with lucidlm.inspect.cache.next_token_loss(logits, ids) "
+                "(labels = the ids themselves, shifted inside it).")
+        unknown = sorted(set(kwargs) - set(keyword_options(Transformer.forward)))
+        if unknown:
+            raise InputError(unknown_keyword_message("model", unknown, keyword_options(Transformer.forward)))
         texts = [ids] if isinstance(ids, str) else list(ids) if _is_text_batch(ids) else None
         if texts is not None:
             if len(texts) > 1 and kwargs.get("attention_mask") is None:
@@ -205,7 +215,7 @@ class LanguageModel(Transformer):
         return super().forward(ids, *args, **kwargs)
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompt: Prompts, *, max_new_tokens: int = 64, temperature: Optional[float] = None,
+    def generate(self, prompt: Optional[Prompts] = None, *, max_new_tokens: int = 64, temperature: Optional[float] = None,
                  top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
                  repetition_penalty: Optional[float] = None, seed: Optional[int] = None,
                  stop: Optional[Union[str, Sequence[str]]] = None, stop_on_eos: bool = True, num_beams: int = 1,
@@ -235,6 +245,7 @@ class LanguageModel(Transformer):
         'The capital of France is Paris.'
         >>> [r.text for r in model.generate(["Once upon a time", "The sky is"], temperature=0)]
         """
+        prompt = _hf_style_ids(prompt, options, "model.generate")
         return generate(self, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                         top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=stop,
                         stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty, chat=chat,
@@ -331,3 +342,15 @@ def _device_or_dtype(value: Any) -> Any:
         return resolve_dtype(value) if value.strip().lower().removeprefix("torch.") in DTYPES else resolve_device(value)
     return value
 
+
+def _hf_style_ids(ids: Any, kwargs: dict[str, Any], name: str) -> Any:
+    """The ids given positionally, or as transformers' ``input_ids=`` (taken out of ``kwargs``),
+    which code ported from transformers passes; neither is an error naming both."""
+    if "input_ids" in kwargs:
+        if ids is not None:
+            raise InputError(f"{name}() got both ids and input_ids=: give the ids once.")
+        ids = kwargs.pop("input_ids")
+    if ids is None:
+        raise InputError(f"{name}() needs the input: token ids (a (B, T) tensor or a list) or text, "
+                         f"as its first argument (transformers' input_ids= works too).")
+    return ids

@@ -161,3 +161,23 @@ def test_a_meta_model_given_its_weights_by_assign_runs_like_transformers(llama):
     assert hf.lm_head.weight is hf.model.embed_tokens.weight
     with torch.no_grad():
         assert_close(fresh(ids(2)), hf(ids(2)).logits)
+
+
+# -- transformers' keyword names -------------------------------------------------------------
+
+def test_input_ids_as_transformers_names_them(llama):
+    """Code ported from transformers passes ``input_ids=``: the same logits and greedy tokens
+    as transformers' own call; its ``labels=`` and a misspelt keyword are lucidlm errors
+    naming the fix, not Python's TypeError."""
+    hf, model = llama
+    with torch.no_grad():
+        assert_close(model(input_ids=ids(2)), hf(input_ids=ids(2)).logits)
+    prompt = ids()[0].tolist()
+    got = model.generate(input_ids=prompt, max_new_tokens=5, temperature=0, stop_on_eos=False).token_ids
+    assert got == hf_greedy(hf, prompt, 5)
+    with pytest.raises(lucidlm.errors.InputError, match="next_token_loss"):
+        model(ids(), labels=ids())
+    with pytest.raises(lucidlm.errors.InputError, match="did you mean 'attention_mask'"):
+        model(ids(), atention_mask=torch.ones(1, 10))
+    with pytest.raises(lucidlm.errors.InputError, match="needs the input"):
+        model.generate(max_new_tokens=3)
