@@ -205,3 +205,20 @@ def test_an_interleaved_adapter_saved_before_format_2_reads_as_written(tmp_path)
     old = load_adapter(Transformer(preset("llama", **CONFIG, rope_variant="interleaved")), tmp_path)
     with torch.no_grad():
         assert (old(ids()) - model(ids())).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("version, says", [(3, "format_version 3, newer than this lucidlm reads.*upgrade lucidlm"),
+                                           ("2", "'format_version' is '2'; expected an integer")])
+def test_an_adapter_format_this_lucidlm_cannot_read_is_refused(tmp_path, version, says):
+    """A later lucidlm's format (above the one this one writes) or a format_version that is not a
+    whole number is refused: read as format 2 or 1, an interleaved model's q/k rows could land in
+    the other order without a word (a string "2" was read as format 1)."""
+    torch.manual_seed(0)
+    model = Transformer(preset("llama", **CONFIG, rope_variant="interleaved")).eval()
+    add_lora(model, r=2, targets=("q", "k"))
+    save_adapter(model, tmp_path)
+    meta = json.loads((tmp_path / "lucidlm_adapter.json").read_text())
+    (tmp_path / "lucidlm_adapter.json").write_text(json.dumps({**meta, "format_version": version}))
+    torch.manual_seed(0)
+    with pytest.raises(AdapterError, match=says):
+        load_adapter(Transformer(preset("llama", **CONFIG, rope_variant="interleaved")), tmp_path)

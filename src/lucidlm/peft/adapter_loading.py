@@ -53,7 +53,7 @@ def load_adapter(model: nn.Module, directory: str | Path, name: str = "default",
     if method == "lora":
         config = read_peft_config(directory)  # first: its absence says more than a missing tensor file
         # lucidlm before format 2 wrote an interleaved model's q/k rows unpermuted: read them as written
-        hf_rows = meta is None or _format_version(meta) >= 2
+        hf_rows = meta is None or meta["format_version"] >= 2
         _load_lora(model, directory, config, _read_tensors(directory / PEFT_WEIGHTS_NAME), name, hf_rows)
     elif method == "adapter":
         _load_bottleneck(model, directory, _read_tensors(directory / PEFT_WEIGHTS_NAME), meta)
@@ -82,11 +82,6 @@ def _warn_if_other_base(model: nn.Module, meta: dict[str, Any], directory: Path)
     if saved and saved.get("config_sha256") != ours["config_sha256"]:
         warnings.warn(f"{directory} was trained on a base model with config {saved} but is being loaded onto "
                       f"{ours}; outputs may be meaningless.", stacklevel=3)
-
-
-def _format_version(meta: dict[str, Any]) -> int:
-    version = meta.get("format_version", 1)
-    return version if isinstance(version, int) and not isinstance(version, bool) else 1
 
 
 def _load_lora(model: nn.Module, directory: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
