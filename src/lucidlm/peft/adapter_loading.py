@@ -21,7 +21,7 @@ from torch import nn
 
 from lucidlm.errors import AdapterError
 from lucidlm.peft import adapters, prefix
-from lucidlm.peft.adapter_meta import META_NAME, base_identity, meta_fields, read_meta
+from lucidlm.peft.adapter_meta import META_NAME, base_identity, is_saved_base, meta_fields, read_meta
 from lucidlm.peft.gpt2_names import from_gpt2_peft, gpt2_module_name, is_gpt2, tie_fused_qkv
 from lucidlm.peft.lora import _as_lora, adapter_names, freeze_base, linear_module_names, set_adapter
 from lucidlm.peft.peft_format import (PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, from_peft_tensors, hf_module_name,
@@ -79,7 +79,7 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def _warn_if_other_base(model: nn.Module, meta: dict[str, Any], directory: Path) -> None:
     saved, ours = meta.get("base", {}), base_identity(model)
-    if saved and saved.get("config_sha256") != ours["config_sha256"]:
+    if saved and not is_saved_base(saved.get("config_sha256"), model):
         warnings.warn(f"{directory} was trained on a base model with config {saved} but is being loaded onto "
                       f"{ours}; outputs may be meaningless.", stacklevel=3)
 

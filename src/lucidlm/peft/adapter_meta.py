@@ -8,6 +8,7 @@ from both; ``files.py`` re-exports these names.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -26,12 +27,42 @@ META_NAME = "lucidlm_adapter.json"
 FORMAT_VERSION = 2
 
 
+# ModelConfig fields added since adapters were first saved, oldest first. A file saved before a
+# group existed hashed the config without it (and without every later group): the same base
+# when those fields hold their defaults. A new ModelConfig field joins the end, in a group of its
+# own (tests/peft/test_adapter_base_identity.py holds this to ModelConfig's fields).
+LATER_CONFIG_FIELDS: tuple[tuple[str, ...], ...] = (
+    ("init",),
+    ("final_logit_softcap", "global_layer_every", "post_sublayer_norm", "qk_norm", "query_pre_attn_scalar",
+     "rope_local_theta", "scale_embeddings", "sliding_window"),
+    ("rope_scaling",),
+)
+
+
 def base_identity(model: nn.Module) -> dict[str, Any]:
     """Enough about the base model to tell a user which one an adapter belongs to."""
     cfg = model.config.to_dict()
-    digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
     keys = ("name", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_mlp")
-    return {"config_sha256": digest, **{k: cfg[k] for k in keys}}
+    return {"config_sha256": _digest(cfg), **{k: cfg[k] for k in keys}}
+
+
+def is_saved_base(saved_digest: Any, model: nn.Module) -> bool:
+    """Whether ``saved_digest`` (a file's base config_sha256) is ``model``'s config as this or an
+    earlier lucidlm hashed it: before LATER_CONFIG_FIELDS existed, the hash left them out."""
+    cfg = model.config.to_dict()
+    if saved_digest == _digest(cfg):
+        return True
+    defaults = {f.name: f.default for f in dataclasses.fields(model.config)}
+    for group in reversed(LATER_CONFIG_FIELDS):
+        if any(cfg.pop(name) != defaults[name] for name in group):
+            return False  # this model needs a field the earlier lucidlm did not have
+        if saved_digest == _digest(cfg):
+            return True
+    return False
+
+
+def _digest(cfg: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def read_meta(directory: Path) -> Optional[dict[str, Any]]:
@@ -72,4 +103,4 @@ def meta_fields(directory: Path) -> Optional[Fields]:
 _FIX = "fix it or save the adapter again (lucidlm finetune)"
 
 
-__all__ = ["META_NAME", "METHODS", "base_identity", "meta_fields", "read_meta"]
+__all__ = ["META_NAME", "METHODS", "base_identity", "is_saved_base", "meta_fields", "read_meta"]
