@@ -213,6 +213,24 @@ def test_save_and_load_a_quantized_model(tmp_path):
         assert torch.equal(again.state_dict()[name], tensor), name
 
 
+@pytest.mark.parametrize("version, says", [(2, "has format 2, newer than this lucidlm reads.*upgrade lucidlm"),
+                                           ("1", "\"format\" is '1', not a format number")])
+def test_a_quantization_layout_of_another_format_is_refused(tmp_path, version, says):
+    """quantization.json says which format its codes are stored in; a later lucidlm's (or a damaged
+    number) was read as this one's without a look, where codes laid out otherwise would give other weights."""
+    import json
+
+    from lucidlm.errors import CheckpointError
+    from lucidlm.weights.checkpoint import save_model
+
+    save_model(quantize(tiny_llama(), "int4", 32), tmp_path)
+    layout = json.loads((tmp_path / "quantization.json").read_text())
+    assert layout["format"] == 1  # what every lucidlm so far has written
+    (tmp_path / "quantization.json").write_text(json.dumps({**layout, "format": version}))
+    with pytest.raises(CheckpointError, match=says):
+        lucidlm.load(tmp_path)
+
+
 @pytest.mark.parametrize("tie", [True, False])
 def test_an_int8_per_channel_model_read_back_from_its_file_runs(tmp_path, tie):
     """safetensors' load_file hands out views of one file buffer at the file's own offsets, and

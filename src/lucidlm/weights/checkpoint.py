@@ -34,6 +34,8 @@ CONFIG_NAME = "lucidlm_config.json"
 WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_NAME = "tokenizer.json"
 QUANTIZATION_NAME = "quantization.json"  # only for quantized models: which module has which scheme
+# quantization.json's "format": a later lucidlm may store the codes otherwise, so a newer one is refused
+QUANTIZATION_FORMAT = 1
 CHECKSUMS_NAME = "checksums.json"  # SHA-256 of the weights, written last: flipped bytes are found on load
 # A training run's previous checkpoint while a new one is swapped in (training/checkpoint.py)
 OLD_CHECKPOINT_PREFIX = ".checkpoint.old-"
@@ -202,7 +204,7 @@ def _save_model(model: Transformer, directory: Path) -> None:
     atomic_write_text(directory / CONFIG_NAME, json.dumps(model.config.to_dict(), indent=2) + "\n")
     if is_quantized(model):
         compute = next(m.compute_dtype for m in model.modules() if hasattr(m, "compute_dtype"))
-        layout = {"format": 1, "compute_dtype": str(compute).replace("torch.", ""),
+        layout = {"format": QUANTIZATION_FORMAT, "compute_dtype": str(compute).replace("torch.", ""),
                   "modules": quantization_layout(model)}
         atomic_write_text(directory / QUANTIZATION_NAME, json.dumps(layout, indent=2) + "\n")
     elif (directory / QUANTIZATION_NAME).exists():  # a float model over an old quantized one
@@ -271,7 +273,14 @@ def _install_quantized(model: Transformer, layout_path: Path, tensors: dict[str,
     try:
         layout = json.loads(layout_path.read_text(encoding="utf-8"))
         modules, compute = layout["modules"], getattr(torch, layout.get("compute_dtype", "bfloat16"))
-    except (ValueError, KeyError, AttributeError) as exc:
+        version = layout.get("format", QUANTIZATION_FORMAT)
+    except (ValueError, KeyError, AttributeError, TypeError) as exc:  # TypeError: not a JSON object
         raise CheckpointError(f"{layout_path} cannot be read ({exc}); re-save the quantized model.") from None
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CheckpointError(f"{layout_path}: \"format\" is {version!r}, not a format number; the file is damaged: "
+                              f"re-save the quantized model.")
+    if version > QUANTIZATION_FORMAT:
+        raise CheckpointError(f"{layout_path} has format {version}, newer than this lucidlm reads "
+                              f"({QUANTIZATION_FORMAT}); upgrade lucidlm to load this model.")
     tensors = {k: v.to(device) for k, v in tensors.items()}
     return install_quantized(model, modules, tensors, str(layout_path.parent / WEIGHTS_NAME), compute)
