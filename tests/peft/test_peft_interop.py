@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import pytest
 import torch
@@ -171,7 +172,8 @@ def test_interleaved_rope_adapter_runs_in_peft_on_the_export(tmp_path):
         assert (their_logits - hf_model(base)(ids()).logits).abs().max() > 1e-1
         assert (ours_logits - their_logits).abs().max() <= 1e-4
         # read back: onto the export (rotate_half) and onto an interleaved model like the one it was trained on
-        with pytest.warns(UserWarning, match="trained on a base model"):  # the export's config says rope_variant half
+        with warnings.catch_warnings():  # the export is the model it was trained on, q/k rows permuted
+            warnings.simplefilter("error")
             assert (load(base, adapter=tmp_path / "lora")(ids()) - their_logits).abs().max() <= 1e-4
         torch.manual_seed(0)
         again = load_adapter(Transformer(preset("llama", **CONFIG, rope_variant="interleaved")), tmp_path / "lora")
@@ -222,3 +224,39 @@ def test_an_adapter_format_this_lucidlm_cannot_read_is_refused(tmp_path, version
     torch.manual_seed(0)
     with pytest.raises(AdapterError, match=says):
         load_adapter(Transformer(preset("llama", **CONFIG, rope_variant="interleaved")), tmp_path)
+
+
+def test_a_format_1_interleaved_adapter_on_the_export_moves_its_rows_as_the_export_did(tmp_path):
+    """A format-1 file holds an interleaved model's q/k rows in that model's order. Loaded onto the
+    model's Hugging Face export (rotate_half rows), they were read as written: 6.3 logits from the
+    model with its adapter on a file lucidlm 78a5620 wrote. They move as the export moved the
+    weights, so the export computes what PEFT computes with the same adapter in its own order."""
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    model = Transformer(preset("llama", **CONFIG, rope_variant="interleaved")).eval()
+    base = save_hf(model, tmp_path / "base")
+    add_lora(model, r=2, targets=("q", "k", "v"))
+    with torch.no_grad():
+        for layer in (m for m in model.modules() if isinstance(m, LoRALinear)):
+            layer.lora_B["default"].normal_(0, 0.3)
+    model.eval()
+    save_adapter(model, tmp_path / "v2")  # Hugging Face's order: what PEFT reads
+    theirs = peft.PeftModel.from_pretrained(hf_model(base), tmp_path / "v2").eval()
+    save_adapter(model, tmp_path / "v1")  # rewritten below as format 1 wrote it
+    tensors = load_file(tmp_path / "v1" / "adapter_model.safetensors")
+    for i, block in enumerate(model.blocks):
+        for p in "qk":
+            key = f"base_model.model.model.layers.{i}.self_attn.{p}_proj.lora_B.weight"
+            tensors[key] = getattr(block.attn, f"{p}_proj").lora_B["default"].detach().clone()
+    save_file(tensors, tmp_path / "v1" / "adapter_model.safetensors")
+    meta = json.loads((tmp_path / "v1" / "lucidlm_adapter.json").read_text())
+    del meta["format_version"]  # format-1 files had none
+    (tmp_path / "v1" / "lucidlm_adapter.json").write_text(json.dumps(meta))
+    with torch.no_grad():
+        their_logits = theirs(ids()).logits
+        assert (their_logits - hf_model(base)(ids()).logits).abs().max() > 1e-1
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ours = load(base, adapter=tmp_path / "v1")
+        assert (ours(ids()) - their_logits).abs().max() <= 1e-4

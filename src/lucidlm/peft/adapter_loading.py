@@ -25,7 +25,7 @@ from lucidlm.peft.adapter_meta import META_NAME, base_identity, is_saved_base, m
 from lucidlm.peft.gpt2_names import from_gpt2_peft, gpt2_module_name, is_gpt2, tie_fused_qkv
 from lucidlm.peft.lora import _as_lora, adapter_names, freeze_base, linear_module_names, set_adapter
 from lucidlm.peft.peft_format import (PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, from_peft_tensors, hf_module_name,
-                                      module_rank, module_scaling, outside_blocks, qk_rows_from_hf,
+                                      module_rank, module_scaling, outside_blocks, qk_rows_from_hf, qk_rows_to_hf,
                                       read_peft_config)
 from lucidlm.peft.trainable import check_one_method
 from lucidlm.quantization.base import check_float_model
@@ -45,16 +45,16 @@ def load_adapter(model: nn.Module, directory: str | Path, name: str = "default",
         raise AdapterError(f"adapter directory {directory} does not exist (expected {PEFT_CONFIG_NAME} or "
                            f"{META_NAME} with {PEFT_WEIGHTS_NAME} inside).")
     meta = read_meta(directory)
-    if meta is not None:
-        _warn_if_other_base(model, meta, directory)
     method = meta["method"] if meta else "lora"
+    trained_on = _trained_on(model, meta, directory) if meta is not None else model.config
     check_float_model(model, f"loading an adapter ({directory})")  # before a target check that sees no linears
     check_one_method(model, method)
     if method == "lora":
         config = read_peft_config(directory)  # first: its absence says more than a missing tensor file
-        # lucidlm before format 2 wrote an interleaved model's q/k rows unpermuted: read them as written
-        hf_rows = meta is None or meta["format_version"] >= 2
-        _load_lora(model, directory, config, _read_tensors(directory / PEFT_WEIGHTS_NAME), name, hf_rows)
+        # lucidlm before format 2 wrote q/k rows in the order of the model it trained on (interleaved
+        # or not); from format 2 on, and in PEFT's files, they are in Hugging Face's order
+        file_rows = None if meta is None or meta["format_version"] >= 2 else trained_on
+        _load_lora(model, directory, config, _read_tensors(directory / PEFT_WEIGHTS_NAME), name, file_rows)
     elif method == "adapter":
         _load_bottleneck(model, directory, _read_tensors(directory / PEFT_WEIGHTS_NAME), meta)
     else:
@@ -77,15 +77,27 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _warn_if_other_base(model: nn.Module, meta: dict[str, Any], directory: Path) -> None:
-    saved, ours = meta.get("base", {}), base_identity(model)
-    if saved and not is_saved_base(saved.get("config_sha256"), model):
-        warnings.warn(f"{directory} was trained on a base model with config {saved} but is being loaded onto "
-                      f"{ours}; outputs may be meaningless.", stacklevel=3)
+def _trained_on(model: nn.Module, meta: dict[str, Any], directory: Path) -> Any:
+    """The config of the base the adapter was trained on: the model's own, or for a LoRA the
+    interleaved-RoPE model that the model is the Hugging Face export of (the same network with
+    its q/k rows permuted, which the LoRA's rows follow). Warns, and answers the model's own,
+    when it is neither."""
+    saved = meta.get("base", {})
+    if not saved or is_saved_base(saved.get("config_sha256"), model.config):
+        return model.config
+    if meta["method"] == "lora" and model.config.rope_variant == "half":
+        twin = model.config.replace(rope_variant="interleaved")
+        if is_saved_base(saved.get("config_sha256"), twin):
+            return twin
+    warnings.warn(f"{directory} was trained on a base model with config {saved} but is being loaded onto "
+                  f"{base_identity(model)}; outputs may be meaningless.", stacklevel=3)
+    return model.config
 
 
 def _load_lora(model: nn.Module, directory: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
-               name: str, hf_rows: bool = True) -> None:
+               name: str, file_rows: Any = None) -> None:
+    """``file_rows``: the config of the model whose q/k row order the file's lora_B holds (a
+    format-1 lucidlm file); None for Hugging Face's order."""
     source = str(directory / PEFT_WEIGHTS_NAME)
     modules = from_peft_tensors(tensors, source)
     gpt2 = is_gpt2(model)
@@ -123,7 +135,8 @@ def _load_lora(model: nn.Module, directory: Path, config: dict[str, Any], tensor
         layer.scaling[name] = module_scaling(config, hf_module_name(module), A.shape[0])
         with torch.no_grad():
             layer.lora_A[name].copy_(A)
-            layer.lora_B[name].copy_(qk_rows_from_hf(model.config, module, B) if hf_rows else B)
+            hf_B = B if file_rows is None else qk_rows_to_hf(file_rows, module, B)
+            layer.lora_B[name].copy_(qk_rows_from_hf(model.config, module, hf_B))
     if gpt2:
         tie_fused_qkv(model, name)  # c_attn's q, k and v parts share one A
     freeze_base(model)

@@ -46,13 +46,13 @@ def base_identity(model: nn.Module) -> dict[str, Any]:
     return {"config_sha256": _digest(cfg), **{k: cfg[k] for k in keys}}
 
 
-def is_saved_base(saved_digest: Any, model: nn.Module) -> bool:
-    """Whether ``saved_digest`` (a file's base config_sha256) is ``model``'s config as this or an
-    earlier lucidlm hashed it: before LATER_CONFIG_FIELDS existed, the hash left them out."""
-    cfg = model.config.to_dict()
+def is_saved_base(saved_digest: Any, config: Any) -> bool:
+    """Whether ``saved_digest`` (a file's base config_sha256) is ``config`` as this or an earlier
+    lucidlm hashed it: before LATER_CONFIG_FIELDS existed, the hash left them out."""
+    cfg = config.to_dict()
     if saved_digest == _digest(cfg):
         return True
-    defaults = {f.name: f.default for f in dataclasses.fields(model.config)}
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
     for group in reversed(LATER_CONFIG_FIELDS):
         if any(cfg.pop(name) != defaults[name] for name in group):
             return False  # this model needs a field the earlier lucidlm did not have
