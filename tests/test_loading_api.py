@@ -101,3 +101,18 @@ def test_pretrained_models_by_the_names_people_know(name, smollm2_default):
     assert model.generation_defaults == smollm2_default.generation_defaults
     assert torch.equal(model.embed.dequantize(), smollm2_default.embed.dequantize())
 
+
+
+def test_gemma3_in_float16_is_warned_about(gemma3):
+    """Gemma 3's residual stream outgrows float16 (the float32 model's own activations say so),
+    and a float16 load gives NaN logits: load says so and names bfloat16; bfloat16 loads quietly."""
+    _, cache = gemma3.run_with_cache("The capital of France is", names_filter=lambda name: name.endswith("hook_resid_post"))
+    assert max(t.abs().max().item() for t in cache.values()) > torch.finfo(torch.float16).max
+    with pytest.warns(UserWarning, match="dtype='bfloat16'"):
+        half = lucidlm.load("gemma3-270m", dtype="float16")
+    with torch.no_grad():
+        assert not torch.isfinite(half("The capital of France is")).all()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lucidlm.load("gemma3-270m", dtype="bfloat16")

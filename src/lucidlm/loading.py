@@ -17,6 +17,7 @@ quantize: "int8" | "int4" (weight-only, see lucidlm.quantization; group_size pic
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -110,6 +111,7 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
     if not random_init:
         from lucidlm.generation.defaults import sampling_defaults_for
         model.generation_defaults = sampling_defaults_for(_directory_read(source))
+        _warn_if_float16_overflows(model, dtype)
     if adapter is not None:
         from lucidlm.peft import load_adapter
         load_adapter(model, adapter)
@@ -128,6 +130,18 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
     if compile:
         model.compile()
     return model
+
+
+# Families whose trained residual stream outgrows float16 (largest finite value 65504): Gemma 3
+# 270M's reaches ~1e5 on ordinary text, and every logit comes out NaN (transformers' too).
+FLOAT16_OVERFLOWS = ("gemma3",)
+
+
+def _warn_if_float16_overflows(model: LanguageModel, dtype: Optional[torch.dtype]) -> None:
+    if dtype == torch.float16 and model.config.name in FLOAT16_OVERFLOWS:
+        warnings.warn(f"{model.config.name} in float16: its activations outgrow float16's range (max 65504) and "
+                      f"the logits come out NaN; load it with dtype='bfloat16' (same memory) or float32.",
+                      stacklevel=3)
 
 
 def _directory_read(source: str | Path) -> str | Path:
