@@ -266,3 +266,29 @@ def test_a_window_longer_than_the_context_is_recorded_as_run(tmp_path, capsys):
     assert "--block-size 128 is longer than the model's context of 32" in capsys.readouterr().out
     state = json.loads((Path(result.checkpoint) / "trainer_state.json").read_text())
     assert state["train_config"]["block_size"] == 32  # the windows trained on; was 128
+
+
+# ----------------------------------------------------------------------------- trainer_state.json's format
+
+def test_a_trainer_state_of_another_format_warns_or_is_refused(tmp_path):
+    """trainer_state.json records its format. One from before the field (lucidlm before 2026-11-27
+    drew and weighed accumulated micro-batches otherwise) resumes with a warning saying the run
+    will not retrace the old one; a newer format is refused by name, not half read."""
+    from lucidlm.errors import CheckpointError
+
+    base = base_model(tmp_path)
+    data = jsonl(tmp_path / "d.jsonl", [("q?", " yes" + "." * i) for i in range(10)])
+    kw = dict(model=str(base), data=str(data), out_dir=str(tmp_path / "out"), batch_size=2, warmup_iters=1,
+              eval_interval=100, eval_iters=1, sample_tokens=0, progress=False, val_fraction=0.2,
+              gradient_accumulation_steps=2)
+    finetune(FinetuneConfig(max_iters=2, **kw))
+    path = tmp_path / "out" / "checkpoint" / "trainer_state.json"
+    state = json.loads(path.read_text())
+    assert state["format_version"] == 2
+    path.write_text(json.dumps({**state, "format_version": 3}))
+    with pytest.raises(CheckpointError, match="format_version 3, newer than this lucidlm reads"):
+        finetune(FinetuneConfig(max_iters=3, resume=True, **kw))
+    old = {k: v for k, v in state.items() if k != "format_version"}
+    path.write_text(json.dumps(old))
+    with pytest.warns(UserWarning, match="drew and weighed the micro-batches"):
+        assert finetune(FinetuneConfig(max_iters=3, resume=True, **kw)).step == 3

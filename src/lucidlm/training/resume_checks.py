@@ -19,6 +19,7 @@ import base64
 import binascii
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
@@ -27,6 +28,9 @@ import torch
 from lucidlm.errors import CheckpointError
 from lucidlm.validation import read_json_object
 
+# trainer_state.json's layout. 2 (2026-12-07): example runs with gradient accumulation draw and
+# weigh micro-batches as one big batch (since e2ddad3, 2026-11-27); format 1 files came before.
+TRAINER_STATE_FORMAT = 2
 DAMAGED = ("the checkpoint is damaged; restore OUT/checkpoint from a copy, or start a new run with another "
            "--out")
 
@@ -89,6 +93,10 @@ def check_same_data(state: Mapping[str, Any], key: str, current: str, what: str,
 def read_trainer_state(path: Path) -> dict[str, Any]:
     """trainer_state.json, every field the resume reads checked (types, ranges, RNG states)."""
     fields = read_json_object(path, CheckpointError, "trainer state", DAMAGED)
+    version = fields.int("format_version", default=1, low=1)  # files before the field are format 1
+    if version > TRAINER_STATE_FORMAT:
+        raise CheckpointError(f"{path} has format_version {version}, newer than this lucidlm reads "
+                              f"({TRAINER_STATE_FORMAT}); upgrade lucidlm to resume this run.")
     step = fields.int("step", low=0)
     fields.int("last_eval_step", default=-1, low=-1, high=step)
     fields.int("world_size", default=1, low=1)
@@ -105,7 +113,12 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
         examples.int("position", low=0)
     else:
         _bad(path, "data", sampler, "the batch sampler's state (an RNG state or an object)")
-    fields.object("train_config", default={})
+    train_config = fields.object("train_config", default={})
+    accumulation = train_config.data.get("gradient_accumulation_steps", 1)
+    if version < 2 and isinstance(sampler, Mapping) and accumulation != 1:
+        warnings.warn(f"{path} was saved by a lucidlm before 2026-11-27, which drew and weighed the micro-batches "
+                      f"of gradient accumulation otherwise: the resumed run goes on with today's (exact) weighting, "
+                      f"so it will not retrace the run the old version would have made.", stacklevel=2)
     run = fields.object("run", default={})
     for key in ("corpus_sha256", "tokenizer_sha256", "id", "base_sha256"):
         run.str(key, default=None)
