@@ -490,35 +490,39 @@ def test_a_stream_made_steady_looks_the_stack_up_once_and_says_the_same(monkeypa
         model.stream(prompt, steady="yes")
 
 
-def test_steady_streams_closed_out_of_order_leave_nothing_steady_behind(monkeypatch):
-    """The first stream's close restored nothing and the second's restored the first one's dict,
-    so the model stayed steady: a plain stream afterwards kept its operands and skipped a hook
-    attached between its tokens. Oracle: the same hooked stream on a fresh model."""
+STREAM_OPTIONS = dict(max_new_tokens=10, temperature=0, stop_on_eos=False)
+
+
+def model_with_tokenizer() -> LanguageModel:
+    """A tiny int4 model on lucidlm's kernels, with a byte tokenizer so it can stream text."""
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).parents[1] / "generation"))
     from generation_toys import byte_tokenizer
 
-    def model_with_tokenizer() -> LanguageModel:
-        model = int4_model(vocab_size=257)
-        model.tokenizer = byte_tokenizer()
-        return model
+    model = int4_model(vocab_size=257)
+    model.tokenizer = byte_tokenizer()
+    return model
 
-    options = dict(max_new_tokens=10, temperature=0, stop_on_eos=False)
 
-    def hooked_stream(model: LanguageModel) -> int:
-        """Steps the MLP of block 1 ran in, with a hook attached after the third piece."""
-        seen, handle = [], None
-        for i, _ in enumerate(model.stream("Hello there", **options)):
-            if i == 2:
-                handle = model.blocks[1].mlp.register_forward_hook(lambda m, args, out: seen.append(1))
-        handle.remove()
-        return len(seen)
+def hooked_stream(model: LanguageModel) -> int:
+    """Steps the MLP of block 1 ran in during a plain stream, with a hook attached after its third piece."""
+    seen, handle = [], None
+    for i, _ in enumerate(model.stream("Hello there", **STREAM_OPTIONS)):
+        if i == 2:
+            handle = model.blocks[1].mlp.register_forward_hook(lambda m, args, out: seen.append(1))
+    handle.remove()
+    return len(seen)
 
+
+def test_steady_streams_closed_out_of_order_leave_nothing_steady_behind(monkeypatch):
+    """The first stream's close restored nothing and the second's restored the first one's dict,
+    so the model stayed steady: a plain stream afterwards kept its operands and skipped a hook
+    attached between its tokens. Oracle: the same hooked stream on a fresh model."""
     model = model_with_tokenizer()
-    first = model.stream("Hello there", steady=True, **options)
+    first = model.stream("Hello there", steady=True, **STREAM_OPTIONS)
     next(first)
-    second = model.stream("Hi", steady=True, **options)
+    second = model.stream("Hi", steady=True, **STREAM_OPTIONS)
     next(second)
     first.close()
     list(second)
@@ -530,29 +534,8 @@ def test_a_plain_stream_after_a_paused_steady_one_runs_a_hook_added_between_its_
     """A steady stream left paused kept the model steady while a plain stream took its cache
     over: the plain stream decoded on kept operands, so a torch hook attached between its
     tokens was never called. Oracle: the same hooked stream on a fresh model."""
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parents[1] / "generation"))
-    from generation_toys import byte_tokenizer
-
-    def model_with_tokenizer() -> LanguageModel:
-        model = int4_model(vocab_size=257)
-        model.tokenizer = byte_tokenizer()
-        return model
-
-    options = dict(max_new_tokens=10, temperature=0, stop_on_eos=False)
-
-    def hooked_stream(model: LanguageModel) -> int:
-        """Steps the MLP of block 1 ran in, with a hook attached after the third piece."""
-        seen, handle = [], None
-        for i, _ in enumerate(model.stream("Hello there", **options)):
-            if i == 2:
-                handle = model.blocks[1].mlp.register_forward_hook(lambda m, args, out: seen.append(1))
-        handle.remove()
-        return len(seen)
-
     model = model_with_tokenizer()
-    paused = model.stream("Hi", steady=True, **options)
+    paused = model.stream("Hi", steady=True, **STREAM_OPTIONS)
     next(paused)
     assert hooked_stream(model) == hooked_stream(model_with_tokenizer()) > 0
     assert model._steady is None
