@@ -128,6 +128,38 @@ def test_other_scalings_are_refused_by_name(tmp_path, spelling, rule):
         lucidlm.load(tmp_path)
 
 
+
+@pytest.mark.parametrize("where", ["top level", "rope_parameters"])
+@pytest.mark.parametrize("scaling", [LLAMA3, {"rope_type": "linear", "factor": 4.0}], ids=["llama3", "linear"])
+def test_partial_rotary_factor_with_a_scaling_is_refused(tmp_path, where, scaling):
+    """transformers' scaled rules size their frequencies by partial_rotary_factor, which LLaMA's
+    forward pass cannot apply (it raises); lucidlm turned every pair, silently."""
+    from transformers import AutoModelForCausalLM
+
+    hf_llama(scaling).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (config if where == "top level" else config["rope_parameters"])["partial_rotary_factor"] = 0.5
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    with pytest.raises(RuntimeError, match="must match the size"), torch.no_grad():
+        reference(torch.zeros(1, 4, dtype=torch.long))
+    with pytest.raises(lucidlm.errors.UnsupportedArchitectureError,
+                       match=rf"partial_rotary_factor=0\.5 with RoPE scaling '{scaling['rope_type']}'.*partial rotary"):
+        lucidlm.load(tmp_path)
+
+
+def test_partial_rotary_factor_of_plain_rope_is_ignored_as_in_transformers(tmp_path):
+    """LLaMA's default rotation in transformers turns the whole head whatever the factor says."""
+    from transformers import AutoModelForCausalLM
+
+    hf_llama(None).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "partial_rotary_factor": 0.5}))
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    ids = torch.randint(0, 96, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert_close(lucidlm.load(tmp_path)(ids), reference(ids).logits, atol=1e-4, rtol=1e-4)
+
 @pytest.mark.parametrize("bad, message", [
     ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0}, r"must exceed"),
     ({"rope_type": "linear", "factor": -2.0}, r"rope_scaling\.factor.*-2"),

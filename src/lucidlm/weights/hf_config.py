@@ -187,6 +187,14 @@ def _rope(hf: Fields, max_positions: int) -> tuple[dict[str, Any], str]:
     key = "rope_scaling" if scaling.data else "rope_parameters"
     if rope_type == "default":
         return dict(rope_theta=theta, rope_scaling=None), key
+    # transformers' LLaMA-shaped default rotation ignores partial_rotary_factor, but its scaled rules
+    # size their frequencies by it: fewer than the head has, which its forward pass cannot apply.
+    # Turning every pair would be a guess at an unrunnable config, so it is refused.
+    partial = chosen.float("partial_rotary_factor", default=hf.float("partial_rotary_factor", default=1.0))
+    if partial != 1.0:
+        raise UnsupportedArchitectureError(
+            f"{hf.source}: partial_rotary_factor={partial:g} with RoPE scaling {rope_type!r} rotates part of each "
+            f"head (partial rotary), which lucidlm does not implement.")
     # ModelConfig checks the values and fills llama3's optional ones, naming the file's fields
     kept = {name: chosen.data[name] for name in ROPE_SCALING_PARAMETERS[rope_type] if chosen.has(name)}
     if rope_type == "llama3":
