@@ -345,12 +345,10 @@ def _device_or_dtype(value: Any) -> Any:
 
 def _hf_style_ids(ids: Any, kwargs: dict[str, Any], name: str) -> Any:
     """The ids given positionally, or as transformers' ``input_ids=`` (taken out of ``kwargs``),
-    which code ported from transformers passes; neither is an error naming both."""
+    which code ported from transformers passes. None (neither given) goes on to the input
+    checks, whose error names what a prompt may be."""
     if "input_ids" in kwargs:
         if ids is not None:
             raise InputError(f"{name}() got both ids and input_ids=: give the ids once.")
         ids = kwargs.pop("input_ids")
-    if ids is None:
-        raise InputError(f"{name}() needs the input: token ids (a (B, T) tensor or a list) or text, "
-                         f"as its first argument (transformers' input_ids= works too).")
     return ids

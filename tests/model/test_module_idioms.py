@@ -179,5 +179,5 @@ def test_input_ids_as_transformers_names_them(llama):
         model(ids(), labels=ids())
     with pytest.raises(lucidlm.errors.InputError, match="did you mean 'attention_mask'"):
         model(ids(), atention_mask=torch.ones(1, 10))
-    with pytest.raises(lucidlm.errors.InputError, match="needs the input"):
-        model.generate(max_new_tokens=3)
+    with pytest.raises(lucidlm.errors.InputError, match="give the ids once"):
+        model(ids(), input_ids=ids())
