@@ -84,6 +84,12 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
         raise AdapterError(f"adapter={adapter!r} must be the path of an adapter directory, not "
                            f"{type(adapter).__name__}.")
     if quantize is not None and adapter is not None:
+        from lucidlm.peft.adapter_meta import read_meta
+        meta = read_meta(Path(adapter).expanduser()) if Path(adapter).expanduser().is_dir() else None
+        if meta is not None and meta["method"] != "lora":  # `lucidlm merge` refuses these: no fix to name there
+            raise QuantizationError(
+                f"quantize={quantize!r} with an adapter: {adapter} holds a {meta['method']!r} adapter, which runs "
+                f"on float weights and cannot be merged into them (only LoRA can); load it without quantize=.")
         raise QuantizationError(
             f"quantize={quantize!r} with an adapter: merge the adapter into the float model first "
             f"(lucidlm merge ...), then load the merged model with quantize={quantize!r}."
@@ -198,6 +204,9 @@ def _load_base(source: str | Path, dtype: Optional[torch.dtype], device: str | t
         config = preset(name, **overrides)
         tokenizer = preset_tokenizer(name, config.vocab_size)  # gpt2: GPT-2's own BPE files
         model = LanguageModel(config, tokenizer).to(device=device, dtype=dtype or torch.float32).eval()
+        if quantize == "gguf":  # else quantize() answers "unknown scheme 'gguf'", a choice --quantize lists
+            raise QuantizationError(f"quantize='gguf' keeps a GGUF file's own quantization, but random_init=True "
+                                    f"builds {name!r} with float weights; use quantize='int8' or 'int4'.")
         if quantize is not None:
             from lucidlm.quantization import quantize as quantize_model
             quantize_model(model, quantize, group_size, embeddings=quantize_embeddings)
