@@ -38,8 +38,11 @@ def set_hook_options(model: nn.Module, attn_result: Optional[bool] = None, split
             raise ConfigError(f"{option}={on!r}: pass True or False.")
     cfg = model.config
     if attn_in and cfg.n_kv_heads != cfg.n_heads:
-        raise ConfigError(f"attn_in=True needs one key/value head per query head, but this model has "
-                          f"n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads}; use split_qkv_input=True instead.")
+        # named by the model's own switches: set_hook_options is not what users call
+        raise ConfigError(f"model.set_use_attn_in(True) needs one key/value head per query head, but this "
+                          f"model has n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads}; use "
+                          f"model.set_use_split_qkv_input(True) instead (one input per query head and per "
+                          f"key/value head).")
     wanted = {"split_qkv_input": split_qkv_input, "attn_in": attn_in, "mlp_in": mlp_in}
     for i, block in enumerate(model.blocks):
         for option, on in wanted.items():
