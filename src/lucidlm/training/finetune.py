@@ -42,8 +42,11 @@ def attach_method(model: torch.nn.Module, config: FinetuneConfig) -> str:
     from lucidlm.peft import add_adapters, add_lora, add_prefix
     from lucidlm.peft.lora import check_whole_c_attn
     from lucidlm.peft.lora_targets import match_targets, resolved_targets
+    from lucidlm.quantization.base import check_float_model
 
     if config.method == "lora":
+        # before the target match, which on a quantized model finds no linear layer and names none
+        check_float_model(model, "adding LoRA")
         targets = resolved_targets(model, config.targets)
         check_whole_c_attn(model, match_targets(model, targets))  # the run saves a PEFT file: refused now, not then
         names = add_lora(model, name=config.adapter_name, r=config.rank, alpha=config.alpha,
