@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from cli_run import run_cli
+from cli_run import SRC, run_cli
 
 
 def assert_one_line_error(done, *fragments: str) -> None:
@@ -128,3 +130,31 @@ def test_help_examples_stay_one_command_per_line(command, capsys):
                for line in examples), examples
     assert "(default: None)" not in text
 
+
+
+def test_every_flag_a_message_names_is_an_option_of_some_command():
+    """A `--flag` in any string of the sources (errors, warnings, help) must be an option of a
+    lucidlm command: an error naming a flag that does not exist names no fix. Docstrings are
+    left out; flags of other programs are listed."""
+    import argparse
+    import ast
+
+    from lucidlm.cli import build_parser
+
+    others = {"--nproc_per_node",  # torchrun's
+              "--no-deps", "--force-reinstall"}  # pip's
+    parser = build_parser()
+    options = {"--version", *(s for a in parser._actions for s in a.option_strings)}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            options |= {s for sub in action.choices.values() for a in sub._actions for s in a.option_strings}
+    unknown = []
+    for path in sorted((SRC / "lucidlm").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9_-]*", node.value):
+                    if flag not in options and flag not in others:
+                        unknown.append(f"{path.relative_to(SRC)}:{node.lineno}: {flag}")
+    assert not unknown, unknown
