@@ -28,7 +28,8 @@ def trainer_state(trainer: Any) -> dict[str, Any]:
     from lucidlm.training.resume_checks import TRAINER_STATE_FORMAT
 
     state = {
-        "format_version": TRAINER_STATE_FORMAT, "step": trainer.step, "last_eval_step": trainer.last_eval_step, "world_size": trainer.ctx.world_size,
+        "format_version": TRAINER_STATE_FORMAT,
+        "step": trainer.step, "last_eval_step": trainer.last_eval_step, "world_size": trainer.ctx.world_size,
         "best_val_loss": trainer.best_val_loss if math.isfinite(trainer.best_val_loss) else None,
         "train_losses": trainer.train_losses, "data": trainer.data.state_dict(),
         "torch_rng": [encode_rng_state(s) for s in torch_states], "torch_version": torch.__version__,
