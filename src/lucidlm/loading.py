@@ -253,11 +253,15 @@ def _load_float(source: str | Path, name: str, path: Path, dtype: torch.dtype, d
     from lucidlm.pretrained import PRETRAINED
 
     if name in PRESETS:
+        from lucidlm.tokenizers.presets import PRESET_TOKENIZERS
+
+        # generate and chat need a tokenizer for their text, which only some presets come with
+        commands = ("generate, chat and convert take --random-init" if name in PRESET_TOKENIZERS else
+                    f"convert takes --random-init; generate and chat need a tokenizer, which {name} has not")
         raise ConfigError(
             f"{name!r} is an architecture preset, not a pretrained model: it has no trained weights. For an "
-            f"untrained {name} pass random_init=True (on the command line, generate, chat and convert take "
-            f"--random-init); for a trained model give a checkpoint "
-            f"or a pretrained name ({', '.join(sorted(PRETRAINED))})."
+            f"untrained {name} pass random_init=True (on the command line, {commands}); for a trained model "
+            f"give a checkpoint or a pretrained name ({', '.join(sorted(PRETRAINED))})."
         )
     if path.exists():
         raise LucidLMError(f"{path} is a file lucidlm cannot load; expected a .gguf file or a model directory.")

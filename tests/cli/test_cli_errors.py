@@ -158,3 +158,16 @@ def test_every_flag_a_message_names_is_an_option_of_some_command():
                     if flag not in options and flag not in others:
                         unknown.append(f"{path.relative_to(SRC)}:{node.lineno}: {flag}")
     assert not unknown, unknown
+
+
+def test_a_preset_without_a_tokenizer_is_not_sent_to_generate(tmp_path, capsys):
+    """'llama' has no tokenizer: the preset error must not offer generate --random-init, which then
+    fails for want of one; the command it does name, convert --random-init, works."""
+    from lucidlm.cli import main
+
+    assert main(["generate", "hi", "-q", "--model", "llama"]) == 1
+    err = capsys.readouterr().err
+    assert "convert takes --random-init" in err and "generate and chat need a tokenizer" in err, err
+    assert main(["generate", "hi", "-q", "--model", "llama", "--random-init"]) == 1
+    assert "tokenizer" in capsys.readouterr().err  # what the message warned of
+    assert main(["convert", "llama", str(tmp_path / "o"), "--random-init", "--to", "lucidlm"]) == 0
