@@ -98,8 +98,10 @@ class LanguageModel(Transformer):
         weights in place, call ``compile()`` again. The prefill (the prompt) is compiled with dynamic lengths, so a
         new prompt length does not recompile (a new batch size does); pass ``prefill=False`` to leave it eager.
         ``backend`` goes to torch.compile (tests pass a counting backend). The first call of
-        each pays the compile time (seconds to minutes); greedy tokens are the same as eager
-        ones. Returns the model, so ``model = lucidlm.load().compile()`` reads naturally.
+        each pays the compile time (seconds to minutes); greedy tokens are the eager ones, except
+        that int4 layers on torch's kernel multiply a compiled prompt pass in bfloat16, which can
+        flip a near-tie (``quantization/int4.py``). Returns the model, so
+        ``model = lucidlm.load().compile()`` reads naturally.
         ``model(ids)`` stays eager.
         """
         modes = ("default", "lite", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -229,10 +231,11 @@ class LanguageModel(Transformer):
                 results, generated together (left-padded, one KV cache).
             max_new_tokens: the most tokens to add (fewer at EOS, a stop string or the context end).
             temperature: 0 is greedy; None takes the model's default (``model.generation_defaults``,
-                e.g. SmolLM2: 0.2 with top_p 0.5), else 1. The same holds for top_k, top_p,
-                min_p and repetition_penalty.
+                e.g. SmolLM2: 0.2 with top_p 0.5), else 1. None does the same for top_k, top_p,
+                min_p and repetition_penalty, whose fallback is off.
             top_k, top_p, min_p: keep the k likeliest tokens / the smallest set with mass >= p /
-                tokens at least min_p times as likely as the top one (1, 1 and 0 switch them off).
+                tokens at least min_p times as likely as the top one (0, 1 and 0 switch them off;
+                top_k=1 is greedy).
             repetition_penalty: > 1 makes tokens already in the text less likely (HF's CTRL penalty).
             seed: makes sampling reproducible without touching torch's global RNG.
             stop: text(s) that end generation; the text stops just before them.
@@ -265,7 +268,7 @@ class LanguageModel(Transformer):
         return stream(self, prompt, steady=steady, **options)
 
     # ------------------------------------------------------------------ inspection
-    def run_with_cache(self, ids: Prompt, names_filter: Any = None, **options: Any,
+    def run_with_cache(self, ids: Prompts, names_filter: Any = None, **options: Any,
                        ) -> tuple[torch.Tensor, ActivationCache]:
         """One forward pass returning (logits, cache of every hooked activation).
         ``names_filter``: a hook name, a list of names or a predicate (default: all).
@@ -274,7 +277,7 @@ class LanguageModel(Transformer):
         padding_side, and the forward's arguments."""
         return run_with_cache(self, ids, names_filter, **options)
 
-    def run_with_hooks(self, ids: Prompt,
+    def run_with_hooks(self, ids: Prompts,
                        fwd_hooks: Sequence[tuple[Union[str, Callable[[str], bool]], HookFn]] = (),
                        bwd_hooks: Sequence[tuple[Union[str, Callable[[str], bool]], HookFn]] = (),
                        **options: Any) -> torch.Tensor:
@@ -310,7 +313,9 @@ class LanguageModel(Transformer):
         set_hook_options(self, split_qkv_input=on)
 
     def set_use_attn_in(self, on: bool) -> None:
-        """Hook one copy per head feeding q, k and v together: ``blocks.{i}.hook_attn_in``."""
+        """Hook one copy per head feeding q, k and v together: ``blocks.{i}.hook_attn_in``
+        (B, T, nh, d). Needs n_kv_heads == n_heads, as TransformerLens's does (SmolLM2's grouped
+        heads refuse it: use ``set_use_split_qkv_input``)."""
         set_hook_options(self, attn_in=on)
 
     def set_use_hook_mlp_in(self, on: bool) -> None:
