@@ -57,9 +57,11 @@ def load(source: Optional[str | Path] = None, *, dtype: Optional[str | torch.dty
             ``dtype=torch.float32`` is its exact float path.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` or ``"auto"`` (the best available).
         adapter: a LoRA / adapter / prefix-tuning directory to apply on top (on float weights).
-        quantize: ``"int8"`` (per output channel) or ``"int4"`` (groups of ``group_size``, 32 by
-            default) weight-only quantization (``lucidlm.quantization``); for GGUF files also
-            ``"gguf"``: keep the file's own quantization (Q8_0, Q4_0, Q4_1 exactly).
+        quantize: ``"int8"`` (per output channel, or groups of ``group_size``) or ``"int4"``
+            (groups of ``group_size``, 32 by default) weight-only quantization (``lucidlm.quantization``); for GGUF files also
+            ``"gguf"``: keep the file's own quantization (Q8_0 and Q5_0 exactly; Q4_0, Q4_1 and
+            Q4_K keep their codes, their scales and zeros rounded to bfloat16; other types
+            become their nearest scheme, ``weights/gguf_quants.py``).
         quantize_embeddings: with ``quantize``, whether the token embedding and the unembedding
             are quantized too (default) or stay float in ``dtype``. They are one matrix read
             every token when tied; float, it is faster on CPU and answers like float32.
