@@ -80,3 +80,23 @@ def test_text_needs_a_tokenizer(tiny_model):
     ids = [5, 6, 7]
     steps = list(generation_steps(tiny_model, ids, max_new_tokens=2, stop_at_eos=False))
     assert steps[-1].ids[:3] == ids and len(steps) == 2
+
+
+def test_stops_at_every_end_token_the_model_declares(smollm2):
+    """README: every end token the model declares counts (``tokenizer.eos_ids``), as in
+    transformers' generate with a list of eos_token_id: SmolLM2's <|endoftext|> ends the walk
+    too, not only its eos_id <|im_end|>."""
+    from lucidlm import LanguageModel, preset
+
+    tokenizer = smollm2.tokenizer
+    end = next(i for i in tokenizer.eos_ids if i != tokenizer.eos_id)
+    config = preset("llama", vocab_size=tokenizer.vocab_size, d_model=16, n_layers=1, n_heads=2, d_mlp=32,
+                    max_seq_len=64, unembed_bias=True)
+    model = LanguageModel(config, tokenizer).eval()
+    with torch.no_grad():  # make that end token the certain next token
+        model.unembed.weight.zero_()
+        model.unembed.bias.zero_()
+        model.unembed.bias[end] = 10.0
+    steps = list(generation_steps(model, PROMPT, max_new_tokens=5))
+    assert [s.new_id for s in steps] == [end]
+    assert len(list(generation_steps(model, PROMPT, max_new_tokens=5, stop_on_eos=False))) == 5

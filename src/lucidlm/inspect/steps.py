@@ -23,6 +23,7 @@ from lucidlm.generation.decode import DecodeSession
 from lucidlm.suggest import keywords_checked
 from lucidlm.inspect.tokens import id_batch, model_tokenizer, to_str_tokens, to_tokens
 from lucidlm.validation import check_int, check_seed
+from lucidlm.weights.hf_generation_config import end_token_ids
 
 
 _tokenizer = model_tokenizer  # the name the rest of this file uses
@@ -48,7 +49,8 @@ def generation_steps(model: nn.Module, prompt: Any, max_new_tokens: int = 10, te
                      stop_at_eos: Optional[bool] = None, *, stop_on_eos: bool = True) -> Iterator[GenerationStep]:
     """Yield one GenerationStep per new token. temperature 0 = greedy (argmax). The arguments
     are checked now, not at the first ``next()``. ``stop_on_eos`` (generate's name; the older
-    ``stop_at_eos`` still works): end at the tokenizer's EOS token."""
+    ``stop_at_eos`` still works): end at an end-of-sequence token, any of those generate
+    stops on (``tokenizer.eos_ids``)."""
     stop_on_eos = _stop_on_eos(stop_on_eos, stop_at_eos)
     check_int(max_new_tokens, "max_new_tokens", GenerationError, low=0)
     if not _finite(temperature) or temperature < 0:
@@ -79,7 +81,8 @@ def _finite(value: Any) -> bool:
 def _steps(model: nn.Module, ids: list[int], max_new_tokens: int, temperature: float, top_k: Optional[int],
            seed: Optional[int], stop_at_eos: bool) -> Iterator[GenerationStep]:
     tokenizer = getattr(model, "tokenizer", None)
-    eos_id = getattr(tokenizer, "eos_id", None) if stop_at_eos else None
+    # Every end token the model declares, as generate() stops on (SmolLM2: <|im_end|> and <|endoftext|>).
+    eos_ids = set(end_token_ids(model)) if stop_at_eos else set()
     generator = torch.Generator(device=model.device)
     if seed is not None:
         generator.manual_seed(seed)
@@ -97,7 +100,7 @@ def _steps(model: nn.Module, ids: list[int], max_new_tokens: int, temperature: f
             ids.append(new_id)
             str_tokens = to_str_tokens(model, ids) if tokenizer is not None else [str(i) for i in ids]
             yield GenerationStep(list(ids), str_tokens, new_id, str_tokens[-1], prob)
-            if new_id == eos_id or len(ids) >= total:
+            if new_id in eos_ids or len(ids) >= total:
                 return
             logits = session.step(torch.tensor([new_id], device=model.device))[0]  # (V,)
 
