@@ -59,6 +59,9 @@ class LanguageModel(Transformer):
 
     def __init__(self, config: ModelConfig, tokenizer: Any = None) -> None:
         super().__init__(config, tokenizer)
+        # The sampling defaults from the model's file or lucidlm's table (generation/defaults.py);
+        # lucidlm.load fills them in. {} (no file, e.g. random_init): temperature 1, no filters.
+        self.generation_defaults: dict[str, Any] = {}
         self._compiled: Optional[CompiledSteps] = None
         self._kept_caches: list[nn.ModuleList] = []  # compiled: the cache outlives one generate call
 

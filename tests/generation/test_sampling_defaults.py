@@ -22,6 +22,17 @@ def test_unset_options_take_the_model_defaults_and_explicit_ones_win():
     assert apply_sampling_defaults(model, {"temperature": None})["temperature"] == FALLBACK["temperature"] == 1.0
 
 
+def test_every_language_model_shows_its_defaults():
+    """generate's docstring and the README point at ``model.generation_defaults``: a model
+    whose file carries none (random_init, or built by hand) shows {} (it samples at FALLBACK's
+    temperature 1), not an AttributeError."""
+    import lucidlm
+
+    model = lucidlm.load("gpt2", random_init=True, n_layers=1, d_model=32, n_heads=2)
+    assert model.generation_defaults == {}
+    assert apply_sampling_defaults(model, {"temperature": None})["temperature"] == 1.0
+
+
 def test_generate_uses_the_model_defaults():
     model = toy_model(seed=0)
     model.generation_defaults = {"temperature": 4.0, "top_k": 50}
