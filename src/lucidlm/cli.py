@@ -128,7 +128,11 @@ class _NamedStdout:
 
     def write(self, text: str) -> int:
         with self._named():
-            return self._stream.write(text)
+            try:
+                return self._stream.write(text)
+            except UnicodeEncodeError:  # PYTHONIOENCODING=ascii, a Latin-1 locale: escape what it lacks
+                encoding = self._stream.encoding  # (as Python writes stderr) instead of an internal error
+                return self._stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
 
     def flush(self) -> None:
         with self._named():

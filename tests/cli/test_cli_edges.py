@@ -355,6 +355,34 @@ def test_a_closed_pipe_still_ends_quietly(toy_dir):
     assert child.returncode == 0 and err == ""
 
 
+# ------------------------------------------------------------------ stdout that is not UTF-8
+
+@pytest.mark.parametrize("flags", [[], ["--stream"], ["--json"], ["--json", "--stream"]])
+def test_stdout_that_cannot_encode_the_text_escapes_it(toy_dir, flags):
+    """PYTHONIOENCODING=ascii (or a Latin-1 locale): the text comes out with Python's escapes for
+    what the stream lacks (as Python writes stderr), JSON with its own \\u escapes (still JSON,
+    the same values); not an internal error."""
+    import subprocess
+
+    def run_with(encoding):
+        return subprocess.run([sys.executable, "-m", "lucidlm", "generate", "caf\u00e9 \u2615", "--model", str(toy_dir),
+                               "-q", "--max-new-tokens", "24", "--temperature", "0", *flags], capture_output=True,
+                              env=cli_env(PYTHONIOENCODING=encoding), timeout=300)
+
+    utf8, ascii_ = run_with("utf-8"), run_with("ascii")
+    assert utf8.returncode == 0 and ascii_.returncode == 0, ascii_.stderr
+    assert ascii_.stderr == b""
+    text = utf8.stdout.decode("utf-8")
+    if "--json" in flags:
+        assert [json.loads(line) for line in ascii_.stdout.decode("ascii").splitlines()][:-1] == \
+               [json.loads(line) for line in text.splitlines()][:-1]  # the last line's timings differ
+        text = json.loads(text.splitlines()[-1])["text"]
+        assert json.loads(ascii_.stdout.decode("ascii").splitlines()[-1])["text"] == text
+    else:
+        assert ascii_.stdout == text.encode("ascii", "backslashreplace")
+    assert not text.isascii()  # the toy model's bytes decode to text ASCII cannot hold
+
+
 # ------------------------------------------------------------------ inspect's title
 
 def test_inspect_title_names_the_default_model(toy_dir, tmp_path, monkeypatch, capsys):

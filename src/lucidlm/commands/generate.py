@@ -208,19 +208,29 @@ def run_generate(args: argparse.Namespace) -> int:
         shown = first_piece_announced(pieces, enabled=not getattr(args, "quiet", False))
     for piece in shown:
         if args.json and args.stream:
-            print(json.dumps({"text": piece}, ensure_ascii=False), flush=True)
+            print(_json_line({"text": piece}), flush=True)
         elif args.stream:
             sys.stdout.write(piece)
             sys.stdout.flush()
     seconds = time.perf_counter() - start
     result = pieces.result
     if args.json:
-        print(json.dumps(_json_result(result, getattr(args, "load_seconds", 0.0), seconds), ensure_ascii=False))
+        print(_json_line(_json_result(result, getattr(args, "load_seconds", 0.0), seconds)))
     elif args.stream:
         sys.stdout.write("\n")
     else:
         print(result.text)
     return 0
+
+
+def _json_line(data: dict[str, Any]) -> str:
+    """``data`` as one line of JSON: text as it is on a UTF-8 stdout, \\u escapes on any other
+    (PYTHONIOENCODING=ascii, a Latin-1 locale), where the stream would escape the characters it
+    lacks as Python does (\\U0001f600 for an emoji), which is not JSON."""
+    import codecs
+
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    return json.dumps(data, ensure_ascii=not codecs.lookup(encoding).name.startswith("utf-"))
 
 
 def _json_result(result: Any, load_seconds: float, seconds: float) -> dict[str, Any]:
