@@ -37,6 +37,9 @@ SUMMARIES = {  # shown by `lucidlm --help`; tests check they match each command'
 # Commands that write nothing but stdout/stderr: run as the program, they leave without the
 # interpreter's teardown (see _leave_now).
 FAST_EXIT = ("generate",)
+# Commands whose stdout is a log of work still under way (its product is files): a closed pipe
+# stops them unfinished, and must not exit 0.
+LOG_ON_STDOUT = ("train", "finetune")
 INTERNAL_ERROR = "internal error"  # the hostile-input tests fail if any case reaches this line
 _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)'")
 
@@ -109,7 +112,14 @@ def _run(args: argparse.Namespace) -> int:
         print(f"\nlucidlm {args.command}: interrupted.", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `lucidlm generate ... | head` closes the pipe early
-        return 0
+        if args.command not in LOG_ON_STDOUT:
+            return 0
+        try:  # train's stdout is a log: the run stopped unfinished and unsaved, which is no success
+            print(f"lucidlm {args.command}: stopped: stdout was closed (the program reading it exited); the "
+                  f"run was not finished or saved.", file=sys.stderr)
+        except BrokenPipeError:  # `2>&1 | head`: stderr went with it
+            pass
+        return 141  # 128 + SIGPIPE: what a shell reports for a program a closed pipe ends
     except Exception as exc:  # noqa: BLE001 - the last resort: a bug, not bad input
         if os.environ.get("LUCIDLM_DEBUG"):
             raise

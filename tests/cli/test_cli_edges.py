@@ -355,6 +355,26 @@ def test_a_closed_pipe_still_ends_quietly(toy_dir):
     assert child.returncode == 0 and err == ""
 
 
+def test_a_closed_pipe_is_no_success_for_train(corpus, tmp_path):
+    """`lucidlm train ... | head -n 1`: train's stdout is its log, and the closed pipe ends the run
+    unfinished and unsaved; it exits as a shell shows a program a closed pipe ends (128 + SIGPIPE),
+    saying so on stderr, not 0 as if the model were trained."""
+    import signal
+    import subprocess
+
+    out = tmp_path / "run"
+    child = subprocess.Popen([sys.executable, "-m", "lucidlm", "train", "--data", str(corpus / "small.txt"),
+                              "--tokenizer", "char", "--out", str(out), "--n-layer", "1", "--n-head", "2",
+                              "--n-embd", "16", "--block-size", "8", "--batch-size", "2", "--max-iters", "5",
+                              "--eval-iters", "1", "--device", "cpu", "--no-progress"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=cli_env())
+    child.stdout.close()  # before the child has written anything
+    _, err = child.communicate(timeout=300)
+    assert child.returncode == 128 + signal.SIGPIPE, err
+    assert "stdout was closed" in err and "Traceback" not in err
+    assert not (out / "checkpoint").exists()
+
+
 # ------------------------------------------------------------------ stdout that is not UTF-8
 
 @pytest.mark.parametrize("flags", [[], ["--stream"], ["--json"], ["--json", "--stream"]])
