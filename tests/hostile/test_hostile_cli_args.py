@@ -76,6 +76,26 @@ def test_text_that_is_not_utf8(tiny_dir, tmp_path, args, stdin, names):  # real 
     refused(*args, "--model", tiny_dir, names=names, stdin=stdin, watch=[tiny_dir, tmp_path], cwd=tmp_path)
 
 
+def test_utf8_text_under_an_ascii_locale_is_text(tiny_dir):
+    """LC_ALL=C with PYTHONUTF8=0: Python decodes argv as ASCII, escaping every byte of UTF-8 text
+    as it does bytes that are not UTF-8; the text is UTF-8 all the same, and is read as Python
+    reads it in UTF-8 mode (PYTHONUTF8=1), not refused as "not UTF-8"."""
+    import json
+    import os
+    import subprocess
+
+    def prompt_ids(utf8_mode):
+        env = dict(os.environ, PYTHONPATH=str(Path(lucidlm.__file__).parents[1]), LC_ALL="C", LANG="C",
+                   PYTHONUTF8=utf8_mode, PYTHONIOENCODING="utf-8", HF_HUB_OFFLINE="1")
+        done = subprocess.run([sys.executable, "-m", "lucidlm", "generate", "caf\u00e9 \u2615", "--model", tiny_dir,
+                               "-q", "--json", "--max-new-tokens", "1", "--temperature", "0", "--stop", "\u2615"],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["prompt_ids"]
+
+    assert prompt_ids("0") == prompt_ids("1")
+
+
 ESCAPED = NOT_UTF8.decode("utf-8", "surrogateescape")  # what Python makes of those bytes in argv
 
 

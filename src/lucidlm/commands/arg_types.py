@@ -6,6 +6,7 @@ lucidlm's own helpers first thing in each command, so the API and the CLI say th
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def text(value: str) -> str:
@@ -15,6 +16,10 @@ def text(value: str) -> str:
 
     at = first_surrogate(value)
     if at is not None:
+        try:  # an ASCII locale (LC_ALL=C, PYTHONUTF8=0) escapes UTF-8's bytes too: give back the text they are
+            return os.fsencode(value).decode("utf-8")
+        except UnicodeDecodeError:
+            pass
         code = ord(value[at])
         what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
         raise argparse.ArgumentTypeError(f"{shown(value)} is not UTF-8 text ({what} at character {at}); pass "
