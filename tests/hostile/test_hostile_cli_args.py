@@ -104,7 +104,8 @@ ESCAPED = NOT_UTF8.decode("utf-8", "surrogateescape")  # what Python makes of th
     (["generate", "Hi", "--chat", "--system", ESCAPED], [r"--system", r"0xe9"]),
     (["chat", "--system", ESCAPED], [r"--system", r"0xe9", "character 3"]),
     (["inspect", ESCAPED], [r"TEXT", r"0xe9"]),
-], ids=["stop", "system", "chat", "inspect"])
+    (["generate", "\ud800x"], [r"PROMPT", r"lone surrogate U\+D800"]),  # from Python: no byte made it
+], ids=["stop", "system", "chat", "inspect", "lone-surrogate"])
 def test_text_flags_that_are_not_utf8(tiny_dir, tmp_path, args, names):
     main_refused(*args, "--model", tiny_dir, names=names, watch=[tiny_dir, tmp_path])
 

@@ -18,7 +18,7 @@ def text(value: str) -> str:
     if at is not None:
         try:  # an ASCII locale (LC_ALL=C, PYTHONUTF8=0) escapes UTF-8's bytes too: give back the text they are
             return os.fsencode(value).decode("utf-8")
-        except UnicodeDecodeError:
+        except UnicodeError:  # bytes that are not UTF-8, or a surrogate no byte made (from Python)
             pass
         code = ord(value[at])
         what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
