@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import os
 import re
 import sys
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, NoReturn, Optional, Sequence, TextIO
 
-from lucidlm.errors import LucidLMError, OutputError
+from lucidlm.errors import InputError, LucidLMError, OutputError
 from lucidlm.suggest import did_you_mean
 from lucidlm.validation import printable
 
@@ -85,6 +86,8 @@ def build_parser(commands: Optional[Iterable[str]] = None) -> Parser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     as_program = argv is None  # run as ``lucidlm`` / ``python -m lucidlm``, not called by Python code
+    if as_program:
+        _stand_in_for_closed_streams()
     argv = list(sys.argv[1:] if argv is None else argv)
     # The top-level parser has no option that takes a value, so the first word is the command.
     command = next((a for a in argv if not a.startswith("-")), None)
@@ -155,7 +158,7 @@ class _NamedStdout:
     def _named(self) -> Iterator[None]:
         try:
             yield
-        except BrokenPipeError:
+        except (BrokenPipeError, OutputError):
             raise
         except OSError as exc:
             raise OutputError(f"cannot write to stdout: {exc.strerror or exc}; free space, or send the output "
@@ -171,6 +174,35 @@ def _stdout_errors_named() -> Iterator[None]:
     finally:
         if sys.stdout is named:  # unless the command put its own in place meanwhile
             sys.stdout = real
+
+
+class _ClosedStream(io.TextIOBase):
+    """stdin or stdout when the program was started without it (``<&-``, ``>&-``, some daemons),
+    where Python leaves None: reading or writing it is one lucidlm error naming it, not an
+    AttributeError in whatever touched it first. (A closed stderr is not None: Python's first
+    open file takes descriptor 2.)"""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def isatty(self) -> bool:
+        return False
+
+    def read(self, size: Optional[int] = -1) -> str:
+        raise InputError(f"cannot read {self.name}: it is closed (the program was started with <&-); give it "
+                         f"input, e.g. < FILE or < /dev/null.")
+
+    readline = read  # type: ignore[assignment]
+
+    def write(self, text: str) -> int:
+        raise OutputError(f"cannot write to {self.name}: it is closed (the program was started with >&-); send "
+                          f"the output somewhere, e.g. > FILE or > /dev/null.")
+
+
+def _stand_in_for_closed_streams() -> None:
+    for name in ("stdin", "stdout"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, _ClosedStream(name))
 
 
 def _leave_now(code: int) -> NoReturn:

@@ -375,6 +375,27 @@ def test_a_closed_pipe_is_no_success_for_train(corpus, tmp_path):
     assert not (out / "checkpoint").exists()
 
 
+@pytest.mark.parametrize("fd, args, names", [
+    (0, ["generate", "-"], ["cannot read stdin", "<&-"]),
+    (0, ["chat"], ["cannot read stdin", "<&-"]),
+    (1, ["generate", "hi"], ["cannot write to stdout", ">&-"]),
+    (1, ["generate", "hi", "--json"], ["cannot write to stdout", ">&-"]),
+], ids=["generate-stdin", "chat-stdin", "generate-stdout", "json-stdout"])
+def test_a_closed_standard_stream_is_one_line_and_exit_1(toy_dir, fd, args, names):
+    """Started with stdin or stdout closed (`<&-`, `>&-`), where Python's sys.stdin/stdout are
+    None: lucidlm's one line and exit 1 (as `cat <&-` says "Bad file descriptor"), not the
+    internal error of an AttributeError."""
+    import os
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "lucidlm", *args, "--model", str(toy_dir), "-q",
+                           "--max-new-tokens", "2", "--temperature", "0"], stdin=None if fd == 0 else subprocess.DEVNULL,
+                          stdout=None if fd == 1 else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env=cli_env(), timeout=300, preexec_fn=lambda: os.close(fd))
+    assert done.returncode == 1, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and all(name in done.stderr for name in names), done.stderr
+
+
 # ------------------------------------------------------------------ stdout that is not UTF-8
 
 @pytest.mark.parametrize("flags", [[], ["--stream"], ["--json"], ["--json", "--stream"]])
