@@ -177,10 +177,10 @@ def _stdout_errors_named() -> Iterator[None]:
 
 
 class _ClosedStream(io.TextIOBase):
-    """stdin or stdout when the program was started without it (``<&-``, ``>&-``, some daemons),
-    where Python leaves None: reading or writing it is one lucidlm error naming it, not an
-    AttributeError in whatever touched it first. (A closed stderr is not None: Python's first
-    open file takes descriptor 2.)"""
+    """A standard stream the program was started without (``<&-``, ``>&-``, some daemons), where
+    Python leaves None: reading stdin or writing stdout is one lucidlm error naming it, not an
+    AttributeError in whatever touched it first. What goes to a closed stderr goes nowhere
+    (``print(file=None)`` would put it on stdout, into the output); the exit status still tells."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -195,12 +195,14 @@ class _ClosedStream(io.TextIOBase):
     readline = read  # type: ignore[assignment]
 
     def write(self, text: str) -> int:
+        if self.name == "stderr":
+            return len(text)
         raise OutputError(f"cannot write to {self.name}: it is closed (the program was started with >&-); send "
                           f"the output somewhere, e.g. > FILE or > /dev/null.")
 
 
 def _stand_in_for_closed_streams() -> None:
-    for name in ("stdin", "stdout"):
+    for name in ("stdin", "stdout", "stderr"):
         if getattr(sys, name) is None:
             setattr(sys, name, _ClosedStream(name))
 

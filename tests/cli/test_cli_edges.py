@@ -396,6 +396,24 @@ def test_a_closed_standard_stream_is_one_line_and_exit_1(toy_dir, fd, args, name
     assert len(done.stderr.splitlines()) == 1 and all(name in done.stderr for name in names), done.stderr
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("stderr", ["closed", "/dev/full"])
+def test_an_unusable_stderr_does_not_stop_generate(toy_dir, stderr):
+    """`2>&-` or stderr on a full disk: the loading line cannot be written, which is no reason to
+    fail; the text still comes out on stdout, exit 0 (as `ls 2>&-` still lists)."""
+    import os
+    import subprocess
+
+    command = [sys.executable, "-m", "lucidlm", "generate", "hi", "--model", str(toy_dir), "--max-new-tokens", "3",
+               "--temperature", "0"]
+    quiet = subprocess.run([*command, "-q"], capture_output=True, text=True, env=cli_env(), timeout=300)
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=full if stderr == "/dev/full" else None,
+                              text=True, env=cli_env(), timeout=300,
+                              preexec_fn=(lambda: os.close(2)) if stderr == "closed" else None)
+    assert (done.returncode, done.stdout) == (0, quiet.stdout)
+
+
 # ------------------------------------------------------------------ stdout that is not UTF-8
 
 @pytest.mark.parametrize("flags", [[], ["--stream"], ["--json"], ["--json", "--stream"]])

@@ -32,8 +32,7 @@ class LoadingStatus:
     def __enter__(self) -> "LoadingStatus":
         self.start = time.perf_counter()
         if self.enabled:
-            self.stream.write(f"{self.text} ..." + ("" if self.tty else "\n"))
-            self.stream.flush()
+            self._say(f"{self.text} ..." + ("" if self.tty else "\n"))
         if self.tty:
             self._thread = threading.Thread(target=self._spin, daemon=True)
             self._thread.start()
@@ -46,17 +45,22 @@ class LoadingStatus:
             self._thread.join()
         if self.tty:
             end = f"done in {self.seconds:.1f} s" if exc_type is None else "failed"
-            self.stream.write(f"\r{self.text} ... {end}\n")
-            self.stream.flush()
+            self._say(f"\r{self.text} ... {end}\n")
 
     def _spin(self) -> None:
         if self._done.wait(self.delay):
             return
         for frame in itertools.cycle(self.FRAMES):
-            self.stream.write(f"\r{self.text} ... {frame} {time.perf_counter() - self.start:.0f} s")
-            self.stream.flush()
+            self._say(f"\r{self.text} ... {frame} {time.perf_counter() - self.start:.0f} s")
             if self._done.wait(0.1):
                 return
+
+    def _say(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except OSError:  # stderr closed (`2>&-`) or full: the status is not worth failing the command
+            pass
 
 
 COMPILING = "compiling the generation steps (torch.compile: the first answer waits, later ones are faster)"
