@@ -64,7 +64,9 @@ def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_ne
     texts = [TextAssembler(model.tokenizer, stop, eos_ids, prompt_ids)] * n if stop else None
     improvement_possible = True
 
-    with DecodeSession(model, [list(prompt_ids)] * n, capacity=L + max_new_tokens) as session:
+    # steady: no caller code runs between the steps (the reorder only copies cache rows in place),
+    # so the decode step may keep the operands it looks up (Transformer.steady_decode)
+    with DecodeSession(model, [list(prompt_ids)] * n, capacity=L + max_new_tokens, steady=True) as session:
         logits = session.prefill()  # (n, V)
         for t in range(max_new_tokens):
             log_probs = torch.log_softmax(logits, dim=-1)  # (n, V)

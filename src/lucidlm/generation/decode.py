@@ -190,7 +190,7 @@ class DecodeSession:
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Keep cache rows ``beam_idx`` (B,), in that order (beam search)."""
         self._check_owner()
-        self.model.reorder_kv_cache(beam_idx)
+        self.model.reorder_kv_cache(beam_idx, self.next_slot)  # the slots written so far
 
 
 def _check_capacity(model: Any, prompt_len: int, capacity: int) -> None:

@@ -43,7 +43,16 @@ class KVCache(nn.Module):
             return self.k[:, :, :length], self.v[:, :, :length]  # (B, n_kv, length, hd)
         return self.k, self.v
 
-    def reorder(self, beam_idx: torch.Tensor) -> None:
-        """Keep the rows ``beam_idx`` (beam search reshuffles hypotheses every step)."""
-        self.k.copy_(self.k.index_select(0, beam_idx))
-        self.v.copy_(self.v.index_select(0, beam_idx))
+    def reorder(self, beam_idx: torch.Tensor, length: Optional[int] = None) -> None:
+        """Keep the rows ``beam_idx`` (beam search reshuffles hypotheses every step); only the
+        first ``length`` slots (those written so far; None: all) of the rows that change are
+        copied. Copying the whole cache moved every row's unwritten slots and the rows that
+        stay, twice (a gather, then the copy back), every step: SmolLM2, 4 beams, a 37-token
+        chat prompt, 16 new tokens, about 3x the elements this copies."""
+        moved = torch.nonzero(beam_idx != torch.arange(len(beam_idx), device=beam_idx.device)).view(-1)  # (m,)
+        if len(moved) == 0:  # every beam went on from itself
+            return
+        sources = beam_idx[moved]  # (m,) read whole before any row is overwritten
+        for cache in (self.k, self.v):
+            written = cache[:, :, :length]  # (B, n_kv, length, hd) a view
+            written.index_copy_(0, moved, written.index_select(0, sources))

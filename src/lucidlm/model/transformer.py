@@ -363,11 +363,12 @@ class Transformer(nn.Module):
             if self._steady is mine:
                 self._steady = None
 
-    def reorder_kv_cache(self, rows: torch.Tensor) -> None:
-        """Keep cache rows ``rows`` (B,), in that order (beam search reshuffles hypotheses)."""
+    def reorder_kv_cache(self, rows: torch.Tensor, length: Optional[int] = None) -> None:
+        """Keep cache rows ``rows`` (B,), in that order (beam search reshuffles hypotheses);
+        ``length``: only the first slots hold anything yet (None: all may)."""
         if self.kv_caches is not None:
             for cache in self.kv_caches:
-                cache.reorder(rows)
+                cache.reorder(rows, length)
 
     # ------------------------------------------------------------------ hooks
     def hook_points(self) -> dict[str, HookPoint]:
