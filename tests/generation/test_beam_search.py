@@ -133,3 +133,18 @@ def test_cache_reorder_moves_only_the_written_slots_of_rows_that_change(pair, mo
     beam_search(ours, PROMPTS[3], num_beams=4, max_new_tokens=MAX_NEW)
     assert len(needed) >= 3 and sum(needed) > 0
     assert gathered == needed
+
+
+def test_min_new_tokens_holds_in_beam_search_as_in_hf(pair):
+    """min_new_tokens was dropped on the way to beam search: beams ended at EOS before it.
+    transformers masks EOS in the log-probs it ranks until that many tokens are out."""
+    hf, ours = pair
+    short = 0
+    for prompt in PROMPTS:
+        for min_new in (3, 6):
+            expected = hf_beam(hf, prompt, num_beams=3, min_new_tokens=min_new)
+            result = generate(ours, prompt, num_beams=3, min_new_tokens=min_new, max_new_tokens=MAX_NEW)
+            assert result.token_ids == expected, (prompt, min_new)
+            plain = hf_beam(hf, prompt, num_beams=3)
+            short += EOS in plain and len(plain) < min_new + 1  # the rule changed this search
+    assert short >= 1

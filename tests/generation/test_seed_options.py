@@ -90,7 +90,6 @@ def test_crop_takes_a_prompt_longer_than_the_context():
     (dict(context_overflow="wrap"), "context_overflow='wrap' is unknown; use one of stop, crop"),
     (dict(context_overflow="crop", num_beams=2), "not beam search"),
     (dict(min_new_tokens=-1), "min_new_tokens=-1 is invalid"),
-    (dict(min_new_tokens=2, num_beams=2), "not beam search"),
 ])
 def test_bad_options_are_generation_errors(options, message):
     model = toy_model(seed=5, max_seq_len=16)

@@ -342,7 +342,7 @@ class _Run:
                                        max_new_tokens=self.max_new, eos_ids=self.request.eos_ids,
                                        length_penalty=self.request.length_penalty,
                                        repetition_penalty=self.request.settings.repetition_penalty,
-                                       stop=self.request.stop)
+                                       stop=self.request.stop, min_new_tokens=self.request.min_new_tokens)
             if token_ids and token_ids[-1] in self.request.eos_ids:
                 reason = "eos"
             text = ""

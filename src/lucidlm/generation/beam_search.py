@@ -40,10 +40,11 @@ NEG_INF = -1.0e9  # HF's "impossible" score; a finite value keeps the arithmetic
 def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_new_tokens: int,
                 eos_ids: Sequence[int] = (), length_penalty: float = 1.0,
                 early_stopping: bool | str = False, repetition_penalty: Optional[float] = None,
-                stop: Sequence[str] = ()) -> tuple[list[int], float]:
+                stop: Sequence[str] = (), min_new_tokens: int = 0) -> tuple[list[int], float]:
     """The best hypothesis' generated ids (EOS included if it ended with one, and the token
     completing a stop string if it ended with one) and its score. ``stop`` needs
-    ``model.tokenizer``, to decode the beams' text."""
+    ``model.tokenizer``, to decode the beams' text. ``min_new_tokens``: no beam may end with EOS
+    before that many new tokens (a stop string still ends one, as in transformers)."""
     # As generate(): prompt + output fit the context (the prompt alone must).
     if stop and getattr(model, "tokenizer", None) is None:
         raise GenerationError("stop strings need a tokenizer to decode the beams' text, but model.tokenizer is None.")
@@ -72,6 +73,8 @@ def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_ne
             log_probs = torch.log_softmax(logits, dim=-1)  # (n, V)
             if repetition_penalty not in (None, 1.0):  # HF applies processors to log-probs here
                 log_probs = apply_repetition_penalty(log_probs, running, repetition_penalty)
+            if t < min_new_tokens and len(eos):  # HF's MinNewTokensLengthLogitsProcessor: no EOS yet, the
+                log_probs = log_probs.index_fill(1, eos, float("-inf"))  # other log-probs left as they are
             vocab = log_probs.shape[-1]
             total = (log_probs + running_scores[:, None]).view(-1)  # (n * V,)
             cand_scores, cand_index = torch.topk(total, keep)  # (keep,)

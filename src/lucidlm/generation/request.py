@@ -118,8 +118,6 @@ def make_request(kwargs: dict[str, Any]) -> Request:
     if not is_int(min_new) or min_new < 0:
         raise GenerationError(f"min_new_tokens={min_new!r} is invalid: use a whole number >= 0 (EOS cannot end "
                               f"generation before that many new tokens).")
-    if min_new > 0 and num_beams > 1:
-        raise GenerationError("min_new_tokens works with sampling and greedy decoding, not beam search (num_beams > 1).")
     overflow = kwargs.get("context_overflow", "stop")
     if not isinstance(overflow, str) or overflow not in CONTEXT_OVERFLOW:
         raise GenerationError(f"context_overflow={overflow!r} is unknown; use one of {', '.join(CONTEXT_OVERFLOW)} "
