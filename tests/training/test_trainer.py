@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -162,6 +163,30 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_is_exact(corpus, tmp_path, monkeyp
     assert stopped.interrupted and stopped.step == 3
     assert json.loads((tmp_path / "checkpoint" / "trainer_state.json").read_text())["step"] == 3
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    monkeypatch.undo()
+    resumed = train(tiny(corpus, tmp_path, resume=True))
+    assert resumed.train_losses == full_runs[0.0].train_losses
+
+
+def test_sigterm_saves_a_checkpoint_as_ctrl_c_does(corpus, tmp_path, monkeypatch, full_runs, capsys):
+    """A scheduler's preemption (SIGTERM) killed a single-process run with everything since the
+    last checkpoint lost: it now stops after the step and saves, as Ctrl-C does, and the resume is
+    exact (the oracle: an uninterrupted run's losses)."""
+    from lucidlm.training import Trainer
+
+    original = Trainer.train_step
+
+    def step_then_sigterm(self):
+        loss = original(self)
+        if self.step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered to the trainer's handler
+        return loss
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_sigterm)
+    stopped = train(tiny(corpus, tmp_path))
+    assert stopped.interrupted and stopped.step == 3
+    assert "SIGTERM: stopping after this step and saving a checkpoint" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handler restored
     monkeypatch.undo()
     resumed = train(tiny(corpus, tmp_path, resume=True))
     assert resumed.train_losses == full_runs[0.0].train_losses

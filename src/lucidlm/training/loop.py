@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import signal
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -29,7 +28,7 @@ import torch
 from lucidlm import host_memory
 from lucidlm.training.distributed import DistributedContext, any_rank
 from lucidlm.training.divergence import TrainingDiverged, diverged_message, first_nonfinite, parameters_finite
-from lucidlm.training.interrupt import install_interrupt_handler
+from lucidlm.training.interrupt import install_interrupt_handler, restore_handlers
 from lucidlm.training.kill_points import kill_point
 from lucidlm.training.loop_contract import Callback, TrainResult
 from lucidlm.training.loss import IGNORE_INDEX, masked_cross_entropy
@@ -309,8 +308,7 @@ class Trainer:
                 checkpoint_path = self.save_checkpoint()
             self._log()
         finally:
-            if previous_handler is not None:
-                signal.signal(signal.SIGINT, previous_handler)
+            restore_handlers(previous_handler)
         last = self.metrics[-1] if self.metrics else {}
         result = TrainResult(
             step=self.step, train_losses=list(self.train_losses), train_loss=last.get("train_loss"),
