@@ -23,7 +23,7 @@ import re
 from typing import Any, Optional, Type
 
 from lucidlm.errors import LucidLMError
-from lucidlm.validation_json import Fields, read_json, read_json_object, show_value  # noqa: F401  (re-exported)
+from lucidlm.validation_json import Fields, read_json, read_json_object, refuse_newer_format, show_value  # noqa: F401  (re-exported)
 from lucidlm.validation_memory import (  # noqa: F401  (re-exported: this module was their home)
     address_space_left, check_allocation, physical_memory)
 

@@ -100,6 +100,13 @@ class Fields:
             self._bad(key, value, f"a list{' of ' + item.__name__ + 's' if item else ''}")
         return value
 
+    def format_version(self, key: str, reads: int, to: str) -> int:
+        """The file's format number in ``key``: 1 when absent (files written before the field
+        existed), and refused when newer than ``reads`` (see ``refuse_newer_format``)."""
+        version = self.int(key, default=1, low=1)
+        refuse_newer_format(self.source, key, version, reads, to, self.error)
+        return version
+
     def object(self, key: str, default: Any = _MISSING) -> "Fields":
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
@@ -128,6 +135,16 @@ class Fields:
 
     def _name(self, key: str) -> str:
         return f"{self.where}.{key}" if self.where else key
+
+
+def refuse_newer_format(source: Union[str, Path], key: str, version: int, reads: int, to: str,
+                        error: Type[LucidLMError]) -> None:
+    """Refuse a file whose format number ``version`` is newer than the ``reads`` this lucidlm
+    knows: a later format may lay its contents out otherwise, so reading it as this one would be
+    silently wrong. ``to`` finishes "upgrade lucidlm to ..." ("load this adapter")."""
+    if version > reads:
+        raise error(f"{source} has {key} {version}, newer than this lucidlm reads ({reads}); "
+                    f"upgrade lucidlm to {to}.")
 
 
 def read_json(path: Union[str, Path], error: Type[LucidLMError], what: str = "JSON file",

@@ -214,7 +214,7 @@ def test_save_and_load_a_quantized_model(tmp_path):
 
 
 @pytest.mark.parametrize("version, says", [(2, "has format 2, newer than this lucidlm reads.*upgrade lucidlm"),
-                                           ("1", "\"format\" is '1', not a format number")])
+                                           ("1", "field 'format' is '1'; expected an integer.*Re-save")])
 def test_a_quantization_layout_of_another_format_is_refused(tmp_path, version, says):
     """quantization.json says which format its codes are stored in; a later lucidlm's (or a damaged
     number) was read as this one's without a look, where codes laid out otherwise would give other weights."""

@@ -75,10 +75,7 @@ def read_meta(directory: Path) -> Optional[dict[str, Any]]:
     meta["method"] = fields.str("method", choices=METHODS)
     # Files written before format_version existed are format 1. A later format may lay the
     # tensors out otherwise (format 2 moved q/k rows), so reading it as this one would be silent.
-    meta["format_version"] = fields.int("format_version", default=1, low=1)
-    if meta["format_version"] > FORMAT_VERSION:
-        raise AdapterError(f"{directory / META_NAME} has format_version {meta['format_version']}, newer than this "
-                           f"lucidlm reads ({FORMAT_VERSION}); upgrade lucidlm to load this adapter.")
+    meta["format_version"] = fields.format_version("format_version", FORMAT_VERSION, to="load this adapter")
     meta["base"] = dict(fields.object("base", default={}).data)
     if meta["method"] == "adapter":
         meta.update(bottleneck=fields.int("bottleneck", low=1, high=MAX_WIDTH),

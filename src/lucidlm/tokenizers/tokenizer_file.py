@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lucidlm.errors import TokenizerError
+from lucidlm.validation import refuse_newer_format
 
 FORMAT_VERSION = 1
 
@@ -43,9 +44,5 @@ def read_tokenizer_json(path: str | Path, known_types: list[str]) -> dict[str, A
             f"{path}: \"version\" is {version!r}, not a whole number (this lucidlm writes "
             f"{FORMAT_VERSION}). The file is damaged: save the tokenizer again"
         )
-    if version > FORMAT_VERSION:
-        raise TokenizerError(
-            f"{path} has format version {version}, newer than this lucidlm "
-            f"understands ({FORMAT_VERSION}); upgrade lucidlm"
-        )
+    refuse_newer_format(path, "version", version, FORMAT_VERSION, "read this tokenizer", TokenizerError)
     return data

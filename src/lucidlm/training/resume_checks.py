@@ -93,10 +93,7 @@ def check_same_data(state: Mapping[str, Any], key: str, current: str, what: str,
 def read_trainer_state(path: Path) -> dict[str, Any]:
     """trainer_state.json, every field the resume reads checked (types, ranges, RNG states)."""
     fields = read_json_object(path, CheckpointError, "trainer state", DAMAGED)
-    version = fields.int("format_version", default=1, low=1)  # files before the field are format 1
-    if version > TRAINER_STATE_FORMAT:
-        raise CheckpointError(f"{path} has format_version {version}, newer than this lucidlm reads "
-                              f"({TRAINER_STATE_FORMAT}); upgrade lucidlm to resume this run.")
+    version = fields.format_version("format_version", TRAINER_STATE_FORMAT, to="resume this run")
     step = fields.int("step", low=0)
     fields.int("last_eval_step", default=-1, low=-1, high=step)
     fields.int("world_size", default=1, low=1)

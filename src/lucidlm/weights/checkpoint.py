@@ -25,6 +25,7 @@ from lucidlm.config import ModelConfig
 from lucidlm.errors import CheckpointError
 from lucidlm.model.transformer import Transformer
 from lucidlm.staging import atomic_write_text, publish, replacing_files, staging_file
+from lucidlm.validation import read_json_object
 from lucidlm.weights.finite import check_finite
 from lucidlm.weights.integrity import sha256_file, verify_sha256
 from lucidlm.weights.state import load_into, own_state_dict
@@ -270,17 +271,12 @@ def _install_quantized(model: Transformer, layout_path: Path, tensors: dict[str,
                        device: str | torch.device) -> dict[str, torch.Tensor]:
     from lucidlm.quantization import install_quantized
 
+    fields = read_json_object(layout_path, CheckpointError, "quantization layout", fix="re-save the quantized model")
+    # The format first: a later lucidlm may name its modules otherwise, which would read as damage.
+    fields.format_version("format", QUANTIZATION_FORMAT, to="load this model")
     try:
-        layout = json.loads(layout_path.read_text(encoding="utf-8"))
-        modules, compute = layout["modules"], getattr(torch, layout.get("compute_dtype", "bfloat16"))
-        version = layout.get("format", QUANTIZATION_FORMAT)
-    except (ValueError, KeyError, AttributeError, TypeError) as exc:  # TypeError: not a JSON object
+        modules, compute = fields.data["modules"], getattr(torch, fields.data.get("compute_dtype", "bfloat16"))
+    except (KeyError, AttributeError, TypeError) as exc:
         raise CheckpointError(f"{layout_path} cannot be read ({exc}); re-save the quantized model.") from None
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise CheckpointError(f"{layout_path}: \"format\" is {version!r}, not a format number; the file is damaged: "
-                              f"re-save the quantized model.")
-    if version > QUANTIZATION_FORMAT:
-        raise CheckpointError(f"{layout_path} has format {version}, newer than this lucidlm reads "
-                              f"({QUANTIZATION_FORMAT}); upgrade lucidlm to load this model.")
     tensors = {k: v.to(device) for k, v in tensors.items()}
     return install_quantized(model, modules, tensors, str(layout_path.parent / WEIGHTS_NAME), compute)
