@@ -201,3 +201,14 @@ def test_a_stream_another_thread_dropped_in_a_reference_cycle_does_not_block_the
         if gc_was_enabled:
             gc.enable()
     assert outcome.get("tokens") == fresh.generate("a different prompt", **OPTIONS).token_ids, outcome
+
+
+def test_a_stream_without_a_tokenizer_is_refused_where_generate_gives_the_ids():
+    """Without a tokenizer every text piece is "": the stream ran all its steps and yielded
+    nothing, with no word of why, where generate() on the same ids returns the tokens."""
+    model = toy_model(model_cls=LanguageModel)
+    ids = model.tokenizer.encode("abc")
+    model.tokenizer = None
+    assert len(model.generate(ids, max_new_tokens=3).token_ids) == 3  # ids in, ids out: no tokenizer needed
+    with pytest.raises(GenerationError, match="no tokenizer.*generate\\(ids\\).token_ids"):
+        model.stream(ids, max_new_tokens=3)

@@ -210,6 +210,9 @@ def stream(model: Any, prompt: Prompt, *, steady: bool = False, **kwargs: Any) -
     rows = batch_rows(prompt)
     if rows is not None:
         raise GenerationError(f"stream takes one prompt, not a batch of {len(rows)}; use generate() for a batch.")
+    if getattr(model, "tokenizer", None) is None:  # without one every piece is "": a silent empty stream
+        raise GenerationError("stream yields text, and this model has no tokenizer to decode its ids "
+                              "(model.tokenizer is None); use generate(ids).token_ids, or set model.tokenizer.")
     return TextStream(_Run(model, prompt, kwargs, steady=steady))  # validate now, not at the first next()
 
 
