@@ -222,9 +222,10 @@ class LanguageModel(Transformer):
     # ------------------------------------------------------------------ generation
     def generate(self, prompt: Optional[Prompts] = None, *, max_new_tokens: int = 64, temperature: Optional[float] = None,
                  top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
-                 repetition_penalty: Optional[float] = None, seed: Optional[int] = None,
-                 stop: Optional[Union[str, Sequence[str]]] = None, stop_on_eos: bool = True, num_beams: int = 1,
-                 length_penalty: float = 1.0, chat: bool = False,
+                 repetition_penalty: Optional[float] = None, typical_p: Optional[float] = None,
+                 epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None,
+                 seed: Optional[int] = None, stop: Optional[Union[str, Sequence[str]]] = None,
+                 stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0, chat: bool = False,
                  **options: Any) -> Union[GenerationResult, list[GenerationResult]]:
         """Continue ``prompt`` and return the new ids, their text and why it stopped.
 
@@ -235,11 +236,16 @@ class LanguageModel(Transformer):
             max_new_tokens: the most tokens to add (fewer at EOS, a stop string or the context end).
             temperature: 0 is greedy; None takes the model's default (``model.generation_defaults``,
                 e.g. SmolLM2: 0.2 with top_p 0.5), else 1. None does the same for top_k, top_p,
-                min_p and repetition_penalty, whose fallback is off.
+                min_p, repetition_penalty, typical_p, epsilon_cutoff and eta_cutoff, whose
+                fallback is off.
             top_k, top_p, min_p: keep the k likeliest tokens / the smallest set with mass >= p /
                 tokens at least min_p times as likely as the top one (0, 1 and 0 switch them off;
                 top_k=1 is greedy).
             repetition_penalty: > 1 makes tokens already in the text less likely (HF's CTRL penalty).
+            typical_p: keep the tokens whose surprisal is closest to the entropy, as few as reach
+                mass typical_p (locally typical sampling; 1 switches it off).
+            epsilon_cutoff, eta_cutoff: drop tokens less likely than epsilon_cutoff / than
+                min(eta_cutoff, sqrt(eta_cutoff) * exp(-entropy)) (Hewitt et al. 2022; 0 = off).
             seed: makes sampling reproducible without touching torch's global RNG.
             stop: text(s) that end generation; the text stops just before them.
             stop_on_eos: stop at the tokenizer's end-of-sequence token(s).
@@ -253,7 +259,8 @@ class LanguageModel(Transformer):
         """
         prompt = _hf_style_ids(prompt, options, "model.generate")
         return generate(self, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                        top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=stop,
+                        top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, typical_p=typical_p,
+                        epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, seed=seed, stop=stop,
                         stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty, chat=chat,
                         **options)
 

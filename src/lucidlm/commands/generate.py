@@ -95,6 +95,14 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, default_max_new_toke
                        help="drop tokens less likely than min_p x the most likely one, in [0, 1]")
     group.add_argument("--repetition-penalty", type=float, default=None,
                        help="> 1 discourages tokens already in the text (CTRL / HF style)")
+    group.add_argument("--typical-p", type=float, default=None,
+                       help="locally typical sampling: the tokens whose surprisal is closest to the entropy, as "
+                            "few as reach total probability p, in (0, 1] (1 = off)")
+    group.add_argument("--epsilon-cutoff", type=float, default=None,
+                       help="drop tokens less likely than this, in [0, 1) (0 = off; 3e-4 to 9e-4 is usual)")
+    group.add_argument("--eta-cutoff", type=float, default=None,
+                       help="drop tokens less likely than min(eta, sqrt(eta) x exp(-entropy)), in [0, 1) "
+                            "(0 = off; 3e-4 to 2e-3 is usual)")
     group.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     group.add_argument("--stop", action="append", default=None, metavar="TEXT", type=arg_types.text,
                        help="stop when TEXT appears (not included in the output); repeatable")
@@ -108,6 +116,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, default_max_new_toke
 def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                 top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                typical_p=args.typical_p, epsilon_cutoff=args.epsilon_cutoff, eta_cutoff=args.eta_cutoff,
                 seed=args.seed, stop=args.stop, min_new_tokens=args.min_new_tokens,
                 context_overflow=args.context_overflow)
 

@@ -152,7 +152,8 @@ Prompts = Union[Prompt, Sequence[str], Sequence[Sequence[int]]]
 def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
              temperature: Optional[float] = None,
              top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
-             repetition_penalty: Optional[float] = None, seed: Optional[int] = None,
+             repetition_penalty: Optional[float] = None, typical_p: Optional[float] = None,
+             epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None, seed: Optional[int] = None,
              stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True, num_beams: int = 1,
              length_penalty: float = 1.0, min_new_tokens: int = 0, context_overflow: str = "stop",
              chat: bool = False, **unknown: Any) -> Union[GenerationResult, list[GenerationResult]]:
@@ -164,9 +165,10 @@ def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
     one per row, generated together (see ``generate_batch``).
 
     ``num_beams > 1`` runs beam search (one prompt at a time): it keeps the likeliest sequences
-    and samples nothing, so it ignores ``temperature``, ``top_k``, ``top_p``, ``min_p`` and
-    ``seed``; it uses ``repetition_penalty``, ``length_penalty``, ``stop`` and ``stop_on_eos``
-    (a beam that writes a stop string ends there, as with EOS: HF's ``stop_strings``).
+    and samples nothing, so it ignores ``temperature``, ``top_k``, ``top_p``, ``min_p``,
+    ``typical_p``, ``epsilon_cutoff``, ``eta_cutoff`` and ``seed``; it uses
+    ``repetition_penalty``, ``length_penalty``, ``stop`` and ``stop_on_eos`` (a beam that
+    writes a stop string ends there, as with EOS: HF's ``stop_strings``).
     ``length_penalty`` needs ``num_beams > 1``."""
     options = {k: v for k, v in locals().items() if k not in ("model", "prompt", "unknown")}
     if unknown:
@@ -193,7 +195,8 @@ def stream(model: Any, prompt: Prompt, *, steady: bool = False, **kwargs: Any) -
     """Like ``generate`` but yields text pieces as they are decoded. The pieces join to
     exactly ``generate(...).text``: never half a UTF-8 character, never a stop string.
     With ``num_beams > 1`` the whole text comes as one piece at the end, and the sampling
-    options (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``) are ignored, as in
+    options (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``, ``epsilon_cutoff``,
+    ``eta_cutoff``, ``seed``) are ignored, as in
     ``generate``. Once the pieces
     run out, ``.result`` holds the ``GenerationResult`` (ids, finish reason).
 
@@ -238,15 +241,18 @@ class TextStream(Iterator[str]):
 def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int = 64,
                    temperature: Optional[float] = None, top_k: Optional[int] = None, top_p: Optional[float] = None,
                    min_p: Optional[float] = None, repetition_penalty: Optional[float] = None,
-                   seed: Optional[int] = None, stop: Optional[str | Sequence[str]] = None,
-                   stop_on_eos: bool = True, min_new_tokens: int = 0, chat: bool = False) -> list[GenerationResult]:
+                   typical_p: Optional[float] = None, epsilon_cutoff: Optional[float] = None,
+                   eta_cutoff: Optional[float] = None, seed: Optional[int] = None,
+                   stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True,
+                   min_new_tokens: int = 0, chat: bool = False) -> list[GenerationResult]:
     """Generate for several prompts in one batch (left-padded, one KV cache). Each row
     stops on its own; greedy results equal one-prompt-at-a-time ``generate``, up to the
     context: the rows share the cache's ``max_seq_len`` slots, so every row gets at most
     ``max_seq_len`` minus the *longest* prompt's length new tokens (finish reason "length"),
     where a short prompt alone could go on further. There is no beam search here (no
     ``num_beams``, ``length_penalty``): beams search one prompt at a time, with ``generate``,
-    and ignore the sampling options (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``)."""
+    and ignore the sampling options (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``,
+    ``epsilon_cutoff``, ``eta_cutoff``, ``seed``)."""
     if isinstance(prompts, str) or len(prompts) == 0:
         raise GenerationError("generate_batch takes a non-empty list of prompts; use generate() for one prompt.")
     kwargs = {k: v for k, v in locals().items() if k not in ("model", "prompts", "chat")}

@@ -61,11 +61,15 @@ def check_options(**kwargs: Any) -> None:
         top_p=None             in (0, 1]
         min_p=None             in [0, 1]
         repetition_penalty=None  > 0 (1.0: off)
+        typical_p=None         in (0, 1] (1 or None: off)
+        epsilon_cutoff=None    in [0, 1) (0 or None: off)
+        eta_cutoff=None        in [0, 1) (0 or None: off)
         seed=None              whole number, for reproducible sampling
         stop=None              a string or a list of strings that end generation
         stop_on_eos=True       end at the tokenizer's EOS token
         num_beams=1            beam search when > 1; it ignores temperature, top_k, top_p,
-                               min_p and seed (it scores, it does not sample)
+                               min_p, typical_p, epsilon_cutoff, eta_cutoff and seed (it
+                               scores, it does not sample)
         length_penalty=1.0     beam score = sum of log-probs / length ** length_penalty, in
                                [-40, 40]; only with num_beams > 1
         min_new_tokens=0       EOS cannot end generation before this many tokens

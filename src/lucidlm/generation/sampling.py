@@ -3,7 +3,8 @@
 Each processor takes logits (B, V) and returns new logits (B, V); a filtered-out token gets
 -inf, so softmax gives it probability 0. They are applied in Hugging Face's order:
 
-    repetition penalty -> temperature -> top-k -> top-p -> min-p -> sample (or argmax)
+    repetition penalty -> temperature -> top-k -> top-p -> min-p -> typical-p
+        -> epsilon cutoff -> eta cutoff -> sample (or argmax)
 
 ``temperature == 0`` means greedy decoding: the argmax after the repetition penalty.
 """
@@ -38,9 +39,13 @@ class SamplingSettings:
     top_p: Optional[float] = None
     min_p: Optional[float] = None
     repetition_penalty: Optional[float] = None
+    typical_p: Optional[float] = None
+    epsilon_cutoff: Optional[float] = None
+    eta_cutoff: Optional[float] = None
 
     def __post_init__(self) -> None:
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):  # a number first, then its range
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "typical_p", "epsilon_cutoff",
+                     "eta_cutoff"):  # a number first, then its range
             value = getattr(self, name)
             if (value is not None or name == "temperature") and not _is_finite(value):
                 raise GenerationError(f"{name}={value!r} is invalid: expected a finite number"
@@ -58,6 +63,15 @@ class SamplingSettings:
             raise GenerationError(f"top_p={self.top_p} is invalid: it must be in (0, 1] (1 or None = no top-p).")
         if self.min_p is not None and not 0 <= self.min_p <= 1:
             raise GenerationError(f"min_p={self.min_p} is invalid: it must be in [0, 1] (0 or None = no min-p).")
+        if self.typical_p is not None and not 0 < self.typical_p <= 1:
+            raise GenerationError(f"typical_p={self.typical_p} is invalid: it must be in (0, 1] "
+                                  f"(1 or None = no typical sampling).")
+        # transformers skips a cutoff of 1 or more without a word; it would keep only the top token
+        for name, usual in (("epsilon_cutoff", "3e-4 to 9e-4"), ("eta_cutoff", "3e-4 to 2e-3")):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < 1:
+                raise GenerationError(f"{name}={value} is invalid: it must be in [0, 1) "
+                                      f"(0 or None = no {name.replace('_', ' ')}; {usual} is usual).")
         if self.repetition_penalty is not None and not self.repetition_penalty > 0:
             raise GenerationError(
                 f"repetition_penalty={self.repetition_penalty} is invalid: it must be > 0 "
@@ -123,6 +137,48 @@ def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
+def typical_filter(logits: torch.Tensor, mass: float) -> torch.Tensor:
+    """Locally typical sampling (Meister et al. 2022, "Locally Typical Sampling"): keep the
+    tokens whose surprisal -log p is closest to the row's entropy (its expected surprisal),
+    as few as reach probability ``mass`` together. The most likely token may be dropped."""
+    log_probs = logits.log_softmax(dim=-1)  # (B, V)
+    # a banned token's -inf * 0 is NaN: nansum counts it as the 0 it contributes
+    entropy = -(log_probs * log_probs.exp()).nansum(dim=-1, keepdim=True)  # (B, 1)
+    distance = (-log_probs - entropy).abs()  # (B, V): inf for a banned token, so it sorts last
+    sorted_distance, order = torch.sort(distance, dim=-1)  # (B, V), most typical first
+    mass_up_to = logits.gather(-1, order).softmax(dim=-1).cumsum(dim=-1)  # (B, V): it and every more typical one
+    # the first position whose running mass reaches `mass` (a count, not .item(): no host sync)
+    last = (mass_up_to < mass).sum(dim=-1, keepdim=True).clamp(max=logits.shape[-1] - 1)  # (B, 1)
+    drop_sorted = sorted_distance > sorted_distance.gather(-1, last)  # tokens tied with the last kept one stay
+    drop_sorted[..., 0] = False  # the most typical token
+    drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def epsilon_filter(logits: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """Epsilon sampling (Hewitt et al. 2022, "Truncation Sampling as Language Model
+    Desmoothing"): drop tokens whose probability is below ``epsilon``; the most likely token
+    (and any tied with it) always stays."""
+    probs = logits.softmax(dim=-1)  # (B, V)
+    top = logits.max(dim=-1, keepdim=True).values  # (B, 1)
+    return logits.masked_fill((probs < epsilon) & (logits < top), float("-inf"))
+
+
+def eta_filter(logits: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """Eta sampling (Hewitt et al. 2022, "Truncation Sampling as Language Model Desmoothing"):
+    epsilon sampling whose cutoff eta = min(epsilon, sqrt(epsilon) * exp(-entropy)) shrinks as
+    the row's entropy grows, so a flat distribution keeps more of its tail. The most likely
+    token (and any tied with it) always stays."""
+    log_probs = logits - logits.logsumexp(dim=-1, keepdim=True)  # (B, V)
+    # clamped as torch's Categorical.entropy does: a banned token's -inf * 0 would be NaN
+    clamped = log_probs.clamp(min=torch.finfo(logits.dtype).min)
+    entropy = -(clamped * log_probs.softmax(dim=-1)).sum(dim=-1, keepdim=True)  # (B, 1)
+    epsilon_t = logits.new_full((1,), epsilon)  # a fill on the device, not a copy from the host
+    eta = torch.minimum(epsilon_t, epsilon_t.sqrt() * torch.exp(-entropy))  # (B, 1)
+    top = logits.max(dim=-1, keepdim=True).values  # (B, 1)
+    return logits.masked_fill((logits.softmax(dim=-1) < eta) & (logits < top), float("-inf"))
+
+
 def process_logits(logits: torch.Tensor, settings: SamplingSettings,
                    seen_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Every processor the settings ask for, in HF's order. logits: (B, V) float."""
@@ -138,6 +194,12 @@ def process_logits(logits: torch.Tensor, settings: SamplingSettings,
         logits = top_p_filter(logits, settings.top_p)
     if settings.min_p:
         logits = min_p_filter(logits, settings.min_p)
+    if settings.typical_p is not None and settings.typical_p < 1.0:
+        logits = typical_filter(logits, settings.typical_p)
+    if settings.epsilon_cutoff:
+        logits = epsilon_filter(logits, settings.epsilon_cutoff)
+    if settings.eta_cutoff:
+        logits = eta_filter(logits, settings.eta_cutoff)
     return logits
 
 
