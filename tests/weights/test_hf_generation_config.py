@@ -135,6 +135,19 @@ def test_do_sample_true_takes_the_files_sampling_values(tmp_path):
                                 min_p=0.05).token_ids
 
 
+def test_do_sample_true_takes_the_files_typical_p_and_cutoffs(tmp_path):
+    values = {"typical_p": 0.9, "epsilon_cutoff": 3e-4, "eta_cutoff": 2e-3}
+    path = save_dir(tmp_path, {"do_sample": True, "temperature": 0.8, **values, "eos_token_id": 2})
+    config = AutoModelForCausalLM.from_pretrained(path).generation_config
+    assert {name: getattr(config, name) for name in values} == values  # what transformers' generate applies
+    model = lucidlm.load(path)
+    assert model.generation_defaults == {"temperature": 0.8, **values}
+    implicit = model.generate(PROMPT, max_new_tokens=NEW, seed=5).token_ids
+    assert implicit == generate(model, PROMPT, max_new_tokens=NEW, seed=5, temperature=0.8, **values).token_ids
+    greedy = save_dir(tmp_path / "greedy", dict(values, eos_token_id=2))  # no do_sample: transformers ignores them
+    assert lucidlm.load(greedy).generation_defaults == {"temperature": 0.0}
+
+
 @pytest.mark.parametrize("file, content, problem", [
     ("generation_config.json", {"eos_token_id": "2"}, "field 'eos_token_id' is '2'; expected an integer"),
     ("generation_config.json", {"eos_token_id": [2, "x"]}, "field 'eos_token_id' is [2, 'x']; expected a list of ints"),
@@ -142,6 +155,8 @@ def test_do_sample_true_takes_the_files_sampling_values(tmp_path):
      "field 'eos_token_id[1]' is 500, outside the model's vocabulary of 101 tokens"),
     ("generation_config.json", {"do_sample": "yes"}, "field 'do_sample' is 'yes'; expected true or false"),
     ("generation_config.json", {"do_sample": True, "top_p": 1.5}, "field 'top_p' is 1.5"),
+    ("generation_config.json", {"do_sample": True, "typical_p": 0}, "field 'typical_p' is 0.0; expected a number > 0"),
+    ("generation_config.json", {"do_sample": True, "eta_cutoff": 1}, "field 'eta_cutoff' is 1.0; expected a number < 1"),
     ("generation_config.json", "{", "generation config is not valid JSON"),
     ("config.json", {"eos_token_id": -1}, "field 'eos_token_id' is -1, outside the model's vocabulary"),
 ])

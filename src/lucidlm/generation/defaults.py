@@ -5,9 +5,9 @@ A sampling option left at ``None`` takes the model's own value, found (first mat
 1. the model file: GGUF ``general.sampling.*`` keys (llama.cpp's), or a Hugging Face
    ``generation_config.json`` beside the weights, read as transformers' ``generate`` reads it:
    greedy (temperature 0) unless it says ``"do_sample": true``, then its temperature, top_k,
-   top_p and min_p, and only those (transformers adds its own top-k 50 when the file names no
-   top_k; lucidlm does not); a ``temperature`` without ``do_sample`` is ignored, as transformers
-   ignores it; its repetition_penalty applies either way (``weights/hf_generation_config.py``);
+   top_p, min_p, typical_p, epsilon_cutoff and eta_cutoff, and only those (transformers adds
+   its own top-k 50 when the file names no top_k; lucidlm does not); a ``temperature``
+   without ``do_sample`` is ignored, as transformers ignores it; its repetition_penalty applies either way (``weights/hf_generation_config.py``);
 2. the table below, for models whose files carry none (a GGUF without sampling keys, a
    pretrained name, a directory without generation_config.json);
 3. ``FALLBACK``: plain sampling from the model's distribution (temperature 1), as
@@ -15,8 +15,9 @@ A sampling option left at ``None`` takes the model's own value, found (first mat
    greedy; llama.cpp's CLI samples at temperature 0.8 with top-k 40, top-p 0.95, min-p 0.05).
 
 An explicit value always wins, key by key (``temperature=0.7`` keeps the model's top_p);
-``top_p=1``, ``top_k=0``, ``min_p=0`` switch a model default off. ``model.generation_defaults``
-(a dict, set by ``lucidlm.load``) shows what applies; assign to it to change it for a session.
+``top_p=1``, ``top_k=0``, ``min_p=0``, ``typical_p=1``, ``epsilon_cutoff=0``, ``eta_cutoff=0``
+switch a model default off. ``model.generation_defaults`` (a dict, set by ``lucidlm.load``)
+shows what applies; assign to it to change it for a session.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "typical_p", "epsilon_cutoff",
+                 "eta_cutoff")
 FALLBACK: dict[str, Any] = {"temperature": 1.0}
 
 # Per-model defaults, by lucidlm's pretrained name, the model's own name (GGUF general.name) or

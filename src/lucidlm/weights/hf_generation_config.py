@@ -15,7 +15,8 @@ reads them, every field checked (one line naming the file and the field when one
   ``role_token_id`` gives them to an export, so transformers' ``generate()`` without a prompt
   starts from the same BOS.
 - Sampling: ``sampling_settings`` gives transformers' decoding for the file: greedy unless it
-  says ``"do_sample": true`` (its temperature, top-k, top-p, min-p then); a
+  says ``"do_sample": true`` (its temperature, top-k, top-p, min-p, typical-p, epsilon and eta
+  cutoffs then); a
   ``repetition_penalty`` applies either way. ``generation/defaults.py`` calls it.
 """
 
@@ -44,7 +45,8 @@ def read_generation_config(directory: str | Path) -> Optional[Fields]:
 def sampling_settings(config: Fields) -> dict[str, Any]:
     """The sampling defaults transformers' ``generate`` takes from this generation config:
     ``temperature=0`` (greedy) unless ``do_sample`` is true, then the file's temperature, top_k,
-    top_p and min_p; its repetition_penalty in both cases (transformers applies it when greedy too)."""
+    top_p, min_p, typical_p, epsilon_cutoff and eta_cutoff; its repetition_penalty in both cases
+    (transformers applies it when greedy too)."""
     found: dict[str, Any] = {}
     if config.has("repetition_penalty"):
         found["repetition_penalty"] = config.float("repetition_penalty", low=0.0, low_open=True)
@@ -58,6 +60,11 @@ def sampling_settings(config: Fields) -> dict[str, Any]:
         found["top_p"] = config.float("top_p", low=0.0, high=1.0, low_open=True)
     if config.has("min_p"):
         found["min_p"] = config.float("min_p", low=0.0, high=1.0)
+    if config.has("typical_p"):
+        found["typical_p"] = config.float("typical_p", low=0.0, high=1.0, low_open=True)
+    for name in ("epsilon_cutoff", "eta_cutoff"):
+        if config.has(name):
+            found[name] = config.float(name, low=0.0, high=1.0, high_open=True)
     return found
 
 
