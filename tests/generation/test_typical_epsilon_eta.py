@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from generation_toys import one_torch_thread, toy_model  # noqa: F401 (autouse fixture)
+from generation_toys import fresh_dynamo, one_torch_thread, toy_model  # noqa: F401 (autouse fixtures)
 from test_no_host_sync import reading_back_forbidden
 
 from lucidlm import cli
@@ -176,6 +176,23 @@ def test_sampling_with_them_reads_nothing_back():
     warpers = LogitsProcessorList([TemperatureLogitsWarper(0.7), transformers.TopPLogitsWarper(0.95),
                                    TypicalLogitsWarper(0.9), EpsilonLogitsWarper(1e-4), EtaLogitsWarper(1e-3)])
     assert torch.equal(processed, warpers(None, logits.clone()))
+
+
+def test_a_compiled_model_samples_with_them_without_recompiling():
+    """They run outside the compiled decode step, so it is compiled once, and the tokens are
+    the eager model's."""
+    from torch._dynamo.testing import CompileCounter
+
+    from lucidlm import LanguageModel
+
+    model = toy_model(seed=2, max_seq_len=128, model_cls=LanguageModel)
+    options = dict(max_new_tokens=16, temperature=1.5, typical_p=0.8, epsilon_cutoff=0.01, eta_cutoff=0.02,
+                   stop_on_eos=False)
+    eager = [generate(model, [5, 6, 7], seed=seed, **options).token_ids for seed in (0, 1)]
+    counter = CompileCounter()
+    model.compile(backend=counter, prefill=False)
+    assert [generate(model, [5, 6, 7], seed=seed, **options).token_ids for seed in (0, 1)] == eager
+    assert counter.frame_count == 1
 
 
 @pytest.mark.parametrize("options, fragment", [
