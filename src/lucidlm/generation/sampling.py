@@ -66,7 +66,7 @@ class SamplingSettings:
         if self.typical_p is not None and not 0 < self.typical_p <= 1:
             raise GenerationError(f"typical_p={self.typical_p} is invalid: it must be in (0, 1] "
                                   f"(1 or None = no typical sampling).")
-        # transformers skips a cutoff of 1 or more without a word; it would keep only the top token
+        # transformers skips a cutoff of 1 or more without a word (as it does top_p > 1): refused, as top_p > 1 is
         for name, usual in (("epsilon_cutoff", "3e-4 to 9e-4"), ("eta_cutoff", "3e-4 to 2e-3")):
             value = getattr(self, name)
             if value is not None and not 0 <= value < 1:
