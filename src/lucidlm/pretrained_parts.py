@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import os
-import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
+from lucidlm.cache_dir import fallback_root
 from lucidlm.errors import GGUFError, WeightsError
 from lucidlm.staging import publish, staging_file
 
@@ -56,7 +55,7 @@ def assembled_gguf(parts: Sequence[Path], target: Path, sha256: str,
     join goes to a per-user directory under the system's temporary directory instead.
     ``part_sha256`` (from the parts' RECORDs) names the damaged part when the join is wrong."""
     size = sum(p.stat().st_size for p in parts)
-    fallback = Path(tempfile.gettempdir()) / f"lucidlm-{_user()}" / "gguf" / target.name
+    fallback = fallback_root() / "gguf" / target.name
     for candidate in (target, fallback):
         if _intact(candidate, size, sha256):
             return candidate
@@ -122,9 +121,3 @@ def _damaged(parts: Sequence[Path], part_sha256: Optional[Sequence[Optional[str]
     named = [str(p) for p, d in zip(parts, part_sha256 or ()) if d and sha256_file(p) != d]
     return f"damaged: {', '.join(named)} (its SHA-256 differs from pip's RECORD)" if named else "a part is damaged"
 
-
-def _user() -> str:
-    try:
-        return str(os.getuid())
-    except AttributeError:  # Windows
-        return os.environ.get("USERNAME", "user")

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -350,7 +351,7 @@ def test_full_or_readonly_cache_falls_back_and_leaves_nothing_half_written(tmp_p
     parts[0].write_bytes(b"GGUF" + b"a" * (3 << 20))
     parts[1].write_bytes(b"b" * 1000)
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in parts)).hexdigest()
-    monkeypatch.setattr(pretrained_parts.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     target = tmp_path / "cache" / "m.gguf"
     real_staging_file = pretrained_parts.staging_file
 
@@ -365,6 +366,6 @@ def test_full_or_readonly_cache_falls_back_and_leaves_nothing_half_written(tmp_p
     joined.unlink()
     blocker = tmp_path / "blocker"
     blocker.write_text("")
-    monkeypatch.setattr(pretrained_parts.tempfile, "gettempdir", lambda: str(blocker))
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(blocker))
     api_refused(lambda: pretrained_parts.assembled_gguf(parts, blocker / "cache" / "m.gguf", digest),
                 WeightsError, names=[str(blocker), "LUCIDLM_CACHE"], watch=[tmp_path])
