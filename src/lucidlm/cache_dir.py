@@ -2,12 +2,14 @@
 
 Verification stamps, joined model files, parsed GGUF headers, the compiled CPU kernels and the
 chat history live here. It is a cache: any of it may be deleted, and a cache that cannot be
-written is worked around, never fatal.
+written is worked around, never fatal (a joined GGUF and the kernels go to ``fallback_root()``).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -30,3 +32,15 @@ def _user() -> str:
         return str(os.getuid())
     except AttributeError:  # Windows
         return os.environ.get("USERNAME", "user")
+
+
+def private_fallback_root() -> Path:
+    """``fallback_root()``, made if absent; OSError unless it is a directory of this user that
+    nobody else can write into: anyone may create ``/tmp/lucidlm-<uid>`` first, and what lucidlm
+    loads from it (the compiled kernels) is code."""
+    root = fallback_root()
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = root.lstat()
+    if hasattr(os, "getuid") and (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022):
+        raise PermissionError(errno.EACCES, "not a private directory of this user", str(root))
+    return root

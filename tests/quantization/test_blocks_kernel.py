@@ -376,3 +376,30 @@ def test_a_compiler_that_fails_leaves_torch_kernels_and_no_partial_library(tmp_p
     assert available == "False"
     assert "building the kernels failed" in reason and "no such compiler today" in reason, reason
     assert list((tmp_path / "cache" / "kernels").iterdir()) == []
+
+
+
+def test_a_cache_that_cannot_be_written_builds_the_kernels_in_the_temporary_directory(tmp_path):
+    # LUCIDLM_CACHE read-only or under a file (unwritable even for root): the GGUF join already
+    # fell back to <tmp>/lucidlm-<uid>; the kernels fell back to torch's, ~10x slower, saying nothing.
+    assert blocks_kernel.available(), blocks_kernel.unavailable_reason()
+    fallback = tmp_path / "tmp" / f"lucidlm-{os.getuid()}"
+    fallback.mkdir(parents=True)  # with this session's build in it: building again is 15-30 s
+    (fallback / "kernels").symlink_to(blocks_kernel.library().parent, target_is_directory=True)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+
+    def kernels() -> list[str]:
+        code = ("from lucidlm.quantization import blocks_kernel as b; "
+                "print(b.available()); print(b.library()); print(b.unavailable_reason())")
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              env=dict(os.environ, LUCIDLM_CACHE=str(blocker / "cache"),
+                                       TMPDIR=str(tmp_path / "tmp"))).stdout.strip().split("\n")
+
+    fallback.chmod(0o777)  # anyone could have put a library there: it is code, never loaded
+    available, _, reason = kernels()
+    assert available == "False" and "not a private directory" in reason, reason
+    fallback.chmod(0o755)
+    available, where, reason = kernels()
+    assert available == "True", reason
+    assert where == str(fallback / "kernels" / blocks_kernel.library().name)

@@ -26,8 +26,8 @@ The kernels are compiled on first use, 15-30 s on two cores, with the system's c
 ``$CXX``, else ``cc`` / ``c++``; the C files with ``-O3 -march=native -fopenmp``), together
 with the ``kernels/*_op.cpp`` files (one translation unit), which register them as torch operators
 such as ``torch.ops.lucidlm.blocks_mm`` (so eager calls and compiled graphs reach them in C++), into
-``<cache>/kernels/`` under a name that hashes the sources, the flags, torch's version and the
-CPU. ``scripts/install.sh`` builds them once. They are used only where the CPU has AVX-512
+``<cache>/kernels/`` (where that cannot be written, ``<tmp>/lucidlm-<uid>/kernels/``) under a
+name that hashes the sources, the flags, torch's version and the CPU. ``scripts/install.sh`` builds them once. They are used only where the CPU has AVX-512
 VNNI and BF16, or AVX2, FMA and F16C, and the build works; ``available()`` says so, and ``unavailable_reason()`` why
 not. Where they are not, every layer keeps torch's kernels. Which kernel a layer uses is fixed
 when its weights are installed (``QuantizedLinear.uses_blocks_kernel``).
@@ -51,7 +51,7 @@ from typing import Optional
 
 import torch
 
-from lucidlm.cache_dir import cache_root
+from lucidlm.cache_dir import cache_root, fallback_root, private_fallback_root
 from lucidlm.staging import publish, staging_file
 
 KERNELS = Path(__file__).with_name("kernels")
@@ -171,16 +171,26 @@ def _library() -> Optional[Path]:
         return None
     key = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(KERNELS.iterdir()) if p.suffix in (".c", ".h", ".cpp"))
                          + repr((C_FLAGS, CXX_FLAGS, cc, cxx, torch.__version__, cpu, sorted(flags))).encode())
-    target = cache_root() / "kernels" / f"blocks32-{key.hexdigest()[:16]}.so"
-    try:
-        if not target.exists():
-            _build(target, cc, cxx)
-        torch.ops.load_library(str(target))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-        detail = getattr(error, "stderr", b"") or b""
-        _unavailable.append(f"building the kernels failed: {error} {detail.decode(errors='replace')[-400:]}")
-        return None
-    return target
+    name = f"blocks32-{key.hexdigest()[:16]}.so"
+    # a cache that cannot be written (read-only, full, under a file) builds into the per-user
+    # temporary directory, as the GGUF join does: falling back to torch's kernels silently made
+    # the embedded model's decoding ~10x slower
+    for root in dict.fromkeys((cache_root(), fallback_root())):
+        target = root / "kernels" / name
+        try:
+            if root == fallback_root():
+                private_fallback_root()
+            if not target.exists():
+                _build(target, cc, cxx)
+            torch.ops.load_library(str(target))
+            return target
+        except OSError as error:  # this directory: try the next
+            _unavailable.append(f"building the kernels failed: {error}")
+        except (RuntimeError, subprocess.SubprocessError) as error:  # the compiler's: the same anywhere
+            detail = getattr(error, "stderr", b"") or b""
+            _unavailable.append(f"building the kernels failed: {error} {detail.decode(errors='replace')[-400:]}")
+            return None
+    return None
 
 
 def available() -> bool:
