@@ -93,3 +93,34 @@ def test_finetune_prefix_and_merge_refuses_it(tiny_setup, tmp_path):
 def test_finetune_bad_target_is_one_clear_error(tiny_setup, tmp_path):
     with pytest.raises(AdapterError, match="'qq' matches no linear layer"):
         run_command(finetune_args(tiny_setup, tmp_path / "x", "--targets", "qq"))
+
+
+def test_merge_of_a_model_whose_tokenizer_cannot_spell_the_check_text(tmp_path):
+    """A character model trained on text without 'T' (any corpus but Shakespeare's): merge
+    stopped on the sentence it runs through model + adapter and merged model to compare them."""
+    from safetensors.torch import load_file
+
+    from lucidlm.peft import add_lora, save_adapter
+
+    tokenizer = CharTokenizer.train("hello world, all of it lower case\n")
+    torch.manual_seed(0)
+    cfg = preset("llama", vocab_size=tokenizer.vocab_size, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
+                 d_mlp=64, max_seq_len=64)
+    model = Transformer(cfg, tokenizer=tokenizer)
+    model.reset_parameters(0.3)
+    save_model(model, tmp_path / "base")
+    add_lora(model, r=4, alpha=8, targets=("q_proj",))
+    with torch.no_grad():  # B starts at zero: a nonzero update to merge
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    save_adapter(model, tmp_path / "lora")
+    assert run_command(["merge", "--model", str(tmp_path / "base"), "--adapter", str(tmp_path / "lora"),
+                        "--out", str(tmp_path / "merged")]) == 0
+    # PEFT's merge: W + (alpha / r) B @ A, from the files alone
+    adapter = load_file(tmp_path / "lora" / "adapter_model.safetensors")
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    A, B = adapter[f"{prefix}.lora_A.weight"], adapter[f"{prefix}.lora_B.weight"]
+    W = load_file(tmp_path / "base" / "model.safetensors")["blocks.0.attn.q_proj.weight"]
+    merged = load_file(tmp_path / "merged" / "model.safetensors")["blocks.0.attn.q_proj.weight"]
+    torch.testing.assert_close(merged, W + (8 / 4) * B @ A)
