@@ -37,10 +37,12 @@ def _user() -> str:
 def private_fallback_root() -> Path:
     """``fallback_root()``, made if absent; OSError unless it is a directory of this user that
     nobody else can write into: anyone may create ``/tmp/lucidlm-<uid>`` first, and what lucidlm
-    loads from it (the compiled kernels) is code."""
+    loads from it (the compiled kernels) is code. Writable by the user's own group is allowed:
+    under umask 002 (Debian's user private groups) the GGUF join makes it so."""
     root = fallback_root()
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = root.lstat()
-    if hasattr(os, "getuid") and (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022):
+    if hasattr(os, "getuid") and (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o002
+                                  or (st.st_mode & 0o020 and st.st_gid != os.getgid())):
         raise PermissionError(errno.EACCES, "not a private directory of this user", str(root))
     return root
