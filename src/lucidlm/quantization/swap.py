@@ -21,6 +21,7 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import nn
 
+from lucidlm.devices import resolve_dtype
 from lucidlm.errors import QuantizationError
 from lucidlm.quantization.base import (DEFAULT_COMPUTE_DTYPE, QuantizedEmbedding, QuantizedLinear,
                                        check_finite_weight, check_group_size, check_group_size_value, first_quantized,
@@ -61,13 +62,14 @@ def _tied(model: nn.Module) -> bool:
 
 @keywords_checked(QuantizationError)
 def quantize(model: nn.Module, scheme: str, group_size: Optional[int] = None, *,
-             embeddings: bool = True, compute_dtype: torch.dtype = DEFAULT_COMPUTE_DTYPE) -> nn.Module:
+             embeddings: bool = True, compute_dtype: str | torch.dtype = DEFAULT_COMPUTE_DTYPE) -> nn.Module:
     """Quantize ``model`` in place (and return it): every ``nn.Linear`` becomes a
     ``QuantizedLinear`` of ``scheme`` ("int8": per output channel unless ``group_size``;
     "int4": groups of ``group_size``, default 32), and with ``embeddings`` the token
     embedding too; ``embeddings=False`` keeps both the token embedding and the unembedding
     float (a tied pair stays one float matrix). The matmuls run in ``compute_dtype``; the
     residual stream keeps the model's dtype."""
+    compute_dtype = resolve_dtype(compute_dtype)  # "bfloat16" as load() takes it; a str failed in torch.finfo
     if not isinstance(model, nn.Module):
         raise QuantizationError(f"quantize() takes a model (torch.nn.Module), got {type(model).__name__}; "
                                 f"e.g. quantize(lucidlm.load(...), 'int8').")
@@ -159,11 +161,12 @@ def install_quantized(model: nn.Module, layout: Mapping[str, Mapping[str, Any]],
     return {k: v for k, v in tensors.items() if k not in used}
 
 
-def dequantize(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
+def dequantize(model: nn.Module, dtype: str | torch.dtype = torch.float32) -> nn.Module:
     """The inverse swap (in place; returns ``model``): every quantized module becomes a float
     ``nn.Linear`` / ``nn.Embedding`` in ``dtype`` holding the matrix its codes stand for, and a
     tied pair one shared matrix again. The float model computes what the quantized one does, up
     to the rounding of its kernels' ``compute_dtype``."""
+    dtype = resolve_dtype(dtype)  # "float32" as load() takes it; .to("float32") read it as a device name
     with torch.no_grad():
         for name, module in list(model.named_modules()):
             if isinstance(module, QuantizedEmbedding):
