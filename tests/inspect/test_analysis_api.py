@@ -54,6 +54,23 @@ def test_to_tokens_matches_transformer_lens(gpt2_pair, prepend_bos, padding_side
     assert model.to_str_tokens(TEXTS) == [tl.to_str_tokens(t, prepend_bos=False) for t in TEXTS]
 
 
+def test_numpy_ids_and_lists_of_id_rows_read_as_transformer_lens_reads_them(gpt2_pair):
+    """TransformerLens's to_str_tokens / to_string take numpy arrays ((T,), (1, T), one id) and
+    lists of (T,) tensors or arrays; lucidlm refused them all as "not token ids"."""
+    import numpy as np
+
+    model, tl = gpt2_pair
+    ids = model.to_tokens(TEXTS[1])[0].numpy()  # (T,) int64
+    rows = [torch.tensor(ids[:3]), torch.tensor(ids[2:5])]
+    for value in (ids, ids.astype(np.int32), ids[None], np.array(ids[2]), rows, [r.numpy() for r in rows]):
+        assert model.to_str_tokens(value) == tl.to_str_tokens(value), value
+    for value in (ids, ids.astype(np.int32), ids[None], np.array(ids[2]), np.stack([r.numpy() for r in rows]),
+                  [r.numpy() for r in rows]):
+        assert model.to_string(value) == tl.to_string(value), value
+    with pytest.raises(InputError, match="integer token ids.*float64"):
+        model.to_string(ids.astype(np.float64))
+
+
 def test_a_padded_batch_gives_each_row_the_logits_it_has_alone(gpt2_pair):
     model, _ = gpt2_pair
     torch.manual_seed(0)

@@ -19,6 +19,7 @@ import numbers
 
 from typing import Any, Optional, Sequence, Union
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -166,20 +167,32 @@ def check_cache_fits(cache_positions: int, n_tokens: int, caller: str) -> None:
 
 def _id_rows(ids: Any, caller: str) -> Any:
     """Token ids as a list of ints, or a list of lists of ints for a batch; anything else
-    (None, floats, strings, a float tensor) is refused naming ``caller``."""
-    if isinstance(ids, torch.Tensor):
-        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-            raise InputError(f"{caller} takes integer token ids, got a tensor of dtype {ids.dtype}.")
-        ids = ids.tolist()
+    (None, floats, strings, a float tensor) is refused naming ``caller``. Numpy arrays and
+    lists of (T,) tensors or arrays are ids too, as TransformerLens's to_str_tokens takes them."""
+    ids = _listed(ids, caller)
     if _is_id(ids):  # one id: a 0-d tensor (logits.argmax()), an int or a numpy integer
         return [int(ids)]
     if isinstance(ids, (list, tuple)):
         if all(_is_id(i) for i in ids):
             return [int(i) for i in ids]
-        if all(isinstance(row, (list, tuple)) and all(_is_id(i) for i in row) for row in ids):
-            return [[int(i) for i in row] for row in ids]
+        rows = [_listed(row, caller) for row in ids]
+        if all(isinstance(row, (list, tuple)) and all(_is_id(i) for i in row) for row in rows):
+            return [[int(i) for i in row] for row in rows]
     raise InputError(f"{caller} takes token ids (a list of ints, a list of lists, or an integer tensor), got "
                      f"{_shown(ids)}.")
+
+
+def _listed(ids: Any, caller: str) -> Any:
+    """A tensor or numpy array of integers as (nested) Python lists; anything else as it is."""
+    if isinstance(ids, torch.Tensor):
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise InputError(f"{caller} takes integer token ids, got a tensor of dtype {ids.dtype}.")
+        return ids.tolist()
+    if isinstance(ids, np.ndarray):
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise InputError(f"{caller} takes integer token ids, got a numpy array of dtype {ids.dtype}.")
+        return ids.tolist()
+    return ids
 
 
 def _is_id(value: Any) -> bool:
