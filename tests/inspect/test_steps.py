@@ -54,6 +54,19 @@ def test_print_steps_prints_the_sequence_then_the_new_token(tiny_model):
     assert lines[2] == f"{''.join(final[:-1])} {final[-1]}"
 
 
+def test_print_steps_prints_to_stdout_as_it_is_when_called(tiny_model):
+    """As print() does: the default was sys.stdout bound when lucidlm.inspect was imported, so
+    contextlib.redirect_stdout (and notebook or pytest capture set up later) never saw the lines."""
+    import contextlib
+
+    expected = io.StringIO()
+    print_steps(tiny_model, PROMPT, max_new_tokens=3, file=expected, stop_at_eos=False)
+    redirected = io.StringIO()
+    with contextlib.redirect_stdout(redirected):
+        print_steps(tiny_model, PROMPT, max_new_tokens=3, stop_at_eos=False)
+    assert redirected.getvalue() == expected.getvalue() != ""
+
+
 def test_sampling_is_reproducible_and_top_k_1_is_greedy(tiny_model):
     run = lambda **kw: [s.new_id for s in generation_steps(tiny_model, PROMPT, 6, stop_at_eos=False, **kw)]  # noqa
     assert run(temperature=1.5, seed=3) == run(temperature=1.5, seed=3)

@@ -11,7 +11,6 @@ KV cache once, then every decoded token reads the cached keys and values.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, TextIO
 
@@ -121,11 +120,12 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: Optional[int],
 
 
 @keywords_checked(GenerationError)
-def print_steps(model: nn.Module, prompt: Any, max_new_tokens: int = 10, file: TextIO = sys.stdout, *,
+def print_steps(model: nn.Module, prompt: Any, max_new_tokens: int = 10, file: Optional[TextIO] = None, *,
                 temperature: float = 0.0, top_k: Optional[int] = None, seed: Optional[int] = None,
                 stop_on_eos: bool = True, stop_at_eos: Optional[bool] = None) -> list[str]:
     """Print the sequence after every new token (seed 002's ``generate``); return the final
-    tokens as text pieces. The sampling options are ``generation_steps``'s."""
+    tokens as text pieces. The sampling options are ``generation_steps``'s. ``file`` None is
+    ``sys.stdout`` when called, as print's: a default bound at import missed redirect_stdout."""
     steps = generation_steps(model, prompt, max_new_tokens, temperature, top_k, seed, stop_at_eos,
                              stop_on_eos=stop_on_eos)  # checked before anything is printed
     final: list[str] = to_str_tokens(model, prompt) if isinstance(prompt, str) else []
