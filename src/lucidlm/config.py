@@ -202,7 +202,9 @@ class ModelConfig:
 
     def save(self, path: str | Path) -> None:
         """Write the config to ``path`` as JSON (``to_dict``); ``ModelConfig.load`` reads it back."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        from lucidlm.staging import atomic_write_text
+
+        atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=2) + "\n")  # a failed write keeps the old file
 
     @classmethod
     def load(cls, path: str | Path) -> "ModelConfig":

@@ -62,11 +62,17 @@ def ordinary_mode(mode: int = 0o666) -> int:
 def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
     """Write ``text`` (UTF-8) to ``path`` through a staging file: readers see the old file or
     the whole new one, never a part. Ordinary permissions (mkstemp makes files private)."""
+    atomic_write_bytes(path, text.encode("utf-8"), mode)
+
+
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """``atomic_write_text`` for bytes (a rendered figure): a failed write (a full disk) leaves
+    the previous file whole and no staging file behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     out, staging = staging_file(path)
     try:
         with out:
-            out.write(text.encode("utf-8"))
+            out.write(data)
         publish(staging, path, mode)
     finally:
         staging.unlink(missing_ok=True)

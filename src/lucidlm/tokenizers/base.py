@@ -148,8 +148,11 @@ class Tokenizer(ABC):
     def save(self, path: str | Path) -> None:
         """Write this tokenizer as one JSON file (``"type"`` says which class reads it)."""
         data = {"type": self.type_name, "version": FORMAT_VERSION, **self._to_dict()}
-        # ensure_ascii keeps the file valid UTF-8 even if a vocabulary holds lone surrogates
-        Path(path).write_text(json.dumps(data, ensure_ascii=True, indent=1), encoding="utf-8")
+        from lucidlm.staging import atomic_write_text
+
+        # ensure_ascii keeps the file valid UTF-8 even if a vocabulary holds lone surrogates; a
+        # staging file keeps the previous one whole when the write fails (a full disk)
+        atomic_write_text(Path(path), json.dumps(data, ensure_ascii=True, indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> "Tokenizer":
