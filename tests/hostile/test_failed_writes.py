@@ -56,3 +56,35 @@ def test_a_failed_config_save_keeps_the_saved_config(tmp_path):
     path = tmp_path / "config.json"
     fails_and_keeps(path, lambda: config.save(path))
     assert ModelConfig.load(path) == config
+
+
+def _figure():
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(2, 2))
+    fig.add_subplot().plot([1, 2, 3])
+    return fig
+
+
+def test_a_failed_figure_save_keeps_the_saved_figures(tmp_path):
+    from lucidlm.inspect.plots import save_figure
+
+    fig = _figure()
+    fails_and_keeps(tmp_path / "attention.png", lambda: save_figure(fig, tmp_path / "attention"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attention.png", "attention.svg"]
+
+
+def test_a_failed_loss_plot_keeps_the_last_one(tmp_path):
+    from lucidlm.inspect.loss_plot import plot_loss_curves
+
+    records = [{"step": 1, "train_loss": 2.0, "val_loss": 2.1}, {"step": 2, "train_loss": 1.5, "val_loss": 1.7}]
+    path = tmp_path / "loss.png"
+    fails_and_keeps(path, lambda: plot_loss_curves(records, path, [3.0, 2.0]))
+    assert path.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_failed_length_report_keeps_the_last_one(tmp_path):
+    from lucidlm.training.length_report import write_length_report
+
+    fails_and_keeps(tmp_path / "token_lengths.json", lambda: write_length_report([3, 4, 5, 9], 5, tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["token_lengths.json", "token_lengths.png"]

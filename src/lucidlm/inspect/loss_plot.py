@@ -7,6 +7,7 @@ switches the pyplot backend of the program that calls it.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
@@ -106,7 +107,10 @@ def plot_loss_curves(metrics: Sequence[dict[str, Any]] | str | Path, path: str |
     if ax.lines:
         ax.legend(loc="upper right", fontsize=9)
     fig.tight_layout()
+    from lucidlm.staging import atomic_write_bytes
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
+    image = io.BytesIO()
+    fig.savefig(image, format="png")
+    atomic_write_bytes(path, image.getvalue())  # redrawn every evaluation: a full disk keeps the last one whole
     return path

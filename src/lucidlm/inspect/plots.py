@@ -8,6 +8,7 @@ window and nothing global is left behind) and, given ``path``, saves it as both
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
@@ -31,13 +32,16 @@ def save_figure(fig: Figure, path: Optional[PathLike]) -> list[Path]:
     figures share a file; a path already ending in .png or .svg has that suffix swapped."""
     if path is None:
         return []
+    from lucidlm.staging import atomic_write_bytes
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     base = path.with_suffix("") if path.suffix.lower() in (".png", ".svg") else path
     written = []
     for suffix in (".png", ".svg"):
         target = base.with_name(base.name + suffix)
-        fig.savefig(target, dpi=120, bbox_inches="tight")
+        image = io.BytesIO()
+        fig.savefig(image, format=suffix[1:], dpi=120, bbox_inches="tight")
+        atomic_write_bytes(target, image.getvalue())  # a full disk keeps the earlier figure whole
         written.append(target)
     return written
 

@@ -4,6 +4,7 @@ plot as ``token_lengths.json`` and ``token_lengths.png`` (a histogram and a box 
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any, Sequence
@@ -38,10 +39,11 @@ def write_length_report(lengths: Sequence[int], length: int, out_dir: str | Path
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from lucidlm.staging import atomic_write_bytes, atomic_write_text
+
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     stats = length_stats(lengths, length)
-    (out_dir / REPORT_NAME).write_text(json.dumps(stats, indent=2) + "\n")
+    atomic_write_text(out_dir / REPORT_NAME, json.dumps(stats, indent=2) + "\n")  # a failed write keeps the old one
     fig = Figure(figsize=(10, 4), dpi=100)
     FigureCanvasAgg(fig)
     hist, box = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
@@ -56,5 +58,7 @@ def write_length_report(lengths: Sequence[int], length: int, out_dir: str | Path
     box.set_ylabel("tokens per example")
     box.set_title(f"{stats['truncated']} truncated")
     fig.tight_layout()
-    fig.savefig(out_dir / PLOT_NAME, format="png")
+    image = io.BytesIO()
+    fig.savefig(image, format="png")
+    atomic_write_bytes(out_dir / PLOT_NAME, image.getvalue())
     return stats
