@@ -7,6 +7,8 @@ every subcommand's parser, in-process, that must never reach the internal-error 
 from __future__ import annotations
 
 import random
+import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -169,6 +171,22 @@ def test_inspect_out_paths(places, tiny_dir):
                          (["--plots", str(places / "a_file")], [r"--plots", "is a file, not a directory"]),
                          (["--plots", str(places / "a_file" / "figs")], [r"--plots", "a_file is a file"])]:
         main_refused("inspect", "Hello", "--model", tiny_dir, *flags, names=names, watch=[places, tiny_dir])
+
+
+def test_inspect_out_never_replaces_the_model_it_reads(tmp_path, tiny_dir):
+    """A report written over the model's own weights, config or tokenizer replaced the model
+    (the next load found its checksum wrong); a report beside them is fine."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    link = tmp_path / "weights-link.safetensors"
+    link.symlink_to(model / "model.safetensors")
+    for out in (model / "model.safetensors", model / "tokenizer.json", link,
+                model / "config.json"):  # a Hugging Face config.json beside it would change how it loads
+        main_refused("inspect", "Hello", "--model", str(model), "--out", str(out),
+                     names=[r"--out", re.escape(str(out)), "--model", "read from", "choose another --out"],
+                     watch=[model])
+    assert cli.main(["inspect", "Hello", "--model", str(model), "--out", str(model / "report.html")]) == 0
+    assert lucidlm.load(str(model)).config == lucidlm.load(tiny_dir).config  # still loads (checksums verified)
 
 
 def test_merge_and_convert_out_paths(places, tiny_dir):

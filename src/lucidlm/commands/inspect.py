@@ -53,7 +53,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("TEXT is empty; give the text to inspect, e.g. lucidlm inspect \"Hello world\".")
     if args.top_k < 1:
         raise InputError(f"--top-k {args.top_k}: give a number of candidates >= 1.")
-    check_output_file(args.out, "--out")  # before the model loads: a bad path costs nothing
+    from lucidlm.commands.model_dir import refuse_writing_over_input
+
+    out = check_output_file(args.out, "--out")  # before the model loads: a bad path costs nothing
+    refuse_writing_over_input(out, {"--model": args.model, "--adapter": args.adapter}, "--out")
     if args.plots:
         args.plots = check_output_dir(args.plots, "--plots")  # "~" expanded: the path written below
     model = load(args.model, adapter=args.adapter, device=args.device, dtype=torch.float32)  # the exact float model

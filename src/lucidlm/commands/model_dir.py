@@ -36,6 +36,30 @@ def refuse_writing_over(out_dir: Path, source: Optional[str], what: str, out_fla
                           f"model it is made from; choose another {out_flag}.")
 
 
+# What a model or adapter is read from (weights, configs, tokenizers: tokenizer.model, Meta's .pth)
+_INPUT_SUFFIXES = (".safetensors", ".gguf", ".json", ".pth", ".bin", ".model")
+
+
+def refuse_writing_over_input(out_file: Path, sources: dict[str, Optional[str]], out_flag: str) -> None:
+    """Refuse an output file (``inspect --out``) that would replace what a model or adapter is
+    read from: the ``.gguf`` file given as the source, or a weights, config or tokenizer file in
+    the directory it is read from (a report written as MODEL/model.safetensors replaced the model
+    it describes). ``sources`` maps each input's flag to its path; real paths are compared."""
+    out = Path(os.path.realpath(out_file.expanduser()))
+    for flag, source in sources.items():
+        path = Path(source).expanduser() if source else None
+        if path is None or not path.exists():  # a pretrained name: nothing a report can replace
+            continue
+        if path.is_dir():
+            read_from = {Path(os.path.realpath(path)), Path(os.path.realpath(model_dir_read(path)))}
+            hit = out.parent in read_from and out.suffix.lower() in _INPUT_SUFFIXES
+        else:
+            hit = out == Path(os.path.realpath(path))
+        if hit:
+            raise OutputError(f"{out_flag} {out_file} is where {flag} {source} is read from: writing there would "
+                              f"replace it; choose another {out_flag}.")
+
+
 def refuse_unusable_output(out_dir: Path, out_flag: str) -> None:
     """Refuse, before any work, an output directory a saved model could not be used from:
 
@@ -64,4 +88,5 @@ def refuse_unusable_output(out_dir: Path, out_flag: str) -> None:
                           f"{out_flag}.")
 
 
-__all__ = ["model_file_names", "refuse_unusable_output", "refuse_writing_over", "replacing_model"]
+__all__ = ["model_file_names", "refuse_unusable_output", "refuse_writing_over", "refuse_writing_over_input",
+           "replacing_model"]
