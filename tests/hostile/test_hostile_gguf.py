@@ -21,7 +21,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from harness import api_refused, refused
+from harness import api_refused, main_refused, refused
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "weights"))
 from test_gguf import tiny_weights, to_gguf_layout, write_llama_gguf  # noqa: E402
@@ -371,3 +371,11 @@ def _refuse_patched(good, tmp_path, cases):
         data[offset:offset + len(raw)] = raw
         path.write_bytes(bytes(data))
         api_refused(lambda: load_gguf(path), GGUFError, names=[path.name, problem])
+
+
+def test_inspect_out_never_replaces_the_gguf_it_reads(good, tmp_path):
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(good, path)
+    main_refused("inspect", "hi", "--model", str(path), "--out", str(path),
+                 names=[r"--out .*model\.gguf is where --model .*model\.gguf is read from", "choose another --out"],
+                 watch=[tmp_path])
