@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import resource
 import signal
 from pathlib import Path
@@ -88,3 +89,38 @@ def test_a_failed_length_report_keeps_the_last_one(tmp_path):
 
     fails_and_keeps(tmp_path / "token_lengths.json", lambda: write_length_report([3, 4, 5, 9], 5, tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["token_lengths.json", "token_lengths.png"]
+
+
+def test_a_failed_metrics_rewrite_keeps_the_records_and_leaves_no_temporary_file(tmp_path):
+    from types import SimpleNamespace
+
+    from lucidlm.training.callbacks import MetricsLog
+
+    records = [{"step": step, "train_loss": 2.0 / step, "val_loss": 2.5 / step} for step in (1, 2, 3, 4)]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    records = records[:3]  # a resume from step 3's checkpoint keeps these: step 4's evaluation runs again
+    log = MetricsLog(tmp_path, "run")
+    before = path.read_bytes()
+    with pytest.raises(OSError) as info, file_size_limit():
+        log.on_fit_start(SimpleNamespace(last_eval_step=3))  # rewrites the file without step 4
+    assert info.value.errno == errno.EFBIG
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"] and path.read_bytes() == before
+    trainer = SimpleNamespace(last_eval_step=3)
+    log.on_fit_start(trainer)
+    assert trainer.metrics == records and path.read_text() == "".join(json.dumps(r) + "\n" for r in records)
+
+
+def test_a_failed_data_preparation_leaves_no_temporary_file(tmp_path):
+    from lucidlm.training.data import META_NAME, prepare_data
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("to be or not to be " * 3)  # 57 tokens: train.bin and val.bin stay under the limit
+    tokenizer = CharTokenizer.train(corpus.read_text())  # given: no tokenizer.json is written
+    with pytest.raises(OSError) as info, file_size_limit(200):
+        prepare_data(corpus, tmp_path / "run", tokenizer)  # meta.json, written last, is over the limit
+    assert info.value.errno == errno.EFBIG
+    assert sorted(p.name for p in (tmp_path / "run" / "data").iterdir()) == ["train.bin", "val.bin"]
+    data = prepare_data(corpus, tmp_path / "run", tokenizer)  # no meta.json: the data is made again
+    assert (tmp_path / "run" / "data" / META_NAME).is_file()
+    assert tokenizer.decode([int(i) for i in data.train[:5]]) == "to be"

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from lucidlm.inspect import loss_plot
+from lucidlm.staging import atomic_write_text
 from lucidlm.training.kill_points import kill_point
 from lucidlm.training.loop import Callback, Trainer, TrainResult
 from lucidlm.training.step import unsharded
@@ -90,10 +91,8 @@ class MetricsLog(Callback):
         evaluation but before its checkpoint wrote lines its resume writes again; a new run
         keeps none), and drop a line torn by a kill."""
         kept = read_metrics(self.path, trainer.last_eval_step) if self.path.is_file() else []
-        if self.path.is_file():
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
-            os.replace(tmp, self.path)  # a kill now keeps either the old file or the new one
+        if self.path.is_file():  # a kill or a full disk now keeps either the old file or the new one
+            atomic_write_text(self.path, "".join(json.dumps(record) + "\n" for record in kept))
         trainer.metrics = kept
 
     def on_evaluate(self, trainer: Trainer, record: dict[str, Any]) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -28,6 +27,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from lucidlm.errors import DataError
+from lucidlm.staging import atomic_write_text
 from lucidlm.tokenizers import Tokenizer, load_tokenizer
 from lucidlm.training.corpus import (  # noqa: F401  (re-exported: this module was their home)
     DEFAULT_BPE_VOCAB, TOKENIZER_KINDS, corpus_files, read_corpus, read_text, token_dtype, tokenize_documents,
@@ -149,9 +149,7 @@ def prepare_data(source: str | Path, out_dir: str | Path, tokenizer: str | Token
     meta = dict(fingerprint=fingerprint, dtype=tokens.dtype.name, n_train=n_train, n_val=len(tokens) - n_train,
                 tokenizer=kind, vocab_size=tok.vocab_size, files=[str(f) for f in files], settings=settings,
                 corpus_sha256=corpus_hash or corpus_sha256(files), tokenizer_sha256=tokenizer_sha256(tok))
-    tmp = directory / (META_NAME + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(tmp, directory / META_NAME)  # last, and whole: marks the data complete
+    atomic_write_text(directory / META_NAME, json.dumps(meta, indent=2) + "\n")  # last, whole: the data is complete
     return _open(directory, meta, given)
 
 
