@@ -1,36 +1,20 @@
 """A write that fails part-way (a full disk, a file-size limit) keeps the file an earlier save
 wrote, whole, and leaves no staging file behind: every writer goes through
-``lucidlm.staging``'s atomic write. The failure is real, not mocked: the process's file-size
-limit (RLIMIT_FSIZE, SIGXFSZ ignored) makes the kernel refuse writes past a few bytes with
-EFBIG, as a full disk refuses them with ENOSPC."""
+``lucidlm.staging``'s atomic write. The failure is real, not mocked (``file_limits``)."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
-import resource
-import signal
 from pathlib import Path
 
 import pytest
+from file_limits import file_size_limit
 
 from lucidlm import ModelConfig
 from lucidlm.tokenizers import CharTokenizer
 
 LIMIT = 64  # bytes: every file below is longer
-
-
-@contextlib.contextmanager
-def file_size_limit(limit: int = LIMIT):
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails, not kills
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, previous)
 
 
 def fails_and_keeps(path: Path, write) -> None:
@@ -39,7 +23,7 @@ def fails_and_keeps(path: Path, write) -> None:
     write()
     before = {p.name: p.read_bytes() for p in path.parent.iterdir()}
     assert len(path.read_bytes()) > LIMIT
-    with pytest.raises(OSError) as info, file_size_limit():
+    with pytest.raises(OSError) as info, file_size_limit(LIMIT):
         write()
     assert info.value.errno == errno.EFBIG
     assert {p.name: p.read_bytes() for p in path.parent.iterdir()} == before
@@ -102,7 +86,7 @@ def test_a_failed_metrics_rewrite_keeps_the_records_and_leaves_no_temporary_file
     records = records[:3]  # a resume from step 3's checkpoint keeps these: step 4's evaluation runs again
     log = MetricsLog(tmp_path, "run")
     before = path.read_bytes()
-    with pytest.raises(OSError) as info, file_size_limit():
+    with pytest.raises(OSError) as info, file_size_limit(LIMIT):
         log.on_fit_start(SimpleNamespace(last_eval_step=3))  # rewrites the file without step 4
     assert info.value.errno == errno.EFBIG
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"] and path.read_bytes() == before

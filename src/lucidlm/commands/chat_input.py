@@ -40,12 +40,23 @@ def enable_line_editing(path: Optional[Path] = None) -> Callable[[], None]:
         pass
 
     def save() -> None:
+        from lucidlm.staging import atomic_write_text
+
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            readline.write_history_file(path)
-        except OSError:
+            if "libedit" in (readline.__doc__ or ""):  # its own escaped format: only it writes that
+                path.parent.mkdir(parents=True, exist_ok=True)
+                readline.write_history_file(path)
+            else:  # GNU readline counts a short write (a full disk) as done and renames the cut file into place
+                lines = "".join(line + "\n" for line in _history(readline)[-HISTORY_LENGTH:])
+                atomic_write_text(path, lines, 0o600)  # private, as readline makes it: what the user typed
+        except OSError:  # the earlier history stays as it was
             pass
     return save
+
+
+def _history(readline) -> list[str]:
+    """The session's history, oldest first, as GNU readline writes it: one line per entry."""
+    return [readline.get_history_item(i) or "" for i in range(1, readline.get_current_history_length() + 1)]
 
 
 def read_message(read_line: ReadLine, prompt: str, more_prompt: str) -> str:

@@ -1,0 +1,57 @@
+"""The chat history (``<cache>/chat_history``) survives a failed write: GNU readline's own
+``write_history_file`` counts a short write (a full disk, a file-size limit) as done and renames
+the cut file over the history, which kept only its first bytes. GNU readline is the oracle for
+the format: it reads back what lucidlm wrote, entry for entry."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+from file_limits import file_size_limit
+
+from lucidlm.commands.chat_input import HISTORY_LENGTH, enable_line_editing
+
+readline = pytest.importorskip("readline")
+pytestmark = pytest.mark.skipif("libedit" in (readline.__doc__ or ""), reason="GNU readline's history file")
+
+
+@pytest.fixture
+def history():
+    readline.clear_history()
+    yield
+    readline.clear_history()
+
+
+def entries() -> list[str]:
+    return [readline.get_history_item(i) for i in range(1, readline.get_current_history_length() + 1)]
+
+
+def test_a_failed_history_write_keeps_the_earlier_history(tmp_path, history):
+    path = tmp_path / "chat_history"
+    typed = [f"message number {i}: what is {i} + {i}?" for i in range(20)]
+    path.write_text("".join(line + "\n" for line in typed))
+    save = enable_line_editing(path)
+    assert entries() == typed  # read by readline
+    readline.add_history("/set temperature 0.3")
+    before = path.read_bytes()
+    with file_size_limit():
+        save()  # the disk is full: nothing to say, the history stays as it was
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["chat_history"]
+
+    save()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600  # what the user typed stays private
+    readline.clear_history()
+    readline.read_history_file(str(path))
+    assert entries() == [*typed, "/set temperature 0.3"]
+
+
+def test_the_history_keeps_its_last_entries(tmp_path, history):
+    save = enable_line_editing(tmp_path / "chat_history")
+    for i in range(HISTORY_LENGTH + 5):
+        readline.add_history(f"line {i}")
+    save()
+    readline.clear_history()
+    readline.read_history_file(str(tmp_path / "chat_history"))
+    assert entries() == [f"line {i}" for i in range(5, HISTORY_LENGTH + 5)]
