@@ -260,3 +260,23 @@ def test_a_format_1_interleaved_adapter_on_the_export_moves_its_rows_as_the_expo
             warnings.simplefilter("error")
             ours = load(base, adapter=tmp_path / "v1")
         assert (ours(ids()) - their_logits).abs().max() <= 1e-4
+
+
+def test_a_prefix_saved_over_a_lora_is_not_read_as_that_lora_by_peft(base_dir, tmp_path):
+    """An adapter saved over an earlier one of another method replaces all of it: the LoRA's
+    adapter_config.json left beside a prefix made PEFT load the directory as that LoRA, with
+    every tensor missing (a warning), that is, as the base model."""
+    from lucidlm.peft import add_prefix
+
+    lora = load(base_dir)
+    add_lora(lora, r=4, alpha=8, targets=("q", "v"))
+    save_adapter(lora, tmp_path, base_model_name_or_path=str(base_dir))
+    peft.PeftConfig.from_pretrained(tmp_path)  # PEFT reads the LoRA
+    prefixed = load(base_dir)
+    add_prefix(prefixed, length=3, hidden=16)
+    save_adapter(prefixed, tmp_path)
+    with pytest.raises(ValueError, match="adapter_config.json"):  # no LoRA config left for PEFT to read
+        peft.PeftConfig.from_pretrained(tmp_path)
+    again = load_adapter(load(base_dir), tmp_path)
+    with torch.no_grad():
+        assert torch.equal(again(ids()), prefixed.eval()(ids()))

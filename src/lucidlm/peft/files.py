@@ -34,7 +34,7 @@ from lucidlm.peft.lora import adapter_names, linear_module_names, lora_layers
 from lucidlm.peft.peft_format import (PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, hf_module_name, peft_config, qk_rows_to_hf,
                                       to_peft_tensors)
 from lucidlm.peft.trainable import attached_methods
-from lucidlm.staging import atomic_write_text
+from lucidlm.staging import atomic_write_text, replacing_files
 from lucidlm.suggest import keywords_checked
 from lucidlm.weights.checkpoint import atomic_save_safetensors
 
@@ -57,7 +57,15 @@ def save_adapter(model: nn.Module, directory: str | Path, name: Optional[str] = 
     if len(methods) > 1:  # only module surgery gets here: add_lora & co. refuse a second method
         raise AdapterError(f"the model carries several fine-tuning methods ({', '.join(methods)}); an adapter "
                            f"directory holds one. Remove all but one before saving.")
-    method = methods[0]
+    # Over an earlier adapter, the files of it this save does not rewrite go once it has succeeded:
+    # a LoRA's adapter_config.json left beside a prefix made PEFT load the prefix as a LoRA
+    with replacing_files(directory, (PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, META_NAME)):
+        _save_adapter(model, directory, methods[0], name, base_model_name_or_path)
+    return directory
+
+
+def _save_adapter(model: nn.Module, directory: Path, method: str, name: Optional[str],
+                  base_model_name_or_path: Optional[str]) -> None:
     meta: dict[str, Any] = {"method": method, "format_version": FORMAT_VERSION, "base": base_identity(model)}
     if method == "lora":
         name = name or _active_lora(model)
@@ -78,7 +86,6 @@ def save_adapter(model: nn.Module, directory: str | Path, name: Optional[str] = 
                     hidden=None if encoder.frozen else encoder.hidden.out_features)
     atomic_save_safetensors(tensors, directory / PEFT_WEIGHTS_NAME)
     atomic_write_text(directory / META_NAME, json.dumps(meta, indent=2) + "\n")
-    return directory
 
 
 def _active_lora(model: nn.Module) -> str:
