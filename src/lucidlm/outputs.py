@@ -68,9 +68,9 @@ def foreign_entries(directory: Path, ours: tuple[str, ...]) -> list[str]:
 
 @contextmanager
 def writing(path: PathLike, flag: str) -> Iterator[None]:
-    """Turn a full disk, a read-only target or a directory in the way of a file while writing
-    ``path`` into one ``OutputError`` naming the path and ``flag``; any other OSError is left as
-    it is."""
+    """Turn a full disk, a file too large for the file system, a read-only target or a directory in
+    the way of a file while writing ``path`` into one ``OutputError`` naming the path and ``flag``;
+    any other OSError is left as it is."""
     try:
         yield
     except OutputError:
@@ -78,6 +78,10 @@ def writing(path: PathLike, flag: str) -> Iterator[None]:
     except OSError as exc:
         if exc.errno in _NO_SPACE:
             raise OutputError(f"No space left on device while writing {path}: free space or choose another "
+                              f"{flag}.") from None
+        if exc.errno == errno.EFBIG:  # FAT32's 4 GiB, or `ulimit -f` (Python ignores SIGXFSZ, so the write fails)
+            raise OutputError(f"File too large while writing {path}: the file system (FAT32 holds at most "
+                              f"4 GiB) or the file-size limit (ulimit -f) does not allow it; choose another "
                               f"{flag}.") from None
         if exc.errno in _NOT_WRITABLE:
             raise OutputError(f"cannot write {path} ({exc.strerror}): choose another {flag}.") from None

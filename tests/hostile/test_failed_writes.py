@@ -108,3 +108,26 @@ def test_a_failed_data_preparation_leaves_no_temporary_file(tmp_path):
     data = prepare_data(corpus, tmp_path / "run", tokenizer)  # no meta.json: the data is made again
     assert (tmp_path / "run" / "data" / META_NAME).is_file()
     assert tokenizer.decode([int(i) for i in data.train[:5]]) == "to be"
+
+
+# -- through the CLI: a file too large for the file system is one line, as a full disk is -----------
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    import lucidlm
+    from lucidlm.weights.checkpoint import save_model
+
+    model = lucidlm.load("gpt2", random_init=True, n_layers=1, d_model=16, n_heads=2, max_seq_len=16)
+    return save_model(model, tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.mark.parametrize("to", ["hf", "lucidlm"])
+def test_convert_to_a_file_system_too_small_for_the_weights_is_one_line(tiny_dir, tmp_path, to):
+    from harness import main_refused
+
+    out = tmp_path / "out"
+    with file_size_limit(LIMIT):  # as FAT32 refuses a file over 4 GiB, or `ulimit -f`
+        main_refused("convert", str(tiny_dir), str(out), "--to", to,
+                     names=[f"File too large while writing {out}", "ulimit -f", "choose another OUT_DIR"],
+                     watch=[tiny_dir])
+    assert not out.exists() or not list(out.iterdir())  # no staging file left behind
