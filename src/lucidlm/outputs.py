@@ -22,8 +22,9 @@ from lucidlm.errors import OutputError
 PathLike = Union[str, Path]
 _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 # ENOENT too: a directory that cannot be made where it is asked for (under /proc), or one
-# removed while it was being written
-_NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT}
+# removed while it was being written; ENAMETOOLONG: a name the file system cannot hold (a staging
+# file's is ~40 bytes longer than its target's)
+_NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENAMETOOLONG}
 # a directory where a file goes (OUT/config.json/), or a file where a directory goes
 _IN_THE_WAY = {errno.EISDIR, errno.ENOTDIR}
 
@@ -39,6 +40,7 @@ def check_output_dir(path: PathLike, flag: str) -> Path:
     """``path`` (``user_path``) as a directory lucidlm may create or write into: not a file, not
     under a file, its nearest existing ancestor writable. Creates nothing; use the path it returns."""
     path = user_path(path)
+    check_name_lengths(path, flag)
     if path.exists() and not path.is_dir():
         raise OutputError(f"{flag} {path} is a file, not a directory; give a directory path (it is created if "
                           f"needed).")
@@ -50,6 +52,7 @@ def check_output_file(path: PathLike, flag: str) -> Path:
     """``path`` as a file lucidlm may write (an existing file is replaced): not a directory,
     not under a file, its directory writable. Creates nothing."""
     path = user_path(path)
+    check_name_lengths(path, flag)
     if path.is_dir():
         raise OutputError(f"{flag} {path} is a directory; give a file path such as {path / 'report.html'}.")
     _check_parents(path, flag)
@@ -90,6 +93,18 @@ def writing(path: PathLike, flag: str) -> Iterator[None]:
             raise OutputError(f"cannot write {target} ({exc.strerror}): move it out of the way or choose another "
                               f"{flag}.") from None
         raise
+
+
+def check_name_lengths(path: Path, flag: str) -> None:
+    """Refuse a name longer than the file system holds (255 bytes on Linux's) in one line naming
+    ``flag``: ``Path.exists`` and ``is_dir`` pass ENAMETOOLONG on as an OSError."""
+    try:
+        os.lstat(path)
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise OutputError(f"{flag} {path}: a name in it is longer than the file system allows "
+                              f"({exc.strerror}); choose a shorter {flag}.") from None
+        # absent, or under a file: what the checks below say
 
 
 def _check_parents(path: Path, flag: str) -> None:

@@ -6,6 +6,7 @@ every subcommand's parser, in-process, that must never reach the internal-error 
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import shutil
@@ -187,6 +188,25 @@ def test_inspect_out_never_replaces_the_model_it_reads(tmp_path, tiny_dir):
                      watch=[model])
     assert cli.main(["inspect", "Hello", "--model", str(model), "--out", str(model / "report.html")]) == 0
     assert lucidlm.load(str(model)).config == lucidlm.load(tiny_dir).config  # still loads (checksums verified)
+
+
+def test_output_names_longer_than_the_file_system_holds_are_one_line(places, tiny_dir):
+    """A name one byte over the file system's NAME_MAX (os.pathconf) stopped every command in the
+    internal-error line (Path.exists passes ENAMETOOLONG on); a name that fits, but whose staging
+    file's name does not, fails at the write in one line too."""
+    long = places / ("b" * (os.pathconf(places, "PC_NAME_MAX") + 1))
+    says = [r"longer than the file system allows", "choose a shorter"]
+    for command in (("convert", tiny_dir, str(long), "--to", "hf"),
+                    ("merge", "--model", tiny_dir, "--adapter", str(places / "folder"), "--out", str(long)),
+                    _train_out(places, long),
+                    ("finetune", "--model", tiny_dir, "--data", str(places / "corpus.txt"), "--out", str(long)),
+                    ("inspect", "Hello", "--model", tiny_dir, "--out", str(long)),
+                    ("inspect", "Hello", "--model", tiny_dir, "--plots", str(long))):
+        flag = "OUT_DIR" if command[0] == "convert" else "--plots" if "--plots" in command else "--out"
+        main_refused(*command, names=[re.escape(flag), *says], watch=[places, tiny_dir])
+    fits = places / ("a" * (os.pathconf(places, "PC_NAME_MAX") - 5) + ".html")
+    main_refused("inspect", "Hello", "--model", tiny_dir, "--out", str(fits),
+                 names=["cannot write", "File name too long", "choose another --out"], watch=[places, tiny_dir])
 
 
 def test_merge_and_convert_out_paths(places, tiny_dir):

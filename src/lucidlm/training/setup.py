@@ -13,7 +13,7 @@ import torch
 
 from lucidlm import devices
 from lucidlm.errors import CheckpointError
-from lucidlm.outputs import foreign_entries
+from lucidlm.outputs import check_name_lengths, foreign_entries
 from lucidlm.training import checkpoint as ckpt
 from lucidlm.training.distributed import DistributedContext, barrier
 
@@ -73,6 +73,7 @@ def open_run(out_dir: Path, resume: bool, ctx: DistributedContext,
     """Check OUT before training. Returns (checkpoint dir, its trainer state) to resume, or
     None for a new run. A new run never overwrites a checkpoint; --resume needs one."""
     if ctx.is_main:
+        check_name_lengths(out_dir, "--out")  # before anything asks the file system about it
         foreign = foreign_entries(out_dir, RUN_ENTRIES)
         if foreign and not resume:  # never train into (and later overwrite files in) someone else's folder
             raise CheckpointError(
