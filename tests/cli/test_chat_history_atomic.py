@@ -55,3 +55,22 @@ def test_the_history_keeps_its_last_entries(tmp_path, history):
     readline.clear_history()
     readline.read_history_file(str(tmp_path / "chat_history"))
     assert entries() == [f"line {i}" for i in range(5, HISTORY_LENGTH + 5)]
+
+
+def test_a_symlinked_history_is_written_where_it_points_as_readline_writes_it(tmp_path, history):
+    kept = tmp_path / "dotfiles" / "lucidlm_history"
+    kept.parent.mkdir()
+    readline.add_history("first")
+    readline.write_history_file(str(kept))  # readline itself, through the link below, is the oracle
+    link = tmp_path / "chat_history"
+    link.symlink_to(kept)
+    readline.add_history("second")
+    readline.write_history_file(str(link))
+    theirs = kept.read_bytes()
+    assert link.is_symlink()
+    kept.write_text("first\n")
+    readline.clear_history()
+    save = enable_line_editing(link)
+    readline.add_history("second")
+    save()
+    assert link.is_symlink() and kept.read_bytes() == theirs

@@ -9,6 +9,7 @@ A message can also span lines between two ``\"\"\"`` (ollama's convention).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -48,7 +49,9 @@ def enable_line_editing(path: Optional[Path] = None) -> Callable[[], None]:
                 readline.write_history_file(path)
             else:  # GNU readline counts a short write (a full disk) as done and renames the cut file into place
                 lines = "".join(line + "\n" for line in _history(readline)[-HISTORY_LENGTH:])
-                atomic_write_text(path, lines, 0o600)  # private, as readline makes it: what the user typed
+                # private, as readline makes it (what the user typed), and through a symbolic link
+                # to the file it names, as readline writes it (a history kept with one's dotfiles)
+                atomic_write_text(Path(os.path.realpath(path)), lines, 0o600)
         except OSError:  # the earlier history stays as it was
             pass
     return save
