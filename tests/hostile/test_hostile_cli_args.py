@@ -209,6 +209,23 @@ def test_output_names_longer_than_the_file_system_holds_are_one_line(places, tin
                  names=["cannot write", "File name too long", "choose another --out"], watch=[places, tiny_dir])
 
 
+def test_finetune_out_is_never_the_base_it_reads(places, tmp_path):
+    """A base that is a training run: --out RUN read RUN/checkpoint as a run to --resume, and
+    --resume then refused it as incomplete (no trainable.safetensors), each error pointing at
+    the other; the base is what it is, and nothing is written."""
+    from lucidlm.training import TrainConfig, pretrain
+
+    run = tmp_path / "run"
+    pretrain(TrainConfig(data=str(places / "corpus.txt"), out_dir=str(run), preset="seed000", n_layer=1, n_embd=16,
+                         n_head=2, block_size=8, batch_size=2, max_iters=1, eval_interval=1, eval_iters=1,
+                         sample_tokens=0, progress=False, warmup_iters=0, lr_decay_iters=1))
+    for out in (run, run / "checkpoint"):
+        for resume in ((), ("--resume",)):
+            main_refused("finetune", "--model", str(run), "--data", str(places / "corpus.txt"), "--out", str(out),
+                         *resume, names=[f"--out {re.escape(str(out))} is the --model", "choose another --out"],
+                         watch=[run])
+
+
 def test_merge_and_convert_out_paths(places, tiny_dir):
     for out in (places / "a_file", places / "a_file" / "merged"):
         main_refused("merge", "--model", tiny_dir, "--adapter", str(places / "folder"), "--out", str(out),

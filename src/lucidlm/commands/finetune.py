@@ -43,8 +43,13 @@ def run(args: argparse.Namespace) -> int:
     from lucidlm.training.distributed import is_main_process
     from lucidlm.training.finetune import finetune
 
+    from lucidlm.commands.model_dir import refuse_writing_over
+
     config = config_from_args(FinetuneConfig, args)
     check_options_apply(config, typed_fields(FinetuneConfig, args))  # a typed flag the run would ignore: refused
+    # a base that is a training run (RUN/checkpoint) read its checkpoint as a run to --resume,
+    # and --resume then as an incomplete one: say what it is
+    refuse_writing_over(Path(config.out_dir), config.model, "--model", "--out")
     start = time.perf_counter()
     result = finetune(config)
     if not is_main_process():  # under torchrun, one summary (rank 0's), not one per process
