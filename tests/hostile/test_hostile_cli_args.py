@@ -166,6 +166,21 @@ def test_train_out_paths(places):
     assert "new or empty directory" in line
 
 
+def test_a_file_named_checkpoint_in_out_is_never_replaced(places, tiny_dir, tmp_path):
+    """TensorFlow keeps an index file named "checkpoint" in its training folders: the name made the
+    folder look like a lucidlm run, and the first checkpoint swap deleted the file."""
+    out = tmp_path / "tf_run"
+    out.mkdir()
+    (out / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-1000"\n')
+    names = [re.escape(str(out / "checkpoint")), "not a lucidlm checkpoint", "--out"]
+    small = ("--max-iters", "1", "--block-size", "8", "--batch-size", "2", "--eval-interval", "1", "--eval-iters", "1",
+             "--sample-tokens", "0")  # a run that would otherwise go through and save its checkpoint
+    for resume in ((), ("--resume",)):
+        main_refused(*_train_out(places, out), *small, *resume, names=names, watch=[out])
+        main_refused("finetune", "--model", tiny_dir, "--data", str(places / "corpus.txt"), "--out", str(out), *small,
+                     *resume, names=names, watch=[out])
+
+
 def test_inspect_out_paths(places, tiny_dir):
     for flags, names in [(["--out", str(places / "folder")], [r"--out", "is a directory"]),
                          (["--out", str(places / "a_file" / "r.html")], [r"--out", "a_file is a file"]),

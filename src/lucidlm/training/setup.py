@@ -74,6 +74,11 @@ def open_run(out_dir: Path, resume: bool, ctx: DistributedContext,
     None for a new run. A new run never overwrites a checkpoint; --resume needs one."""
     if ctx.is_main:
         check_name_lengths(out_dir, "--out")  # before anything asks the file system about it
+        checkpoint = out_dir / ckpt.CHECKPOINT_DIR
+        if checkpoint.exists() and not checkpoint.is_dir():  # TensorFlow's index file has this name
+            raise CheckpointError(
+                f"--out {out_dir} holds a file {checkpoint}, not a lucidlm checkpoint (a directory): the run's first "
+                f"checkpoint would replace it. Move it, or choose a new or empty directory for --out.")
         foreign = foreign_entries(out_dir, RUN_ENTRIES)
         if foreign and not resume:  # never train into (and later overwrite files in) someone else's folder
             raise CheckpointError(
