@@ -33,6 +33,7 @@ from lucidlm.peft.gpt2_names import gpt2_module_name, is_gpt2, to_gpt2_peft
 from lucidlm.peft.lora import adapter_names, linear_module_names, lora_layers
 from lucidlm.peft.peft_format import (PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, hf_module_name, peft_config, qk_rows_to_hf,
                                       to_peft_tensors)
+from lucidlm.outputs import user_path
 from lucidlm.peft.trainable import attached_methods
 from lucidlm.staging import atomic_write_text, replacing_files
 from lucidlm.suggest import keywords_checked
@@ -50,7 +51,7 @@ def method_of(model: nn.Module) -> Optional[str]:
 def save_adapter(model: nn.Module, directory: str | Path, name: Optional[str] = None,
                  base_model_name_or_path: Optional[str] = None) -> Path:
     """Write the model's adapter (LoRA: the adapter ``name``, default the active one)."""
-    directory = Path(directory)
+    directory = user_path(directory)  # "~/a" is where load_adapter("~/a") looks, not ./~/a
     methods = attached_methods(model)
     if not methods:
         raise AdapterError("the model has no LoRA, adapter or prefix to save; add one first.")

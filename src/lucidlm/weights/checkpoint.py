@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from lucidlm.config import ModelConfig
 from lucidlm.errors import CheckpointError
 from lucidlm.model.transformer import Transformer
+from lucidlm.outputs import user_path
 from lucidlm.staging import atomic_write_text, publish, replacing_files, staging_file
 from lucidlm.validation import read_json_object
 from lucidlm.weights.finite import check_finite
@@ -189,7 +190,7 @@ def replacing_model(directory: Path) -> AbstractContextManager[list[str]]:
 
 
 def save_model(model: Transformer, directory: str | Path) -> Path:
-    directory = Path(directory)
+    directory = user_path(directory)  # "~/m" is where lucidlm.load("~/m") looks, not ./~/m
     with replacing_model(directory):
         _save_model(model, directory)
     return directory

@@ -37,6 +37,7 @@ from lucidlm.errors import (
     WeightsError,
 )
 from lucidlm.model.transformer import Transformer
+from lucidlm.outputs import user_path
 from lucidlm.staging import atomic_write_text
 from lucidlm.validation import read_json_object
 from lucidlm.weights.checkpoint import atomic_save_safetensors, replacing_model
@@ -305,7 +306,7 @@ def _switches(cfg: ModelConfig, family: LlamaShapedFamily) -> dict[str, Any]:
 
 def save_hf(model: Transformer, out_dir: str | Path) -> Path:
     """Write ``model`` as a Hugging Face directory that ``AutoModelForCausalLM.from_pretrained`` loads."""
-    out_dir = Path(out_dir)
+    out_dir = user_path(out_dir)  # "~/m" is where lucidlm.load("~/m") looks, not ./~/m
     config = hf_config(model)  # raises ConfigError before anything is written
     tensors = hf_state_dict(model)
     with replacing_model(out_dir):  # an earlier save's files this one does not write are removed
