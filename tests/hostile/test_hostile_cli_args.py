@@ -166,13 +166,19 @@ def test_train_out_paths(places):
     assert "new or empty directory" in line
 
 
-def test_a_file_named_checkpoint_in_out_is_never_replaced(places, tiny_dir, tmp_path):
-    """TensorFlow keeps an index file named "checkpoint" in its training folders: the name made the
-    folder look like a lucidlm run, and the first checkpoint swap deleted the file."""
-    out = tmp_path / "tf_run"
+@pytest.mark.parametrize("name, make", [
+    ("checkpoint", lambda p: p.write_text('model_checkpoint_path: "model.ckpt-1000"\n')),  # TensorFlow's index file
+    ("data", lambda p: p.write_text("my notes\n")),
+    ("loss.png", lambda p: p.mkdir()),
+])
+def test_what_stands_where_a_run_writes_is_never_replaced(places, tiny_dir, tmp_path, name, make):
+    """A file named "checkpoint" (TensorFlow keeps one in its training folders) made the folder
+    look like a lucidlm run, and the first checkpoint swap deleted it; a file named "data" was the
+    internal-error line; a folder named loss.png failed the run after training, at its first plot."""
+    out = tmp_path / "their_run"
     out.mkdir()
-    (out / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-1000"\n')
-    names = [re.escape(str(out / "checkpoint")), "not a lucidlm checkpoint", "--out"]
+    make(out / name)
+    names = [re.escape(str(out / name)), "where a lucidlm run keeps its own", "--out"]
     small = ("--max-iters", "1", "--block-size", "8", "--batch-size", "2", "--eval-interval", "1", "--eval-iters", "1",
              "--sample-tokens", "0")  # a run that would otherwise go through and save its checkpoint
     for resume in ((), ("--resume",)):

@@ -20,6 +20,7 @@ from lucidlm.training.distributed import DistributedContext, barrier
 
 # What a lucidlm run writes in OUT: a directory holding any of these is a run, not a stranger's folder.
 RUN_ENTRIES = (ckpt.CHECKPOINT_DIR, "data", "metrics.jsonl", "loss.png", "token_lengths.json")
+RUN_DIRS = (ckpt.CHECKPOINT_DIR, "data")  # the others are files
 
 
 def resolve_device(device: str) -> str:
@@ -74,11 +75,7 @@ def open_run(out_dir: Path, resume: bool, ctx: DistributedContext,
     None for a new run. A new run never overwrites a checkpoint; --resume needs one."""
     if ctx.is_main:
         check_name_lengths(out_dir, "--out")  # before anything asks the file system about it
-        checkpoint = out_dir / ckpt.CHECKPOINT_DIR
-        if checkpoint.exists() and not checkpoint.is_dir():  # TensorFlow's index file has this name
-            raise CheckpointError(
-                f"--out {out_dir} holds a file {checkpoint}, not a lucidlm checkpoint (a directory): the run's first "
-                f"checkpoint would replace it. Move it, or choose a new or empty directory for --out.")
+        _refuse_entries_in_the_way(out_dir)
         foreign = foreign_entries(out_dir, RUN_ENTRIES)
         if foreign and not resume:  # never train into (and later overwrite files in) someone else's folder
             raise CheckpointError(
@@ -100,6 +97,19 @@ def open_run(out_dir: Path, resume: bool, ctx: DistributedContext,
     if not found.is_dir():
         _no_checkpoint(out_dir)
     return found, ckpt.read_trainer_state(found, payload)
+
+
+def _refuse_entries_in_the_way(out_dir: Path) -> None:
+    """A file where a run keeps a directory (TensorFlow's index file is named "checkpoint"), or a
+    directory where it writes a file: the names make OUT look like a run, and the run would delete
+    the file at its first checkpoint, or fail on it after training (a folder named loss.png)."""
+    for name in RUN_ENTRIES:
+        path = out_dir / name
+        if path.exists() and path.is_dir() != (name in RUN_DIRS):
+            kind = "a file" if name in RUN_DIRS else "a directory"
+            raise CheckpointError(f"--out {out_dir} holds {path}, {kind}, where a lucidlm run keeps its own: the run "
+                                  f"would replace it or fail on it. Move it, or choose a new or empty directory for "
+                                  f"--out.")
 
 
 def _no_checkpoint(out_dir: Path) -> None:
