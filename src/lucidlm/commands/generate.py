@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from typing import Any, Iterable, Optional
@@ -42,11 +43,16 @@ def register(subparsers: Any) -> None:
                         help="wrap PROMPT as a user message in the model's chat template")
     parser.add_argument("--system", metavar="TEXT", default=None, type=arg_types.text,
                         help="with --chat: the system prompt (default: the chat template's own, if it has one)")
+    parser.add_argument("--logprobs", metavar="N", type=int, default=None,
+                        help="with --json: add each generated token's log-prob (logprobs) and the N most likely "
+                             "tokens at each step (top_logprobs: [token_id, logprob] pairs, null for a token a "
+                             "sampling filter removed; 0 = none), from the distribution it was sampled from")
     parser.add_argument("--stream", action="store_true", help="print text as it is generated")
     parser.add_argument("--json", action="store_true",
                         help='print one JSON object: text, token_ids (generated only), prompt_ids, finish_reason '
                              "(eos|stop|length), prompt_tokens, new_tokens, load_seconds, seconds, "
-                             'tokens_per_second; with --stream, first one {"text": piece} line per piece')
+                             'tokens_per_second (and with --logprobs, logprobs and top_logprobs); with --stream, '
+                             'first one {"text": piece} line per piece')
     parser.set_defaults(handler=run_generate)
 
 
@@ -191,7 +197,10 @@ def read_prompt(prompt: str) -> str:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    kwargs = dict(sampling_kwargs(args), num_beams=args.num_beams, length_penalty=args.length_penalty)
+    kwargs = dict(sampling_kwargs(args), num_beams=args.num_beams, length_penalty=args.length_penalty,
+                  logprobs=args.logprobs)
+    if args.logprobs is not None and not args.json:
+        raise InputError(f"--logprobs {args.logprobs} is printed with the --json output; add --json.")
     if args.system is not None and not args.chat:
         raise InputError("--system needs --chat (a system prompt is part of the chat template).")
     if args.length_penalty != 1.0 and args.num_beams == 1:
@@ -248,7 +257,19 @@ def _json_result(result: Any, load_seconds: float, seconds: float) -> dict[str, 
     wall time measured around the loop where a result has none."""
     new_tokens = len(result.token_ids)
     seconds = result.seconds if getattr(result, "seconds", None) is not None else seconds
+    scores = {}
+    if getattr(result, "logprobs", None) is not None:  # asked for (--logprobs)
+        scores["logprobs"] = [_json_number(value) for value in result.logprobs]
+        if result.top_logprobs is not None:
+            scores["top_logprobs"] = [[[token, _json_number(value)] for token, value in step]
+                                      for step in result.top_logprobs]
     return {"text": result.text, "token_ids": result.token_ids, "prompt_ids": result.prompt_ids,
             "finish_reason": result.finish_reason, "prompt_tokens": len(result.prompt_ids),
             "new_tokens": new_tokens, "load_seconds": round(load_seconds, 4), "seconds": round(seconds, 4),
-            "tokens_per_second": round(new_tokens / seconds, 2) if seconds > 0 else None}
+            "tokens_per_second": round(new_tokens / seconds, 2) if seconds > 0 else None} | scores
+
+
+def _json_number(value: float) -> Optional[float]:
+    """A log-prob for JSON: -inf (a token the sampler's filters removed) is null, as JSON has no
+    infinity (json.dumps would write -Infinity, which JSON parsers refuse)."""
+    return value if math.isfinite(value) else None

@@ -40,6 +40,7 @@ from lucidlm.errors import GenerationError
 from lucidlm.generation.beam_search import beam_search
 from lucidlm.generation.decode import sample_rows
 from lucidlm.generation.defaults import apply_sampling_defaults
+from lucidlm.generation.logprobs import LogprobRecorder
 from lucidlm.generation.request import (batch_rows, check_beams, fit_to_context, make_request, padding_id,
                                         private_generator, prompt_ids)
 from lucidlm.generation.sliding import sample_with_crop
@@ -71,6 +72,15 @@ class GenerationResult:
       pieces is left out. In a batch (``generate_batch``) each row's time runs to the step that
       finished that row, with the rows sharing every forward pass. ``None`` for a result built
       by hand.
+    - ``logprobs``: with ``generate(..., logprobs=True or N)``, one float per id of
+      ``token_ids``: its log-probability under the distribution it was sampled from (the logits
+      after temperature, top-k, top-p and the other processors, log-softmaxed: transformers'
+      ``compute_transition_scores(..., normalize_logits=True)``; with greedy decoding the model's
+      own ``log_softmax(logits)``; beam search: the scores its beams summed, transformers'
+      transition scores; see ``generation/logprobs.py``). ``None`` when not asked for.
+    - ``top_logprobs``: with ``logprobs=N`` (N >= 1), per generated token the N most likely
+      tokens of that same distribution, most likely first, as ``(token_id, logprob)`` pairs (a
+      token a filter removed has -inf). ``None`` otherwise.
 
     Rates (properties): ``tokens_per_second`` is new tokens / ``seconds``, the whole
     generation's rate, prompt pass included (the number ``lucidlm generate --json`` reports);
@@ -88,6 +98,8 @@ class GenerationResult:
     finish_reason: str = "length"  # "eos" | "stop" | "length"
     prompt_seconds: Optional[float] = None
     seconds: Optional[float] = None
+    logprobs: Optional[list[float]] = None
+    top_logprobs: Optional[list[list[tuple[int, float]]]] = None
 
     @property
     def tokens_per_second(self) -> Optional[float]:
@@ -156,7 +168,8 @@ def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
              epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None, seed: Optional[int] = None,
              stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True, num_beams: int = 1,
              length_penalty: float = 1.0, min_new_tokens: int = 0, context_overflow: str = "stop",
-             chat: bool = False, **unknown: Any) -> Union[GenerationResult, list[GenerationResult]]:
+             logprobs: Union[bool, int, None] = None, chat: bool = False,
+             **unknown: Any) -> Union[GenerationResult, list[GenerationResult]]:
     """Continue ``prompt``; see the module docstring for the rules. ``chat=True`` wraps a
     text prompt as one user message in the model's chat template.
 
@@ -169,7 +182,11 @@ def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
     ``typical_p``, ``epsilon_cutoff``, ``eta_cutoff`` and ``seed``; it uses
     ``repetition_penalty``, ``length_penalty``, ``stop`` and ``stop_on_eos`` (a beam that
     writes a stop string ends there, as with EOS: HF's ``stop_strings``).
-    ``length_penalty`` needs ``num_beams > 1``."""
+    ``length_penalty`` needs ``num_beams > 1``.
+
+    ``logprobs=True`` fills ``GenerationResult.logprobs`` (each generated token's log-prob),
+    ``logprobs=N`` also ``top_logprobs`` (the N most likely tokens at each step); see
+    ``GenerationResult`` for the distribution they come from."""
     options = {k: v for k, v in locals().items() if k not in ("model", "prompt", "unknown")}
     if unknown:
         make_request({k: v for k, v in {**options, **unknown}.items() if k != "chat"})  # refuses them by name, with the closest known option
@@ -244,7 +261,8 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
                    typical_p: Optional[float] = None, epsilon_cutoff: Optional[float] = None,
                    eta_cutoff: Optional[float] = None, seed: Optional[int] = None,
                    stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True,
-                   min_new_tokens: int = 0, chat: bool = False) -> list[GenerationResult]:
+                   min_new_tokens: int = 0, logprobs: Union[bool, int, None] = None,
+                   chat: bool = False) -> list[GenerationResult]:
     """Generate for several prompts in one batch (left-padded, one KV cache). Each row
     stops on its own; greedy results equal one-prompt-at-a-time ``generate``, up to the
     context: the rows share the cache's ``max_seq_len`` slots, so every row gets at most
@@ -252,7 +270,8 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
     where a short prompt alone could go on further. There is no beam search here (no
     ``num_beams``, ``length_penalty``): beams search one prompt at a time, with ``generate``,
     and ignore the sampling options (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``,
-    ``epsilon_cutoff``, ``eta_cutoff``, ``seed``)."""
+    ``epsilon_cutoff``, ``eta_cutoff``, ``seed``). With ``logprobs``, each row's log-probs cover
+    its own tokens only (none for the steps after it ended)."""
     if isinstance(prompts, str) or len(prompts) == 0:
         raise GenerationError("generate_batch takes a non-empty list of prompts; use generate() for one prompt.")
     kwargs = {k: v for k, v in locals().items() if k not in ("model", "prompts", "chat")}
@@ -270,8 +289,10 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
     start = time.perf_counter()
     first: Optional[float] = None  # the first step gives every row its first token
     ends: list[Optional[float]] = [None] * len(rows)  # when each row finished
+    recorder = None if request.logprobs is None else LogprobRecorder(request.logprobs)
     with closing(sample_rows(model, rows, max_new, request.settings, private_generator(model, request.seed),
-                             finished, pad_id, request.min_new_tokens, request.eos_ids, lookahead=True)) as steps:
+                             finished, pad_id, request.min_new_tokens, request.eos_ids, lookahead=True,
+                             recorder=recorder)) as steps:
         for next_ids in steps:
             tokens = next_ids.tolist()
             now = time.perf_counter() - start
@@ -289,13 +310,15 @@ def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_ne
                 if finished[i]:
                     ends[i] = now
     total = time.perf_counter() - start
+    scores = recorder.rows([len(out) for out in outputs]) if recorder is not None else [(None, None)] * len(rows)
     results = []
-    for row, out, reason, assembler, end in zip(rows, outputs, reasons, assemblers, ends):
+    for row, out, reason, assembler, end, (chosen, tops) in zip(rows, outputs, reasons, assemblers, ends, scores):
         if assembler is not None:
             assembler.finish()
         results.append(_built(GenerationResult(out, assembler.text if assembler else "", list(row), reason,
                                                prompt_seconds=first if out else None,
-                                               seconds=total if end is None else end), tokenizer))
+                                               seconds=total if end is None else end,
+                                               logprobs=chosen, top_logprobs=tops), tokenizer))
     return results
 
 
@@ -346,12 +369,14 @@ class _Run:
         def elapsed() -> float:
             return time.perf_counter() - start - away
 
+        recorder = None if self.request.logprobs is None else LogprobRecorder(self.request.logprobs)
         if self.request.num_beams > 1:
             token_ids, _ = beam_search(self.model, self.prompt_ids, num_beams=self.request.num_beams,
                                        max_new_tokens=self.max_new, eos_ids=self.request.eos_ids,
                                        length_penalty=self.request.length_penalty,
                                        repetition_penalty=self.request.settings.repetition_penalty,
-                                       stop=self.request.stop, min_new_tokens=self.request.min_new_tokens)
+                                       stop=self.request.stop, min_new_tokens=self.request.min_new_tokens,
+                                       recorder=recorder)
             if token_ids and token_ids[-1] in self.request.eos_ids:
                 reason = "eos"
             text = ""
@@ -363,18 +388,19 @@ class _Run:
                         break
                 text += assembler.finish()
             self.result = _built(GenerationResult(token_ids, text, list(self.prompt_ids), reason,
-                                                  seconds=elapsed()), self.model.tokenizer)
+                                                  seconds=elapsed(), **_scores(recorder, token_ids)),
+                                 self.model.tokenizer)
             if text:
                 yield text
             return
 
         finished = torch.zeros(1, dtype=torch.bool)
         sampler = sample_with_crop if self.crop else \
-            lambda model, prompt, *rest: sample_rows(model, [prompt], *rest, lookahead=self.lookahead,
-                                                     steady=self.steady)
+            lambda model, prompt, *rest, **options: sample_rows(model, [prompt], *rest, lookahead=self.lookahead,
+                                                                steady=self.steady, **options)
         steps = sampler(self.model, self.prompt_ids, self.max_new, self.request.settings,
                         private_generator(self.model, self.request.seed), finished, padding_id(self.model.tokenizer),
-                        self.request.min_new_tokens, self.request.eos_ids)
+                        self.request.min_new_tokens, self.request.eos_ids, recorder=recorder)
         with closing(steps):
             for next_ids in steps:
                 token = int(next_ids[0])
@@ -402,4 +428,13 @@ class _Run:
                 yield piece
             text = assembler.text
         self.result = _built(GenerationResult(token_ids, text, list(self.prompt_ids), reason,
-                                              prompt_seconds=first, seconds=seconds), self.model.tokenizer)
+                                              prompt_seconds=first, seconds=seconds,
+                                              **_scores(recorder, token_ids)), self.model.tokenizer)
+
+
+def _scores(recorder: Optional[LogprobRecorder], token_ids: list[int]) -> dict[str, Any]:
+    """A one-row result's ``logprobs`` and ``top_logprobs`` (none without a recorder)."""
+    if recorder is None:
+        return {}
+    chosen, tops = recorder.rows([len(token_ids)])[0]
+    return {"logprobs": chosen, "top_logprobs": tops}

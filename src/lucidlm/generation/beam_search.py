@@ -40,11 +40,14 @@ NEG_INF = -1.0e9  # HF's "impossible" score; a finite value keeps the arithmetic
 def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_new_tokens: int,
                 eos_ids: Sequence[int] = (), length_penalty: float = 1.0,
                 early_stopping: bool | str = False, repetition_penalty: Optional[float] = None,
-                stop: Sequence[str] = (), min_new_tokens: int = 0) -> tuple[list[int], float]:
+                stop: Sequence[str] = (), min_new_tokens: int = 0, recorder: Any = None) -> tuple[list[int], float]:
     """The best hypothesis' generated ids (EOS included if it ended with one, and the token
     completing a stop string if it ended with one) and its score. ``stop`` needs
     ``model.tokenizer``, to decode the beams' text. ``min_new_tokens``: no beam may end with EOS
-    before that many new tokens (a stop string still ends one, as in transformers)."""
+    before that many new tokens (a stop string still ends one, as in transformers).
+    ``recorder`` (a ``LogprobRecorder``) is given the best hypothesis' per-token scores: the
+    processed log-probs the beam scores sum, transformers' ``compute_transition_scores(sequences,
+    scores, beam_indices)``, and the top alternatives of the same rows."""
     # As generate(): prompt + output fit the context (the prompt alone must).
     if stop and getattr(model, "tokenizer", None) is None:
         raise GenerationError("stop strings need a tokenizer to decode the beams' text, but model.tokenizer is None.")
@@ -60,7 +63,12 @@ def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_ne
     # Only beam 0 is live at first: n identical beams would propose the same tokens n times.
     running_scores = torch.full((n,), NEG_INF, device=device)
     running_scores[0] = 0.0
-    finished: list[tuple[float, list[int]]] = []  # (score, generated ids), best first, at most n
+    finished: list[tuple[float, list[int], Any]] = []  # (score, generated ids, path), best first, at most n
+    # Per running beam, the log-probs of its tokens (n, t) and with them the top alternatives
+    # (n, t, N) of each step's row, for ``recorder``; on the device, reordered with the beams.
+    top_n = recorder.top_n if recorder is not None else 0
+    paths = (torch.empty((n, 0), device=device), torch.empty((n, 0, top_n), device=device),
+             torch.empty((n, 0, top_n), dtype=torch.long, device=device))
     # Each running beam's text so far, when stop strings can end it (EOS adds no text).
     texts = [TextAssembler(model.tokenizer, stop, eos_ids, prompt_ids)] * n if stop else None
     improvement_possible = True
@@ -79,6 +87,8 @@ def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_ne
             total = (log_probs + running_scores[:, None]).view(-1)  # (n * V,)
             cand_scores, cand_index = torch.topk(total, keep)  # (keep,)
             cand_beam, cand_token = cand_index // vocab, cand_index % vocab
+            cand_paths = _extended_paths(paths, log_probs, cand_index, cand_beam, top_n) if recorder is not None \
+                else None
             generated_len = t + 1
             ends = torch.isin(cand_token, eos) | (generated_len == max_new_tokens)  # (keep,)
             if texts is not None:
@@ -92,13 +102,16 @@ def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_ne
                         continue
                     score = float(cand_scores[rank]) / generated_len ** length_penalty
                     ids = running[cand_beam[rank], L:].tolist() + [int(cand_token[rank])]
-                    _add_hypothesis(finished, score, ids, n)
+                    path = tuple(part[rank] for part in cand_paths) if cand_paths is not None else None
+                    _add_hypothesis(finished, score, ids, n, path)
 
             # Next beams: the best candidates that did not end.
             next_rank = torch.topk(cand_scores + ends.float() * NEG_INF, n).indices  # (n,)
             beam_idx, next_tokens = cand_beam[next_rank], cand_token[next_rank]
             running = torch.cat([running[beam_idx], next_tokens[:, None]], dim=1)
             running_scores = cand_scores[next_rank] + ends[next_rank].float() * NEG_INF
+            if cand_paths is not None:
+                paths = tuple(part[next_rank] for part in cand_paths)
             if texts is not None:
                 texts = [cand_texts[r] for r in next_rank.tolist()]
 
@@ -110,8 +123,22 @@ def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_ne
             session.reorder(beam_idx)
             logits = session.step(next_tokens)
 
-    best_score, best_ids = finished[0]
+    best_score, best_ids, best_path = finished[0]
+    if recorder is not None:
+        chosen, top_values, top_ids = best_path  # (t,), (t, N), (t, N)
+        recorder.record_path(chosen, top_values, top_ids)
     return best_ids, best_score
+
+
+def _extended_paths(paths: tuple[torch.Tensor, ...], log_probs: torch.Tensor, cand_index: torch.Tensor,
+                    cand_beam: torch.Tensor, top_n: int) -> tuple[torch.Tensor, ...]:
+    """Each candidate's path: its beam's log-probs (n, t) and alternatives (n, t, N) with this
+    step's appended, for the candidates (keep,): (keep, t + 1), (keep, t + 1, N) twice."""
+    chosen, top_values, top_ids = paths
+    step_values, step_ids = log_probs.topk(min(top_n, log_probs.shape[-1]), dim=-1)  # (n, N)
+    return (torch.cat([chosen[cand_beam], log_probs.view(-1)[cand_index][:, None]], dim=1),
+            torch.cat([top_values[cand_beam], step_values[cand_beam][:, None]], dim=1),
+            torch.cat([top_ids[cand_beam], step_ids[cand_beam][:, None]], dim=1))
 
 
 def _extended(text: TextAssembler, token: int) -> TextAssembler:
@@ -121,14 +148,15 @@ def _extended(text: TextAssembler, token: int) -> TextAssembler:
     return text
 
 
-def _add_hypothesis(finished: list[tuple[float, list[int]]], score: float, ids: list[int], n: int) -> None:
+def _add_hypothesis(finished: list[tuple[float, list[int], Any]], score: float, ids: list[int], n: int,
+                    path: Any = None) -> None:
     """Insert keeping the list sorted best first (earlier entries win ties, as HF's topk)."""
-    position = next((i for i, (s, _) in enumerate(finished) if score > s), len(finished))
-    finished.insert(position, (score, ids))
+    position = next((i for i, (s, *_) in enumerate(finished) if score > s), len(finished))
+    finished.insert(position, (score, ids, path))
     del finished[n:]
 
 
-def _can_improve(running_scores: torch.Tensor, finished: list[tuple[float, list[int]]], n: int,
+def _can_improve(running_scores: torch.Tensor, finished: list[tuple[float, list[int], Any]], n: int,
                  generated_len: int, max_new_tokens: int, length_penalty: float,
                  early_stopping: bool | str) -> bool:
     """HF's heuristic: could the best running beam still beat the worst kept hypothesis?"""

@@ -209,9 +209,10 @@ def _check_capacity(model: Any, prompt_len: int, capacity: int) -> None:
 def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, settings: Any,
                 generator: Optional[torch.Generator], finished: torch.Tensor, pad_id: int = 0,
                 min_new_tokens: int = 0, eos_ids: Sequence[int] = (),
-                lookahead: bool = False, steady: bool = False) -> Iterator[torch.Tensor]:
+                lookahead: bool = False, steady: bool = False, recorder: Any = None) -> Iterator[torch.Tensor]:
     """Yield the next token of every row (B,) for up to ``max_new_tokens`` steps; the
-    ``eos_ids`` cannot be chosen in the first ``min_new_tokens`` steps.
+    ``eos_ids`` cannot be chosen in the first ``min_new_tokens`` steps. ``recorder`` (a
+    ``LogprobRecorder``) keeps each step's log-probs on the device.
 
     ``finished`` (B,) bool is owned by the caller, who sets a row when it ends (EOS, stop
     string); the loop stops early once every row has. Finished rows keep decoding in
@@ -248,7 +249,7 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
             with torch.inference_mode():
                 if t < min_new_tokens:
                     logits = suppress(logits, eos_ids)
-                next_ids = sample_next(logits, settings, seen[:, :L + t], generator)  # (B,)
+                next_ids = sample_next(logits, settings, seen[:, :L + t], generator, recorder)  # (B,)
                 seen[:, L + t] = next_ids
             sent = readback.send(t, next_ids)  # before the next step is queued behind the ids
             last = t + 1 == max_new_tokens  # the last token is never fed back: no forward pass for it

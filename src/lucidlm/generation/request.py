@@ -15,6 +15,7 @@ import torch
 
 from lucidlm.errors import GenerationError
 from lucidlm.generation.chat_template import encode_chat
+from lucidlm.generation.logprobs import logprobs_count
 from lucidlm.generation.sampling import SamplingSettings
 from lucidlm.suggest import did_you_mean
 from lucidlm.validation import check_allocation, check_float, check_seed
@@ -43,6 +44,7 @@ class Request:
     stop_on_eos: bool
     min_new_tokens: int = 0
     context_overflow: str = "stop"
+    logprobs: Optional[int] = None  # None: off; N: the chosen token's log-prob and N alternatives
 
     def use_model(self, model: Any) -> None:
         """Stop on the model's end tokens: its tokenizer's, else those its files declare."""
@@ -74,6 +76,9 @@ def check_options(**kwargs: Any) -> None:
                                [-40, 40]; only with num_beams > 1
         min_new_tokens=0       EOS cannot end generation before this many tokens
         context_overflow="stop"  or "crop": keep going from the last max_seq_len tokens
+        logprobs=None          True: each generated token's log-prob (GenerationResult.logprobs);
+                               N >= 0: also the N most likely tokens (top_logprobs);
+                               None or False: off (see generation/logprobs.py)
         chat=False             accepted (it concerns the prompt, not sampling)
 
     A name outside this list is refused with the closest one ("did you mean")."""
@@ -107,7 +112,7 @@ def make_request(kwargs: dict[str, Any]) -> Request:
     if not is_int(num_beams) or num_beams < 1:
         raise GenerationError(f"num_beams={num_beams!r} is invalid: use 1 (no beam search) or more.")
     known = {"max_new_tokens", *SAMPLER_OPTIONS, "seed", "stop", "stop_on_eos", "num_beams", "length_penalty",
-             "min_new_tokens", "context_overflow"}
+             "min_new_tokens", "context_overflow", "logprobs"}
     unknown = set(kwargs) - known
     if unknown:
         name = sorted(unknown)[0]
@@ -136,7 +141,7 @@ def make_request(kwargs: dict[str, Any]) -> Request:
         raise GenerationError(f"length_penalty={length_penalty:g} scores beam search's hypotheses; add num_beams=N "
                               f"(N > 1), or drop length_penalty.")
     return Request(settings, max_new, stop, [], seed, num_beams, length_penalty,
-                    bool(kwargs.get("stop_on_eos", True)), min_new, overflow)
+                    bool(kwargs.get("stop_on_eos", True)), min_new, overflow, logprobs_count(kwargs.get("logprobs")))
 
 
 def is_int(value: Any) -> bool:

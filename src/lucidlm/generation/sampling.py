@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -204,10 +204,15 @@ def process_logits(logits: torch.Tensor, settings: SamplingSettings,
 
 
 def sample_next(logits: torch.Tensor, settings: SamplingSettings, seen_ids: Optional[torch.Tensor] = None,
-                generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """Next token ids (B,) from logits (B, V)."""
+                generator: Optional[torch.Generator] = None, recorder: Any = None) -> torch.Tensor:
+    """Next token ids (B,) from logits (B, V). ``recorder`` (a ``LogprobRecorder``) is handed the
+    processed logits the ids came from, on the device."""
     logits = process_logits(logits.float(), settings, seen_ids)
     if settings.greedy:
-        return argmax_rows(logits)  # logits.argmax(dim=-1), in C on a CPU
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+        ids = argmax_rows(logits)  # logits.argmax(dim=-1), in C on a CPU
+    else:
+        probs = logits.softmax(dim=-1)
+        ids = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    if recorder is not None:
+        recorder.record(logits, ids)
+    return ids

@@ -28,7 +28,8 @@ from lucidlm.generation.sampling import sample_next
 
 def sample_with_crop(model: Any, prompt: Sequence[int], max_new_tokens: int, settings: Any,
                      generator: Optional[torch.Generator], finished: torch.Tensor, pad_id: int = 0,
-                     min_new_tokens: int = 0, eos_ids: Sequence[int] = ()) -> Iterator[torch.Tensor]:
+                     min_new_tokens: int = 0, eos_ids: Sequence[int] = (),
+                     recorder: Any = None) -> Iterator[torch.Tensor]:
     """Like ``sample_rows`` for one row, but never stops for lack of context: yields (1,)
     next-token tensors for ``max_new_tokens`` steps or until ``finished`` is set."""
     limit = model.config.max_seq_len
@@ -36,7 +37,7 @@ def sample_with_crop(model: Any, prompt: Sequence[int], max_new_tokens: int, set
     window = ids[-limit:]
     cached = min(max_new_tokens, limit - len(window))  # tokens that still fit: KV-cached decoding
     for next_ids in sample_rows(model, [window], cached, settings, generator, finished, pad_id,
-                                min_new_tokens, eos_ids):
+                                min_new_tokens, eos_ids, recorder=recorder):
         ids.append(int(next_ids[0]))
         yield next_ids
         if bool(finished.all()):
@@ -48,7 +49,7 @@ def sample_with_crop(model: Any, prompt: Sequence[int], max_new_tokens: int, set
             if t < min_new_tokens:
                 logits = suppress(logits, eos_ids)
             seen = torch.tensor([ids], device=model.device)  # repetition penalty sees everything
-            next_ids = sample_next(logits, settings, seen, generator)
+            next_ids = sample_next(logits, settings, seen, generator, recorder)
         ids.append(int(next_ids[0]))
         yield next_ids
         if bool(finished.all()):
