@@ -113,14 +113,20 @@ def stepper(model, loss_fn, batch):
 
 def peak_rss_rise(side: str, batch_file: str, steps: int) -> float:
     """MiB the peak RSS rises while taking ``steps`` steps, after loading (Linux only). The
-    process loads nothing but its own model, so no freed memory pads the steps' allocations."""
+    process loads nothing but its own model, and the heap's free pages go back to the OS
+    before the counter is reset: memory a loader freed but glibc kept resident would
+    otherwise serve the steps' first allocations unseen, and the rise would measure the
+    loader (lucidlm at 297ab9b: 573-597 MiB untrimmed, 1057-1060 trimmed; 2026-12-07)."""
     from safetensors.torch import load_file
+
+    from lucidlm.host_memory import trim
 
     model = build_ours() if side == "ours" else build_theirs()
     batch = load_file(batch_file)["batch"]
     step = stepper(model, ours_loss if side == "ours" else theirs_loss, batch)
     import gc
     gc.collect()
+    trim()
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS counter (VmHWM) to now
     before = _status_kib("VmRSS")
     for _ in range(steps):
