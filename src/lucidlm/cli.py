@@ -49,13 +49,33 @@ _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)'")
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors that suggest the closest valid name."""
 
+    def parse_known_args(self, args: Optional[Sequence[str]] = None, namespace: Any = None) -> Any:
+        self._argv = list(sys.argv[1:] if args is None else args)  # error() looks in it for a mistyped flag
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
         match = _INVALID_CHOICE.search(message)
         if match:
             choices = [str(c) for action in self._actions if action.choices for c in action.choices]
             message = message.replace(match.group(0), match.group(0) + did_you_mean(match.group(1), choices), 1)
+        elif message.startswith("the following arguments are required"):
+            # argparse checks required flags before it lists unknown ones, so `--date x` for `--data x`
+            # would only say that --data is missing: name the mistyped flag too
+            message += self._mistyped_flag()
         # argv may hold bytes that were not UTF-8 (lone surrogates): quoted, they must still print
         self.exit(2, f"{self.prog}: error: {printable(message)}\n(see `{self.prog} --help`)\n")
+
+    def _mistyped_flag(self) -> str:
+        """``"; unrecognized argument --date; did you mean '--data'?"`` for the first flag in the
+        arguments that is no option of this parser nor an abbreviation of one, else ``""``."""
+        options = [s for action in self._actions for s in action.option_strings]
+        for arg in getattr(self, "_argv", []):
+            flag = arg.split("=", 1)[0]
+            if not flag.startswith("--") or flag == "--":
+                continue
+            if flag not in options and not any(o.startswith(flag) for o in options):
+                return f"; unrecognized argument {flag}{did_you_mean(flag, options)}"
+        return ""
 
     def unrecognized(self, extras: Sequence[str]) -> NoReturn:
         options = [s for action in self._actions for s in action.option_strings]

@@ -23,6 +23,11 @@ def assert_one_line_error(done, *fragments: str) -> None:
     (["generate", "hi", "--max-tokens", "5"], ["--max-tokens", "did you mean '--max-new-tokens'?"]),
     (["train", "--data", "x.txt", "--out", "o", "--preset", "shakespear-char"],
      ["invalid choice: 'shakespear-char'", "did you mean 'shakespeare-char'?"]),
+    # a typo in a required flag: argparse reports the flag missing before it lists unknown ones
+    (["train", "--date", "x.txt", "--out", "o"],
+     ["required: --data", "unrecognized argument --date", "did you mean '--data'?"]),
+    (["merge", "--model", "m", "--adaptr", "a", "--out", "o"],
+     ["required: --adapter", "unrecognized argument --adaptr", "did you mean '--adapter'?"]),
 ])
 def test_typos_get_did_you_mean(args, fragments):
     done = run_cli(*args)
