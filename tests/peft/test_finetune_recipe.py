@@ -175,3 +175,25 @@ def test_ctrl_c_names_the_command_that_continues_the_run(base, tmp_path, monkeyp
     assert args.handler(args) == 0
     printed = capsys.readouterr().out
     assert ", resuming at step 3" in printed and "done in" in printed and "step 8," in printed
+
+
+def test_ctrl_c_summary_says_stopped_and_whose_val_loss_it_shows(base, tmp_path, capsys, ctrl_c_after_step):
+    """Ctrl-C skips the last evaluation, so the CLI's summary may not say "done" with an older
+    evaluation's loss as the stopped step's: it names the step metrics.jsonl's record is from."""
+    import argparse
+
+    from lucidlm.commands import finetune as finetune_command
+
+    parser = argparse.ArgumentParser()
+    finetune_command.register(parser.add_subparsers())
+    args = parser.parse_args(["finetune", "--model", str(base / "model"), "--data", str(base / "qa.jsonl"),
+                              "--out", str(tmp_path), "--rank", "4", "--batch-size", "4", "--max-iters", "8",
+                              "--eval-interval", "100", "--eval-iters", "2", "--sample-tokens", "0",
+                              "--max-length", "24", "--no-progress"])
+    ctrl_c_after_step(3)
+    assert args.handler(args) == 130
+    summary = next(line for line in capsys.readouterr().out.splitlines() if " in " in line and "val loss" in line)
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["step"] == 0
+    assert summary.startswith("stopped in ") and ": step 3, " in summary
+    assert f"val loss {record['val_loss']:.4f} (evaluated at step 0)" in summary

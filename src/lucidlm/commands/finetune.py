@@ -57,10 +57,14 @@ def run(args: argparse.Namespace) -> int:
     out_dir = Path(config.out_dir)
     model_flag = f" --model {config.model}" if config.model is not None else ""
     val = "n/a" if result.val_loss is None or math.isnan(result.val_loss) else f"{result.val_loss:.4f}"
+    evaluated = result.metrics[-1].get("step") if result.metrics else None
+    if evaluated is not None and evaluated != result.step:  # Ctrl-C skips the last evaluation: say whose loss it is
+        val += f" (evaluated at step {evaluated})"
     where = f"model in {out_dir}" if config.method == "full" else f"adapter in {out_dir}"
     use = (f"lucidlm generate --model {out_dir}" if config.method == "full" else
            f"lucidlm generate{model_flag} --adapter {out_dir}")
-    print(f"done in {time.perf_counter() - start:.0f}s: step {result.step}, val loss {val}; {where}.\n"
+    ended = "stopped" if result.interrupted else "done"
+    print(f"{ended} in {time.perf_counter() - start:.0f}s: step {result.step}, val loss {val}; {where}.\n"
           f"  try it:  {use} \"...\"")
     if config.method == "lora":
         print(f"  merge it: lucidlm merge{model_flag} --adapter {out_dir} --out {out_dir}-merged")
