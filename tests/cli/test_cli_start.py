@@ -86,3 +86,32 @@ def test_generate_says_loading_before_it_imports_torch(tmp_path):
     loading = lines.index(f"loading {tmp_path} ...")
     first_torch = next(i for i, line in enumerate(lines) if line.rsplit("|", 1)[-1].strip() == "torch")
     assert loading < first_torch
+
+
+def test_prompt_from_a_terminal_says_how_to_end_it(tmp_path):
+    """``generate -`` typed at a terminal (not piped) waits for Ctrl-D before it loads anything:
+    it says so at once instead of sitting silent, then answers what was typed."""
+    import sys
+
+    import torch
+
+    pexpect = pytest.importorskip("pexpect")
+    from cli_run import cli_env
+
+    from lucidlm import LanguageModel, preset
+    from lucidlm.tokenizers import BPETokenizer
+    from lucidlm.weights.checkpoint import save_model
+
+    torch.manual_seed(0)
+    tokenizer = BPETokenizer([], {"<|endoftext|>": 256}, eos_token="<|endoftext|>")
+    save_model(LanguageModel(preset("llama", n_layers=1, d_model=32, n_heads=2, vocab_size=257, max_seq_len=32,
+                                    multiple_of=32), tokenizer), tmp_path)
+    child = pexpect.spawn(sys.executable, ["-m", "lucidlm", "generate", "-", "--model", str(tmp_path), "-q",
+                                           "--max-new-tokens", "2", "--temperature", "0"],
+                          env=cli_env(TERM="xterm"), encoding="utf-8", timeout=120)
+    child.expect_exact("end it with Ctrl-D", timeout=30)
+    child.sendline("Hi")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0

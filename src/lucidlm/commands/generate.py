@@ -186,6 +186,9 @@ def read_prompt(prompt: str) -> str:
     """PROMPT as given, or all of stdin for ``-`` (one trailing newline dropped)."""
     if prompt != "-":
         return prompt
+    if sys.stdin.isatty():  # typed, not piped: without a word the command looks hung (nothing loads until EOF)
+        print("reading the prompt from the terminal; end it with Ctrl-D on a line of its own", file=sys.stderr,
+              flush=True)
     data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
     try:
         text = data.decode("utf-8")
