@@ -227,7 +227,8 @@ def test_convert_builds_a_preset_with_random_init(tmp_path, capsys):
     names --random-init): --random-init builds it untrained, as generate's flag does, and
     transformers reads the export with lucidlm's logits."""
     assert main(["convert", "shakespeare-char", str(tmp_path / "bare"), "--to", "hf"]) == 1
-    assert "--random-init" in one_error_line(capsys)
+    loading, error = capsys.readouterr().err.splitlines()  # the loading line, then one error line
+    assert loading == "loading shakespeare-char ..." and "--random-init" in error
     out = tmp_path / "out"
     assert main(["convert", "shakespeare-char", str(out), "--to", "hf", "--random-init"]) == 0
     ids = [1, 5, 9, 20, 33]
@@ -458,7 +459,7 @@ def test_inspect_title_names_the_default_model(toy_dir, tmp_path, monkeypatch, c
     monkeypatch.setattr(loading, "load", load)
     out = tmp_path / "r.html"
     assert main(["inspect", "Hi", "--out", str(out)]) == 0
-    assert sources == [None]  # what lucidlm.load reads as its DEFAULT_MODEL
+    assert sources == [loading.DEFAULT_MODEL]  # the embedded model, named as generate names it
     title = re.search(r"<title>([^<]*)</title>", out.read_text(encoding="utf-8")).group(1)
     assert title == f"lucidlm inspect: {loading.DEFAULT_MODEL}" == "lucidlm inspect: smollm2-135m"
     capsys.readouterr()

@@ -115,3 +115,29 @@ def test_prompt_from_a_terminal_says_how_to_end_it(tmp_path):
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+@pytest.mark.parametrize("command", [["inspect", "Hi", "--out", "{tmp}/r.html"], ["convert", "{model}", "{tmp}/out", "--to", "hf"]])
+def test_inspect_and_convert_say_loading_before_they_import_torch(command, tmp_path):
+    """Like generate, the README tour's inspect and convert write their loading line at once
+    (stderr), not after the seconds torch's import and the load take in silence."""
+    import torch
+
+    from lucidlm import LanguageModel, preset
+    from lucidlm.tokenizers import BPETokenizer
+    from lucidlm.weights.checkpoint import save_model
+
+    torch.manual_seed(0)
+    model_dir = tmp_path / "model"
+    tokenizer = BPETokenizer([], {"<|endoftext|>": 256}, eos_token="<|endoftext|>")
+    save_model(LanguageModel(preset("llama", n_layers=1, d_model=32, n_heads=2, vocab_size=257, max_seq_len=32,
+                                    multiple_of=32), tokenizer), model_dir)
+    args = [a.format(tmp=tmp_path, model=model_dir) for a in command]
+    if command[0] == "inspect":
+        args += ["--model", str(model_dir)]
+    done = run_cli(*args, python_flags=("-X", "importtime"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stderr.splitlines()
+    loading = lines.index(f"loading {model_dir} ...")
+    first_torch = next(i for i, line in enumerate(lines) if line.rsplit("|", 1)[-1].strip() == "torch")
+    assert loading < first_torch

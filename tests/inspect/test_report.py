@@ -141,7 +141,7 @@ def test_through_cli_main(tiny_model, tmp_path, capsys):
     assert main(["inspect", TEXT, "--model", str(tmp_path / "model"), "--out", str(out)]) == 0
     assert _embedded_data(out.read_text())["tokens"] == list(TEXT)
     capsys.readouterr()
-    assert main(["inspect", "\u00e9", "--model", str(tmp_path / "model"), "--out", str(out)]) == 1
+    assert main(["inspect", "\u00e9", "-q", "--model", str(tmp_path / "model"), "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("lucidlm inspect: error:") and "alphabet" in err and "\n" not in err
 

@@ -5,15 +5,12 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-
-from lucidlm.commands.generate import QUANTIZE_CHOICES
+from lucidlm.commands.generate import DTYPES, QUANTIZE_CHOICES
 from lucidlm.errors import LucidLMError
 from lucidlm.outputs import check_output_dir, writing
 
 FORMATS = {"hf": "Hugging Face (config.json + model.safetensors + its tokenizer.json where it has one)",
            "lucidlm": "lucidlm (lucidlm_config.json + model.safetensors + tokenizer.json)"}
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,27 +53,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--force", action="store_true",
                         help="write into OUT_DIR even if it already holds files: a model saved there before "
                              "(either format) is replaced, other files are kept")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no loading line on stderr")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from lucidlm.commands.generate import check_quantize_flags
-    from lucidlm.commands.model_dir import refuse_unusable_output, refuse_writing_over, replacing_model
-    from lucidlm.loading import load
-
-    out_dir = check_output_dir(args.out_dir, "OUT_DIR")
-    refuse_writing_over(out_dir, args.source, "SOURCE", "OUT_DIR")  # --force or not
-    refuse_unusable_output(out_dir, "OUT_DIR")  # a training run, or a directory named like a model file
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not args.force:
-        raise LucidLMError(f"OUT_DIR {out_dir} is not empty; pick another directory or pass --force.")
+    from lucidlm.commands.loading_status import LoadingStatus
 
     start = time.perf_counter()
     if args.quantize and args.to_format != "lucidlm":
         raise LucidLMError(f"--quantize {args.quantize} writes lucidlm's own format only: Hugging Face directories "
                            f"hold float weights. Use --to lucidlm, or drop --quantize.")
     check_quantize_flags(args)
-    model = load(args.source, dtype=DTYPES[args.dtype], quantize=args.quantize, group_size=args.group_size,
-                 random_init=args.random_init)
+    with LoadingStatus(f"loading {args.source}", enabled=not args.quiet):  # at once: the checks of OUT_DIR already import torch
+        from lucidlm.commands.model_dir import refuse_unusable_output, refuse_writing_over, replacing_model
+
+        out_dir = check_output_dir(args.out_dir, "OUT_DIR")  # before the model loads: a bad path costs no load
+        refuse_writing_over(out_dir, args.source, "SOURCE", "OUT_DIR")  # --force or not
+        refuse_unusable_output(out_dir, "OUT_DIR")  # a training run, or a directory named like a model file
+        if out_dir.is_dir() and any(out_dir.iterdir()) and not args.force:
+            raise LucidLMError(f"OUT_DIR {out_dir} is not empty; pick another directory or pass --force.")
+        import torch
+
+        from lucidlm.loading import load
+        model = load(args.source, dtype=getattr(torch, args.dtype), quantize=args.quantize,
+                     group_size=args.group_size, random_init=args.random_init)
     from lucidlm.quantization import dequantize
     from lucidlm.quantization.base import first_quantized, scheme_label
 
@@ -85,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if held is not None and args.to_format == "hf":
         # Hugging Face directories hold float weights: write the matrices the codes stand for,
         # as a quantized GGUF file is written (its blocks dequantized on load)
-        dequantize(model, DTYPES[args.dtype])
+        dequantize(model, getattr(torch, args.dtype))
         written_as = f"{args.dtype}, dequantized from {scheme_label(held)}"
     with writing(out_dir, "OUT_DIR"), replacing_model(out_dir) as written:
         if args.to_format == "hf":

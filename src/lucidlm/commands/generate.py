@@ -7,7 +7,7 @@ import json
 import math
 import sys
 import time
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from lucidlm.commands import arg_types
 from lucidlm.errors import GenerationError, InputError, QuantizationError
@@ -127,16 +127,20 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                 context_overflow=args.context_overflow)
 
 
-def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, Any]] = None) -> Any:
+def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, Any]] = None,
+                         checks: Optional[Callable[[], None]] = None) -> Any:
     """The model the flags name. The loading line goes to stderr first, before torch is even
-    imported (a spinner follows on a terminal); ``options`` (generation options) are checked
-    before the model loads, so a bad flag costs no load."""
+    imported (a spinner follows on a terminal); ``options`` (generation options) and the
+    command's own ``checks`` (which may import torch) run before the model loads, so a bad flag
+    or path costs no load."""
     from lucidlm.commands.loading_status import LoadingStatus
 
     with LoadingStatus(f"loading {args.model}", enabled=not getattr(args, "quiet", False)) as status:
         if options is not None:
             from lucidlm.generation import check_options
             check_options(**options)
+        if checks is not None:
+            checks()
         check_quantize_flags(args)
         import lucidlm
         import lucidlm.loading  # noqa: F401 - torch and the model code, before the freeze

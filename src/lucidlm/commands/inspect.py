@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("text", metavar="TEXT", type=arg_types.text, help="the text to run through the model")
-    parser.add_argument("--model", metavar="SOURCE", default=None,
+    parser.add_argument("--model", metavar="SOURCE", default="smollm2-135m",
                         help="model to inspect: a pretrained name (default: the embedded smollm2-135m), a .gguf "
                              "file, a Hugging Face directory, or a lucidlm model/checkpoint directory; it must come "
                              "with a tokenizer")
@@ -40,33 +40,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="how many next-token candidates to list per position (default: 5)")
     parser.add_argument("--plots", metavar="DIR", default=None,
                         help="also write attention_layer<L>.png/.svg for every layer and logit_lens.png/.svg to DIR")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no loading line on stderr")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from lucidlm.inspect.report import write_report
-    from lucidlm.loading import DEFAULT_MODEL, load
+    from lucidlm.commands.generate import load_model_from_args
 
     if not args.text:
         raise InputError("TEXT is empty; give the text to inspect, e.g. lucidlm inspect \"Hello world\".")
     if args.top_k < 1:
         raise InputError(f"--top-k {args.top_k}: give a number of candidates >= 1.")
-    from lucidlm.commands.model_dir import refuse_writing_over_input
-
     out = check_output_file(args.out, "--out")  # before the model loads: a bad path costs nothing
-    refuse_writing_over_input(out, {"--model": args.model, "--adapter": args.adapter}, "--out")
     if args.plots:
         args.plots = check_output_dir(args.plots, "--plots")  # "~" expanded: the path written below
-    model = load(args.model, adapter=args.adapter, device=args.device, dtype=torch.float32)  # the exact float model
+
+    def refuse_replacing_the_model() -> None:  # imports torch (the model files' names): after the loading line
+        from lucidlm.commands.model_dir import refuse_writing_over_input
+        refuse_writing_over_input(out, {"--model": args.model, "--adapter": args.adapter}, "--out")
+
+    args.dtype = "float32"  # the exact float model
+    model = load_model_from_args(args, checks=refuse_replacing_the_model)  # its loading line at once
+    from lucidlm.inspect.report import write_report
+
     if args.plots:  # made before the report is written: a --plots that cannot be made leaves no report
         with writing(args.plots, "--plots"):
             args.plots.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with writing(args.out, "--out"):
         out = write_report(model, args.text, args.out, top_k=args.top_k,
-                           title=f"lucidlm inspect: {args.model or DEFAULT_MODEL}")  # the model loaded, not None
+                           title=f"lucidlm inspect: {args.model}")
     print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB) in {time.perf_counter() - start:.1f} s")
     if args.plots:
         with writing(args.plots, "--plots"):
