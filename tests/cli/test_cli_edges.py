@@ -456,7 +456,10 @@ def test_inspect_title_names_the_default_model(toy_dir, tmp_path, monkeypatch, c
         sources.append(source)
         return real_load(str(toy_dir), **kwargs)
 
+    import lucidlm
+
     monkeypatch.setattr(loading, "load", load)
+    monkeypatch.setattr(lucidlm, "load", load)  # what the commands' loader calls
     out = tmp_path / "r.html"
     assert main(["inspect", "Hi", "--out", str(out)]) == 0
     assert sources == [loading.DEFAULT_MODEL]  # the embedded model, named as generate names it
