@@ -19,6 +19,7 @@ _LAZY = {  # public name -> module that defines it
     "PRESETS": "lucidlm.config",
     "preset": "lucidlm.config",
     "quantize": "lucidlm.quantization",
+    "perplexity": "lucidlm.evaluation",
     "LucidLMError": "lucidlm.errors",
 }
 __all__ = [*_LAZY, "__version__"]

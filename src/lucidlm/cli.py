@@ -1,4 +1,5 @@
-"""The ``lucidlm`` command line: ``lucidlm generate | chat | train | finetune | merge | inspect | convert``.
+"""The ``lucidlm`` command line: ``lucidlm generate | chat | train | finetune | merge | inspect | convert |
+perplexity``.
 
 Each subcommand lives in ``lucidlm/commands/<name>.py`` with ``register(subparsers)``; its
 handler returns an exit code. Errors of lucidlm's own types print one clear line (no
@@ -26,7 +27,7 @@ from lucidlm.errors import InputError, LucidLMError, OutputError
 from lucidlm.suggest import did_you_mean
 from lucidlm.validation import printable
 
-COMMANDS = ("generate", "chat", "train", "finetune", "merge", "inspect", "convert")
+COMMANDS = ("generate", "chat", "train", "finetune", "merge", "inspect", "convert", "perplexity")
 SUMMARIES = {  # shown by `lucidlm --help`; tests check they match each command's own help
     "generate": "continue a prompt with a model (KV-cached sampling, beam search, streaming)",
     "chat": "chat with a model in the terminal (streams its answers)",
@@ -35,6 +36,7 @@ SUMMARIES = {  # shown by `lucidlm --help`; tests check they match each command'
     "merge": "merge a LoRA adapter into its base model and save the result",
     "inspect": "look inside the model: tokens, top-k predictions, attention maps, logit lens (HTML report)",
     "convert": "convert a model to Hugging Face or lucidlm format",
+    "perplexity": "score a text file with a model: perplexity over sliding windows",
 }
 # Commands that write nothing but stdout/stderr: run as the program, they leave without the
 # interpreter's teardown (see _leave_now).

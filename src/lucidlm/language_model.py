@@ -21,6 +21,7 @@ from torch import nn
 from lucidlm.config import ModelConfig
 from lucidlm.devices import DTYPES, resolve_device, resolve_dtype
 from lucidlm.errors import ConfigError, InputError
+from lucidlm.evaluation import PerplexityResult, perplexity
 from lucidlm.generation import GenerationResult, TextStream, generate, stream
 from lucidlm.generation.compiled import CompiledSteps
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, run_with_hooks
@@ -286,6 +287,15 @@ class LanguageModel(Transformer):
         name + "_grad", of ``metric(logits)`` or the next-token loss), prepend_bos,
         padding_side, and the forward's arguments."""
         return run_with_cache(self, ids, names_filter, **options)
+
+    @keywords_checked(InputError)
+    def perplexity(self, text_or_ids: Union[str, Sequence[int], torch.Tensor], *, max_length: Optional[int] = None,
+                   stride: Optional[int] = None, batch_size: int = 1, progress: bool = False) -> PerplexityResult:
+        """Perplexity of a text (tokenized once, BOS as the tokenizer adds it) or of ids, by
+        Hugging Face's sliding-window recipe: windows of ``max_length`` tokens every ``stride``
+        (``lucidlm.evaluation.perplexity``, which says the defaults)."""
+        return perplexity(self, text_or_ids, max_length=max_length, stride=stride, batch_size=batch_size,
+                          progress=progress)
 
     def run_with_hooks(self, ids: Prompts,
                        fwd_hooks: Sequence[tuple[Union[str, Callable[[str], bool]], HookFn]] = (),

@@ -267,6 +267,7 @@ def _check_instead_of_running(args):
     """Stands in for each command's handler: the checks the command runs before loading anything."""
     from lucidlm.commands.config_flags import config_from_args
     from lucidlm.commands.generate import sampling_kwargs
+    from lucidlm.commands.perplexity import check_window_flags
     from lucidlm.generation import check_options
     from lucidlm.training.config import FinetuneConfig, TrainConfig
 
@@ -275,6 +276,8 @@ def _check_instead_of_running(args):
     elif args.command in ("generate", "chat"):
         extra = dict(num_beams=args.num_beams, length_penalty=args.length_penalty) if args.command == "generate" else {}
         check_options(**sampling_kwargs(args), **extra)
+    elif args.command == "perplexity":
+        check_window_flags(args)
     return 0
 
 
@@ -301,6 +304,8 @@ def test_argv_fuzz_never_reaches_the_internal_error_handler(monkeypatch, capsys)
                 argv.append("/nonexistent/out")
             if command in ("train", "finetune"):
                 argv += ["--data", "corpus.txt", "--out", "run"]
+            if command == "perplexity":
+                argv += ["--data", "corpus.txt"]
             for flag in rng.sample(flags, k=min(len(flags), rng.randint(1, 4))):
                 argv += [flag, rng.choice(VALUES)]
             try:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from lucidlm.evaluation import nll_sums
+
 TESTS = Path(__file__).resolve().parents[1]
 
 
@@ -23,13 +25,9 @@ def prompts_of(test_file: str) -> list[str]:
 
 
 def perplexity(model, ids: torch.Tensor, batch: int) -> float:
-    """exp(mean next-token cross-entropy) over the windows ``ids`` (W, T), ``batch`` windows a forward."""
-    total = 0.0
-    for rows in ids.split(batch):  # (b, T) each
-        with torch.no_grad():
-            logits = model(rows).float()  # (b, T, V)
-        total += torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                                   rows[:, 1:].reshape(-1), reduction="sum").item()
+    """exp(mean next-token cross-entropy) over the windows ``ids`` (W, T), each scored whole (its
+    own first token, a <bos> the caller put there, being context), ``batch`` windows a forward."""
+    total = sum(sum(nll_sums(model, rows)) for rows in ids.split(batch))  # rows (b, T) each
     return math.exp(total / (ids.shape[0] * (ids.shape[1] - 1)))
 
 

@@ -56,7 +56,9 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run_generate)
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser, decodes: bool = True) -> None:
+    """--model and the flags of how it loads; ``decodes``: the command generates tokens (adds
+    --compile, which compiles the decode step)."""
     parser.add_argument("--model", metavar="SOURCE", default="smollm2-135m",
                         help="model to load: a .gguf file, a Hugging Face or lucidlm model directory, a "
                              "pretrained name (smollm2-135m: the embedded model) or a preset")
@@ -79,9 +81,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--float-embeddings", action="store_true",
                         help="with --quantize: keep the token embedding and unembedding float (the embedded "
                              "model's default keeps its file's Q8_0 table instead)")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the decode step (CUDA graphs on a GPU): slower first answer "
-                             "(compiling), faster tokens after it")
+    if decodes:
+        parser.add_argument("--compile", action="store_true",
+                            help="torch.compile the decode step (CUDA graphs on a GPU): slower first answer "
+                                 "(compiling), faster tokens after it")
     parser.add_argument("-q", "--quiet", action="store_true", help="no loading line on stderr")
 
 

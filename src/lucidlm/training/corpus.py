@@ -23,17 +23,18 @@ DEFAULT_BPE_VOCAB = 1024
 
 # ----------------------------------------------------------------------------- reading
 
-def corpus_files(source: str | Path) -> list[Path]:
-    """The .txt files a --data argument names: the file itself, or every .txt under a folder."""
+def corpus_files(source: str | Path, what: str = "training") -> list[Path]:
+    """The .txt files a --data argument names: the file itself, or every .txt under a folder.
+    ``what`` the text is for, in the errors ("training", "evaluation")."""
     path = Path(source).expanduser()
     if path.is_file():
         return [path]
     if path.is_dir():
         files = sorted(p for p in path.rglob("*.txt") if p.is_file())
         if not files:
-            raise DataError(f"folder {path} holds no .txt files; put the training text in *.txt files there.")
+            raise DataError(f"folder {path} holds no .txt files; put the {what} text in *.txt files there.")
         return files
-    raise DataError(f"training data {path} does not exist; pass a text file or a folder of .txt files.")
+    raise DataError(f"{what} data {path} does not exist; pass a text file or a folder of .txt files.")
 
 
 def read_text(path: Path) -> str:
@@ -48,12 +49,14 @@ def read_text(path: Path) -> str:
         ) from None
 
 
-def read_corpus(files: Sequence[Path]) -> list[str]:
-    """One string per file; empty files are skipped, an empty corpus is an error."""
+def read_corpus(files: Sequence[Path], what: str = "training") -> list[str]:
+    """One string per file; empty files are skipped, an empty corpus is an error (``what``: as
+    ``corpus_files``)."""
     texts = [read_text(f) for f in files]
     if not any(t.strip() for t in texts):
         names = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
-        raise DataError(f"the training corpus is empty ({names} hold no text); add text to train on.")
+        purpose = "train on" if what == "training" else "score"
+        raise DataError(f"the {what} corpus is empty ({names} hold no text); add text to {purpose}.")
     return [t for t in texts if t]
 
 

@@ -1,0 +1,85 @@
+"""``lucidlm perplexity --data FILE``: a model's perplexity on a text, by Hugging Face's
+sliding-window recipe (``lucidlm/evaluation.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from lucidlm.commands import arg_types
+from lucidlm.commands.generate import add_model_arguments
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "perplexity",
+        help="score a text file with a model: perplexity over sliding windows",
+        description="Perplexity of the model on a text: exp(mean -log p) of each token given the tokens before "
+                    "it, read in windows of --context tokens starting every --stride tokens, each scoring only "
+                    "the tokens no earlier window scored (Hugging Face's \"perplexity of fixed-length models\" "
+                    "recipe). The text is tokenized once as a whole, with BOS first only if the model's tokenizer "
+                    "adds one. With no --model, uses the embedded SmolLM2-135M-Instruct.",
+        formatter_class=arg_types.HelpFormatter,
+        epilog="examples:\n"
+               "  lucidlm perplexity --data ../shared/data/tinyshakespeare.txt --context 256 --stride 256\n"
+               "  lucidlm perplexity --data notes.txt --model gemma3-270m --dtype float32 --json\n"
+               "  lucidlm perplexity --data corpus/ --model runs/char --batch-size 8",
+    )
+    parser.add_argument("--data", metavar="PATH", required=True,
+                        help="UTF-8 text file to score, or a folder: its .txt files, joined by blank lines")
+    add_model_arguments(parser, decodes=False)
+    parser.add_argument("--context", type=int, default=None, metavar="N",
+                        help="tokens per window (default: the model's context, at most 1024)")
+    parser.add_argument("--stride", type=int, default=None, metavar="N",
+                        help="tokens between window starts, 1..--context (default: half the window; = --context: "
+                             "no overlap, fastest, each window's first token unscored)")
+    parser.add_argument("--batch-size", type=int, default=1, metavar="B",
+                        help="windows per forward pass (same figure; faster, B x context x vocab floats of logits)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object: ppl, nll (mean nats per token), tokens (scored), text_tokens, "
+                             "max_length, stride, windows (begin, end, tokens, nll each), load_seconds, seconds")
+    parser.set_defaults(handler=run)
+
+
+def check_window_flags(args: argparse.Namespace) -> None:
+    """--context, --stride and --batch-size, as far as they can be checked without the model
+    (its context bounds --context and, when --context is not given, --stride)."""
+    from lucidlm.errors import InputError
+    from lucidlm.validation import check_int
+
+    for flag, value, low in (("--context", args.context, 2), ("--stride", args.stride, 1)):
+        if value is not None:
+            check_int(value, flag, InputError, low=low)
+    check_int(args.batch_size, "--batch-size", InputError, low=1)
+    if args.context is not None and args.stride is not None and args.stride > args.context:
+        raise InputError(f"--stride {args.stride} is longer than --context {args.context}: the tokens between "
+                         f"windows would be left unread; give a stride <= the context.")
+
+
+def run(args: argparse.Namespace) -> int:
+    from lucidlm.commands.generate import _json_line, load_model_from_args
+    from lucidlm.errors import InputError
+    from lucidlm.training.corpus import corpus_files, read_corpus
+
+    check_window_flags(args)  # a bad flag or file costs no model load
+    text = "\n\n".join(read_corpus(corpus_files(args.data, "evaluation"), "evaluation"))
+    model = load_model_from_args(args)
+    if model.tokenizer is None:
+        raise InputError(f"model {args.model!r} has no tokenizer, so it cannot read text; use a model directory "
+                         f"or GGUF file that includes one.")
+    from lucidlm.evaluation import perplexity, window_settings
+
+    max_length, stride = window_settings(model.config.max_seq_len, args.context, args.stride, ("--context", "--stride"))
+    start = time.perf_counter()
+    result = perplexity(model, text, max_length=max_length, stride=stride, batch_size=args.batch_size,
+                        progress=not args.quiet and sys.stderr.isatty())
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(_json_line({**result.to_dict(), "load_seconds": round(getattr(args, "load_seconds", 0.0), 4),
+                          "seconds": round(seconds, 4)}))
+    else:
+        print(f"perplexity {result.ppl:.4f} (nll {result.nll:.4f} nats/token) over {result.tokens:,} tokens of "
+              f"{args.data}: {len(result.windows)} windows of {max_length}, stride {stride}, {seconds:.1f} s")
+    return 0
