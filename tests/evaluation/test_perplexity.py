@@ -206,3 +206,21 @@ def test_command_errors_are_one_line(tmp_path, capsys, content, flags, message):
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith("lucidlm perplexity: error: "), err
     assert re.search(message, err), err
+
+
+def test_a_training_model_is_scored_without_dropout_and_left_training():
+    """Dropout would make the figure random: scored in eval mode (the oracle: torch's own
+    cross-entropy on the eval-mode logits), and the model handed back in the mode it was in."""
+    from lucidlm import ModelConfig
+    from lucidlm.language_model import LanguageModel
+
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=2, max_seq_len=64, dropout=0.5))
+    ids = torch.randint(0, 100, (1, 40), generator=torch.Generator().manual_seed(2))
+    model.train()
+    got = lucidlm.perplexity(model, ids, max_length=64)
+    assert model.training and all(m.training for m in model.modules())
+    model.eval()
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(model(ids)[0, :-1], ids[0, 1:]).exp().item()
+    assert got.ppl == pytest.approx(want, rel=1e-5)
