@@ -1,7 +1,8 @@
 """Perplexity of a text under a model, by Hugging Face's sliding-window recipe ("Perplexity of
 fixed-length models"): windows of ``max_length`` tokens starting every ``stride`` tokens, each
-scoring only the tokens no earlier window scored, so every token after the first is scored
-exactly once, with at least ``max_length - stride`` tokens of context (but the first window's).
+scoring only the tokens no earlier window scored. With ``stride < max_length`` every token after
+the first is scored exactly once, with at least ``max_length - stride`` tokens of context (but
+the first window's).
 
 BOS: the text is tokenized once, as a whole, by the model's tokenizer, as the recipe does; so
 it starts with BOS exactly when that tokenizer's ``encode`` puts one first (``add_bos``: Gemma,
@@ -133,7 +134,7 @@ def perplexity(model: torch.nn.Module, text_or_ids: str | Sequence[int] | torch.
     windows: list[WindowScore] = []
     from tqdm.auto import tqdm  # local: only evaluation draws a bar
 
-    training = model.training
+    modes = [(module, module.training) for module in model.modules()]
     model.eval()  # dropout off: a score, not a training step
     try:
         with tqdm(total=len(spans), desc="perplexity", unit="window", disable=not progress, leave=False) as bar:
@@ -142,9 +143,9 @@ def perplexity(model: torch.nn.Module, text_or_ids: str | Sequence[int] | torch.
                 sums = nll_sums(model, rows, [first - begin for begin, _, first in group])
                 windows += [WindowScore(begin, end, end - first, nll) for (begin, end, first), nll in zip(group, sums)]
                 bar.update(len(group))
-    finally:
-        if training:
-            model.train()
+    finally:  # each module back in its own mode (not model.train(), which a quantized layer refuses)
+        for module, was in modes:
+            module.training = was
     tokens = sum(w.tokens for w in windows)
     nll = sum(w.nll for w in windows) / tokens
     return PerplexityResult(ppl=math.exp(nll), nll=nll, tokens=tokens, text_tokens=len(ids), max_length=max_length,
