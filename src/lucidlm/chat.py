@@ -52,7 +52,11 @@ class Conversation:
         """Stream the assistant's answer to the conversation so far. The options are checked
         here, before anything streams (a refused one leaves the conversation as it was); the
         answer joins the history when the stream ends, also when the caller stops it early
-        (Ctrl-C)."""
+        (Ctrl-C).
+
+        ``reuse_cache`` is on unless given: the next turn's prompt is this one plus the answer
+        and a new message, so it runs only what is new (``generate``'s ``reuse_cache``)."""
+        gen_kwargs.setdefault("reuse_cache", True)
         if not self.history or self.history[-1]["role"] != "user":
             raise GenerationError("reply() needs a user message last: call add_user(text) first.")
         ids = encode_chat(model.tokenizer, self.messages)

@@ -166,6 +166,7 @@ class LanguageModel(Transformer):
         the compiled step (and its CUDA graph) stays valid."""
         if not self.compiled:
             return super().setup_kv_cache(batch_size, max_seq_len, dtype)
+        self.kept_kv_cache = None  # its buffers may be the ones handed out again below
         wanted = max_seq_len or self.config.max_seq_len
         wanted = min(max(self.CACHE_MIN, 1 << (wanted - 1).bit_length()), self.config.max_seq_len)
         dtype = dtype or self.dtype

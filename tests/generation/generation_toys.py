@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from lucidlm import Transformer, preset
+from lucidlm.generation.decode import DecodeSession
+from lucidlm.generation.prompt_cache import CacheReuse
 from lucidlm.tokenizers import BPETokenizer
 
 EOT = "<|endoftext|>"
@@ -144,3 +146,20 @@ def hf_byte_tokenizer():
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>")
+
+
+def first_token_logits(model, kept_prompt, answer, next_prompt):
+    """The first new token's logits (V,) for ``next_prompt``: from a cache kept after
+    ``kept_prompt`` and its ``answer`` (fed as generation feeds it, all but the last), and
+    from a fresh prefill; with the slots reused."""
+    with DecodeSession(model, [kept_prompt], len(kept_prompt) + len(answer), reuse=CacheReuse()) as session:
+        session.prefill()
+        for token in answer[:-1]:
+            session.step(torch.tensor([token]))
+        session.keep(torch.tensor(list(kept_prompt) + answer[:-1]))
+    reuse = CacheReuse()
+    with DecodeSession(model, [next_prompt], len(next_prompt) + 4, reuse=reuse) as session:
+        reused = session.prefill()[0]
+    with DecodeSession(model, [next_prompt], len(next_prompt) + 4) as session:
+        fresh = session.prefill()[0]
+    return reused, fresh, reuse.cached_tokens

@@ -16,6 +16,7 @@ from lucidlm import LanguageModel
 from lucidlm.errors import GenerationError
 from lucidlm.generation import generate
 from lucidlm.generation.decode import DecodeSession
+from lucidlm.generation.prompt_cache import CacheReuse
 from lucidlm.peft import add_prefix
 
 STEPS = 64
@@ -56,10 +57,13 @@ def _prefixed(model):
     return model
 
 
-@pytest.mark.parametrize("case", ["one row", "left-padded batch", "prefix", "hooks"])
+@pytest.mark.parametrize("case", ["one row", "left-padded batch", "prefix", "hooks", "kept cache"])
 def test_decode_steps_read_nothing_back(case):
     model = toy_model(seed=1, max_seq_len=128)
     rows = [[72, 105, 33]]
+    reuse = CacheReuse() if case == "kept cache" else None
+    if reuse is not None:  # a prompt cache kept from a generation that began the same (prompt_cache.py)
+        generate(model, [72, 105], max_new_tokens=2, temperature=0, reuse_cache=True)
     if case == "left-padded batch":
         rows = [[72, 105, 33, 10, 65], [66, 67]]
     if case == "prefix":
@@ -69,13 +73,15 @@ def test_decode_steps_read_nothing_back(case):
         model.blocks[1].attn.hook_pattern.add_hook(lambda x, hook: seen.append(x.shape))
     L = max(len(r) for r in rows)
     tokens = []
-    with DecodeSession(model, rows, capacity=L + STEPS) as session:
+    with DecodeSession(model, rows, capacity=L + STEPS, reuse=reuse) as session:
         next_ids = session.prefill().argmax(-1)
         with reading_back_forbidden():
             for _ in range(STEPS):
                 tokens.append(next_ids)
                 next_ids = session.step(next_ids).argmax(-1)  # argmax stays on the device
     assert session.next_slot == L + STEPS
+    if reuse is not None:
+        assert reuse.cached_tokens == 2
     if case == "hooks":
         assert seen[-1] == (1, 4, 1, L + STEPS)  # the pattern spans the whole static cache
     # The tokens are the ones greedy generation (checked against full recomputation in

@@ -278,11 +278,13 @@ def _stats(result: Any, start: float, first: Optional[float], end: float) -> str
     """The answer's numbers, its prompt pass apart (ollama's "prompt eval" and "eval" rates): the
     first piece comes once the prompt is read and one token sampled, the others one step each."""
     n, prompt = len(result.token_ids), len(result.prompt_ids)
+    cached = getattr(result, "cached_tokens", 0)  # run by an earlier turn: its KV cache was kept (reuse_cache)
     first = first or end
     read = first - start
     rate = f"{(n - 1) / (end - first):.1f} tok/s" if n > 1 and end > first else "-"
-    return (f"({n} tokens, {rate} after the first; prompt {prompt} tokens read in {read:.2f} s, "
-            f"{prompt / read if read > 0 else 0:.0f} tok/s; finish: {result.finish_reason})")
+    kept = f" ({cached} kept from the last answer)" if cached else ""
+    return (f"({n} tokens, {rate} after the first; prompt {prompt} tokens{kept} read in {read:.2f} s, "
+            f"{(prompt - cached) / read if read > 0 else 0:.0f} tok/s; finish: {result.finish_reason})")
 
 
 def chat_loop(model: Any, gen_kwargs: dict[str, Any], system: Optional[str] = None,

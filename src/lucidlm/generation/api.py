@@ -41,6 +41,7 @@ from lucidlm.generation.beam_search import beam_search
 from lucidlm.generation.decode import sample_rows
 from lucidlm.generation.defaults import apply_sampling_defaults
 from lucidlm.generation.logprobs import LogprobRecorder
+from lucidlm.generation.prompt_cache import CacheReuse
 from lucidlm.generation.request import (batch_rows, check_beams, fit_to_context, make_request, padding_id,
                                         private_generator, prompt_ids)
 from lucidlm.generation.sliding import sample_with_crop
@@ -67,6 +68,8 @@ class GenerationResult:
       prompt's forward pass plus the first sample: llama.cpp's "prompt eval" plus one token).
       ``None`` when no token was generated, for beam search (its first token is known only at
       the end) and for a result built by hand.
+    - ``cached_tokens``: how many of the prompt's first tokens were not run again, their keys
+      and values taken from the last generation's cache (``reuse_cache=True``); 0 otherwise.
     - ``seconds``: seconds for the whole generation, prompt pass included (tokenizing the
       prompt and loading the model are not). For ``stream``, the time the caller spends between
       pieces is left out. In a batch (``generate_batch``) each row's time runs to the step that
@@ -100,6 +103,7 @@ class GenerationResult:
     seconds: Optional[float] = None
     logprobs: Optional[list[float]] = None
     top_logprobs: Optional[list[list[tuple[int, float]]]] = None
+    cached_tokens: int = 0
 
     @property
     def tokens_per_second(self) -> Optional[float]:
@@ -168,7 +172,7 @@ def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
              epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None, seed: Optional[int] = None,
              stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True, num_beams: int = 1,
              length_penalty: float = 1.0, min_new_tokens: int = 0, context_overflow: str = "stop",
-             logprobs: Union[bool, int, None] = None, chat: bool = False,
+             logprobs: Union[bool, int, None] = None, chat: bool = False, reuse_cache: bool = False,
              **unknown: Any) -> Union[GenerationResult, list[GenerationResult]]:
     """Continue ``prompt``; see the module docstring for the rules. ``chat=True`` wraps a
     text prompt as one user message in the model's chat template.
@@ -186,7 +190,17 @@ def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
 
     ``logprobs=True`` fills ``GenerationResult.logprobs`` (each generated token's log-prob),
     ``logprobs=N`` also ``top_logprobs`` (the N most likely tokens at each step); see
-    ``GenerationResult`` for the distribution they come from."""
+    ``GenerationResult`` for the distribution they come from.
+
+    ``reuse_cache=True`` (prompt caching, ``prompt_cache.py``; ``Conversation`` turns it on):
+    the model keeps this generation's KV cache when it ends normally, and a later one with
+    ``reuse_cache=True`` whose prompt begins with the ids it holds (the prompt and answer
+    before: a chat's next turn) runs only the rest of its prompt. Only where nothing changed
+    the model in between (weights, adapters, hooks, another generation); else, and with beams
+    or ``context_overflow="crop"``, the whole prompt runs. Greedy tokens are the same either
+    way (the prompt's later tokens are computed in a second pass, which may round differently
+    in low precision). The kept cache stays in memory until the next generation or
+    ``model.clear_kv_cache()``."""
     options = {k: v for k, v in locals().items() if k not in ("model", "prompt", "unknown")}
     if unknown:
         make_request({k: v for k, v in {**options, **unknown}.items() if k != "chat"})  # refuses them by name, with the closest known option
@@ -200,6 +214,9 @@ def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
             raise GenerationError(f"context_overflow={context_overflow!r} works one prompt at a time, not with a batch "
                                   f"of {len(rows)}; loop over the prompts.")
         make_request({k: v for k, v in options.items() if k != "chat"})  # e.g. length_penalty without beams
+        if options.pop("reuse_cache"):
+            raise GenerationError(f"reuse_cache=True works one prompt at a time (a chat's turns), not with a batch "
+                                  f"of {len(rows)}; leave it out for a batch.")
         options.pop("num_beams"), options.pop("length_penalty"), options.pop("context_overflow")
         return generate_batch(model, rows, **options)
     runner = _Run(model, prompt, options, lookahead=True)  # no caller code between the tokens
@@ -395,9 +412,10 @@ class _Run:
             return
 
         finished = torch.zeros(1, dtype=torch.bool)
+        reuse = CacheReuse() if self.request.reuse_cache else None
         sampler = sample_with_crop if self.crop else \
             lambda model, prompt, *rest, **options: sample_rows(model, [prompt], *rest, lookahead=self.lookahead,
-                                                                steady=self.steady, **options)
+                                                                steady=self.steady, reuse=reuse, **options)
         steps = sampler(self.model, self.prompt_ids, self.max_new, self.request.settings,
                         private_generator(self.model, self.request.seed), finished, padding_id(self.model.tokenizer),
                         self.request.min_new_tokens, self.request.eos_ids, recorder=recorder)
@@ -419,6 +437,7 @@ class _Run:
                         away += time.perf_counter() - paused
                     if assembler.stopped:
                         reason = "stop"
+                        finished[0] = True  # an end as EOS is: sample_rows may keep the cache
                         break
         seconds = elapsed()
         text = ""
@@ -429,6 +448,7 @@ class _Run:
             text = assembler.text
         self.result = _built(GenerationResult(token_ids, text, list(self.prompt_ids), reason,
                                               prompt_seconds=first, seconds=seconds,
+                                              cached_tokens=reuse.cached_tokens if reuse else 0,
                                               **_scores(recorder, token_ids)), self.model.tokenizer)
 
 

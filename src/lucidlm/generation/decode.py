@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from lucidlm.errors import GenerationError
+from lucidlm.generation.prompt_cache import CacheReuse, KeptCache, model_state, reusable_slots, take_over
 
 # model -> the session whose KV cache it holds. A model has one cache, so the last session to
 # open owns it; a paused stream whose cache another generation has taken must not decode on
@@ -54,8 +55,14 @@ class DecodeSession:
     """
 
     def __init__(self, model: Any, rows: Sequence[Sequence[int]], capacity: int,
-                 pad_id: int = 0, steady: bool = False) -> None:
+                 pad_id: int = 0, steady: bool = False, reuse: Optional[CacheReuse] = None) -> None:
         self.model = model
+        # reuse: start from the cache the model kept from its last generation where the prompt
+        # begins with what it holds, and keep this one for the next (``keep``); prompt_cache.py
+        self.reuse = reuse if len(rows) == 1 else None
+        self._row = list(rows[0]) if self.reuse is not None else []
+        self._state: Optional[tuple] = None  # the model's state at the start (prompt_cache.model_state)
+        self._kept_ids: Optional[list[int]] = None  # set by keep(): the ids in the cache's first slots
         # steady: the caller runs no code of its own between steps (``sample_rows``' lookahead or steady),
         # so the model may keep what its decode step looks up (``Transformer.steady_decode``)
         self._steady = model.steady_decode() if steady and hasattr(model, "steady_decode") else None
@@ -103,8 +110,12 @@ class DecodeSession:
             _CACHE_OWNER[self.model] = self
             if owner is not None:  # a paused stream of this thread: its steady run ends with its cache
                 owner._end_steady()
+            # every set-up forgets what the last generation kept (its buffers may be set up again)
+            kept = getattr(self.model, "kept_kv_cache", None)
             try:
                 self.model.setup_kv_cache(self.batch_size, max_seq_len=self.capacity)
+                if self.reuse is not None:
+                    self._take_over(kept)
             except BaseException:
                 self._release()
                 raise
@@ -118,6 +129,21 @@ class DecodeSession:
             extra = caches[0].max_seq_len - self.attention_mask.shape[1]
             self.attention_mask = F.pad(self.attention_mask, (0, max(extra, 0)), value=True)
         return self
+
+    def _take_over(self, kept: Optional[KeptCache]) -> None:
+        """Take the kept cache's slots that this prompt shares (``prompt_cache.py``)."""
+        self._state = model_state(self.model)
+        caches = getattr(self.model, "kv_caches", None)
+        slots = reusable_slots(kept, self._state, self._row, caches)
+        if slots:
+            take_over(kept, caches, slots)
+        self.reuse.cached_tokens = slots
+
+    def keep(self, ids: torch.Tensor) -> None:
+        """The generation ended normally and the cache's first slots hold ``ids`` (T,): keep the
+        cache for the next generation that asks to reuse it (read back once, at the end)."""
+        if self.reuse is not None and self._state is not None:
+            self._kept_ids = ids.tolist()
 
     def __exit__(self, *exc: Any) -> None:
         # A stream left unfinished is closed as the interpreter exits, when torch's classes may
@@ -141,6 +167,8 @@ class DecodeSession:
                 del _CACHE_OWNER[self.model]
                 if getattr(self.model, "kv_caches", None) is self.caches:  # not one set up by hand since
                     self.model.clear_kv_cache()
+                    if self._kept_ids is not None and model_state(self.model) == self._state:
+                        self.model.kept_kv_cache = KeptCache(self.caches, self._kept_ids, self._state)
 
     def _check_owner(self) -> None:
         if _CACHE_OWNER.get(self.model) is not self:
@@ -160,9 +188,16 @@ class DecodeSession:
     def prefill(self) -> torch.Tensor:
         """Run the prompt; logits (B, V) for the first new token."""
         self._check_owner()
-        slots = torch.arange(self.prompt_len, device=self.prompt_ids.device)  # (L,)
-        logits = self._prefill(self.prompt_ids, input_pos=slots, attention_mask=self.attention_mask,
-                               last_token_only=True, new_cache=True)  # the cache was just set up
+        start = self.reuse.cached_tokens if self.reuse is not None else 0  # slots taken over from the kept cache
+        slots = torch.arange(start, self.prompt_len, device=self.prompt_ids.device)  # (L - start,)
+        # From slot 0 the cache was just set up (new_cache); after kept slots the rest of the
+        # prompt attends over the whole cache, with the mask from its slots, as a decode step
+        # does. That pass runs eagerly: a compiled model's prompt graph is traced for a new
+        # cache, and a second one for a continued cache would cost another compile (a minute on
+        # 2 cores) at a chat's second turn, for a pass of a message's few tokens.
+        run = self._prefill if start == 0 else self.model.step
+        logits = run(self.prompt_ids[:, start:], input_pos=slots, attention_mask=self.attention_mask,
+                     last_token_only=True, new_cache=start == 0)
         self.next_slot = self.prompt_len
         return logits[:, -1].float()  # (B, V)
 
@@ -209,7 +244,8 @@ def _check_capacity(model: Any, prompt_len: int, capacity: int) -> None:
 def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, settings: Any,
                 generator: Optional[torch.Generator], finished: torch.Tensor, pad_id: int = 0,
                 min_new_tokens: int = 0, eos_ids: Sequence[int] = (),
-                lookahead: bool = False, steady: bool = False, recorder: Any = None) -> Iterator[torch.Tensor]:
+                lookahead: bool = False, steady: bool = False, recorder: Any = None,
+                reuse: Optional[CacheReuse] = None) -> Iterator[torch.Tensor]:
     """Yield the next token of every row (B,) for up to ``max_new_tokens`` steps; the
     ``eos_ids`` cannot be chosen in the first ``min_new_tokens`` steps. ``recorder`` (a
     ``LogprobRecorder``) keeps each step's log-probs on the device.
@@ -229,6 +265,11 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
     same reason the model may keep what its decode step looks up (``DecodeSession``'s ``steady``).
     ``steady`` alone makes the second promise without the first (``stream(..., steady=True)``:
     on a CPU, queueing the next step before yielding a token would only delay the token).
+
+    ``reuse``: start from the cache the model kept from its last generation, and keep this one
+    when the run ends normally: every step done, or the caller closing the generator after
+    setting every row's ``finished`` (EOS, a stop string); a caller that stops reading for any
+    other reason (Ctrl-C) leaves nothing kept (``prompt_cache.py``).
     """
     from lucidlm.generation.sampling import sample_next
 
@@ -243,7 +284,7 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
     seen = seen.to(model.device)
     readback = TokenReadback(seen.device, B, max_new_tokens)
     with DecodeSession(model, rows, capacity=L + max_new_tokens - 1, pad_id=pad_id,
-                       steady=lookahead or steady) as session:
+                       steady=lookahead or steady, reuse=reuse) as session:
         logits = session.prefill()
         for t in range(max_new_tokens):
             with torch.inference_mode():
@@ -255,8 +296,15 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
             last = t + 1 == max_new_tokens  # the last token is never fed back: no forward pass for it
             if lookahead and not last:
                 logits = session.step(next_ids)  # queued on the device; the caller's read overlaps it
-            yield readback.receive(*sent)
+            try:
+                yield readback.receive(*sent)
+            except GeneratorExit:
+                if reuse is not None and bool(finished.all()):  # the caller ended the row: a normal end
+                    session.keep(seen[0, :session.next_slot])
+                raise
             if last or bool(finished.all()):
+                if reuse is not None:
+                    session.keep(seen[0, :session.next_slot])
                 return
             if not lookahead:
                 logits = session.step(next_ids)

@@ -45,6 +45,7 @@ class Request:
     min_new_tokens: int = 0
     context_overflow: str = "stop"
     logprobs: Optional[int] = None  # None: off; N: the chosen token's log-prob and N alternatives
+    reuse_cache: bool = False  # start from the model's kept KV cache where the prompt allows (prompt_cache.py)
 
     def use_model(self, model: Any) -> None:
         """Stop on the model's end tokens: its tokenizer's, else those its files declare."""
@@ -79,6 +80,8 @@ def check_options(**kwargs: Any) -> None:
         logprobs=None          True: each generated token's log-prob (GenerationResult.logprobs);
                                N >= 0: also the N most likely tokens (top_logprobs);
                                None or False: off (see generation/logprobs.py)
+        reuse_cache=False      True: keep the KV cache after generating, and start from the
+                               kept one where the prompt begins with its ids (one prompt)
         chat=False             accepted (it concerns the prompt, not sampling)
 
     A name outside this list is refused with the closest one ("did you mean")."""
@@ -112,7 +115,7 @@ def make_request(kwargs: dict[str, Any]) -> Request:
     if not is_int(num_beams) or num_beams < 1:
         raise GenerationError(f"num_beams={num_beams!r} is invalid: use 1 (no beam search) or more.")
     known = {"max_new_tokens", *SAMPLER_OPTIONS, "seed", "stop", "stop_on_eos", "num_beams", "length_penalty",
-             "min_new_tokens", "context_overflow", "logprobs"}
+             "min_new_tokens", "context_overflow", "logprobs", "reuse_cache"}
     unknown = set(kwargs) - known
     if unknown:
         name = sorted(unknown)[0]
@@ -140,8 +143,12 @@ def make_request(kwargs: dict[str, Any]) -> Request:
     if length_penalty != 1.0 and num_beams == 1:
         raise GenerationError(f"length_penalty={length_penalty:g} scores beam search's hypotheses; add num_beams=N "
                               f"(N > 1), or drop length_penalty.")
+    reuse = kwargs.get("reuse_cache", False)
+    if not isinstance(reuse, bool):
+        raise GenerationError(f"reuse_cache must be True or False, got {reuse!r}.")
     return Request(settings, max_new, stop, [], seed, num_beams, length_penalty,
-                    bool(kwargs.get("stop_on_eos", True)), min_new, overflow, logprobs_count(kwargs.get("logprobs")))
+                   bool(kwargs.get("stop_on_eos", True)), min_new, overflow, logprobs_count(kwargs.get("logprobs")),
+                   reuse)
 
 
 def is_int(value: Any) -> bool:

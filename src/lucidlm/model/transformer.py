@@ -92,6 +92,9 @@ class Transformer(nn.Module):
         # and a prefix module, called with no argument, that returns the prefix keys/values
         # of every layer, (n_layers, 2, n_kv, P, hd) or None (peft.add_prefix installs one).
         self.kv_caches: Optional[nn.ModuleList] = None
+        # A finished generation's cache, kept for the next prompt that starts with its ids
+        # (generation/prompt_cache.py); any new set-up or clear forgets it
+        self.kept_kv_cache: Any = None
         self.register_module("prefix_encoder", None)
         self._steady: Optional[dict] = None  # inside steady_decode(): what its decode steps keep
 
@@ -327,6 +330,7 @@ class Transformer(nn.Module):
     def setup_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None,
                        dtype: Optional[torch.dtype] = None) -> None:
         """Preallocate a static cache for every layer (one size for all, one cache each)."""
+        self.kept_kv_cache = None
         check_int(batch_size, "batch_size", InputError, low=1)
         if max_seq_len is not None:
             check_int(max_seq_len, "max_seq_len", InputError, low=0)
@@ -340,7 +344,9 @@ class Transformer(nn.Module):
             KVCache(batch_size, max_seq_len, c.n_kv_heads, c.head_dim, dtype, self.device) for _ in self.blocks)
 
     def clear_kv_cache(self) -> None:
+        """Drop the cache, and the one kept for prompt caching (``reuse_cache``)."""
         self.kv_caches = None
+        self.kept_kv_cache = None
 
     @contextlib.contextmanager
     def steady_decode(self) -> Iterator[None]:
