@@ -55,6 +55,11 @@ class KeptCache:
     ids: list[int]
     state: tuple = field(repr=False)
 
+    def __reduce__(self) -> tuple:
+        """A copy of the model (``copy.deepcopy``, pickle) keeps nothing: its tensors are others,
+        so its state could never match, and the copy would only carry the cache's memory."""
+        return type(None), ()
+
 
 def model_state(model: Any) -> Optional[tuple]:
     """What the cache's values depend on besides the ids, cheap to compare (SmolLM2: ~5 ms), or
