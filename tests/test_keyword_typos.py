@@ -225,3 +225,20 @@ def test_training_configs_take_the_dtype_names_load_takes():
     assert TrainConfig(data="x", out_dir="y", dtype="bf16").dtype == "bfloat16"
     assert FinetuneConfig(dtype="torch.float32").dtype == "float32"
 
+
+
+@pytest.mark.parametrize("method", ["generate", "stream"])
+def test_the_model_methods_name_every_generation_option_for_shift_tab(method):
+    """model.stream showed only (prompt, *, steady, **options) in Jupyter's shift-tab, and
+    model.generate hid min_new_tokens, context_overflow, logprobs and reuse_cache in **options:
+    each method names every option the functional generate takes, with its default."""
+    import inspect
+
+    from lucidlm.generation import generate
+    from lucidlm.language_model import LanguageModel
+
+    def keywords(fn):
+        return {name: p.default for name, p in inspect.signature(fn).parameters.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    assert keywords(getattr(LanguageModel, method)).items() >= keywords(generate).items()

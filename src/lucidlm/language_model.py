@@ -227,7 +227,9 @@ class LanguageModel(Transformer):
                  repetition_penalty: Optional[float] = None, typical_p: Optional[float] = None,
                  epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None,
                  seed: Optional[int] = None, stop: Optional[Union[str, Sequence[str]]] = None,
-                 stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0, chat: bool = False,
+                 stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0,
+                 min_new_tokens: int = 0, context_overflow: str = "stop", logprobs: Union[bool, int, None] = None,
+                 reuse_cache: bool = False, chat: bool = False,
                  **options: Any) -> Union[GenerationResult, list[GenerationResult]]:
         """Continue ``prompt`` and return the new ids, their text and why it stopped.
 
@@ -252,8 +254,15 @@ class LanguageModel(Transformer):
             stop: text(s) that end generation; the text stops just before them.
             stop_on_eos: stop at the tokenizer's end-of-sequence token(s).
             num_beams, length_penalty: beam search (one prompt at a time).
+            min_new_tokens: EOS cannot end generation before this many new tokens.
+            context_overflow: "stop" at the context's end, or "crop": go on from the last
+                max_seq_len tokens (one prompt, no beams).
+            logprobs: True fills ``result.logprobs`` (each new token's log-prob under the
+                distribution it was drawn from); N >= 1 also ``result.top_logprobs``.
+            reuse_cache: keep the KV cache after generating, and start from the kept one when
+                the prompt begins with its ids (a chat's next turn; one prompt).
             chat: wrap a text prompt as a user message in the model's chat template.
-            **options: further options of ``lucidlm.generation.generate``; unknown names are refused.
+            **options: ``input_ids=`` (transformers' name for the prompt); other names are refused.
 
         >>> model.generate("What is the capital of France?", chat=True).text
         'The capital of France is Paris.'
@@ -263,11 +272,20 @@ class LanguageModel(Transformer):
         return generate(self, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                         top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, typical_p=typical_p,
                         epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, seed=seed, stop=stop,
-                        stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty, chat=chat,
-                        **options)
+                        stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty,
+                        min_new_tokens=min_new_tokens, context_overflow=context_overflow, logprobs=logprobs,
+                        reuse_cache=reuse_cache, chat=chat, **options)
 
-    def stream(self, prompt: Prompt, *, steady: bool = False, **options: Any) -> TextStream:
-        """Like ``generate`` (same options, one prompt) but yields text pieces as they are
+    def stream(self, prompt: Prompt, *, max_new_tokens: int = 64, temperature: Optional[float] = None,
+               top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
+               repetition_penalty: Optional[float] = None, typical_p: Optional[float] = None,
+               epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None,
+               seed: Optional[int] = None, stop: Optional[Union[str, Sequence[str]]] = None,
+               stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0,
+               min_new_tokens: int = 0, context_overflow: str = "stop", logprobs: Union[bool, int, None] = None,
+               reuse_cache: bool = False, chat: bool = False, steady: bool = False,
+               **options: Any) -> TextStream:
+        """Like ``generate`` (the same options, one prompt) but yields text pieces as they are
         decoded; they join to exactly ``generate(...).text`` (never half a UTF-8 character,
         never a stop string). After the last piece, ``.result`` is the ``GenerationResult``.
         ``steady=True``: the loop reading the pieces changes nothing in the model (no hook
@@ -277,7 +295,12 @@ class LanguageModel(Transformer):
         >>> for piece in model.stream("Tell me a story", max_new_tokens=64):
         ...     print(piece, end="", flush=True)
         """
-        return stream(self, prompt, steady=steady, **options)
+        return stream(self, prompt, steady=steady, max_new_tokens=max_new_tokens, temperature=temperature,
+                      top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
+                      typical_p=typical_p, epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, seed=seed,
+                      stop=stop, stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty,
+                      min_new_tokens=min_new_tokens, context_overflow=context_overflow, logprobs=logprobs,
+                      reuse_cache=reuse_cache, chat=chat, **options)
 
     # ------------------------------------------------------------------ inspection
     def run_with_cache(self, ids: Prompts, names_filter: Any = None, **options: Any,
