@@ -174,6 +174,22 @@ def test_beam_logprobs_are_transformers_transition_scores(pair, num_beams, lengt
         assert out.sequences_scores[0] == pytest.approx(sum(result.logprobs) / n ** length_penalty, abs=1e-4)
 
 
+def test_beam_alternatives_past_the_vocabulary_are_every_token(pair):
+    """logprobs=N above the vocabulary size gives every token's score, as sampling does; beam
+    search failed on a size mismatch while extending its paths."""
+    hf, ours = pair
+    vocab = hf.config.vocab_size
+    result = generate(ours, PROMPTS[0], num_beams=2, max_new_tokens=6, logprobs=vocab + 10)
+    out = hf.generate(torch.tensor([PROMPTS[0]]), do_sample=False, num_beams=2, max_new_tokens=6, eos_token_id=EOS,
+                      pad_token_id=EOS, return_dict_in_generate=True, output_scores=True)
+    n = len(result.token_ids)
+    assert out.sequences[0, len(PROMPTS[0]):len(PROMPTS[0]) + n].tolist() == result.token_ids
+    assert all(len(step) == vocab for step in result.top_logprobs)
+    rows = torch.stack([out.scores[t][int(out.beam_indices[0, t])] for t in range(n)])  # (n, V)
+    got = torch.tensor([sorted(step) for step in result.top_logprobs])[..., 1]  # (n, V) in vocabulary order
+    torch.testing.assert_close(got, rows, rtol=0, atol=1e-4)
+
+
 def test_cli_json_carries_logprobs(pair, tmp_path, monkeypatch, capsys):
     """``generate --json --logprobs N``: the result's values, -inf as null; with --stream the last
     line carries them."""

@@ -64,11 +64,6 @@ def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_ne
     running_scores = torch.full((n,), NEG_INF, device=device)
     running_scores[0] = 0.0
     finished: list[tuple[float, list[int], Any]] = []  # (score, generated ids, path), best first, at most n
-    # Per running beam, the log-probs of its tokens (n, t) and with them the top alternatives
-    # (n, t, N) of each step's row, for ``recorder``; on the device, reordered with the beams.
-    top_n = recorder.top_n if recorder is not None else 0
-    paths = (torch.empty((n, 0), device=device), torch.empty((n, 0, top_n), device=device),
-             torch.empty((n, 0, top_n), dtype=torch.long, device=device))
     # Each running beam's text so far, when stop strings can end it (EOS adds no text).
     texts = [TextAssembler(model.tokenizer, stop, eos_ids, prompt_ids)] * n if stop else None
     improvement_possible = True
@@ -77,6 +72,12 @@ def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_ne
     # so the decode step may keep the operands it looks up (Transformer.steady_decode)
     with DecodeSession(model, [list(prompt_ids)] * n, capacity=L + max_new_tokens, steady=True) as session:
         logits = session.prefill()  # (n, V)
+        # Per running beam, the log-probs of its tokens (n, t) and with them the top alternatives
+        # (n, t, N) of each step's row, for ``recorder``; on the device, reordered with the beams.
+        # N is at most the vocabulary (logprobs=N larger asks for every token, as sampling gives).
+        top_n = min(recorder.top_n, logits.shape[-1]) if recorder is not None else 0
+        paths = (torch.empty((n, 0), device=device), torch.empty((n, 0, top_n), device=device),
+                 torch.empty((n, 0, top_n), dtype=torch.long, device=device))
         for t in range(max_new_tokens):
             log_probs = torch.log_softmax(logits, dim=-1)  # (n, V)
             if repetition_penalty not in (None, 1.0):  # HF applies processors to log-probs here
