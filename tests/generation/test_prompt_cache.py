@@ -242,7 +242,7 @@ def test_chat_stats_count_what_the_prompt_pass_ran():
 
     result = GenerationResult([1, 2, 3], "abc", list(range(120)), "eos", cached_tokens=100)
     line = _stats(result, start=0.0, first=0.5, end=1.5)
-    assert "prompt 120 tokens (100 kept from the last answer) read in 0.50 s, 40 tok/s" in line
+    assert "prompt 120 tokens (100 reused from the last turn's cache) read in 0.50 s, 40 tok/s" in line
 
 
 def test_a_copy_of_the_model_carries_no_kept_cache():

@@ -282,7 +282,7 @@ def _stats(result: Any, start: float, first: Optional[float], end: float) -> str
     first = first or end
     read = first - start
     rate = f"{(n - 1) / (end - first):.1f} tok/s" if n > 1 and end > first else "-"
-    kept = f" ({cached} kept from the last answer)" if cached else ""
+    kept = f" ({cached} reused from the last turn's cache)" if cached else ""
     return (f"({n} tokens, {rate} after the first; prompt {prompt} tokens{kept} read in {read:.2f} s, "
             f"{(prompt - cached) / read if read > 0 else 0:.0f} tok/s; finish: {result.finish_reason})")
 
