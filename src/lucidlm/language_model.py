@@ -25,7 +25,8 @@ from lucidlm.evaluation import PerplexityResult, perplexity
 from lucidlm.generation import GenerationResult, TextStream, generate, stream
 from lucidlm.generation.compiled import CompiledSteps
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, run_with_hooks
-from lucidlm.inspect.tokens import to_str_tokens, to_string, to_tokens
+from lucidlm.inspect.hook_names import NamesFilter
+from lucidlm.inspect.tokens import Ids, TextOrIds, to_str_tokens, to_string, to_tokens
 from lucidlm.model.fused import fuse_projections
 from lucidlm.model.hook_options import set_hook_options
 from lucidlm.model.hooks import HookFn
@@ -33,6 +34,7 @@ from lucidlm.model.transformer import Transformer
 from lucidlm.peft import merge_adapter, set_adapter, unmerge_adapter
 from lucidlm.quantization.blocks_kernel import use_cpu_loops
 from lucidlm.suggest import keyword_options, keywords_checked, unknown_keyword_message
+from lucidlm.tokenizers.base import Tokenizer
 
 Prompt = Union[str, Sequence[int], torch.Tensor]
 Prompts = Union[Prompt, Sequence[str], Sequence[Sequence[int]]]
@@ -58,7 +60,7 @@ class LanguageModel(Transformer):
     # growing chat to one new compile per doubling (8 sizes up to 8,192 tokens).
     CACHE_MIN = 64
 
-    def __init__(self, config: ModelConfig, tokenizer: Any = None) -> None:
+    def __init__(self, config: ModelConfig, tokenizer: Optional[Tokenizer] = None) -> None:
         super().__init__(config, tokenizer)
         # The sampling defaults from the model's file or lucidlm's table (generation/defaults.py);
         # lucidlm.load fills them in. {} (no file, e.g. random_init): temperature 1, no filters.
@@ -89,7 +91,7 @@ class LanguageModel(Transformer):
     # weight's conversion to bf16 then happens inside that kernel, not as a copy of the matrix.
     CUDA_DECODE_OPTIONS: dict[str, Any] = {"coordinate_descent_tuning": True}
 
-    def compile(self, mode: Optional[str] = None, *, backend: Any = "inductor", prefill: bool = True,
+    def compile(self, mode: Optional[str] = None, *, backend: Union[str, Callable[..., Any]] = "inductor", prefill: bool = True,
                 options: Optional[dict[str, Any]] = None) -> "LanguageModel":
         """Compile the steps that ``generate``/``stream``/``chat`` run, with ``torch.compile``.
 
@@ -303,7 +305,7 @@ class LanguageModel(Transformer):
                       reuse_cache=reuse_cache, chat=chat, **options)
 
     # ------------------------------------------------------------------ inspection
-    def run_with_cache(self, ids: Prompts, names_filter: Any = None, **options: Any,
+    def run_with_cache(self, ids: Prompts, names_filter: NamesFilter = None, **options: Any,
                        ) -> tuple[torch.Tensor, ActivationCache]:
         """One forward pass returning (logits, cache of every hooked activation).
         ``names_filter``: a hook name, a list of names or a predicate (default: all).
@@ -333,17 +335,20 @@ class LanguageModel(Transformer):
     # ------------------------------------------------------------------ analysis (TransformerLens's names)
     @keywords_checked(InputError)
     def to_tokens(self, text: Union[str, Sequence[str]], prepend_bos: Optional[bool] = None,
-                  padding_side: str = "right", return_attention_mask: bool = False) -> Any:
+                  padding_side: str = "right",
+                  return_attention_mask: bool = False) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Text -> ids (1, T); a list of texts -> (B, T_max), padded. ``prepend_bos``: None
-        keeps the tokenizer's habit, True/False forces a BOS in or out. See inspect/tokens.py."""
+        keeps the tokenizer's habit, True/False forces a BOS in or out. ``padding_side``: "right"
+        or "left"; ``return_attention_mask=True`` returns (ids, mask). See inspect/tokens.py."""
         return to_tokens(self, text, prepend_bos, padding_side, return_attention_mask)
 
     @keywords_checked(InputError)
-    def to_str_tokens(self, text_or_ids: Any, prepend_bos: Optional[bool] = None) -> Any:
+    def to_str_tokens(self, text_or_ids: TextOrIds,
+                      prepend_bos: Optional[bool] = None) -> Union[list[str], list[list[str]]]:
         """Each token as its text: a list of str (a list of lists for a batch)."""
         return to_str_tokens(self, text_or_ids, prepend_bos)
 
-    def to_string(self, ids: Any) -> Union[str, list[str]]:
+    def to_string(self, ids: Ids) -> Union[str, list[str]]:
         """Ids -> text; a (B, T) batch -> a list of texts."""
         return to_string(self, ids)
 

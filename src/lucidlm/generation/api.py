@@ -46,6 +46,7 @@ from lucidlm.generation.request import (batch_rows, check_beams, fit_to_context,
                                         private_generator, prompt_ids)
 from lucidlm.generation.sliding import sample_with_crop
 from lucidlm.generation.streaming import TextAssembler
+from lucidlm.model.transformer import Transformer
 from lucidlm.suggest import keywords_checked
 
 
@@ -165,7 +166,7 @@ Prompt = Union[str, Sequence[int], torch.Tensor]
 Prompts = Union[Prompt, Sequence[str], Sequence[Sequence[int]]]
 
 
-def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
+def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
              temperature: Optional[float] = None,
              top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
              repetition_penalty: Optional[float] = None, typical_p: Optional[float] = None,
@@ -225,7 +226,7 @@ def generate(model: Any, prompt: Prompts, *, max_new_tokens: int = 64,
     return runner.result
 
 
-def stream(model: Any, prompt: Prompt, *, steady: bool = False, **kwargs: Any) -> "TextStream":
+def stream(model: Transformer, prompt: Prompt, *, steady: bool = False, **kwargs: Any) -> "TextStream":
     """Like ``generate`` but yields text pieces as they are decoded. The pieces join to
     exactly ``generate(...).text``: never half a UTF-8 character, never a stop string.
     With ``num_beams > 1`` the whole text comes as one piece at the end, and the sampling
@@ -272,7 +273,7 @@ class TextStream(Iterator[str]):
 
 
 @keywords_checked(GenerationError)
-def generate_batch(model: Any, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int = 64,
+def generate_batch(model: Transformer, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int = 64,
                    temperature: Optional[float] = None, top_k: Optional[int] = None, top_p: Optional[float] = None,
                    min_p: Optional[float] = None, repetition_penalty: Optional[float] = None,
                    typical_p: Optional[float] = None, epsilon_cutoff: Optional[float] = None,

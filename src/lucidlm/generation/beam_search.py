@@ -27,9 +27,11 @@ import torch
 
 from lucidlm.errors import GenerationError
 from lucidlm.generation.decode import DecodeSession
+from lucidlm.generation.logprobs import LogprobRecorder
 from lucidlm.generation.request import fit_to_context
 from lucidlm.generation.sampling import apply_repetition_penalty
 from lucidlm.generation.streaming import TextAssembler
+from lucidlm.model.transformer import Transformer
 from lucidlm.suggest import keywords_checked
 
 NEG_INF = -1.0e9  # HF's "impossible" score; a finite value keeps the arithmetic NaN-free
@@ -37,10 +39,11 @@ NEG_INF = -1.0e9  # HF's "impossible" score; a finite value keeps the arithmetic
 
 @keywords_checked(GenerationError)
 @torch.inference_mode()
-def beam_search(model: Any, prompt_ids: Sequence[int], *, num_beams: int, max_new_tokens: int,
+def beam_search(model: Transformer, prompt_ids: Sequence[int], *, num_beams: int, max_new_tokens: int,
                 eos_ids: Sequence[int] = (), length_penalty: float = 1.0,
                 early_stopping: bool | str = False, repetition_penalty: Optional[float] = None,
-                stop: Sequence[str] = (), min_new_tokens: int = 0, recorder: Any = None) -> tuple[list[int], float]:
+                stop: Sequence[str] = (), min_new_tokens: int = 0,
+                recorder: Optional[LogprobRecorder] = None) -> tuple[list[int], float]:
     """The best hypothesis' generated ids (EOS included if it ended with one, and the token
     completing a stop string if it ended with one) and its score. ``stop`` needs
     ``model.tokenizer``, to decode the beams' text. ``min_new_tokens``: no beam may end with EOS

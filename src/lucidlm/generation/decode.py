@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from lucidlm.errors import GenerationError
 from lucidlm.generation.prompt_cache import CacheReuse, KeptCache, model_state, reusable_slots, take_over
+from lucidlm.model.transformer import Transformer
 
 # model -> the session whose KV cache it holds. A model has one cache, so the last session to
 # open owns it; a paused stream whose cache another generation has taken must not decode on
@@ -54,7 +55,7 @@ class DecodeSession:
     device tensor bumped in place, the mask covers the whole cache) and reads nothing back.
     """
 
-    def __init__(self, model: Any, rows: Sequence[Sequence[int]], capacity: int,
+    def __init__(self, model: Transformer, rows: Sequence[Sequence[int]], capacity: int,
                  pad_id: int = 0, steady: bool = False, reuse: Optional[CacheReuse] = None) -> None:
         self.model = model
         # reuse: start from the cache the model kept from its last generation where the prompt

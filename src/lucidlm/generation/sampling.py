@@ -14,11 +14,12 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
 from lucidlm.errors import GenerationError
+from lucidlm.generation.logprobs import LogprobRecorder
 from lucidlm.quantization.blocks_kernel import argmax_rows
 
 _TINY_TEMPERATURE = 1e-20  # below this, logits / temperature can overflow float32
@@ -204,7 +205,8 @@ def process_logits(logits: torch.Tensor, settings: SamplingSettings,
 
 
 def sample_next(logits: torch.Tensor, settings: SamplingSettings, seen_ids: Optional[torch.Tensor] = None,
-                generator: Optional[torch.Generator] = None, recorder: Any = None) -> torch.Tensor:
+                generator: Optional[torch.Generator] = None,
+                recorder: Optional[LogprobRecorder] = None) -> torch.Tensor:
     """Next token ids (B,) from logits (B, V). ``recorder`` (a ``LogprobRecorder``) is handed the
     processed logits the ids came from, on the device."""
     logits = process_logits(logits.float(), settings, seen_ids)

@@ -23,11 +23,13 @@ import codecs
 import copy
 from typing import Any, Iterable, Optional, Sequence
 
+from lucidlm.tokenizers.base import Tokenizer
+
 
 class TextAssembler:
     """Feed token ids one at a time; get back the text that is safe to show so far."""
 
-    def __init__(self, tokenizer: Any, stop: Optional[Iterable[str]] = None,
+    def __init__(self, tokenizer: Tokenizer, stop: Optional[Iterable[str]] = None,
                  skip_ids: Iterable[int] = (), prompt_ids: Sequence[int] = ()) -> None:
         """``prompt_ids``: the ids the output continues. Their text is not part of ``text``,
         but they give the first new token its predecessor, and a UTF-8 character split

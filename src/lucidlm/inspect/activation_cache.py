@@ -9,13 +9,14 @@ need to know how one is recorded.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import torch
 from torch import nn
 
 from lucidlm.errors import HookError, InputError
 from lucidlm.inspect import resid
+from lucidlm.inspect.resid import PosSlice, Stack, Tokens
 from lucidlm.inspect.hook_names import full_hook_name, unknown_hook_error
 
 
@@ -114,32 +115,32 @@ class ActivationCache(Mapping):
 
     # -- residual-stream analyses (TransformerLens's, same numbers; see inspect/resid.py) --
     def accumulated_resid(self, layer: Optional[int] = None, incl_mid: bool = False, apply_ln: bool = False,
-                          pos_slice: Any = None, mlp_input: bool = False, return_labels: bool = False) -> Any:
+                          pos_slice: PosSlice = None, mlp_input: bool = False, return_labels: bool = False) -> Stack:
         """The stream at each block's input, stacked: (n, [B,] T, d); see resid.accumulated_resid."""
         return resid.accumulated_resid(self, layer, incl_mid, apply_ln, pos_slice, mlp_input, return_labels)
 
     stack_residual = accumulated_resid
 
     def decompose_resid(self, layer: Optional[int] = None, mlp_input: bool = False, mode: str = "all",
-                        apply_ln: bool = False, pos_slice: Any = None, incl_embeds: bool = True,
-                        return_labels: bool = False) -> Any:
+                        apply_ln: bool = False, pos_slice: PosSlice = None, incl_embeds: bool = True,
+                        return_labels: bool = False) -> Stack:
         """The stream at ``layer``'s input split into what wrote it; see resid.decompose_resid."""
         return resid.decompose_resid(self, layer, mlp_input, mode, apply_ln, pos_slice, incl_embeds, return_labels)
 
     def stack_head_results(self, layer: int = -1, return_labels: bool = False, incl_remainder: bool = False,
-                           pos_slice: Any = None, apply_ln: bool = False) -> Any:
+                           pos_slice: PosSlice = None, apply_ln: bool = False) -> Stack:
         """Each head's output, (L * nh, [B,] T, d) labelled "L0H0"...; see resid.stack_head_results."""
         return resid.stack_head_results(self, layer, return_labels, incl_remainder, pos_slice, apply_ln)
 
     def apply_ln_to_stack(self, residual_stack: torch.Tensor, layer: Optional[int] = None, mlp_input: bool = False,
-                          pos_slice: Any = None, batch_slice: Any = None, has_batch_dim: bool = True,
+                          pos_slice: PosSlice = None, batch_slice: PosSlice = None, has_batch_dim: bool = True,
                           recompute_ln: bool = False) -> torch.Tensor:
         """Scale a stack by ``layer``'s cached norm scale; see resid.apply_ln_to_stack."""
         return resid.apply_ln_to_stack(self, residual_stack, layer, mlp_input, pos_slice, batch_slice,
                                        has_batch_dim, recompute_ln)
 
-    def logit_attrs(self, residual_stack: torch.Tensor, tokens: Any, incorrect_tokens: Any = None,
-                    pos_slice: Any = None, batch_slice: Any = None, has_batch_dim: bool = True) -> torch.Tensor:
+    def logit_attrs(self, residual_stack: torch.Tensor, tokens: Tokens, incorrect_tokens: Optional[Tokens] = None,
+                    pos_slice: PosSlice = None, batch_slice: PosSlice = None, has_batch_dim: bool = True) -> torch.Tensor:
         """Direct logit attribution of each component; see resid.logit_attrs."""
         return resid.logit_attrs(self, residual_stack, tokens, incorrect_tokens, pos_slice, batch_slice,
                                  has_batch_dim)

@@ -25,6 +25,7 @@ from lucidlm.inspect.activation_cache import ActivationCache
 from lucidlm.inspect.hook_names import (  # noqa: F401  (re-exported: this module was their home)
     GLOBAL_SHORT_NAMES, OPT_IN_HOOKS, SHORT_NAMES, NamesFilter, check_layer, full_hook_name, resolve_hook_names,
     unknown_hook_error)
+from lucidlm.inspect.tokens import TextOrIds
 from lucidlm.model.hooks import HookFn, HookPoint
 
 def _attach(model: nn.Module, pairs: list[tuple[str, HookFn]], dir: str = "fwd",
@@ -150,7 +151,7 @@ def written_slots(model: nn.Module, input_pos: Optional[torch.Tensor]) -> Option
     return slice(-n_slots, (written - n_slots) or None)  # end 0 would be empty: None when every slot is written
 
 
-def run_with_cache(model: nn.Module, ids: Any, names_filter: NamesFilter = None,
+def run_with_cache(model: nn.Module, ids: TextOrIds, names_filter: NamesFilter = None,
                    device: Optional[Union[str, torch.device]] = None, remove_batch_dim: bool = False,
                    input_pos: Optional[torch.Tensor] = None, incl_bwd: bool = False,
                    metric: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
@@ -199,7 +200,7 @@ def run_with_cache(model: nn.Module, ids: Any, names_filter: NamesFilter = None,
     return logits, (cache.remove_batch_dim() if remove_batch_dim else cache)
 
 
-def run_with_hooks(model: nn.Module, ids: Any,
+def run_with_hooks(model: nn.Module, ids: TextOrIds,
                    fwd_hooks: Sequence[tuple[Union[str, Callable[[str], bool]], HookFn]] = (),
                    bwd_hooks: Sequence[tuple[Union[str, Callable[[str], bool]], HookFn]] = (),
                    reset_hooks_end: bool = True, prepend_bos: Optional[bool] = None,

@@ -16,7 +16,7 @@ from torch import nn
 
 from lucidlm.errors import InputError
 from lucidlm.inspect.cache import ActivationCache, run_with_cache
-from lucidlm.inspect.tokens import check_cache_fits, one_sequence
+from lucidlm.inspect.tokens import TextOrIds, check_cache_fits, one_sequence
 from lucidlm.suggest import keywords_checked
 from lucidlm.validation import check_int
 
@@ -62,7 +62,7 @@ def lens_logits(model: nn.Module, cache: ActivationCache) -> torch.Tensor:
 
 
 @keywords_checked(InputError)
-def logit_lens(model: nn.Module, ids: Any, top_k: int = 1, cache: Optional[ActivationCache] = None) -> LogitLens:
+def logit_lens(model: nn.Module, ids: TextOrIds, top_k: int = 1, cache: Optional[ActivationCache] = None) -> LogitLens:
     """Top ``top_k`` tokens of every layer at every position, for one sequence: ``ids`` is a
     text or ids (T,); of a (B, T) batch row 0 is read, of a list of texts the first (taken
     alone, unpadded). ``cache``: one ``run_with_cache`` made of that same sequence (row 0 of a

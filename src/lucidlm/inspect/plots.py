@@ -21,6 +21,7 @@ from lucidlm.errors import HookError, InputError
 from lucidlm.validation import MAX_CONTEXT, MAX_WIDTH, check_float, check_int
 from lucidlm.inspect.cache import ActivationCache, check_layer, token_columns
 from lucidlm.inspect.hook_names import as_index
+from lucidlm.inspect.logit_lens import LogitLens
 from lucidlm.model.positions import rope_angles, sinusoidal_table
 
 PathLike = Union[str, Path]
@@ -204,7 +205,7 @@ def plot_rope_angles(head_dim: int = 64, max_seq_len: int = 128, theta: float = 
     return fig
 
 
-def plot_logit_lens(lens: Any, path: Optional[PathLike] = None) -> Figure:
+def plot_logit_lens(lens: LogitLens, path: Optional[PathLike] = None) -> Figure:
     """Logit-lens table: rows are layers, columns positions, colour the top token's
     probability, text the top token. ``lens`` is a ``LogitLens`` from ``logit_lens()``."""
     if not hasattr(lens, "top_probs"):

@@ -23,6 +23,10 @@ from lucidlm.inspect.tokens import encode
 from lucidlm.quantization.base import dense_weight
 
 PosSlice = Union[None, int, tuple, slice, Sequence[int], torch.Tensor]
+# The stacks come alone, or with one label per entry when return_labels=True.
+Stack = Union[torch.Tensor, tuple[torch.Tensor, list[str]]]
+# A token for logit attribution: an id, a text that is one token, or ids (a list or a tensor).
+Tokens = Union[int, str, Sequence[int], torch.Tensor]
 
 
 def apply_slice(tensor: torch.Tensor, pos_slice: PosSlice, dim: int) -> torch.Tensor:
@@ -116,7 +120,7 @@ def _scale_at(cache: Any, key: str, pos_slice: PosSlice) -> torch.Tensor:
 
 
 def accumulated_resid(cache: Any, layer: Optional[int] = None, incl_mid: bool = False, apply_ln: bool = False,
-                      pos_slice: PosSlice = None, mlp_input: bool = False, return_labels: bool = False) -> Any:
+                      pos_slice: PosSlice = None, mlp_input: bool = False, return_labels: bool = False) -> Stack:
     """The residual stream at the input of each block up to ``layer`` ("0_pre", "1_pre", ...,
     and "final_post" when ``layer`` is n_layers / None / -1), stacked: (n, [B,] T, d).
     ``incl_mid``: also the stream between attention and MLP of every earlier block;
@@ -152,7 +156,7 @@ def _resid_pre(cache: Any, layer: int) -> torch.Tensor:
 
 def decompose_resid(cache: Any, layer: Optional[int] = None, mlp_input: bool = False, mode: str = "all",
                     apply_ln: bool = False, pos_slice: PosSlice = None, incl_embeds: bool = True,
-                    return_labels: bool = False) -> Any:
+                    return_labels: bool = False) -> Stack:
     """The input to ``layer`` split into what wrote it: "embed", "pos_embed" (if the model
     has one), then "{l}_attn_out" and "{l}_mlp_out" of every earlier block. ``mode``:
     "all", "attn" or "mlp". The entries sum to ``resid_pre`` of ``layer`` (pre-norm models)."""
@@ -195,7 +199,7 @@ def head_results(cache: Any, layer: int) -> torch.Tensor:
 
 
 def stack_head_results(cache: Any, layer: int = -1, return_labels: bool = False, incl_remainder: bool = False,
-                       pos_slice: PosSlice = None, apply_ln: bool = False) -> Any:
+                       pos_slice: PosSlice = None, apply_ln: bool = False) -> Stack:
     """Every head's output of the blocks before ``layer``, as a stack (L * nh, [B,] T, d)
     labelled "L0H0", "L0H1", ...; ``incl_remainder`` adds the rest of the stream."""
     layer = _final_layer(cache, layer)
@@ -219,7 +223,7 @@ def stack_head_results(cache: Any, layer: int = -1, return_labels: bool = False,
     return (stack, labels) if return_labels else stack
 
 
-def tokens_to_residual_directions(model: Any, tokens: Any) -> torch.Tensor:
+def tokens_to_residual_directions(model: Any, tokens: Tokens) -> torch.Tensor:
     """The residual-stream direction that raises each token's logit: its unembedding column
     times the final norm's weight. A single token gives (d,), a tensor of ids (..., d)."""
     if isinstance(tokens, str):
@@ -275,8 +279,9 @@ def single_token(model: Any, text: str) -> int:
     return int(ids[0])
 
 
-def logit_attrs(cache: Any, residual_stack: torch.Tensor, tokens: Any, incorrect_tokens: Any = None,
-                pos_slice: PosSlice = None, batch_slice: PosSlice = None, has_batch_dim: bool = True) -> torch.Tensor:
+def logit_attrs(cache: Any, residual_stack: torch.Tensor, tokens: Tokens, incorrect_tokens: Optional[Tokens] = None,
+                pos_slice: PosSlice = None, batch_slice: PosSlice = None,
+                has_batch_dim: bool = True) -> torch.Tensor:
     """Direct logit attribution: how much each component of ``residual_stack`` (normalised by
     the final norm's cached scale) pushes the logit of ``tokens`` (minus ``incorrect_tokens``)."""
     directions = tokens_to_residual_directions(cache.model, tokens)

@@ -28,6 +28,9 @@ from lucidlm.suggest import keywords_checked
 from lucidlm.tokenizers.base import starts_with_added_bos
 
 Text = Union[str, Sequence[str]]
+# Token ids: one id, a list (T,), a list of lists (B, T), or an integer tensor / numpy array of those.
+Ids = Union[int, Sequence[int], Sequence[Sequence[int]], torch.Tensor, np.ndarray]
+TextOrIds = Union[Text, Ids]
 
 
 def model_tokenizer(model: nn.Module) -> Any:
@@ -73,8 +76,9 @@ def encode(model: nn.Module, text: str, prepend_bos: Optional[bool] = None) -> l
 
 @keywords_checked(InputError)
 def to_tokens(model: nn.Module, text: Text, prepend_bos: Optional[bool] = None, padding_side: str = "right",
-              return_attention_mask: bool = False) -> Any:
-    """Text -> ids (1, T); a list of texts -> (B, T_max) padded. On the model's device."""
+              return_attention_mask: bool = False) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Text -> ids (1, T); a list of texts -> (B, T_max) padded. On the model's device.
+    ``return_attention_mask=True``: (ids, mask), the mask 1 on real tokens, 0 on padding."""
     if padding_side not in ("left", "right"):
         raise InputError(f"padding_side={padding_side!r}: expected 'right' or 'left'.")
     if not (prepend_bos is None or isinstance(prepend_bos, bool)):  # 1 == True, but "yes" is not a choice
@@ -99,7 +103,8 @@ def to_tokens(model: nn.Module, text: Text, prepend_bos: Optional[bool] = None, 
 
 
 @keywords_checked(InputError)
-def to_str_tokens(model: nn.Module, text_or_ids: Any, prepend_bos: Optional[bool] = None) -> Any:
+def to_str_tokens(model: nn.Module, text_or_ids: TextOrIds,
+                  prepend_bos: Optional[bool] = None) -> Union[list[str], list[list[str]]]:
     """Each token as the text it stands for: a list of str, or a list of lists for a batch
     (a list of texts, or a (B, T) tensor with B > 1)."""
     tokenizer = model_tokenizer(model)
@@ -117,7 +122,7 @@ def to_str_tokens(model: nn.Module, text_or_ids: Any, prepend_bos: Optional[bool
 
 
 @keywords_checked(InputError)
-def to_string(model: nn.Module, ids: Any) -> Union[str, list[str]]:
+def to_string(model: nn.Module, ids: Ids) -> Union[str, list[str]]:
     """Ids -> text: one str for (T,) or a single id list, a list of str for (B, T)."""
     tokenizer = model_tokenizer(model)
     if isinstance(ids, torch.Tensor) and ids.ndim > 2:

@@ -13,10 +13,11 @@ through nn.Module's machinery.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from lucidlm.errors import HookError
 
@@ -69,22 +70,24 @@ class HookPoint(nn.Module):
         """Whether torch's own hooks are registered on this point (``register_forward_hook``, ...)."""
         return bool(self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks)
 
-    def _register_torch_hook(self, register: Callable, *args, **kwargs):
+    def _register_torch_hook(self, register: Callable[..., RemovableHandle], *args: Any,
+                             **kwargs: Any) -> RemovableHandle:
         handle = register(*args, **kwargs)
         self.maybe_torch_hooked = True
         HookPoint.version += 1  # what caches which points are active (decode_block.py) looks again
         return handle
 
-    def register_forward_hook(self, *args, **kwargs):
+    # torch's own registrations, passed through with their arguments (see nn.Module's for them)
+    def register_forward_hook(self, *args: Any, **kwargs: Any) -> RemovableHandle:
         return self._register_torch_hook(super().register_forward_hook, *args, **kwargs)
 
-    def register_forward_pre_hook(self, *args, **kwargs):
+    def register_forward_pre_hook(self, *args: Any, **kwargs: Any) -> RemovableHandle:
         return self._register_torch_hook(super().register_forward_pre_hook, *args, **kwargs)
 
-    def register_full_backward_hook(self, *args, **kwargs):
+    def register_full_backward_hook(self, *args: Any, **kwargs: Any) -> RemovableHandle:
         return self._register_torch_hook(super().register_full_backward_hook, *args, **kwargs)
 
-    def register_full_backward_pre_hook(self, *args, **kwargs):
+    def register_full_backward_pre_hook(self, *args: Any, **kwargs: Any) -> RemovableHandle:
         return self._register_torch_hook(super().register_full_backward_pre_hook, *args, **kwargs)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 from contextvars import ContextVar
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -28,6 +28,9 @@ from lucidlm.model.masks import attention_mask_for, fit_key_mask, positions_of, 
 from lucidlm.model.norms import make_norm
 from lucidlm.model.positions import RotaryEmbedding, position_embedding
 from lucidlm.model.traced_once import run_block
+
+if TYPE_CHECKING:  # for the hints only: the model layer imports nothing above config when it runs
+    from lucidlm.tokenizers.base import Tokenizer
 
 
 # Set while Transformer.empty builds a model whose weights a loader will overwrite.
@@ -62,7 +65,7 @@ class Transformer(nn.Module):
     (``setup_kv_cache`` / ``clear_kv_cache``) and an optional prefix module (prefix tuning).
     Generation, inspection and adapters live above it (``lucidlm.LanguageModel``)."""
 
-    def __init__(self, config: ModelConfig, tokenizer: Any = None) -> None:
+    def __init__(self, config: ModelConfig, tokenizer: Optional[Tokenizer] = None) -> None:
         super().__init__()
         self.config = cfg = config
         self.tokenizer = tokenizer  # set by loaders that know one; not part of the module tree
@@ -109,7 +112,7 @@ class Transformer(nn.Module):
                 module.name = name
 
     @classmethod
-    def empty(cls, config: ModelConfig, device: str | torch.device = "cpu", tokenizer: Any = None) -> "Transformer":
+    def empty(cls, config: ModelConfig, device: str | torch.device = "cpu", tokenizer: Optional[Tokenizer] = None) -> "Transformer":
         """A model with uninitialised parameters, for loaders that overwrite every weight:
         skipping the random init makes loading a pretrained model much faster."""
         if torch.device(device).type != "meta":
@@ -117,7 +120,7 @@ class Transformer(nn.Module):
         return cls.skeleton(config, tokenizer).materialize(device)
 
     @classmethod
-    def skeleton(cls, config: ModelConfig, tokenizer: Any = None) -> "Transformer":
+    def skeleton(cls, config: ModelConfig, tokenizer: Optional[Tokenizer] = None) -> "Transformer":
         """The module tree on the meta device: names and shapes, no storage, no init. A
         streaming loader puts each weight in place (or swaps in a quantized module), then
         ``materialize`` allocates whatever is left (check ``config.check_memory`` first)."""
@@ -151,8 +154,10 @@ class Transformer(nn.Module):
                 module.reset_buffers()
         return self
 
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """``nn.Module.load_state_dict``. With ``assign=True`` on a model built on the meta device
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True,
+                        assign: bool = False) -> tuple[list[str], list[str]]:
+        """``nn.Module.load_state_dict``, which returns torch's named tuple (missing_keys,
+        unexpected_keys). With ``assign=True`` on a model built on the meta device
         (torch's way to skip the random init), the position tables stayed on meta, as they are
         derived from the config and never saved, and the forward failed ("Tensor on device meta");
         a tied unembedding got a Parameter of its own. Once every parameter is real,

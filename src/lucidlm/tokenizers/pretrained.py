@@ -22,7 +22,7 @@ import json
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from lucidlm.errors import TokenizerError
 from lucidlm.tokenizers.base import Tokenizer
@@ -34,6 +34,9 @@ from lucidlm.tokenizers.hf_decoder import plan_decoder
 from lucidlm.tokenizers.hf_files import tokenizer_from_file, with_bos_post_processor
 from lucidlm.tokenizers.regex_safety import check_backend_regexes
 from lucidlm.validation import Fields
+
+if TYPE_CHECKING:  # for the hints only: importing the Rust library is the loaders' job
+    import tokenizers
 
 _BYTE_DECODER = {char: byte for byte, char in bytes_to_unicode().items()}
 
@@ -54,7 +57,7 @@ class HFTokenizer(Tokenizer):
 
     type_name = "hf"
 
-    def __init__(self, backend: Any, *, add_bos: bool = False, bos_token: Optional[str] = None,
+    def __init__(self, backend: tokenizers.Tokenizer, *, add_bos: bool = False, bos_token: Optional[str] = None,
                  eos_token: Optional[str] = None, pad_token: Optional[str] = None,
                  unk_token: Optional[str] = None, chat_template: Optional[str] = None,
                  eos_ids: Optional[Sequence[int]] = None, source: Optional[str] = None) -> None:
@@ -228,7 +231,7 @@ class HFTokenizer(Tokenizer):
         return self._backend.token_to_id(token)
 
     @property
-    def backend(self) -> Any:
+    def backend(self) -> tokenizers.Tokenizer:
         """The underlying ``tokenizers.Tokenizer`` (read it; changing it desynchronises us).
         An ``encode(..., allowed_special=False)`` running in another thread sets its
         ``encode_special_tokens`` for that call."""

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from lucidlm.errors import ConfigError
+from lucidlm.model.transformer import Transformer
 from lucidlm.outputs import writing
 from lucidlm.training.batches import ExampleBatches, WindowBatches, fit_batch_to_examples
 from lucidlm.training.callbacks import Console, MetricsLog, Sampler
@@ -76,7 +77,8 @@ def unsharded_copy(model: torch.nn.Module, model_class: type, config: FinetuneCo
     return copy
 
 
-def build_finetuning(config: FinetuneConfig, model: Any = None, callbacks: Sequence[Callback] = ()) -> Trainer:
+def build_finetuning(config: FinetuneConfig, model: Optional[Transformer] = None,
+                     callbacks: Sequence[Callback] = ()) -> Trainer:
     """Everything ``finetune`` runs, built (and restored, with ``resume``) but not started.
     ``model``: an already loaded base model (default: ``lucidlm.load(config.model)``)."""
     ctx = setup_distributed(resolve_device(config.device), config.strategy)
@@ -260,7 +262,8 @@ def _data(config: FinetuneConfig, model: Any, ctx: Any, out_dir: Path, resume: b
     return batches, list(tokenizer.encode(config.sample_prompt)), write_report
 
 
-def finetune(config: FinetuneConfig, model: Any = None, callbacks: Sequence[Callback] = ()) -> TrainResult:
+def finetune(config: FinetuneConfig, model: Optional[Transformer] = None,
+             callbacks: Sequence[Callback] = ()) -> TrainResult:
     """Fine-tune as ``config`` says; the adapter (or model, for ``full``) is written to OUT."""
     from lucidlm.training.checkpointer import full_model_state
 

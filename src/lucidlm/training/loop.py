@@ -21,7 +21,7 @@ import contextlib
 import math
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
@@ -30,11 +30,15 @@ from lucidlm.training.distributed import DistributedContext, any_rank
 from lucidlm.training.divergence import TrainingDiverged, diverged_message, first_nonfinite, parameters_finite
 from lucidlm.training.interrupt import install_interrupt_handler, restore_handlers
 from lucidlm.training.kill_points import kill_point
-from lucidlm.training.loop_contract import Callback, TrainResult
+from lucidlm.training.config import LoopConfig
+from lucidlm.training.loop_contract import BatchSource, Callback, TrainResult
 from lucidlm.training.loss import IGNORE_INDEX, masked_cross_entropy
 from lucidlm.training.schedule import get_lr
 from lucidlm.training.step import TrainStep
 from lucidlm.training.trainer_state import load_trainer_state, trainer_state
+
+if TYPE_CHECKING:  # for the hints only: the checkpointer is the recipes' business, not the loop's
+    from lucidlm.training.checkpointer import Checkpointer
 
 
 class Trainer:
@@ -46,12 +50,13 @@ class Trainer:
         trainer = Trainer(model, data, optimizer, config, checkpointer=ckpt, callbacks=[...])
         result = trainer.fit()   # result.val_loss, result.checkpoint
 
-    ``data`` gives ``next()`` -> (x, y) (B, T) on the device, ``prefetch()``, ``tokens_per_batch``
-    and ``eval_batches(split, iters)``; ``train_model(x, y)`` returns the loss (default
-    ``TrainStep(model)``)."""
+    ``data`` (a ``BatchSource``) gives ``next()`` -> (x, y) (B, T) on the device, ``prefetch()``,
+    ``tokens_per_batch`` and ``eval_batches(split, iters)``; ``train_model(x, y)`` returns the loss
+    (default ``TrainStep(model)``)."""
 
-    def __init__(self, model: torch.nn.Module, data: Any, optimizer: torch.optim.Optimizer, config: Any, *,
-                 train_model: Optional[torch.nn.Module] = None, checkpointer: Any = None,
+    def __init__(self, model: torch.nn.Module, data: BatchSource, optimizer: torch.optim.Optimizer,
+                 config: LoopConfig, *, train_model: Optional[torch.nn.Module] = None,
+                 checkpointer: Optional[Checkpointer] = None,
                  callbacks: Sequence[Callback] = (), ctx: Optional[DistributedContext] = None,
                  autocast_dtype: Optional[torch.dtype] = None) -> None:
         self.model, self.data, self.optimizer, self.config = model, data, optimizer, config

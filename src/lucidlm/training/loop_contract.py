@@ -1,5 +1,5 @@
 """What the training loop promises the code around it: the ``Callback`` hooks it calls and
-the ``TrainResult`` it returns.
+the ``TrainResult`` it returns, and the ``BatchSource`` it reads batches from.
 
 They live apart from ``loop.py`` so that recipes and callbacks (``callbacks.py``,
 ``pretrain.py``, ``finetune.py``) can name the contract without reading the loop itself;
@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Protocol
 
-# ``trainer`` below is the running ``loop.Trainer``; it is typed ``Any`` (as in interrupt.py)
-# because loop.py imports this module, and the contract must not import the loop back.
+import torch
+
+if TYPE_CHECKING:  # for the hints only: loop.py imports this module, which must not import the loop back
+    from lucidlm.training.loop import Trainer
 
 
 @dataclass
@@ -38,12 +40,27 @@ class Callback:
     """Hooks the loop calls on the main process; override the ones you need. A callback with
     ``collective = True`` gets ``on_evaluate`` on every rank of a sharded (FSDP) run."""
 
-    def on_fit_start(self, trainer: Any) -> None: ...
-    def on_log(self, trainer: Any, losses: list[float]) -> None: ...
-    def on_eval_start(self, trainer: Any, batches: int) -> None: ...  # up to this many batches
-    def on_eval_batch(self, trainer: Any) -> None: ...
-    def on_evaluate(self, trainer: Any, record: dict[str, Any]) -> None: ...
-    def on_fit_end(self, trainer: Any, result: TrainResult) -> None: ...
+    def on_fit_start(self, trainer: Trainer) -> None: ...
+    def on_log(self, trainer: Trainer, losses: list[float]) -> None: ...
+    def on_eval_start(self, trainer: Trainer, batches: int) -> None: ...  # up to this many batches
+    def on_eval_batch(self, trainer: Trainer) -> None: ...
+    def on_evaluate(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
+    def on_fit_end(self, trainer: Trainer, result: TrainResult) -> None: ...
 
 
-__all__ = ["Callback", "TrainResult"]
+class BatchSource(Protocol):
+    """What ``Trainer`` reads its batches from (``batches.WindowBatches``, ``batches.ExampleBatches``,
+    or any object with these members): ``next()`` is (x, y, *extra) with x and y (B, T) on the
+    device, ``prefetch()`` draws the next one early, ``eval_batches`` gives the same (x, y)
+    batches at every evaluation, and the state round-trips through a checkpoint."""
+
+    tokens_per_batch: int
+
+    def next(self) -> tuple[Any, ...]: ...
+    def prefetch(self) -> None: ...
+    def eval_batches(self, split: str, iters: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+    def state_dict(self) -> Any: ...
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+__all__ = ["BatchSource", "Callback", "TrainResult"]
