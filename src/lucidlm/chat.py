@@ -11,6 +11,7 @@ from typing import Any, Iterator, Optional
 
 from lucidlm.errors import GenerationError, SequenceTooLongError
 from lucidlm.generation import stream
+from lucidlm.model.transformer import Transformer
 from lucidlm.suggest import keywords_checked
 from lucidlm.generation.chat_template import (CHATML_TEMPLATE, Message, chat_template_of, encode_chat, render_chat,
                                               render_chat_for)
@@ -48,8 +49,9 @@ class Conversation:
         check_text(text)
         self.history.append({"role": "user", "content": text})
 
-    def reply(self, model: Any, **gen_kwargs: Any) -> Iterator[str]:
-        """Stream the assistant's answer to the conversation so far. The options are checked
+    def reply(self, model: Transformer, **gen_kwargs: Any) -> Iterator[str]:
+        """Stream the assistant's answer to the conversation so far. The options (``**gen_kwargs``:
+        ``lucidlm.generation.stream``'s, e.g. ``temperature=0``) are checked
         here, before anything streams (a refused one leaves the conversation as it was); the
         answer joins the history when the stream ends, also when the caller stops it early
         (Ctrl-C).
@@ -73,7 +75,7 @@ class Conversation:
         finally:
             self.history.append({"role": "assistant", "content": "".join(pieces)})
 
-    def fit_context(self, model: Any, reserve: int) -> int:
+    def fit_context(self, model: Transformer, reserve: int) -> int:
         """Drop the oldest turns (never the system prompt, never the last user message) until
         the conversation plus ``reserve`` tokens for the answer fits ``model``'s context.
         Returns how many messages were dropped. A last message longer than the context on its

@@ -23,10 +23,11 @@ from lucidlm.devices import DTYPES, resolve_device, resolve_dtype
 from lucidlm.errors import ConfigError, InputError
 from lucidlm.evaluation import PerplexityResult, perplexity
 from lucidlm.generation import GenerationResult, TextStream, generate, stream
+from lucidlm.generation.api import Prompt, Prompts
 from lucidlm.generation.compiled import CompiledSteps
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, run_with_hooks
 from lucidlm.inspect.hook_names import NamesFilter
-from lucidlm.inspect.tokens import Ids, TextOrIds, to_str_tokens, to_string, to_tokens
+from lucidlm.inspect.tokens import LooseIds, TextOrIds, TextOrLooseIds, to_str_tokens, to_string, to_tokens
 from lucidlm.model.fused import fuse_projections
 from lucidlm.model.hook_options import set_hook_options
 from lucidlm.model.hooks import HookFn
@@ -35,9 +36,6 @@ from lucidlm.peft import merge_adapter, set_adapter, unmerge_adapter
 from lucidlm.quantization.blocks_kernel import use_cpu_loops
 from lucidlm.suggest import keyword_options, keywords_checked, unknown_keyword_message
 from lucidlm.tokenizers.base import Tokenizer
-
-Prompt = Union[str, Sequence[int], torch.Tensor]
-Prompts = Union[Prompt, Sequence[str], Sequence[Sequence[int]]]
 
 
 def _is_text_batch(ids: Any) -> bool:
@@ -91,8 +89,8 @@ class LanguageModel(Transformer):
     # weight's conversion to bf16 then happens inside that kernel, not as a copy of the matrix.
     CUDA_DECODE_OPTIONS: dict[str, Any] = {"coordinate_descent_tuning": True}
 
-    def compile(self, mode: Optional[str] = None, *, backend: Union[str, Callable[..., Any]] = "inductor", prefill: bool = True,
-                options: Optional[dict[str, Any]] = None) -> "LanguageModel":
+    def compile(self, mode: Optional[str] = None, *, backend: Union[str, Callable[..., Any]] = "inductor",
+                prefill: bool = True, options: Optional[dict[str, Any]] = None) -> "LanguageModel":
         """Compile the steps that ``generate``/``stream``/``chat`` run, with ``torch.compile``.
 
         The decode step (one token per row against the static KV cache) is compiled once,
@@ -305,14 +303,22 @@ class LanguageModel(Transformer):
                       reuse_cache=reuse_cache, chat=chat, **options)
 
     # ------------------------------------------------------------------ inspection
-    def run_with_cache(self, ids: Prompts, names_filter: NamesFilter = None, **options: Any,
-                       ) -> tuple[torch.Tensor, ActivationCache]:
+    def run_with_cache(self, ids: TextOrIds, names_filter: NamesFilter = None, *,
+                       device: Optional[Union[str, torch.device]] = None, remove_batch_dim: bool = False,
+                       input_pos: Optional[torch.Tensor] = None, incl_bwd: bool = False,
+                       metric: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+                       prepend_bos: Optional[bool] = None, padding_side: str = "right",
+                       **forward_kwargs: Any) -> tuple[torch.Tensor, ActivationCache]:
         """One forward pass returning (logits, cache of every hooked activation).
         ``names_filter``: a hook name, a list of names or a predicate (default: all).
-        Other options: device, remove_batch_dim, input_pos, incl_bwd (cache gradients as
-        name + "_grad", of ``metric(logits)`` or the next-token loss), prepend_bos,
-        padding_side, and the forward's arguments."""
-        return run_with_cache(self, ids, names_filter, **options)
+        ``device``: where the cached activations go; ``remove_batch_dim``: drop the batch dim
+        of a batch of 1; ``input_pos``: KV-cache slots; ``incl_bwd``: cache gradients as
+        name + "_grad", of ``metric(logits)`` or the next-token loss; ``prepend_bos``,
+        ``padding_side``: for text (``to_tokens``); ``**forward_kwargs``: the forward's
+        arguments (``attention_mask``, ...). See ``lucidlm.inspect.run_with_cache``."""
+        return run_with_cache(self, ids, names_filter, device=device, remove_batch_dim=remove_batch_dim,
+                              input_pos=input_pos, incl_bwd=incl_bwd, metric=metric, prepend_bos=prepend_bos,
+                              padding_side=padding_side, **forward_kwargs)
 
     @keywords_checked(InputError)
     def perplexity(self, text_or_ids: Union[str, Sequence[int], torch.Tensor], *, max_length: Optional[int] = None,
@@ -323,14 +329,18 @@ class LanguageModel(Transformer):
         return perplexity(self, text_or_ids, max_length=max_length, stride=stride, batch_size=batch_size,
                           progress=progress)
 
-    def run_with_hooks(self, ids: Prompts,
+    def run_with_hooks(self, ids: TextOrIds,
                        fwd_hooks: Sequence[tuple[Union[str, Callable[[str], bool]], HookFn]] = (),
                        bwd_hooks: Sequence[tuple[Union[str, Callable[[str], bool]], HookFn]] = (),
-                       **options: Any) -> torch.Tensor:
+                       *, reset_hooks_end: bool = True, prepend_bos: Optional[bool] = None,
+                       padding_side: str = "right", **forward_kwargs: Any) -> torch.Tensor:
         """One forward pass with ``fn(activation, hook) -> new | None`` attached at the named
-        hook points; the hooks are removed afterwards (unless reset_hooks_end=False).
-        ``bwd_hooks``: ``fn(grad, hook)``, run when the returned logits are backpropagated."""
-        return run_with_hooks(self, ids, fwd_hooks, bwd_hooks, **options)
+        hook points; the hooks are removed afterwards (unless ``reset_hooks_end=False``).
+        ``bwd_hooks``: ``fn(grad, hook)``, run when the returned logits are backpropagated.
+        ``prepend_bos``, ``padding_side``: for text (``to_tokens``); ``**forward_kwargs``: the
+        forward's arguments (``attention_mask``, ...)."""
+        return run_with_hooks(self, ids, fwd_hooks, bwd_hooks, reset_hooks_end=reset_hooks_end,
+                              prepend_bos=prepend_bos, padding_side=padding_side, **forward_kwargs)
 
     # ------------------------------------------------------------------ analysis (TransformerLens's names)
     @keywords_checked(InputError)
@@ -343,12 +353,12 @@ class LanguageModel(Transformer):
         return to_tokens(self, text, prepend_bos, padding_side, return_attention_mask)
 
     @keywords_checked(InputError)
-    def to_str_tokens(self, text_or_ids: TextOrIds,
+    def to_str_tokens(self, text_or_ids: TextOrLooseIds,
                       prepend_bos: Optional[bool] = None) -> Union[list[str], list[list[str]]]:
         """Each token as its text: a list of str (a list of lists for a batch)."""
         return to_str_tokens(self, text_or_ids, prepend_bos)
 
-    def to_string(self, ids: Ids) -> Union[str, list[str]]:
+    def to_string(self, ids: LooseIds) -> Union[str, list[str]]:
         """Ids -> text; a (B, T) batch -> a list of texts."""
         return to_string(self, ids)
 

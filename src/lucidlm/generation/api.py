@@ -226,7 +226,14 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
     return runner.result
 
 
-def stream(model: Transformer, prompt: Prompt, *, steady: bool = False, **kwargs: Any) -> "TextStream":
+def stream(model: Transformer, prompt: Prompt, *, steady: bool = False, max_new_tokens: int = 64,
+           temperature: Optional[float] = None, top_k: Optional[int] = None, top_p: Optional[float] = None,
+           min_p: Optional[float] = None, repetition_penalty: Optional[float] = None,
+           typical_p: Optional[float] = None, epsilon_cutoff: Optional[float] = None,
+           eta_cutoff: Optional[float] = None, seed: Optional[int] = None, stop: Optional[str | Sequence[str]] = None,
+           stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0, min_new_tokens: int = 0,
+           context_overflow: str = "stop", logprobs: Union[bool, int, None] = None, chat: bool = False,
+           reuse_cache: bool = False, **unknown: Any) -> "TextStream":
     """Like ``generate`` but yields text pieces as they are decoded. The pieces join to
     exactly ``generate(...).text``: never half a UTF-8 character, never a stop string.
     With ``num_beams > 1`` the whole text comes as one piece at the end, and the sampling
@@ -242,7 +249,13 @@ def stream(model: Transformer, prompt: Prompt, *, steady: bool = False, **kwargs
     ``steady=True`` promises that the code reading the pieces changes nothing in the model
     while they come (attaches or removes no hook, swaps no layer, replaces no weight): the
     decode steps may then keep what they look up, as ``generate``'s do (``DecodeSession``; on
-    2 CPU cores ~0.9 ms of SmolLM2's ~6 ms token). ``lucidlm generate`` and ``chat`` pass it."""
+    2 CPU cores ~0.9 ms of SmolLM2's ~6 ms token). ``lucidlm generate`` and ``chat`` pass it.
+
+    The other options are ``generate``'s, named here so that help() and shift-tab show them;
+    a name it does not know (``**unknown``) is refused with the closest known one."""
+    # (first: locals() must hold the arguments alone)
+    options = {k: v for k, v in locals().items() if k not in ("model", "prompt", "steady", "unknown")}
+    options.update(unknown)  # refused by make_request, by name (or a new sampler's field it knows)
     if not isinstance(steady, bool):
         raise GenerationError(f"steady must be True or False, got {steady!r}.")
     rows = batch_rows(prompt)
@@ -251,7 +264,7 @@ def stream(model: Transformer, prompt: Prompt, *, steady: bool = False, **kwargs
     if getattr(model, "tokenizer", None) is None:  # without one every piece is "": a silent empty stream
         raise GenerationError("stream yields text, and this model has no tokenizer to decode its ids "
                               "(model.tokenizer is None); use generate(ids).token_ids, or set model.tokenizer.")
-    return TextStream(_Run(model, prompt, kwargs, steady=steady))  # validate now, not at the first next()
+    return TextStream(_Run(model, prompt, options, steady=steady))  # validate now, not at the first next()
 
 
 class TextStream(Iterator[str]):

@@ -19,7 +19,7 @@ from functools import lru_cache
 from typing import Any, Optional
 
 from lucidlm.errors import ChatTemplateError, GenerationError, TokenizerError
-from lucidlm.tokenizers.base import starts_with_added_bos
+from lucidlm.tokenizers.base import Tokenizer, starts_with_added_bos
 
 # Used when a model has no template of its own.
 CHATML_TEMPLATE = (
@@ -32,8 +32,8 @@ CHATML_TEMPLATE = (
 Message = dict[str, str]
 
 
-def chat_template_of(tokenizer: Any) -> str:
-    """The tokenizer's own template, or ChatML when it has none."""
+def chat_template_of(tokenizer: Optional[Tokenizer]) -> str:
+    """The tokenizer's own template, or ChatML when it has none (or there is no tokenizer)."""
     return getattr(tokenizer, "chat_template", None) or CHATML_TEMPLATE
 
 
@@ -41,7 +41,8 @@ def render_chat(messages: list[Message], template: Optional[str] = None, *, add_
                 bos_token: str = "", eos_token: str = "", source: Optional[str] = None, **extra: Any) -> str:
     """The conversation as the text the model reads (``add_generation_prompt`` ends it with
     the opening of the assistant's turn, so the model's continuation is the answer).
-    ``source`` names where the template came from, for error messages."""
+    ``source`` names where the template came from, for error messages. ``**extra``: more
+    variables the template reads (``pad_token``, ``tools``, ...), of any type it expects."""
     from lucidlm.generation.template_sandbox import render_bounded
 
     check_messages(messages, content_may_be_none=True)
@@ -63,7 +64,7 @@ def render_chat(messages: list[Message], template: Optional[str] = None, *, add_
     return text
 
 
-def render_chat_for(tokenizer: Any, messages: list[Message], add_generation_prompt: bool = True) -> str:
+def render_chat_for(tokenizer: Tokenizer, messages: list[Message], add_generation_prompt: bool = True) -> str:
     """``render_chat`` with the tokenizer's template and its special-token strings: BOS and EOS,
     and PAD and UNK where the tokenizer has them (transformers passes its special_tokens_map,
     which leaves out the roles a tokenizer lacks, so a template sees them undefined there too)."""
@@ -75,7 +76,7 @@ def render_chat_for(tokenizer: Any, messages: list[Message], add_generation_prom
                        **{name: text for name, text in optional.items() if text})
 
 
-def encode_chat(tokenizer: Any, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
+def encode_chat(tokenizer: Tokenizer, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
     """Render and encode, with the template's special tokens (``<|im_start|>``) as their ids.
 
     The template writes every special token itself (``{{ bos_token }}`` where the model wants
@@ -92,7 +93,7 @@ def encode_chat(tokenizer: Any, messages: list[Message], add_generation_prompt: 
     return ids[1:] if starts_with_added_bos(tokenizer, ids) else ids
 
 
-def check_chat_template(tokenizer: Any, system: Optional[str] = None) -> None:
+def check_chat_template(tokenizer: Optional[Tokenizer], system: Optional[str] = None) -> None:
     """Render and encode a first turn, so a chat session the model cannot hold is refused
     before it starts: no tokenizer, a broken template, or a tokenizer that cannot write the
     template's markers (a character-level model trained here has no ``<|im_start|>``)."""

@@ -140,7 +140,8 @@ class ActivationCache(Mapping):
                                        has_batch_dim, recompute_ln)
 
     def logit_attrs(self, residual_stack: torch.Tensor, tokens: Tokens, incorrect_tokens: Optional[Tokens] = None,
-                    pos_slice: PosSlice = None, batch_slice: PosSlice = None, has_batch_dim: bool = True) -> torch.Tensor:
+                    pos_slice: PosSlice = None, batch_slice: PosSlice = None,
+                    has_batch_dim: bool = True) -> torch.Tensor:
         """Direct logit attribution of each component; see resid.logit_attrs."""
         return resid.logit_attrs(self, residual_stack, tokens, incorrect_tokens, pos_slice, batch_slice,
                                  has_batch_dim)

@@ -24,6 +24,7 @@ from torch import nn
 
 from lucidlm.errors import InputError
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, run_with_hooks
+from lucidlm.inspect.tokens import TextOrLooseIds
 from lucidlm.suggest import keywords_checked
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
@@ -128,7 +129,7 @@ def _scalar(value: Any) -> float:
 
 
 @keywords_checked(InputError)
-def generic_activation_patch(model: nn.Module, corrupted_tokens: Any, clean_cache: ActivationCache,
+def generic_activation_patch(model: nn.Module, corrupted_tokens: TextOrLooseIds, clean_cache: ActivationCache,
                              patching_metric: Metric, patch_setter: Setter, activation_name: str,
                              index_axis_names: Sequence[str]) -> torch.Tensor:
     """For every index over ``index_axis_names`` (the first is the layer), run the corrupted
@@ -156,7 +157,7 @@ def generic_activation_patch(model: nn.Module, corrupted_tokens: Any, clean_cach
 
 
 def _sweep(activation_name: str, setter: Setter, axes: Sequence[str], doc: str) -> Callable[..., torch.Tensor]:
-    def sweep(model: nn.Module, corrupted_tokens: Any, clean_cache: ActivationCache, patching_metric: Metric,
+    def sweep(model: nn.Module, corrupted_tokens: TextOrLooseIds, clean_cache: ActivationCache, patching_metric: Metric,
               ) -> torch.Tensor:
         return generic_activation_patch(model, corrupted_tokens, clean_cache, patching_metric, setter,
                                         activation_name, axes)
@@ -203,7 +204,8 @@ def _pad_heads(results: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 @keywords_checked(InputError)
-def get_act_patch_attn_head_all_pos_every(model: nn.Module, corrupted_tokens: Any, clean_cache: ActivationCache,
+def get_act_patch_attn_head_all_pos_every(model: nn.Module, corrupted_tokens: TextOrLooseIds,
+                                          clean_cache: ActivationCache,
                                           metric: Metric) -> torch.Tensor:
     """(5, layers, heads): z, q, k, v (zero-padded past n_kv heads), pattern, all positions."""
     out = get_act_patch_attn_head_out_all_pos(model, corrupted_tokens, clean_cache, metric)
@@ -214,7 +216,8 @@ def get_act_patch_attn_head_all_pos_every(model: nn.Module, corrupted_tokens: An
 
 
 @keywords_checked(InputError)
-def get_act_patch_attn_head_by_pos_every(model: nn.Module, corrupted_tokens: Any, clean_cache: ActivationCache,
+def get_act_patch_attn_head_by_pos_every(model: nn.Module, corrupted_tokens: TextOrLooseIds,
+                                         clean_cache: ActivationCache,
                                          metric: Metric) -> torch.Tensor:
     """(5, layers, pos, heads): z, q, k, v (zero-padded past n_kv heads), pattern rows."""
     out = get_act_patch_attn_head_out_by_pos(model, corrupted_tokens, clean_cache, metric)
@@ -226,7 +229,7 @@ def get_act_patch_attn_head_by_pos_every(model: nn.Module, corrupted_tokens: Any
 
 
 @keywords_checked(InputError)
-def get_act_patch_block_every(model: nn.Module, corrupted_tokens: Any, clean_cache: ActivationCache,
+def get_act_patch_block_every(model: nn.Module, corrupted_tokens: TextOrLooseIds, clean_cache: ActivationCache,
                               metric: Metric) -> torch.Tensor:
     """(3, layers, pos): resid_pre, attn_out, mlp_out."""
     return torch.stack([f(model, corrupted_tokens, clean_cache, metric) for f in
@@ -235,7 +238,7 @@ def get_act_patch_block_every(model: nn.Module, corrupted_tokens: Any, clean_cac
 
 # -- attribution patching -------------------------------------------------------------------------
 @keywords_checked(InputError)
-def attribution_patch(model: nn.Module, clean_cache: ActivationCache, corrupted_tokens: Any, metric: Metric,
+def attribution_patch(model: nn.Module, clean_cache: ActivationCache, corrupted_tokens: TextOrLooseIds, metric: Metric,
                       activation_name: str, index_axis_names: Sequence[str]) -> torch.Tensor:
     """The first-order estimate of what ``generic_activation_patch`` measures, for every cell
     at once: (clean - corrupted) activation times the metric's gradient on the corrupted run,
@@ -262,7 +265,8 @@ def attribution_patch(model: nn.Module, clean_cache: ActivationCache, corrupted_
 
 
 def _attr(activation_name: str, axes: Sequence[str], doc: str) -> Callable[..., torch.Tensor]:
-    def approx(model: nn.Module, clean_cache: ActivationCache, corrupted_tokens: Any, metric: Metric) -> torch.Tensor:
+    def approx(model: nn.Module, clean_cache: ActivationCache, corrupted_tokens: TextOrLooseIds,
+               metric: Metric) -> torch.Tensor:
         return attribution_patch(model, clean_cache, corrupted_tokens, metric, activation_name, axes)
     approx.__doc__ = f"{doc} The attribution estimate of the change in metric, ({', '.join(axes)})."
     return approx

@@ -20,7 +20,7 @@ from torch import nn
 from lucidlm.errors import GenerationError, InputError
 from lucidlm.generation.decode import DecodeSession
 from lucidlm.suggest import keywords_checked
-from lucidlm.inspect.tokens import TextOrIds, id_batch, model_tokenizer, to_str_tokens, to_tokens
+from lucidlm.inspect.tokens import TextOrLooseIds, id_batch, model_tokenizer, to_str_tokens, to_tokens
 from lucidlm.validation import check_int, check_seed
 from lucidlm.weights.hf_generation_config import end_token_ids
 
@@ -43,7 +43,7 @@ class GenerationStep:
 
 
 @keywords_checked(GenerationError)
-def generation_steps(model: nn.Module, prompt: TextOrIds, max_new_tokens: int = 10, temperature: float = 0.0,
+def generation_steps(model: nn.Module, prompt: TextOrLooseIds, max_new_tokens: int = 10, temperature: float = 0.0,
                      top_k: Optional[int] = None, seed: Optional[int] = None,
                      stop_at_eos: Optional[bool] = None, *, stop_on_eos: bool = True) -> Iterator[GenerationStep]:
     """Yield one GenerationStep per new token. temperature 0 = greedy (argmax). The arguments
@@ -120,7 +120,7 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: Optional[int],
 
 
 @keywords_checked(GenerationError)
-def print_steps(model: nn.Module, prompt: TextOrIds, max_new_tokens: int = 10, file: Optional[TextIO] = None, *,
+def print_steps(model: nn.Module, prompt: TextOrLooseIds, max_new_tokens: int = 10, file: Optional[TextIO] = None, *,
                 temperature: float = 0.0, top_k: Optional[int] = None, seed: Optional[int] = None,
                 stop_on_eos: bool = True, stop_at_eos: Optional[bool] = None) -> list[str]:
     """Print the sequence after every new token (seed 002's ``generate``); return the final

@@ -28,9 +28,12 @@ from lucidlm.suggest import keywords_checked
 from lucidlm.tokenizers.base import starts_with_added_bos
 
 Text = Union[str, Sequence[str]]
-# Token ids: one id, a list (T,), a list of lists (B, T), or an integer tensor / numpy array of those.
-Ids = Union[int, Sequence[int], Sequence[Sequence[int]], torch.Tensor, np.ndarray]
+# Token ids as the forward pass takes them: a list (T,), a list of lists (B, T), an integer tensor.
+Ids = Union[Sequence[int], Sequence[Sequence[int]], torch.Tensor]
 TextOrIds = Union[Text, Ids]
+# What to_string, to_str_tokens and the one-sequence views read besides: one id, a numpy array.
+LooseIds = Union[int, Ids, np.ndarray]
+TextOrLooseIds = Union[Text, LooseIds]
 
 
 def model_tokenizer(model: nn.Module) -> Any:
@@ -103,7 +106,7 @@ def to_tokens(model: nn.Module, text: Text, prepend_bos: Optional[bool] = None, 
 
 
 @keywords_checked(InputError)
-def to_str_tokens(model: nn.Module, text_or_ids: TextOrIds,
+def to_str_tokens(model: nn.Module, text_or_ids: TextOrLooseIds,
                   prepend_bos: Optional[bool] = None) -> Union[list[str], list[list[str]]]:
     """Each token as the text it stands for: a list of str, or a list of lists for a batch
     (a list of texts, or a (B, T) tensor with B > 1)."""
@@ -122,7 +125,7 @@ def to_str_tokens(model: nn.Module, text_or_ids: TextOrIds,
 
 
 @keywords_checked(InputError)
-def to_string(model: nn.Module, ids: Ids) -> Union[str, list[str]]:
+def to_string(model: nn.Module, ids: LooseIds) -> Union[str, list[str]]:
     """Ids -> text: one str for (T,) or a single id list, a list of str for (B, T)."""
     tokenizer = model_tokenizer(model)
     if isinstance(ids, torch.Tensor) and ids.ndim > 2:

@@ -17,7 +17,7 @@ from torch import nn
 from lucidlm.display import element_id, iframe_html, scoped_style, script_json  # noqa: F401 (re-exported: their home)
 from lucidlm.errors import InputError
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, token_columns
-from lucidlm.inspect.tokens import TextOrIds, check_cache_fits, one_sequence
+from lucidlm.inspect.tokens import TextOrLooseIds, check_cache_fits, one_sequence
 from lucidlm.suggest import keywords_checked
 
 _TEMPLATE = """<div id="__ID__" class="lucidlm-attention">
@@ -91,7 +91,8 @@ class AttentionView:
 
 
 @keywords_checked(InputError)
-def attention_view(model: nn.Module, text_or_ids: TextOrIds, cache: Optional[ActivationCache] = None) -> AttentionView:
+def attention_view(model: nn.Module, text_or_ids: TextOrLooseIds,
+                   cache: Optional[ActivationCache] = None) -> AttentionView:
     """The attention view of one sequence, as ``logit_lens`` reads it: a text or ids (T,); of a
     (B, T) batch row 0, of a list of texts the first (taken alone, unpadded). ``cache``: one
     ``run_with_cache`` made of that same sequence (row 0 of a batch cache); a cache of another

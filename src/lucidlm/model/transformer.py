@@ -112,7 +112,8 @@ class Transformer(nn.Module):
                 module.name = name
 
     @classmethod
-    def empty(cls, config: ModelConfig, device: str | torch.device = "cpu", tokenizer: Optional[Tokenizer] = None) -> "Transformer":
+    def empty(cls, config: ModelConfig, device: str | torch.device = "cpu",
+              tokenizer: Optional[Tokenizer] = None) -> "Transformer":
         """A model with uninitialised parameters, for loaders that overwrite every weight:
         skipping the random init makes loading a pretrained model much faster."""
         if torch.device(device).type != "meta":
