@@ -21,7 +21,7 @@ import contextlib
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -30,15 +30,13 @@ from lucidlm.training.distributed import DistributedContext, any_rank
 from lucidlm.training.divergence import TrainingDiverged, diverged_message, first_nonfinite, parameters_finite
 from lucidlm.training.interrupt import install_interrupt_handler, restore_handlers
 from lucidlm.training.kill_points import kill_point
+from lucidlm.training.checkpointer import Checkpointer
 from lucidlm.training.config import LoopConfig
 from lucidlm.training.loop_contract import BatchSource, Callback, TrainResult
 from lucidlm.training.loss import IGNORE_INDEX, masked_cross_entropy
 from lucidlm.training.schedule import get_lr
 from lucidlm.training.step import TrainStep
 from lucidlm.training.trainer_state import load_trainer_state, trainer_state
-
-if TYPE_CHECKING:  # for the hints only: the checkpointer is the recipes' business, not the loop's
-    from lucidlm.training.checkpointer import Checkpointer
 
 
 class Trainer:
