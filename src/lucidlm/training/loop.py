@@ -10,8 +10,8 @@ No step reads a value back from the device: losses stay tensors until every
 ``log_interval`` steps (or an evaluation), when they are read in one go, so the host
 keeps queueing work ahead of a GPU. The next batch is drawn while the forward pass runs.
 
-Beside it: ``loop_contract.py`` (the ``Callback`` hooks and the ``TrainResult``, re-exported
-here), ``trainer_state.py`` (what of the loop a checkpoint keeps for an exact resume) and
+The ``Callback`` hooks are defined here, beside the ``Trainer`` they are handed. Beside it:
+``loop_contract.py`` (the ``TrainResult`` and the ``BatchSource``, re-exported here), ``trainer_state.py`` (what of the loop a checkpoint keeps for an exact resume) and
 ``divergence.py`` (a NaN/inf loss or weight stops the run before it checkpoints).
 """
 
@@ -32,11 +32,23 @@ from lucidlm.training.interrupt import install_interrupt_handler, restore_handle
 from lucidlm.training.kill_points import kill_point
 from lucidlm.training.checkpointer import Checkpointer
 from lucidlm.training.config import LoopConfig
-from lucidlm.training.loop_contract import BatchSource, Callback, TrainResult
+from lucidlm.training.loop_contract import BatchSource, TrainResult
 from lucidlm.training.loss import IGNORE_INDEX, masked_cross_entropy
 from lucidlm.training.schedule import get_lr
 from lucidlm.training.step import TrainStep
 from lucidlm.training.trainer_state import load_trainer_state, trainer_state
+
+
+class Callback:
+    """Hooks the loop calls on the main process; override the ones you need. A callback with
+    ``collective = True`` gets ``on_evaluate`` on every rank of a sharded (FSDP) run."""
+
+    def on_fit_start(self, trainer: Trainer) -> None: ...
+    def on_log(self, trainer: Trainer, losses: list[float]) -> None: ...
+    def on_eval_start(self, trainer: Trainer, batches: int) -> None: ...  # up to this many batches
+    def on_eval_batch(self, trainer: Trainer) -> None: ...
+    def on_evaluate(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
+    def on_fit_end(self, trainer: Trainer, result: TrainResult) -> None: ...
 
 
 class Trainer:

@@ -1,22 +1,18 @@
-"""What the training loop promises the code around it: the ``Callback`` hooks it calls and
-the ``TrainResult`` it returns, and the ``BatchSource`` it reads batches from.
+"""What the training loop promises the code around it: the ``TrainResult`` it returns and the
+``BatchSource`` it reads batches from (the ``Callback`` hooks, which take the ``Trainer``
+itself, are defined beside it in ``loop.py``).
 
-They live apart from ``loop.py`` so that recipes and callbacks (``callbacks.py``,
-``pretrain.py``, ``finetune.py``) can name the contract without reading the loop itself;
-``loop.py`` re-exports both, so ``from lucidlm.training.loop import Callback`` still works.
+They live apart from ``loop.py`` so that recipes (``pretrain.py``, ``finetune.py``) can name
+the contract without reading the loop itself; ``loop.py`` re-exports both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Protocol
+from typing import Any, Iterator, Optional, Protocol
 
 import torch
-
-if TYPE_CHECKING:  # for the hints only: loop.py imports this module, which must not import the loop back
-    from lucidlm.training.loop import Trainer
-
 
 @dataclass
 class TrainResult:
@@ -36,18 +32,6 @@ class TrainResult:
     metrics: list[dict[str, Any]] = field(default_factory=list)
 
 
-class Callback:
-    """Hooks the loop calls on the main process; override the ones you need. A callback with
-    ``collective = True`` gets ``on_evaluate`` on every rank of a sharded (FSDP) run."""
-
-    def on_fit_start(self, trainer: Trainer) -> None: ...
-    def on_log(self, trainer: Trainer, losses: list[float]) -> None: ...
-    def on_eval_start(self, trainer: Trainer, batches: int) -> None: ...  # up to this many batches
-    def on_eval_batch(self, trainer: Trainer) -> None: ...
-    def on_evaluate(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
-    def on_fit_end(self, trainer: Trainer, result: TrainResult) -> None: ...
-
-
 class BatchSource(Protocol):
     """What ``Trainer`` reads its batches from (``batches.WindowBatches``, ``batches.ExampleBatches``,
     or any object with these members): ``next()`` is (x, y, *extra) with x and y (B, T) on the
@@ -63,4 +47,4 @@ class BatchSource(Protocol):
     def load_state_dict(self, state: Any) -> None: ...
 
 
-__all__ = ["BatchSource", "Callback", "TrainResult"]
+__all__ = ["BatchSource", "TrainResult"]
