@@ -44,7 +44,7 @@ class WindowScore:
 
     @property
     def ppl(self) -> float:
-        return math.exp(self.nll / self.tokens)
+        return exp_nll(self.nll / self.tokens)
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,15 @@ class PerplexityResult:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values (``lucidlm perplexity --json``)."""
         return asdict(self)
+
+
+def exp_nll(nll: float) -> float:
+    """exp(nll), inf past float64's range as torch.exp (the recipe's) gives it: a diverged model
+    averaging over ~709 nats a token is a score to report, not an OverflowError."""
+    try:
+        return math.exp(nll)
+    except OverflowError:
+        return math.inf
 
 
 def window_settings(context: int, max_length: Optional[int], stride: Optional[int],
@@ -148,7 +157,7 @@ def perplexity(model: torch.nn.Module, text_or_ids: str | Sequence[int] | torch.
             module.training = was
     tokens = sum(w.tokens for w in windows)
     nll = sum(w.nll for w in windows) / tokens
-    return PerplexityResult(ppl=math.exp(nll), nll=nll, tokens=tokens, text_tokens=len(ids), max_length=max_length,
+    return PerplexityResult(ppl=exp_nll(nll), nll=nll, tokens=tokens, text_tokens=len(ids), max_length=max_length,
                             stride=stride, windows=windows)
 
 

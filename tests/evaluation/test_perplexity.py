@@ -224,3 +224,24 @@ def test_a_training_model_is_scored_without_dropout_and_left_training():
     with torch.no_grad():
         want = torch.nn.functional.cross_entropy(model(ids)[0, :-1], ids[0, 1:]).exp().item()
     assert got.ppl == pytest.approx(want, rel=1e-5)
+
+
+def test_a_diverged_model_scores_infinity_as_torch_does():
+    """A mean nll past float64's exp range (~709 nats) is perplexity inf, as the recipe's
+    torch.exp gives it; math.exp raised OverflowError (the CLI's internal-error line)."""
+    from lucidlm import ModelConfig
+    from lucidlm.language_model import LanguageModel
+
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=2, max_seq_len=64)).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "embed" in name:
+                parameter.mul_(3000)  # logits in the thousands: a diverged run's
+    ids = torch.randint(0, 100, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(model(ids)[0, :-1], ids[0, 1:]).double()
+    assert 709 < want < math.inf and want.exp() == math.inf  # the oracle: finite nll, infinite perplexity
+    got = lucidlm.perplexity(model, ids, max_length=64)
+    assert got.nll == pytest.approx(want.item(), rel=1e-5)
+    assert got.ppl == want.exp().item() and got.windows[0].ppl == math.inf
