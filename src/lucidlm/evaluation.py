@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from lucidlm.errors import InputError
+from lucidlm.inspect.tokens import _id_rows
 from lucidlm.suggest import keywords_checked
 from lucidlm.validation import check_int
 
@@ -171,14 +172,12 @@ def _token_ids(model: torch.nn.Module, text_or_ids: str | Sequence[int] | torch.
         if not text_or_ids:
             raise InputError("the text is empty; give the text to score.")
         ids = tokenizer.encode(text_or_ids, allowed_special=False)
-    elif isinstance(text_or_ids, torch.Tensor):
-        if text_or_ids.ndim == 2 and text_or_ids.shape[0] == 1:
-            text_or_ids = text_or_ids[0]
-        if text_or_ids.ndim != 1:
-            raise InputError(f"ids of shape {tuple(text_or_ids.shape)}: give one sequence, (T,) or (1, T).")
-        ids = text_or_ids.tolist()
-    else:
-        ids = list(text_or_ids)
+    else:  # a tensor, numpy array or list, (T,) or (1, T): a (1, T) read as a list is one row, not one token
+        ids = _id_rows(text_or_ids, "perplexity")
+        if ids and isinstance(ids[0], list):
+            if len(ids) != 1:
+                raise InputError(f"{len(ids)} rows of ids: give one sequence, (T,) or (1, T).")
+            ids = ids[0]
     if len(ids) < 2:
         raise InputError(f"the text is {len(ids)} token{'' if len(ids) == 1 else 's'} long; perplexity scores "
                          f"each token after the first, so it needs at least 2.")

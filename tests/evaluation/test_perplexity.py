@@ -226,6 +226,19 @@ def test_a_training_model_is_scored_without_dropout_and_left_training():
     assert got.ppl == pytest.approx(want, rel=1e-5)
 
 
+def test_ids_as_numpy_arrays_and_nested_lists_read_as_one_sequence(pair):
+    """(1, T) ids as numpy (a tokenizer's return_tensors="np") or a nested list are one sequence of
+    T tokens, as the (1, T) tensor the recipe passes; they were read as one token ('1 token long')."""
+    hf, ours = pair
+    ids = random_ids(90, seed=4)
+    want_ppl, want_tokens, _ = hf_recipe(hf, ids, 64, 32)
+    for value in (ids.numpy(), ids.tolist(), ids[0].numpy().astype("int32")):
+        got = lucidlm.perplexity(ours, value, max_length=64, stride=32)
+        assert got.tokens == want_tokens and got.ppl == pytest.approx(want_ppl, rel=1e-4), type(value)
+    with pytest.raises(InputError, match="2 rows of ids: give one sequence"):
+        lucidlm.perplexity(ours, torch.cat([ids, ids]).numpy())
+
+
 def test_a_diverged_model_scores_infinity_as_torch_does():
     """A mean nll past float64's exp range (~709 nats) is perplexity inf, as the recipe's
     torch.exp gives it; math.exp raised OverflowError (the CLI's internal-error line)."""
