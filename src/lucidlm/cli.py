@@ -165,10 +165,26 @@ def _said_missing_dependency(command: Optional[str], exc: BaseException) -> bool
     """Say which of lucidlm's dependencies ``exc`` found missing and how to install it (a
     `pip install --no-deps lucidlm`); False, saying nothing, when it is no such error."""
     missing = _missing_dependency(exc)
-    if missing:
+    if missing and _installed(exc.name.split(".")[0]):  # a part of it is missing: a broken or mismatched install
+        print(f"lucidlm {command}: error: {exc} (a part of lucidlm's dependency {missing!r}, which is installed "
+              f"but broken or of another version). Reinstall it with: pip install --force-reinstall '{missing}'",
+              file=sys.stderr)
+    elif missing:
         print(f"lucidlm {command}: error: lucidlm needs the package {missing!r}, which is not installed. "
               f"Install it with: pip install '{missing}'", file=sys.stderr)
     return missing is not None
+
+
+def _installed(module: str) -> bool:
+    """Whether top-level ``module`` can be found: "No module named 'numpy._core'" (a pickle from
+    numpy 2 read by numpy 1) or 'regex._main' names a part of a package that is there, and
+    `pip install` of it would only say it is already satisfied."""
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(module) is not None  # None too where sys.modules holds None for it
+    except (ImportError, ValueError):
+        return False
 
 
 def _missing_dependency(exc: BaseException) -> Optional[str]:

@@ -199,3 +199,26 @@ def test_a_dependency_that_is_not_installed_is_named_with_its_pip_install(module
     assert done.returncode == 1, done.stderr
     assert_one_line_error(done, f"lucidlm needs the package {requirement!r}", f"pip install '{requirement}'")
     assert "internal error" not in done.stderr
+
+
+def test_a_missing_part_of_an_installed_dependency_is_not_called_not_installed(tmp_path):
+    """"No module named 'numpy._core'" (a numpy 2 pickle under numpy 1) or 'regex._main' names a
+    part of a package that importlib finds installed: telling the user it is not installed and to
+    `pip install` it (which says "already satisfied") was wrong; a reinstall is the fix."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from cli_run import cli_env
+
+    assert importlib.util.find_spec("regex") is not None  # the oracle: the package is installed
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello world\n" * 50, encoding="utf-8")
+    code = (f"import sys; sys.modules['regex._main'] = None; from lucidlm.cli import main; "
+            f"sys.exit(main(['train', '--data', {str(corpus)!r}, '--out', {str(tmp_path / 'out')!r}, "
+            f"'--tokenizer', 'bpe', '--max-iters', '1']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert_one_line_error(done, "regex._main", "'regex', which is installed but broken",
+                          "pip install --force-reinstall 'regex'")
+    assert "not installed" not in done.stderr and "internal error" not in done.stderr
