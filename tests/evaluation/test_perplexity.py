@@ -258,3 +258,39 @@ def test_a_diverged_model_scores_infinity_as_torch_does():
     got = lucidlm.perplexity(model, ids, max_length=64)
     assert got.nll == pytest.approx(want.item(), rel=1e-5)
     assert got.ppl == want.exp().item() and got.windows[0].ppl == math.inf
+
+
+def test_the_command_prints_a_diverged_models_infinity_as_json_null(tmp_path, capsys):
+    """--json's ppl inf was written as Infinity, which is no JSON (json.loads with strict
+    constants and jq refuse it); null, as generate --json writes a -inf log-prob. The oracle
+    for the figure: torch's cross-entropy of the saved model's logits."""
+    from lucidlm import ModelConfig
+    from lucidlm.language_model import LanguageModel
+    from lucidlm.tokenizers import CharTokenizer
+    from lucidlm.weights.checkpoint import save_model
+
+    text = "to be or not to be, that is the question\n" * 2
+    tokenizer = CharTokenizer.train(text)
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=2,
+                                      max_seq_len=128), tokenizer).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "embed" in name:
+                parameter.mul_(10000)  # logits in the thousands: a diverged run's
+    save_model(model, tmp_path / "run")
+    data = tmp_path / "text.txt"
+    data.write_text(text, encoding="utf-8")
+    ids = torch.tensor([tokenizer.encode(text)])
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(model(ids)[0, :-1].double(), ids[0, 1:])
+    assert want.isfinite() and want.exp().isinf()  # the oracle: a finite nll, a perplexity beyond float64
+
+    def no_constants(name):
+        raise ValueError(f"{name} is not JSON")
+
+    code, out, err = run_command(capsys, "--data", str(data), "--model", str(tmp_path / "run"), "--json")
+    assert code == 0, err
+    line = json.loads(out, parse_constant=no_constants)
+    assert line["ppl"] is None and line["nll"] == pytest.approx(want.item(), rel=1e-4)
+    assert line["tokens"] == ids.shape[1] - 1

@@ -280,6 +280,7 @@ def _json_result(result: Any, load_seconds: float, seconds: float) -> dict[str, 
 
 
 def _json_number(value: float) -> Optional[float]:
-    """A log-prob for JSON: -inf (a token the sampler's filters removed) is null, as JSON has no
-    infinity (json.dumps would write -Infinity, which JSON parsers refuse)."""
+    """A number for JSON: -inf (a token the sampler's filters removed), inf (a diverged model's
+    perplexity) or NaN is null, as JSON has none of them (json.dumps would write -Infinity,
+    which JSON parsers refuse)."""
     return value if math.isfinite(value) else None

@@ -59,7 +59,7 @@ def check_window_flags(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lucidlm.commands.generate import _json_line, load_model_from_args
+    from lucidlm.commands.generate import _json_line, _json_number, load_model_from_args
     from lucidlm.errors import InputError
     from lucidlm.training.corpus import corpus_files, read_corpus
 
@@ -77,7 +77,10 @@ def run(args: argparse.Namespace) -> int:
                         progress=not args.quiet and sys.stderr.isatty())
     seconds = time.perf_counter() - start
     if args.json:
-        print(_json_line({**result.to_dict(), "load_seconds": round(getattr(args, "load_seconds", 0.0), 4),
+        data = result.to_dict()  # a diverged model's inf (or a NaN's) as null: json.dumps writes Infinity, not JSON
+        data.update(ppl=_json_number(data["ppl"]), nll=_json_number(data["nll"]),
+                    windows=[{**w, "nll": _json_number(w["nll"])} for w in data["windows"]])
+        print(_json_line({**data, "load_seconds": round(getattr(args, "load_seconds", 0.0), 4),
                           "seconds": round(seconds, 4)}))
     else:
         print(f"perplexity {result.ppl:.4f} (nll {result.nll:.4f} nats/token) over {result.tokens:,} tokens of "
