@@ -50,3 +50,22 @@ def test_an_unknown_dtype_name_is_named():
         dequantize(quantize(tiny(), "int8"), "float33")
     with pytest.raises(DeviceError, match="'bfloat61'.*bfloat16"):
         quantize(tiny(), "int8", compute_dtype="bfloat61")
+
+
+def test_int4_refuses_a_compute_dtype_torchs_kernel_refuses():
+    """compute_dtype='float64' (a name load() knows) was taken by quantize(model, 'int4'), and
+    every forward then failed inside torch's int4 kernel, which takes 16- and 32-bit floats only
+    (the oracle below); int8 runs it, through its dequantized matrix."""
+    from lucidlm.errors import QuantizationError
+    from lucidlm.quantization.int4 import Int4Linear
+
+    layer = Int4Linear.from_float(torch.nn.Linear(64, 64), group_size=32, name="probe", compute_dtype=torch.float32)
+    assert layer.uses_cpu_kernel  # torch's kernel, which the float64 layer would call
+    with pytest.raises(RuntimeError, match="32-bit or 16-bit float"):
+        torch.ops.aten._weight_int4pack_mm_for_cpu(torch.randn(2, 64, dtype=torch.float64), layer.weight_int4, 32,
+                                                    layer.scales_and_zeros.double())
+    for compute_dtype in ("float64", torch.float64):
+        with pytest.raises(QuantizationError, match="compute_dtype=float64: int4's kernels do not run in it.*float32"):
+            quantize(tiny(), "int4", compute_dtype=compute_dtype)
+    with torch.no_grad():
+        assert quantize(tiny(), "int8", compute_dtype="float64")(IDS).isfinite().all()

@@ -105,6 +105,7 @@ class QuantizedLinear(nn.Module):
     default_group_size: ClassVar[Optional[int]] = None
     group_sizes: ClassVar[Optional[tuple[int, ...]]] = None  # the only ones its kernels run; None: any divisor
     plain_names: ClassVar[tuple[str, ...]] = ()  # plain-layout tensors, in state_dict order
+    compute_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
     # Whether the CPU matmul is lucidlm's own (``blocks_kernel.py``) instead of torch's: wanted
     # when the layer is made inside ``blocks_kernel.prefer()``, used where it fits (``_install``).
     uses_blocks_kernel = False

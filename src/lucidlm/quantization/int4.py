@@ -181,6 +181,7 @@ class Int4Linear(QuantizedLinear):
     default_group_size = 32
     group_sizes = (32, 64, 128, 256)  # what torch's CPU int4 kernel (and lucidlm's, at 32) runs
     plain_names = ("weight_int4", "scales", "zeros")
+    compute_dtypes = (torch.bfloat16, torch.float16, torch.float32)  # torch's int4 kernel refuses float64
     # Rows per block of the CPU tiles when ``codes_from_tiles`` can read them (set with the
     # tiles): then the codes come back by shifts and views, and compiled prompts dequantize.
     tile_block: Optional[int] = None

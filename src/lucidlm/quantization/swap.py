@@ -74,6 +74,10 @@ def quantize(model: nn.Module, scheme: str, group_size: Optional[int] = None, *,
         raise QuantizationError(f"quantize() takes a model (torch.nn.Module), got {type(model).__name__}; "
                                 f"e.g. quantize(lucidlm.load(...), 'int8').")
     cls = scheme_class(scheme)
+    if compute_dtype not in cls.compute_dtypes:  # else every forward failed inside torch's kernel
+        names = ", ".join(str(d).removeprefix("torch.") for d in cls.compute_dtypes)
+        raise QuantizationError(f"compute_dtype={str(compute_dtype).removeprefix('torch.')}: {scheme}'s kernels do "
+                                f"not run in it; use one of {names} (the default, bfloat16, is the fastest on a CPU).")
     group_size = check_group_size_value(group_size)  # once, by its own name, before each layer's width
     done = first_quantized(model)
     if done is not None:  # its layers would be skipped (they are no nn.Linear): say so, not keep the old scheme
