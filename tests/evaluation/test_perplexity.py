@@ -294,3 +294,17 @@ def test_the_command_prints_a_diverged_models_infinity_as_json_null(tmp_path, ca
     line = json.loads(out, parse_constant=no_constants)
     assert line["ppl"] is None and line["nll"] == pytest.approx(want.item(), rel=1e-4)
     assert line["tokens"] == ids.shape[1] - 1
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="named pipes are POSIX's")
+def test_a_pipe_as_data_is_named_as_one_not_as_missing(tmp_path, capsys):
+    """--data <(cmd) is /dev/fd/63, a pipe that exists (os.path.exists, the oracle); the error said
+    it 'does not exist'. Nothing is read from it (which would block with no writer)."""
+    import os
+
+    fifo = tmp_path / "fifo.txt"
+    os.mkfifo(fifo)
+    assert os.path.exists(fifo)
+    code, out, err = run_command(capsys, "--data", str(fifo), "--model", "gpt2", "--random-init")
+    assert code == 1 and out == "" and err.count("\n") == 1, err
+    assert "is not a regular file or folder (a pipe or a device" in err and "does not exist" not in err

@@ -34,6 +34,9 @@ def corpus_files(source: str | Path, what: str = "training") -> list[Path]:
         if not files:
             raise DataError(f"folder {path} holds no .txt files; put the {what} text in *.txt files there.")
         return files
+    if path.exists():  # a pipe (<(cmd), /dev/stdin) or a device: there, but "does not exist" said otherwise
+        raise DataError(f"{what} data {path} is not a regular file or folder (a pipe or a device, which training "
+                        f"would read twice); save the text to a file and pass that.")
     raise DataError(f"{what} data {path} does not exist; pass a text file or a folder of .txt files.")
 
 
