@@ -17,9 +17,11 @@ token of each window. Pass ids to choose the tokens yourself (a BOS of your own,
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -173,6 +175,8 @@ def _token_ids(model: torch.nn.Module, text_or_ids: str | Sequence[int] | torch.
             raise InputError("the text is empty; give the text to score.")
         ids = tokenizer.encode(text_or_ids, allowed_special=False)
     else:  # a tensor, numpy array or list, (T,) or (1, T): a (1, T) read as a list is one row, not one token
+        if isinstance(text_or_ids, Iterable) and not isinstance(text_or_ids, (torch.Tensor, np.ndarray, list, tuple)):
+            text_or_ids = list(text_or_ids)  # a range, an array.array, a generator of ids
         ids = _id_rows(text_or_ids, "perplexity")
         if ids and isinstance(ids[0], list):
             if len(ids) != 1:

@@ -232,7 +232,7 @@ def test_ids_as_numpy_arrays_and_nested_lists_read_as_one_sequence(pair):
     hf, ours = pair
     ids = random_ids(90, seed=4)
     want_ppl, want_tokens, _ = hf_recipe(hf, ids, 64, 32)
-    for value in (ids.numpy(), ids.tolist(), ids[0].numpy().astype("int32")):
+    for value in (ids.numpy(), ids.tolist(), ids[0].numpy().astype("int32"), iter(ids[0].tolist())):
         got = lucidlm.perplexity(ours, value, max_length=64, stride=32)
         assert got.tokens == want_tokens and got.ppl == pytest.approx(want_ppl, rel=1e-4), type(value)
     with pytest.raises(InputError, match="2 rows of ids: give one sequence"):
