@@ -137,7 +137,7 @@ def perplexity(model: torch.nn.Module, text_or_ids: str | Sequence[int] | torch.
     progress: a tqdm bar over the windows on stderr.
 
     Text is tokenized once as a whole (module docstring: BOS); ids (a list, or a (T,) or (1, T)
-    tensor) are scored as given.
+    tensor or numpy array) are scored as given. A diverged model's perplexity past float64 is inf.
     """
     max_length, stride = window_settings(model.config.max_seq_len, max_length, stride)
     batch_size = check_int(batch_size, "batch_size", InputError, low=1)
