@@ -241,7 +241,7 @@ def test_a_full_disk_while_writing_a_report(model, tmp_path, monkeypatch, capsys
     full_disk = filling_disk(real)  # the staging file (the one atomic writer's) finds the disk full
     monkeypatch.setattr(staging, "staging_file", full_disk)
     monkeypatch.setattr("lucidlm.loading.load", lambda *a, **k: model)
-    assert cli.main(["inspect", "Hello", "--out", str(kept)]) == 1
+    assert cli.main(["inspect", "Hello", "-q", "--out", str(kept)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"No space left on device while writing {kept}" in err and "--out" in err
     monkeypatch.undo()
