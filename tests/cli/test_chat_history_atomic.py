@@ -74,3 +74,14 @@ def test_a_symlinked_history_is_written_where_it_points_as_readline_writes_it(tm
     readline.add_history("second")
     save()
     assert link.is_symlink() and kept.read_bytes() == theirs
+
+
+def test_a_history_byte_that_is_not_utf8_is_written_back_as_readline_writes_it(tmp_path, history):
+    # a history from a Latin-1 terminal: Python's readline hands the byte over as a lone surrogate
+    path = tmp_path / "chat_history"
+    path.write_bytes(b"caf\xe9 au lait\n")
+    save = enable_line_editing(path)
+    readline.add_history("na\u00efve \u65e5\u672c")
+    readline.write_history_file(str(tmp_path / "readline_wrote"))  # the oracle
+    save()  # was a UnicodeEncodeError ('surrogates not allowed') at chat's exit
+    assert path.read_bytes() == (tmp_path / "readline_wrote").read_bytes()

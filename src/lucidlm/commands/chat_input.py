@@ -9,6 +9,7 @@ A message can also span lines between two ``\"\"\"`` (ollama's convention).
 
 from __future__ import annotations
 
+import locale
 import os
 from pathlib import Path
 from typing import Callable, Optional
@@ -41,7 +42,7 @@ def enable_line_editing(path: Optional[Path] = None) -> Callable[[], None]:
         pass
 
     def save() -> None:
-        from lucidlm.staging import atomic_write_text
+        from lucidlm.staging import atomic_write_bytes
 
         try:
             if "libedit" in (readline.__doc__ or ""):  # its own escaped format: only it writes that
@@ -51,7 +52,7 @@ def enable_line_editing(path: Optional[Path] = None) -> Callable[[], None]:
                 lines = "".join(line + "\n" for line in _history(readline)[-HISTORY_LENGTH:])
                 # private, as readline makes it (what the user typed), and through a symbolic link
                 # to the file it names, as readline writes it (a history kept with one's dotfiles)
-                atomic_write_text(Path(os.path.realpath(path)), lines, 0o600)
+                atomic_write_bytes(Path(os.path.realpath(path)), _as_readline_writes(lines), 0o600)
         except OSError:  # the earlier history stays as it was
             pass
     return save
@@ -60,6 +61,13 @@ def enable_line_editing(path: Optional[Path] = None) -> Callable[[], None]:
 def _history(readline) -> list[str]:
     """The session's history, oldest first, as GNU readline writes it: one line per entry."""
     return [readline.get_history_item(i) or "" for i in range(1, readline.get_current_history_length() + 1)]
+
+
+def _as_readline_writes(text: str) -> bytes:
+    """``text`` in the bytes readline stores: Python's readline module decodes the history with the
+    locale's encoding and surrogateescape, so a history written in another encoding (a Latin-1
+    byte) comes back as a lone surrogate, which UTF-8 refuses (UnicodeEncodeError at chat's exit)."""
+    return text.encode(locale.getencoding(), "surrogateescape")
 
 
 def read_message(read_line: ReadLine, prompt: str, more_prompt: str) -> str:
