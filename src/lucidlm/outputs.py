@@ -22,8 +22,8 @@ from lucidlm.errors import OutputError
 PathLike = Union[str, Path]
 _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 # ENOENT too: a directory that cannot be made where it is asked for (under /proc), or one
-# removed while it was being written; ENAMETOOLONG: a name the file system cannot hold (a staging
-# file's is ~40 bytes longer than its target's)
+# removed while it was being written; ENAMETOOLONG: a name the file system cannot hold (a path
+# longer than PATH_MAX; a staging file's name is cut to fit, see staging._short)
 _NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENAMETOOLONG}
 # a directory where a file goes (OUT/config.json/), or a file where a directory goes
 _IN_THE_WAY = {errno.EISDIR, errno.ENOTDIR}

@@ -24,6 +24,10 @@ from contextlib import contextmanager
 from typing import IO, Iterable, Iterator, Optional
 
 STALE_AFTER = 24 * 3600  # seconds: a staging file nobody wrote to for this long is abandoned
+NAME_MAX = 255  # bytes in one name on Linux's and macOS's file systems
+# what a staging name adds to its target's: ".", ".partial-", the owner marker (host, a pid of up
+# to 10 digits) and mkstemp's 8 random characters
+_ADDED = len("..partial-") + 8 + 1 + 10 + 1 + 8
 _NAME = re.compile(r"[.-](?:partial|tmp|old)-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-")
 
 
@@ -33,7 +37,18 @@ def _host() -> str:
 
 def staging_prefix(target_name: str, pid: int | None = None) -> str:
     """The name prefix of the staging files of process ``pid`` (default: this one) for ``target_name``."""
-    return f".{target_name}.partial-{owner_marker(pid)}"
+    return f".{_short(target_name)}.partial-{owner_marker(pid)}"
+
+
+def _short(target_name: str) -> str:
+    """``target_name`` as its staging names carry it: cut, with a hash of the whole to keep
+    targets apart, when it is too long to fit beside what they add (a target of 220-255 bytes,
+    which the file system holds, failed with ENAMETOOLONG at its staging file)."""
+    whole = os.fsencode(target_name)
+    if len(whole) <= NAME_MAX - _ADDED:
+        return target_name
+    kept = whole[:NAME_MAX - _ADDED - 9].decode("utf-8", "ignore")  # never half a character
+    return f"{kept}~{hashlib.sha256(whole).hexdigest()[:8]}"
 
 
 def staging_file(target: Path) -> tuple[IO[bytes], Path]:
@@ -126,7 +141,7 @@ def remove_entry(path: Path) -> None:
 
 
 def _candidates(directory: Path, target_name: str) -> Iterator[Path]:
-    escaped = glob.escape(target_name)
+    escaped = glob.escape(_short(target_name))
     # ours, and the names older lucidlm versions used (".<name>.partial-XXXX", ".<name>.XXXX.tmp")
     for pattern in (f".{escaped}.partial-*", f".{escaped}.*.tmp"):
         try:

@@ -369,3 +369,19 @@ def test_full_or_readonly_cache_falls_back_and_leaves_nothing_half_written(tmp_p
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(blocker))
     api_refused(lambda: pretrained_parts.assembled_gguf(parts, blocker / "cache" / "m.gguf", digest),
                 WeightsError, names=[str(blocker), "LUCIDLM_CACHE"], watch=[tmp_path])
+
+
+def test_a_name_as_long_as_the_file_system_holds_is_written_through_its_staging_file(tmp_path):
+    """The file system (os.pathconf's NAME_MAX, open() itself) is the oracle: a name it holds is
+    one lucidlm writes, though ".<name>.partial-<host>-<pid>-<random>" is ~38 bytes longer."""
+    name_max = os.pathconf(tmp_path, "PC_NAME_MAX")
+    for name in ("a" * (name_max - 5) + ".json", "\u00e9" * (name_max // 2 - 3) + ".json"):  # 2-byte characters
+        target = tmp_path / name
+        with open(target, "w"):  # the file system takes the name
+            pass
+        dead = target.parent / (staging.staging_prefix(name, dead_pid()) + "abc")  # a killed writer's
+        dead.write_bytes(b"half written")
+        staging.atomic_write_text(target, "{}")  # was ENAMETOOLONG: 'File name too long'
+        assert target.read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(("a" * (name_max - 5) + ".json",
+                                                                 "\u00e9" * (name_max // 2 - 3) + ".json"))
