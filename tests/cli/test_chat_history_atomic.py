@@ -85,3 +85,17 @@ def test_a_history_byte_that_is_not_utf8_is_written_back_as_readline_writes_it(t
     readline.write_history_file(str(tmp_path / "readline_wrote"))  # the oracle
     save()  # was a UnicodeEncodeError ('surrogates not allowed') at chat's exit
     assert path.read_bytes() == (tmp_path / "readline_wrote").read_bytes()
+
+
+def test_a_history_link_into_a_missing_folder_makes_no_folder_as_readline_makes_none(tmp_path, history):
+    link, ours = tmp_path / "readline" / "chat_history", tmp_path / "lucidlm" / "chat_history"
+    for made in (link, ours):
+        made.parent.mkdir()
+        made.symlink_to(tmp_path / made.parent.name / "dotfiles" / "history")  # not cloned yet
+    readline.add_history("hello")
+    with pytest.raises(OSError):
+        readline.write_history_file(str(link))  # the oracle: it fails, and makes nothing
+    save = enable_line_editing(ours)
+    readline.add_history("hello")
+    save()  # made OURS/../dotfiles/, where a later git clone of the dotfiles then refuses to go
+    assert sorted(p.name for p in ours.parent.iterdir()) == sorted(p.name for p in link.parent.iterdir())

@@ -45,14 +45,17 @@ def enable_line_editing(path: Optional[Path] = None) -> Callable[[], None]:
         from lucidlm.staging import atomic_write_bytes
 
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)  # the cache directory
             if "libedit" in (readline.__doc__ or ""):  # its own escaped format: only it writes that
-                path.parent.mkdir(parents=True, exist_ok=True)
                 readline.write_history_file(path)
             else:  # GNU readline counts a short write (a full disk) as done and renames the cut file into place
                 lines = "".join(line + "\n" for line in _history(readline)[-HISTORY_LENGTH:])
                 # private, as readline makes it (what the user typed), and through a symbolic link
                 # to the file it names, as readline writes it (a history kept with one's dotfiles)
-                atomic_write_bytes(Path(os.path.realpath(path)), _as_readline_writes(lines), 0o600)
+                target = Path(os.path.realpath(path))
+                if not target.parent.is_dir():  # a link into a folder not there (dotfiles not cloned yet):
+                    return  # readline's write fails; making the folder would block that clone
+                atomic_write_bytes(target, _as_readline_writes(lines), 0o600)
         except OSError:  # the earlier history stays as it was
             pass
     return save
