@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -82,7 +83,12 @@ def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
     """``atomic_write_text`` for bytes (a rendered figure): a failed write (a full disk) leaves
-    the previous file whole and no staging file behind."""
+    the previous file whole and no staging file behind. A pipe or a device (``/dev/stdout``, a
+    FIFO) is written into as it is: a file renamed over it would replace it, and it keeps nothing."""
+    if _is_special(path):
+        with open(path, "wb") as out:
+            out.write(data)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     out, staging = staging_file(path)
     try:
@@ -91,6 +97,15 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
         publish(staging, path, mode)
     finally:
         staging.unlink(missing_ok=True)
+
+
+def _is_special(path: Path) -> bool:
+    """Whether ``path`` (through a symbolic link) is something other than a file or a directory."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # absent (or a name stat refuses): a file is made
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def owner_marker(pid: int | None = None) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -369,6 +370,27 @@ def test_full_or_readonly_cache_falls_back_and_leaves_nothing_half_written(tmp_p
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(blocker))
     api_refused(lambda: pretrained_parts.assembled_gguf(parts, blocker / "cache" / "m.gguf", digest),
                 WeightsError, names=[str(blocker), "LUCIDLM_CACHE"], watch=[tmp_path])
+
+
+def test_a_pipe_is_written_into_not_replaced(tmp_path):
+    """A FIFO (or /dev/stdout) as the path of a saved config or tokenizer gets what a plain file
+    gets, as Path.write_text gave it: the staging write renamed a file over the FIFO (and as root
+    over /dev/stdout itself). The plain file written beside it is the oracle."""
+    from lucidlm.tokenizers.char import CharTokenizer
+
+    config, tokenizer = preset("seed000"), CharTokenizer.train("to be or not to be")
+    for save in (config.save, tokenizer.save):
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader, so that the write does not block
+        try:
+            save(fifo)
+            assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # still the pipe, not a file renamed over it
+            save(tmp_path / "plain")
+            assert os.read(reader, 1 << 16) == (tmp_path / "plain").read_bytes()
+        finally:
+            os.close(reader)
+            fifo.unlink()
 
 
 def test_a_name_as_long_as_the_file_system_holds_is_written_through_its_staging_file(tmp_path):
