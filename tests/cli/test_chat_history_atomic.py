@@ -99,3 +99,21 @@ def test_a_history_link_into_a_missing_folder_makes_no_folder_as_readline_makes_
     readline.add_history("hello")
     save()  # made OURS/../dotfiles/, where a later git clone of the dotfiles then refuses to go
     assert sorted(p.name for p in ours.parent.iterdir()) == sorted(p.name for p in link.parent.iterdir())
+
+
+def test_a_history_linked_to_a_pipe_or_device_is_written_into_it(tmp_path, history):
+    # ln -s /dev/null chat_history turns a history off; the staging write renamed a file over
+    # the link's target (as root, over /dev/null itself). A FIFO stands in for the device here.
+    fifo, link = tmp_path / "fifo", tmp_path / "chat_history"
+    save = enable_line_editing(link)  # before the link: reading a FIFO waits for a writer
+    os.mkfifo(fifo)
+    link.symlink_to(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        readline.add_history("hello")
+        save()
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and link.is_symlink()
+        readline.write_history_file(str(tmp_path / "readline_wrote"))  # the oracle for what goes in
+        assert os.read(reader, 1 << 16) == (tmp_path / "readline_wrote").read_bytes()
+    finally:
+        os.close(reader)
