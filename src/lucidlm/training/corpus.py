@@ -59,7 +59,8 @@ def read_corpus(files: Sequence[Path], what: str = "training") -> list[str]:
     if not any(t.strip() for t in texts):
         names = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
         purpose = "train on" if what == "training" else "score"
-        raise DataError(f"the {what} corpus is empty ({names} hold no text); add text to {purpose}.")
+        verb = "holds" if len(files) == 1 else "hold"
+        raise DataError(f"the {what} corpus is empty ({names} {verb} no text); add text to {purpose}.")
     return [t for t in texts if t]
 
 
