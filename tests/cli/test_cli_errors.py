@@ -53,13 +53,13 @@ def test_bad_model_device_and_dtype_are_one_line(args, fragments, capsys):
         assert fragment in err
 
 
-@pytest.mark.parametrize("command", ["generate", "chat", "convert", "inspect", "finetune", "merge"])
+@pytest.mark.parametrize("command", ["generate", "chat", "convert", "inspect", "finetune", "merge", "perplexity"])
 def test_a_preset_as_model_names_only_flags_the_command_has(command, tmp_path, capsys):
     """A preset name where a trained model is needed: the advice names --random-init only to the
     commands that take it (inspect, finetune and merge once told the user a flag they lack)."""
     import re
 
-    from lucidlm.cli import _subparser, build_parser, main
+    from lucidlm.cli import COMMANDS, _subparser, build_parser, main
 
     (tmp_path / "d.txt").write_text("some text to train on\n" * 50)
     argv = {"generate": ["generate", "hi", "-q", "--model", "gpt2"], "chat": ["chat", "-q", "--model", "gpt2"],
@@ -67,7 +67,8 @@ def test_a_preset_as_model_names_only_flags_the_command_has(command, tmp_path, c
             "inspect": ["inspect", "hi", "-q", "--model", "gpt2", "--out", str(tmp_path / "r.html")],
             "finetune": ["finetune", "--model", "gpt2", "--data", str(tmp_path / "d.txt"), "--out",
                          str(tmp_path / "o")],
-            "merge": ["merge", "--model", "gpt2", "--adapter", str(tmp_path), "--out", str(tmp_path / "o")]}[command]
+            "merge": ["merge", "--model", "gpt2", "--adapter", str(tmp_path), "--out", str(tmp_path / "o")],
+            "perplexity": ["perplexity", "--data", str(tmp_path / "d.txt"), "-q", "--model", "gpt2"]}[command]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"lucidlm {command}: error: 'gpt2' is an architecture preset"), err
@@ -75,8 +76,10 @@ def test_a_preset_as_model_names_only_flags_the_command_has(command, tmp_path, c
     def flags(name: str) -> set[str]:
         return {s for a in _subparser(build_parser([name]), name)._actions for s in a.option_strings}
 
-    assert "generate, chat and convert take --random-init" in err, err  # not "(CLI: --random-init)" to all
-    assert all("--random-init" in flags(name) for name in ("generate", "chat", "convert"))
+    # not "(CLI: --random-init)" to all: exactly the commands whose parser has the flag
+    named = re.search(r"on the command line, (.+?) take --random-init", err)
+    assert named, err
+    assert sorted(re.split(r", | and ", named.group(1))) == sorted(n for n in COMMANDS if "--random-init" in flags(n))
     assert set(re.findall(r"--[a-z][a-z-]*", err)) == {"--random-init"}
 
 
@@ -172,7 +175,7 @@ def test_a_preset_without_a_tokenizer_is_not_sent_to_generate(tmp_path, capsys):
 
     assert main(["generate", "hi", "-q", "--model", "llama"]) == 1
     err = capsys.readouterr().err
-    assert "convert takes --random-init" in err and "generate and chat need a tokenizer" in err, err
+    assert "convert takes --random-init" in err and "generate, chat and perplexity need a tokenizer" in err, err
     assert main(["generate", "hi", "-q", "--model", "llama", "--random-init"]) == 1
     assert "tokenizer" in capsys.readouterr().err  # what the message warned of
     assert main(["convert", "llama", str(tmp_path / "o"), "--random-init", "--to", "lucidlm"]) == 0
