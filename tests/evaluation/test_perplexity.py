@@ -189,7 +189,7 @@ def test_smollm2_equals_transformers_and_the_command_equals_python(smollm2, hf_s
 
 
 @pytest.mark.parametrize("content,flags,message", [
-    (b"", (), "evaluation corpus is empty"),
+    (b"", (), r"evaluation corpus is empty \(\S+text.txt holds no text\)"),
     (b"a", ("--model", "gpt2", "--random-init"), "1 token long; perplexity scores each token after the first"),
     (b"caf\xe9", (), "is not UTF-8 text: byte 0xe9 at offset 3"),
     (b"hello", ("--context", "64", "--stride", "65"), "--stride 65 is longer than --context 64"),
@@ -294,6 +294,31 @@ def test_the_command_prints_a_diverged_models_infinity_as_json_null(tmp_path, ca
     line = json.loads(out, parse_constant=no_constants)
     assert line["ppl"] is None and line["nll"] == pytest.approx(want.item(), rel=1e-4)
     assert line["tokens"] == ids.shape[1] - 1
+
+
+def test_the_commands_line_gives_torchs_figure_and_counts_one_window(tmp_path, capsys):
+    """The plain (not --json) line: the perplexity of torch's cross-entropy on the saved model's
+    logits, the tokens scored, and one window as "1 window" (it said "1 windows")."""
+    from lucidlm import ModelConfig
+    from lucidlm.language_model import LanguageModel
+    from lucidlm.tokenizers import CharTokenizer
+    from lucidlm.weights.checkpoint import save_model
+
+    text = "to be or not to be, that is the question\n"
+    tokenizer = CharTokenizer.train(text)
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=2,
+                                      max_seq_len=128), tokenizer).eval()
+    save_model(model, tmp_path / "run")
+    data = tmp_path / "text.txt"
+    data.write_text(text, encoding="utf-8")
+    ids = torch.tensor([tokenizer.encode(text)])
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(model(ids)[0, :-1].double(), ids[0, 1:])
+    code, out, err = run_command(capsys, "--data", str(data), "--model", str(tmp_path / "run"))
+    assert code == 0, err
+    assert out.startswith(f"perplexity {want.exp().item():.4f} (nll {want.item():.4f} nats/token) over "
+                          f"{ids.shape[1] - 1} tokens of {data}: 1 window of 128, stride 64, "), out
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="named pipes are POSIX's")

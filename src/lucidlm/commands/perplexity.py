@@ -84,5 +84,6 @@ def run(args: argparse.Namespace) -> int:
                           "seconds": round(seconds, 4)}))
     else:
         print(f"perplexity {result.ppl:.4f} (nll {result.nll:.4f} nats/token) over {result.tokens:,} tokens of "
-              f"{args.data}: {len(result.windows)} windows of {max_length}, stride {stride}, {seconds:.1f} s")
+              f"{args.data}: {len(result.windows)} window{'' if len(result.windows) == 1 else 's'} of {max_length}, "
+              f"stride {stride}, {seconds:.1f} s")
     return 0
