@@ -48,6 +48,18 @@ INTERNAL_ERROR = "internal error"  # the hostile-input tests fail if any case re
 _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)'")
 
 
+class CommandListFormatter(argparse.HelpFormatter):
+    """``lucidlm --help``: each command's summary beside its name. argparse measures the command
+    names at the COMMAND line's indent, one step short of their own, so the longest name
+    (perplexity) had its summary pushed onto a line of its own."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        for sub in getattr(action, "_get_subactions", list)():  # listed one indent deeper than the action
+            width = len(self._format_action_invocation(sub)) + self._current_indent + self._indent_increment
+            self._action_max_length = max(self._action_max_length, width)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors that suggest the closest valid name."""
 
@@ -92,8 +104,9 @@ def build_parser(commands: Optional[Iterable[str]] = None) -> Parser:
     full = set(COMMANDS if commands is None else commands)
     parser = Parser(
         prog="lucidlm",
+        formatter_class=CommandListFormatter,
         description="A glass-box toolkit for decoder-only transformer language models: run, chat with, "
-                    "train, fine-tune and look inside LLMs. With no --model, commands use the embedded "
+                    "train, fine-tune, score and look inside LLMs. With no --model, commands use the embedded "
                     "SmolLM2-135M-Instruct.",
     )
     from lucidlm import __version__

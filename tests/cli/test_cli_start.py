@@ -37,8 +37,10 @@ def test_version_prints_the_package_version():
 
 
 def test_top_level_help_lists_each_command_with_its_own_summary():
-    """The summaries cli.py shows without importing the commands are the commands' own help."""
+    """The summaries cli.py shows without importing the commands are the commands' own help, each
+    beginning on its command's line (argparse pushed the longest name's, perplexity's, below it)."""
     import argparse
+    import re
 
     from lucidlm import cli
 
@@ -49,7 +51,8 @@ def test_top_level_help_lists_each_command_with_its_own_summary():
     assert set(cli.SUMMARIES) == set(cli.COMMANDS)
     done = run_cli("--help")
     for name in cli.COMMANDS:
-        assert name in done.stdout
+        line = re.search(rf"^ +{name} +(\S.*)$", done.stdout, re.MULTILINE)
+        assert line and cli.SUMMARIES[name].startswith(line.group(1)), (name, done.stdout)
 
 
 def test_import_lucidlm_is_lazy_but_complete():
