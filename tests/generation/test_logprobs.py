@@ -213,6 +213,16 @@ def test_cli_json_carries_logprobs(pair, tmp_path, monkeypatch, capsys):
     assert "--json" in capsys.readouterr().err
 
 
+def test_cli_refuses_a_negative_logprobs_by_its_flag(capsys):
+    """--logprobs -1 is named as the flag, with what it takes, before any model loads; it was
+    generate()'s message, which offers True / False / None, values no flag can give."""
+    assert cli.main(["generate", "Hi", "--logprobs", "-1", "--json", "-q"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith("lucidlm generate: error: --logprobs=-1 is invalid: expected a whole number >= 0"), err
+    assert "True" not in err and "None" not in err, err
+
+
 @pytest.mark.parametrize("options", [dict(temperature=0), dict(temperature=0.8, top_p=0.9)])
 def test_embedded_model_logprobs_equal_transformers(smollm2, hf_smollm2, options):
     """SmolLM2 in float32, greedy and sampled: the same numbers as transformers on the same file."""

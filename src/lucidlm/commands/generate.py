@@ -211,6 +211,11 @@ def run_generate(args: argparse.Namespace) -> int:
                   logprobs=args.logprobs)
     if args.logprobs is not None and not args.json:
         raise InputError(f"--logprobs {args.logprobs} is printed with the --json output; add --json.")
+    if args.logprobs is not None:  # generate()'s own error offers True / False / None, which no flag can give
+        from lucidlm.validation import check_int
+
+        check_int(args.logprobs, "--logprobs", InputError, low=0,
+                  fix="0 adds each token's log-prob, N also the N most likely tokens at each step")
     if args.system is not None and not args.chat:
         raise InputError("--system needs --chat (a system prompt is part of the chat template).")
     if args.length_penalty != 1.0 and args.num_beams == 1:
