@@ -19,3 +19,17 @@ def randomize_(model: torch.nn.Module, seed: int, norm_spread: float = 0.1) -> t
             else:  # norm scales
                 p.copy_(1.0 + norm_spread * torch.randn(p.shape, generator=g))
     return model.eval()
+
+
+def small_llama(tokenizer, n_layers: int = 2, max_seq_len: int = 64):
+    """A tiny grouped-query Llama over ``tokenizer``'s vocabulary (d_model 32, 4 heads, 2 KV heads),
+    seeded and initialised at std 0.3 so its outputs are far from uniform: the fine-tuning tests' base."""
+    from lucidlm.config import preset
+    from lucidlm.model.transformer import Transformer
+
+    torch.manual_seed(0)
+    cfg = preset("llama", vocab_size=tokenizer.vocab_size, d_model=32, n_layers=n_layers, n_heads=4,
+                 n_kv_heads=2, d_mlp=64, max_seq_len=max_seq_len)
+    model = Transformer(cfg, tokenizer=tokenizer)
+    model.reset_parameters(0.3)
+    return model

@@ -7,12 +7,11 @@ import json
 
 import pytest
 import torch
+from random_weights import small_llama
 
 from lucidlm import load
 from lucidlm.commands import finetune, merge
-from lucidlm.config import preset
 from lucidlm.errors import AdapterError, CheckpointError
-from lucidlm.model.transformer import Transformer
 from lucidlm.peft import LoRALinear
 from lucidlm.tokenizers import CharTokenizer
 from lucidlm.weights.checkpoint import save_model
@@ -33,11 +32,7 @@ def tiny_setup(tmp_path_factory, shared_dir):
     text = (shared_dir / "data" / "tinyshakespeare.txt").read_text()[:60_000]
     (root / "corpus.txt").write_text(text)
     tokenizer = CharTokenizer.train(text)
-    torch.manual_seed(0)
-    cfg = preset("llama", vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                 d_mlp=64, max_seq_len=64)
-    model = Transformer(cfg, tokenizer=tokenizer)
-    model.reset_parameters(0.3)
+    model = small_llama(tokenizer, n_layers=2, max_seq_len=64)
     save_model(model, root / "base")
     return root
 
@@ -103,11 +98,7 @@ def test_merge_of_a_model_whose_tokenizer_cannot_spell_the_check_text(tmp_path):
     from lucidlm.peft import add_lora, save_adapter
 
     tokenizer = CharTokenizer.train("hello world, all of it lower case\n")
-    torch.manual_seed(0)
-    cfg = preset("llama", vocab_size=tokenizer.vocab_size, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
-                 d_mlp=64, max_seq_len=64)
-    model = Transformer(cfg, tokenizer=tokenizer)
-    model.reset_parameters(0.3)
+    model = small_llama(tokenizer, n_layers=1, max_seq_len=64)
     save_model(model, tmp_path / "base")
     add_lora(model, r=4, alpha=8, targets=("q_proj",))
     with torch.no_grad():  # B starts at zero: a nonzero update to merge

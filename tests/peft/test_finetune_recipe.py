@@ -9,13 +9,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from random_weights import small_llama
 from safetensors.torch import load_file
 
 from lucidlm import load
-from lucidlm.config import preset
 from lucidlm.errors import CheckpointError, DataError
 from lucidlm.generation import generate
-from lucidlm.model.transformer import Transformer
 from lucidlm.tokenizers import CharTokenizer
 from lucidlm.training.config import FinetuneConfig
 from lucidlm.training.examples import load_examples
@@ -33,11 +32,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny ru
 def base(tmp_path_factory):
     root = tmp_path_factory.mktemp("base")
     tokenizer = CharTokenizer.train(ALPHABET)
-    torch.manual_seed(0)
-    cfg = preset("llama", vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                 d_mlp=64, max_seq_len=48)
-    model = Transformer(cfg, tokenizer=tokenizer)
-    model.reset_parameters(0.3)
+    model = small_llama(tokenizer, n_layers=2, max_seq_len=48)
     save_model(model, root / "model")
     rng = np.random.default_rng(0)
     lines = []
