@@ -73,7 +73,7 @@ def test_chat_prompt_commands_paste_and_history(toy_dir, tmp_path):
     run(child, "/help", re.escape("/set NAME VALUE"), re.escape("/save FILE"))
     run(child, "/set temperature 0.3", re.escape("(temperature = 0.3)"))
     run(child, "/set temprature 0.5", re.escape("did you mean 'temperature'?"))
-    run(child, "/set top_p 7", re.escape("top_p=7.0 is invalid"))
+    run(child, "/set top_p 7", re.escape("/set top_p 7 is invalid"))
     run(child, "/show", re.escape("temperature 0.3"))
     run(child, "Hello there")
     run(child, "/stats", r"\(\d+ tokens, ([\d.]+ tok/s|-) after the first; prompt \d+ tokens read in [\d.]+ s, "

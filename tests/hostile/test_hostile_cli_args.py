@@ -43,15 +43,15 @@ def places(tmp_path_factory):
 
 
 GENERATE = [  # flags after `generate PROMPT --model TINY`, what the error line must name
-    (["--seed", str(2 ** 64)], [r"seed=18446744073709551616", r"2\*\*64 - 1"]),
+    (["--seed", str(2 ** 64)], [r"--seed 18446744073709551616", r"2\*\*64 - 1"]),
     (["--device", "foo"], [r"device 'foo'", r"cuda:N"]),
     (["--device", "gpu"], [r"'gpu'", r"'cuda'"]),
     (["--dtype", "float8"], [r"dtype 'float8'", r"bfloat16"]),  # (float64 is a dtype load takes)
-    (["--temperature", "nan"], [r"temperature=nan"]),
-    (["--top-p", "1.5"], [r"top_p=1\.5"]),
-    (["--top-k", "-1"], [r"top_k=-1"]),
+    (["--temperature", "nan"], [r"--temperature nan"]),
+    (["--top-p", "1.5"], [r"--top-p 1\.5"]),
+    (["--top-k", "-1"], [r"--top-k -1"]),
     (["--num-beams", "100000"], [r"num_beams=100000", r"50257"]),
-    (["--repetition-penalty", "0"], [r"repetition_penalty=0\.0"]),
+    (["--repetition-penalty", "0"], [r"--repetition-penalty 0 "]),
 ]
 
 

@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable, Optional, TextIO
 
 from lucidlm.commands import arg_types
 from lucidlm.commands.chat_input import enable_line_editing, read_message
-from lucidlm.commands.generate import add_model_arguments, add_sampling_arguments, load_model_from_args, sampling_kwargs
+from lucidlm.commands.generate import (add_model_arguments, add_sampling_arguments, as_typed, load_model_from_args,
+                                      sampling_kwargs)
 from lucidlm.errors import LucidLMError
 from lucidlm.staging import atomic_write_text
 from lucidlm.suggest import did_you_mean
@@ -157,13 +158,18 @@ class ChatSession:
                      f"settings: {', '.join(SETTINGS)}")
             return
         default = words[1].lower() in ("default", "none")
+        typed = f"/set {' '.join(words)}"  # what the user typed names the setting in an error, alias and all
         try:
             # max_new_tokens has no "unset" (None): its default is the session's --max-new-tokens
             value = (self.startup.get(name) if name == "max_new_tokens" else None) if default else \
                 SETTINGS[name](words[1])
+        except ValueError:
+            self.say(f"{typed} is invalid: expected {'a whole' if SETTINGS[name] is int else 'a'} number.")
+            return
+        try:
             check_options(**{**self.settings, name: value})
         except ValueError as exc:  # GenerationError is a ValueError too
-            self.say(f"cannot set {name} to {words[1]!r}: {exc}")
+            self.say(as_typed(str(exc), name, value, typed))
             return
         self.settings[name] = value
         shown = "the model default" if value is None else f"{value}, the session's default" if default else value

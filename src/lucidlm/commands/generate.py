@@ -132,16 +132,15 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, Any]] = None,
                          checks: Optional[Callable[[], None]] = None) -> Any:
-    """The model the flags name. The loading line goes to stderr first, before torch is even
-    imported (a spinner follows on a terminal); ``options`` (generation options) and the
-    command's own ``checks`` (which may import torch) run before the model loads, so a bad flag
-    or path costs no load."""
+    """The model the flags name. ``options`` (generation options from the flags) are checked
+    first, before the loading line (it costs the import of torch, ~1 s); then the loading line
+    goes to stderr (a spinner follows on a terminal), and the command's own ``checks`` (which may
+    import torch) run before the model loads, so a bad flag or path costs no load."""
     from lucidlm.commands.loading_status import LoadingStatus
 
+    if options is not None:  # before the loading line: a bad flag is not a failed load
+        check_sampling_flags(options)
     with LoadingStatus(f"loading {args.model}", enabled=not getattr(args, "quiet", False)) as status:
-        if options is not None:
-            from lucidlm.generation import check_options
-            check_options(**options)
         if checks is not None:
             checks()
         check_quantize_flags(args)
@@ -161,6 +160,42 @@ def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, A
         model.eval()
     args.load_seconds = status.seconds
     return model
+
+
+def check_sampling_flags(options: dict[str, Any]) -> None:
+    """Generation options from the flags, checked by the Python API's own rules
+    (``check_options``), a bad one named as typed (``--top-p 2``), not as a keyword."""
+    from lucidlm.generation import check_options
+
+    try:
+        check_options(**options)
+    except GenerationError as exc:
+        name = str(exc).partition("=")[0]  # the checks' messages begin with the option they refuse
+        if name not in options:
+            raise
+        raise GenerationError(as_typed(str(exc), name, options[name], _flag_typed(name, options[name]))) from None
+
+
+def as_typed(message: str, name: str, value: Any, typed: str) -> str:
+    """The Python API's message about option ``name`` (``top_p=2.0 is invalid: ...``) with
+    ``typed``, what the user wrote (``--top-p 2``, ``/set top_p 2``), in place of the keyword
+    (the message as it is if it does not begin with it)."""
+    from lucidlm.validation import show_value
+
+    for keyword in (f"{name}={value}", f"{name}={value!r}", f"{name}={show_value(value)}"):  # the checks' spellings
+        if message.startswith(keyword + " "):
+            return typed + message[len(keyword):]
+    return message
+
+
+def _flag_typed(name: str, value: Any) -> str:
+    """The flag of option ``name`` with ``value`` as a command line gives it: ``--top-p 2``."""
+    import shlex
+
+    flag = "--" + name.replace("_", "-")  # every generation flag is its option's name
+    values = value if isinstance(value, list) else [value]  # --stop, given once per text
+    return " ".join(f"{flag} {shlex.quote(v) if isinstance(v, str) else f'{v:g}' if isinstance(v, float) else v}"
+                    for v in values)
 
 
 def check_quantize_flags(args: argparse.Namespace) -> None:
