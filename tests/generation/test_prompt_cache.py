@@ -223,6 +223,26 @@ def test_reuse_cache_is_checked_and_one_prompt_at_a_time():
         generate(model, [[1, 2], [3, 4]], reuse_cache=True)
 
 
+def test_a_batch_of_one_row_reuses_the_cache_as_one_prompt():
+    """A (1, T) tensor, as transformers users pass one prompt: cached like a list of ids, and
+    still answered as a batch is (a list of one result)."""
+    model = toy_model(seed=7)
+    prompt = list(b"The cat sat on")
+
+    def row_turn(ids):
+        results = generate(model, torch.tensor([ids]), max_new_tokens=NEW, temperature=0, stop_on_eos=False,
+                           reuse_cache=True)
+        assert isinstance(results, list) and len(results) == 1
+        return results[0]
+
+    first = row_turn(prompt)
+    second_prompt = _next_prompt(prompt, first)
+    second = row_turn(second_prompt)
+    assert second.cached_tokens == len(prompt) + NEW - 1  # all the first turn kept (its last token never fed)
+    assert first.token_ids == _turn(model, prompt, reuse=False).token_ids
+    assert second.token_ids == _turn(model, second_prompt, reuse=False).token_ids
+
+
 def test_a_compiled_model_reuses_its_cache_too():
     """Without a second compile: the rest of a prompt after kept slots runs eagerly."""
     counter = CompileCounter()  # a torch.compile backend that counts graphs and runs them eagerly

@@ -200,7 +200,8 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
     the model in between (weights, adapters, hooks, another generation); else, and with beams
     or ``context_overflow="crop"``, the whole prompt runs. Greedy tokens are the same either
     way (the prompt's later tokens are computed in a second pass, which may round differently
-    in low precision). The kept cache stays in memory until the next generation or
+    in low precision). A batch of one row (a (1, T) tensor) is one prompt here, its result
+    still a list of one. The kept cache stays in memory until the next generation or
     ``model.clear_kv_cache()``."""
     options = {k: v for k, v in locals().items() if k not in ("model", "prompt", "unknown")}
     if unknown:
@@ -215,11 +216,17 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
             raise GenerationError(f"context_overflow={context_overflow!r} works one prompt at a time, not with a batch "
                                   f"of {len(rows)}; loop over the prompts.")
         make_request({k: v for k, v in options.items() if k != "chat"})  # e.g. length_penalty without beams
+        if reuse_cache and len(rows) == 1:  # a (1, T) tensor, as transformers users pass: one prompt to the cache
+            return [_generate_one(model, rows[0], options)]  # still the list a batch gives
         if options.pop("reuse_cache"):
             raise GenerationError(f"reuse_cache=True works one prompt at a time (a chat's turns), not with a batch "
                                   f"of {len(rows)}; leave it out for a batch.")
         options.pop("num_beams"), options.pop("length_penalty"), options.pop("context_overflow")
         return generate_batch(model, rows, **options)
+    return _generate_one(model, prompt, options)
+
+
+def _generate_one(model: Transformer, prompt: Prompt, options: dict[str, Any]) -> GenerationResult:
     runner = _Run(model, prompt, options, lookahead=True)  # no caller code between the tokens
     for _ in runner.pieces():
         pass
