@@ -84,7 +84,7 @@ class Conversation:
         limit = model.config.max_seq_len
         system = [{"role": "system", "content": self.system}] if self.system else []
         if self.history:
-            alone = len(encode_chat(model.tokenizer, system + self.history[-1:]))
+            alone = len(encode_chat(model.tokenizer, system + self.history[-1:], context=limit))  # a huge one: not encoded
             if alone > limit:
                 with_system = " with the system prompt" if system else ""
                 raise SequenceTooLongError(

@@ -265,7 +265,8 @@ def run_generate(args: argparse.Namespace) -> int:
         from lucidlm.generation.chat_template import encode_chat
 
         system = [{"role": "system", "content": args.system}] if args.system else []
-        prompt = encode_chat(model.tokenizer, system + [{"role": "user", "content": prompt}])
+        prompt = encode_chat(model.tokenizer, system + [{"role": "user", "content": prompt}],
+                             context=None if args.context_overflow == "crop" else model.config.max_seq_len)
     from lucidlm.generation import stream
 
     start = time.perf_counter()

@@ -378,8 +378,8 @@ class _Run:
         self.model = model
         self.request = make_request(apply_sampling_defaults(model, kwargs))
         self.request.use_model(model)
-        self.prompt_ids = prompt_ids(model, prompt, chat)
         self.crop = self.request.context_overflow == "crop"
+        self.prompt_ids = prompt_ids(model, prompt, chat, within_context=not self.crop)
         if self.crop and self.request.num_beams > 1:
             raise GenerationError("context_overflow='crop' works with sampling and greedy decoding, not beam search; "
                                   "use num_beams=1 or context_overflow='stop'.")

@@ -19,6 +19,7 @@ from functools import lru_cache
 from typing import Any, Optional
 
 from lucidlm.errors import ChatTemplateError, GenerationError, TokenizerError
+from lucidlm.generation.prompt_limits import refuse_past_context
 from lucidlm.tokenizers.base import Tokenizer, starts_with_added_bos
 
 # Used when a model has no template of its own.
@@ -76,8 +77,11 @@ def render_chat_for(tokenizer: Tokenizer, messages: list[Message], add_generatio
                        **{name: text for name, text in optional.items() if text})
 
 
-def encode_chat(tokenizer: Tokenizer, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
+def encode_chat(tokenizer: Tokenizer, messages: list[Message], add_generation_prompt: bool = True,
+                context: Optional[int] = None) -> list[int]:
     """Render and encode, with the template's special tokens (``<|im_start|>``) as their ids.
+    With ``context`` (a model's max_seq_len), a rendered text that cannot fit it is refused
+    before it is encoded (``prompt_limits.py``).
 
     The template writes every special token itself (``{{ bos_token }}`` where the model wants
     one), so the tokenizer's own BOS is not added: transformers' ``apply_chat_template`` encodes
@@ -86,6 +90,8 @@ def encode_chat(tokenizer: Tokenizer, messages: list[Message], add_generation_pr
     if tokenizer is None:
         raise GenerationError("chat needs a tokenizer with a chat template, but model.tokenizer is None.")
     text = render_chat_for(tokenizer, messages, add_generation_prompt)
+    if context is not None:
+        refuse_past_context(tokenizer, text, context, "the chat prompt")
     try:
         ids = list(tokenizer.encode(text, allowed_special=True))
     except TypeError:  # tokenizers without the allowed_special option always parse specials

@@ -16,6 +16,7 @@ import torch
 from lucidlm.errors import GenerationError
 from lucidlm.generation.chat_template import encode_chat
 from lucidlm.generation.logprobs import logprobs_count
+from lucidlm.generation.prompt_limits import refuse_past_context
 from lucidlm.generation.sampling import SamplingSettings
 from lucidlm.suggest import did_you_mean
 from lucidlm.validation import check_allocation, check_float, check_seed
@@ -166,15 +167,20 @@ def stop_strings(stop: Any) -> list[str]:
     return list(stops)
 
 
-def prompt_ids(model: Any, prompt: Any, chat: bool) -> list[int]:
+def prompt_ids(model: Any, prompt: Any, chat: bool, within_context: bool = True) -> list[int]:
+    """``prompt`` as token ids; ``within_context``: a text that cannot fit the context is
+    refused before it is tokenized (not with context_overflow="crop", which takes any length)."""
     tokenizer = model.tokenizer
+    context = model.config.max_seq_len if within_context else None
     if chat:
         if not isinstance(prompt, str):
             raise GenerationError("chat=True needs a text prompt (the user's message), not token ids.")
-        return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
+        return encode_chat(tokenizer, [{"role": "user", "content": prompt}], context=context)
     if isinstance(prompt, str):
         if tokenizer is None:
             raise GenerationError("this model has no tokenizer (model.tokenizer is None): pass token ids, not text.")
+        if context is not None:
+            refuse_past_context(tokenizer, prompt, context)
         ids = list(tokenizer.encode(prompt))
     elif isinstance(prompt, torch.Tensor):
         if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:

@@ -63,6 +63,7 @@ class Tokenizer(ABC):
                 )
         self.bos_token, self.eos_token, self.pad_token = bos_token, eos_token, pad_token
         self._special_regex_compiled: re.Pattern[str] | None | bool = False  # compiled on first need
+        self._longest: int | None = None  # the longest token's bytes, counted on first need (fewest_tokens)
 
     @property
     def _special_regex(self) -> re.Pattern[str] | None:
@@ -128,6 +129,27 @@ class Tokenizer(ABC):
         a byte-level token holding half a character shows U+FFFD."""
         (token_id,) = self._checked([token_id])
         return self._token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound on ``len(encode(text))`` found without encoding, so that a text far
+        too long for a model's context is refused before its ids cost gigabytes. Where every id
+        stands for bytes of the text, in order, with none dropped or rewritten (byte-level BPE,
+        characters), no id covers more than the longest token's bytes; 0 (no bound) for a
+        tokenizer that may drop or rewrite text (words split on whitespace, a normalizer)."""
+        if not self._spells_out_text():
+            return 0
+        size = len(text.encode("utf-8", errors="surrogatepass"))  # a lone surrogate is refused by encode later
+        return -(-size // self._longest_token_bytes()) if size else 0
+
+    def _spells_out_text(self) -> bool:
+        """Whether each id's ``_token_bytes`` is a piece of the text it came from, the pieces
+        together all of it (a special token's id: its name)."""
+        return False
+
+    def _longest_token_bytes(self) -> int:
+        if getattr(self, "_longest", None) is None:  # (None too on one unpickled from before it was kept)
+            self._longest = max(len(self._token_bytes(i)) for i in range(self.vocab_size))
+        return self._longest
 
     # ----------------------------------------------------------------- special ids
 

@@ -143,6 +143,11 @@ class BPETokenizer(Tokenizer):
     def _token_bytes(self, token_id: int) -> bytes:
         return self._vocab[token_id]
 
+    def _spells_out_text(self) -> bool:
+        # Bytes in, merged ids out; but text the split pattern does not match is dropped
+        # (split_chunks), and only GPT-2's pattern is known here to match every character.
+        return self.pattern == GPT2_SPLIT_PATTERN
+
     # ----------------------------------------------------------------- Hugging Face export
 
     def to_hf_json(self) -> str:

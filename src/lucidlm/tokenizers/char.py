@@ -83,6 +83,9 @@ class CharTokenizer(Tokenizer):
                 f"on text that contains {ch!r} or remove it from the input"
             ) from None
 
+    def _spells_out_text(self) -> bool:
+        return True  # one id per character (an unknown one is refused), a special token's name is its bytes
+
     def _token_bytes(self, token_id: int) -> bytes:
         # surrogatepass: an alphabet may hold a lone surrogate; decode() then shows U+FFFD
         return self._id_to_text[token_id].encode("utf-8", errors="surrogatepass")

@@ -206,6 +206,32 @@ class HFTokenizer(Tokenizer):
             piece = self._bytes[token_id] = self._piece_bytes(token_id, self._added)
         return piece
 
+    def _spells_out_text(self) -> bool:
+        """Byte-level BPE that keeps every byte: no normalizer (NFC, lowercasing, stripping
+        rewrite text), pre-tokenizers that split without dropping (ByteLevel, Split but not its
+        "Removed"), no fused unknown runs, no added token that takes the spaces around it."""
+        if getattr(self, "_byte_level", None) is None:  # read once (the backend is not changed after)
+            backend = self._backend
+            pre = json.loads(backend.pre_tokenizer.__getstate__()) if backend.pre_tokenizer is not None else {}
+            steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+            self._byte_level = (
+                backend.normalizer is None and type(backend.model).__name__ == "BPE"
+                and not backend.model.fuse_unk
+                and any(step.get("type") == "ByteLevel" for step in steps)
+                and all(step.get("type") == "ByteLevel" or (step.get("type") == "Split" and step.get("behavior")
+                                                            != "Removed") for step in steps)
+                and not any(t.lstrip or t.rstrip for t in backend.get_added_tokens_decoder().values()))
+        return self._byte_level
+
+    def _longest_token_bytes(self) -> int:
+        """From the vocabulary's strings (one character per byte, byte-level; an added token's
+        text as UTF-8), not ``_token_bytes`` over every id, which took ~0.3 s and kept them all."""
+        if getattr(self, "_longest", None) is None:
+            added = {t.content for t in self._backend.get_added_tokens_decoder().values()}
+            self._longest = max(len(piece.encode("utf-8")) if piece in added else len(piece)
+                                for piece in self._backend.get_vocab(with_added_tokens=True))
+        return self._longest
+
     def decode_bytes(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> bytes:
         """The tokens' bytes, concatenated. Sentencepiece decoders that drop the space they
         prepended when encoding (Metaspace ``first``, a leading ``Strip``) drop one leading

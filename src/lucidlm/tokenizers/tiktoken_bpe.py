@@ -121,6 +121,9 @@ class TiktokenTokenizer(Tokenizer):
             return self._bytes[token_id]
         return self._special_names[token_id - len(self._bytes)].encode("utf-8")
 
+    def _spells_out_text(self) -> bool:
+        return self.pattern == LLAMA3_SPLIT_PATTERN  # as BPETokenizer's: the pattern known to match every character
+
     def _to_dict(self) -> dict[str, Any]:
         return {"ranks": [base64.b64encode(t).decode("ascii") for t in self._bytes], "pattern": self.pattern,
                 "special_tokens": self._special_names, "bos_token": self.bos_token, "eos_token": self.eos_token,
