@@ -37,8 +37,9 @@ def add_config_flags(parser: argparse.ArgumentParser | Any, config_class: type, 
         kind = _base_type(hints[f.name])
         help_text = meta.get("help", "")
         if kind is bool:
-            parser.add_argument(flag_of(config_class, f.name), dest=f.name, action="store_false" if f.default else "store_true",
-                                default=argparse.SUPPRESS, help=help_text)
+            parser.add_argument(*meta.get("short", "").split(), flag_of(config_class, f.name), dest=f.name,
+                                action="store_false" if f.default else "store_true", default=argparse.SUPPRESS,
+                                help=help_text)
             continue
         flag = flag_of(config_class, f.name)
         default = defaults[f.name].default

@@ -120,14 +120,22 @@ def read_metrics(path: Path, last_step: int) -> list[dict[str, Any]]:
 class Console(Callback):
     """A tqdm bar (when stderr is a terminal) and one printed line per evaluation.
 
-    ``resume_command``: the command that continues this run, shown after Ctrl-C.
+    ``resume_command``: the command that continues this run, shown after Ctrl-C. ``quiet``: no
+    header, bars, evaluation lines or samples; warnings and the Ctrl-C line still show.
     """
 
     BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"  # no tqdm ETA
 
-    def __init__(self, progress: bool, header: str = "", resume_command: Optional[str] = None) -> None:
-        self.progress, self.header, self.resume_command = progress, header, resume_command
+    def __init__(self, progress: bool, header: str = "", resume_command: Optional[str] = None,
+                 quiet: bool = False) -> None:
+        self.progress, self.header, self.resume_command = progress and not quiet, header, resume_command
+        self.quiet = quiet
         self.bar, self.eval_bar = None, None
+
+    def report(self, message: str) -> None:
+        """A line of the run's progress (the header, an evaluation), which ``quiet`` leaves out."""
+        if not self.quiet:
+            self.print(message)
 
     def print(self, message: str) -> None:
         if self.bar is not None and not self.bar.disable:
@@ -142,7 +150,7 @@ class Console(Callback):
         from lucidlm.training.setup import precision_warning
 
         if self.header:
-            self.print(self.header + (f", resuming at step {trainer.step}" if trainer.step else ""))
+            self.report(self.header + (f", resuming at step {trainer.step}" if trainer.step else ""))
         # tqdm's own ETA divides by wall time, evaluations included; ours counts training steps only.
         self.bar = tqdm(total=trainer.config.max_iters, initial=trainer.step, desc="train", dynamic_ncols=True,
                         bar_format=self.BAR_FORMAT, disable=not (self.progress and sys.stderr.isatty()))
@@ -159,7 +167,7 @@ class Console(Callback):
             self.eval_bar = tqdm(total=batches, desc=f"evaluating at step {trainer.step}", leave=False,
                                  dynamic_ncols=True)
         else:  # no live bar: say what the wait is, once
-            self.print(f"evaluating at step {trainer.step} (up to {batches} batches)...")
+            self.report(f"evaluating at step {trainer.step} (up to {batches} batches)...")
 
     def on_eval_batch(self, trainer: Trainer) -> None:
         if self.eval_bar is not None:
@@ -185,11 +193,11 @@ class Console(Callback):
             val = f"{record['val_loss']} (diverged)"
         else:
             val = f"{record['val_loss']:.4f} (ppl {record['val_ppl']:.2f})"
-        self.print(f"step {record['step']}: train loss {record['train_loss']:.4f}, val loss {val}{speed}{eta}")
+        self.report(f"step {record['step']}: train loss {record['train_loss']:.4f}, val loss {val}{speed}{eta}")
         if record.get("sample"):
-            self.print(f"  sample: {record['sample'][:200]!r}")
+            self.report(f"  sample: {record['sample'][:200]!r}")
         if record.get("base_sample"):
-            self.print(f"  base model (adapter off): {record['base_sample'][:200]!r}")
+            self.report(f"  base model (adapter off): {record['base_sample'][:200]!r}")
 
     def on_fit_end(self, trainer: Trainer, result: TrainResult) -> None:
         if self.bar is not None:

@@ -31,7 +31,8 @@ STRATEGIES = ("auto", "ddp", "fsdp")
 
 def opt(default: Any, help: str, **extra: Any) -> Any:
     """A dataclass field with its CLI help (``flag=`` renames the flag, ``choices=`` limits it,
-    ``applies=`` names the one fine-tuning method or data kind it is for: ``check_options_apply``)."""
+    ``applies=`` names the one fine-tuning method or data kind it is for: ``check_options_apply``;
+    ``short=`` adds a one-letter flag beside it)."""
     return field(default=default, metadata={"help": help, **extra})
 
 
@@ -69,6 +70,8 @@ class LoopConfig:
                                         low=0.0, low_open=True, high=1.0)
     sample_seed: Optional[int] = opt(None, "seed of those samples (default: --seed)", seed=True)
     progress: bool = opt(True, "no progress bar on stderr (drawn by default when stderr is a terminal)")
+    quiet: bool = opt(False, "show only warnings, errors and the final summary: no header, progress bars, evaluation "
+                             "lines or samples (metrics.jsonl and loss.png as always)", short="-q")
     seed: int = opt(1337, "random seed (weights, batches, dropout)", seed=True)
     device: str = opt("auto", "auto (CUDA if available, else CPU), cpu, cuda, cuda:N")
     dtype: str = opt("auto", "auto: bf16 autocast on CUDA, fp32 on CPU; bfloat16: autocast on CPU "
@@ -89,7 +92,7 @@ class LoopConfig:
     # strategy changes only how the same math is spread over processes; checkpoints are the same
     # full files under each. batch_size may change with the process count (setup.check_same_settings).
     MAY_CHANGE = ("max_iters", "eval_interval", "eval_iters", "final_eval_iters", "log_interval", "sample_prompt",
-                  "sample_tokens", "sample_temperature", "sample_top_p", "sample_seed", "progress", "device",
+                  "sample_tokens", "sample_temperature", "sample_top_p", "sample_seed", "progress", "quiet", "device",
                   "compile", "compile_mode", "fused_adamw", "resume", "out_dir", "epochs", "strategy")
 
     def __post_init__(self) -> None:

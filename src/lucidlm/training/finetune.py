@@ -160,7 +160,7 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
     title = f"{config.method} fine-tune of {Path(base_name).name if base_name else base_label}"
     shown = [sampler, MetricsLog(out_dir, title),
              Console(config.progress and ctx.is_main, header,
-                     command_line(config, "finetune", ctx.world_size, resume=True))]
+                     command_line(config, "finetune", ctx.world_size, resume=True), config.quiet)]
     trainer = Trainer(model, data, optimizer, run_config, train_model=train_model, checkpointer=checkpointer,
                       callbacks=[*shown, *callbacks], ctx=ctx, autocast_dtype=autocast_dtype(config.dtype, device))
     trainer.export = export
@@ -213,7 +213,8 @@ def _data(config: FinetuneConfig, model: Any, ctx: Any, out_dir: Path, resume: b
                                  config.mask_prompt, config.example_format)
         length = examples.ids.shape[1]
         if ctx.is_main:
-            print(f"token lengths: {describe(length_stats(examples.lengths, length))}", flush=True)
+            if not config.quiet:
+                print(f"token lengths: {describe(length_stats(examples.lengths, length))}", flush=True)
             if not resume:
                 write_report = lambda: write_length_report(examples.lengths, length, out_dir)  # noqa: E731
         train_rows, val_rows = split_examples(examples, config.val_fraction, config.seed)

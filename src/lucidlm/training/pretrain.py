@@ -111,7 +111,7 @@ def _build(config: TrainConfig, ctx: Any, callbacks: Sequence[Callback]) -> Trai
         check_same_settings(config, saved_config, found[1], found[0], ctx)
         check_same_data(found[1], "corpus_sha256", corpus_hash, "the corpus", config.data, found[0])
         saved_model = read_json_object(found[0] / CONFIG_NAME, CheckpointError, "model config", DAMAGED).data
-    progress = config.progress and ctx.is_main
+    progress = config.progress and not config.quiet and ctx.is_main
     prepare = dict(tokenizer=config.tokenizer, vocab_size=config.vocab_size, val_fraction=config.val_fraction,
                    split=config.split, resume=found is not None, corpus_hash=corpus_hash)
     if ctx.is_main:  # tokenize once; the other ranks open the files it wrote
@@ -149,7 +149,7 @@ def _build(config: TrainConfig, ctx: Any, callbacks: Sequence[Callback]) -> Trai
     sampler = Sampler(prompt, config.sample_tokens, data.tokenizer, config.sample_temperature, config.sample_top_p,
                       config.seed if config.sample_seed is None else config.sample_seed)
     shown = [sampler, MetricsLog(out_dir, f"{config.preset} on {Path(config.data).name}"),
-             Console(progress, header, command_line(config, "train", ctx.world_size, resume=True))]
+             Console(progress, header, command_line(config, "train", ctx.world_size, resume=True), config.quiet)]
     trainer = Trainer(model, batches, optimizer, config, train_model=train_model, checkpointer=checkpointer,
                       callbacks=[*shown, *callbacks], ctx=ctx, autocast_dtype=autocast_dtype(config.dtype, device))
     trainer.corpus = data
