@@ -122,7 +122,9 @@ def test_cache_reorder_moves_only_the_written_slots_of_rows_that_change(pair, mo
     reorder = ours.reorder_kv_cache
 
     def counted(rows, *rest):
-        slots = len(PROMPTS[3]) + len(needed)  # the prompt, then one token a step before this reorder
+        # the prompt's slots copied from the one row that ran it to every beam, then each step's
+        # reorder: the prompt, then one token a step before this reorder
+        slots = len(PROMPTS[3]) + max(len(needed) - 1, 0)
         moved = sum(int(r) != i for i, r in enumerate(rows.tolist()))
         needed.append(2 * config.n_layers * moved * config.n_kv_heads * slots * config.head_dim)  # k and v
         gathered.append(0)
@@ -133,6 +135,22 @@ def test_cache_reorder_moves_only_the_written_slots_of_rows_that_change(pair, mo
     beam_search(ours, PROMPTS[3], num_beams=4, max_new_tokens=MAX_NEW)
     assert len(needed) >= 3 and sum(needed) > 0
     assert gathered == needed
+    assert needed[0] == 2 * config.n_layers * 3 * config.n_kv_heads * len(PROMPTS[3]) * config.head_dim  # 3 copies
+
+
+def test_the_prompt_runs_once_for_every_beam(pair):
+    """The beams start as the same prompt: it runs in one row, whose cache slots are copied to the
+    others (the test above counts the copy), instead of once per beam; the ids and scores stay
+    transformers' (the tests above)."""
+    _, ours = pair
+    shapes = []
+    handle = ours.embed.register_forward_hook(lambda module, args, out: shapes.append(tuple(args[0].shape)))
+    try:
+        beam_search(ours, PROMPTS[3], num_beams=4, max_new_tokens=3)
+    finally:
+        handle.remove()
+    assert shapes[0] == (1, len(PROMPTS[3]))  # the prompt's pass: one row
+    assert all(shape == (4, 1) for shape in shapes[1:]) and len(shapes) > 1  # then every beam, a token a step
 
 
 def test_min_new_tokens_holds_in_beam_search_as_in_hf(pair):

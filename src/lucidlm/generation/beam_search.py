@@ -73,7 +73,8 @@ def beam_search(model: Transformer, prompt_ids: Sequence[int], *, num_beams: int
 
     # steady: no caller code runs between the steps (the reorder only copies cache rows in place),
     # so the decode step may keep the operands it looks up (Transformer.steady_decode)
-    with DecodeSession(model, [list(prompt_ids)] * n, capacity=L + max_new_tokens, steady=True) as session:
+    with DecodeSession(model, [list(prompt_ids)] * n, capacity=L + max_new_tokens, steady=True,
+                       same_rows=True) as session:  # the prompt runs once, for every beam
         logits = session.prefill()  # (n, V)
         # Per running beam, the log-probs of its tokens (n, t) and with them the top alternatives
         # (n, t, N) of each step's row, for ``recorder``; on the device, reordered with the beams.

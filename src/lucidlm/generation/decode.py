@@ -48,6 +48,8 @@ class DecodeSession:
     row's next token lands in the same slot, and an attention mask hides the padding
     (positions count from each row's first real token, so padding does not shift RoPE).
     capacity: total slots to allocate, L + the most tokens that will be fed back.
+    same_rows: every row is the same prompt (beam search's beams): the prompt runs once, in
+    one row, whose cache slots are then copied to the others.
 
     The model is called through ``prefill_step`` / ``decode_step`` when it has them (a
     ``LanguageModel``, compiled or not), else through ``Transformer.step``: the unchecked
@@ -56,8 +58,12 @@ class DecodeSession:
     """
 
     def __init__(self, model: Transformer, rows: Sequence[Sequence[int]], capacity: int,
-                 pad_id: int = 0, steady: bool = False, reuse: Optional[CacheReuse] = None) -> None:
+                 pad_id: int = 0, steady: bool = False, reuse: Optional[CacheReuse] = None,
+                 same_rows: bool = False) -> None:
         self.model = model
+        if same_rows and any(list(row) != list(rows[0]) for row in rows):
+            raise GenerationError("DecodeSession(same_rows=True) needs every row to be the same prompt.")
+        self.same_rows = same_rows
         # reuse: start from the cache the model kept from its last generation where the prompt
         # begins with what it holds, and keep this one for the next (``keep``); prompt_cache.py
         self.reuse = reuse if len(rows) == 1 else None
@@ -197,8 +203,13 @@ class DecodeSession:
         # cache, and a second one for a continued cache would cost another compile (a minute on
         # 2 cores) at a chat's second turn, for a pass of a message's few tokens.
         run = self._prefill if start == 0 else self.model.step
-        logits = run(self.prompt_ids[:, start:], input_pos=slots, attention_mask=self.attention_mask,
-                     last_token_only=True, new_cache=start == 0)
+        once = self.same_rows and start == 0 and self.batch_size > 1  # one row's pass, then its slots copied
+        logits = run(self.prompt_ids[:1 if once else self.batch_size, start:], input_pos=slots,
+                     attention_mask=self.attention_mask, last_token_only=True, new_cache=start == 0)
+        if once:  # the prompt's slots of row 0 to every row: beam search's n beams ran it n times before
+            rows = torch.zeros(self.batch_size, dtype=torch.long, device=self.prompt_ids.device)
+            self.model.reorder_kv_cache(rows, self.prompt_len)
+            logits = logits.expand(self.batch_size, -1, -1)
         self.next_slot = self.prompt_len
         return logits[:, -1].float()  # (B, V)
 

@@ -36,12 +36,16 @@ class KVCache(nn.Module):
         """Write k, v (B, n_kv, T, hd) at slots ``input_pos`` (T,); return the whole cache,
         (B, n_kv, max_seq_len, hd), or its first ``length`` slots. Slots not written yet hold
         stale values: the caller's mask hides them (``masks.attention_mask_for``). Same shapes
-        every step, no read-back."""
-        self.k.index_copy_(2, input_pos, as_dtype(k, self.k.dtype))
-        self.v.index_copy_(2, input_pos, as_dtype(v, self.v.dtype))
+        every step, no read-back. Fewer rows than the cache holds fill its first rows (beam
+        search runs its one prompt once, then copies the rows: ``reorder``)."""
+        cache_k, cache_v = self.k, self.v
+        if k.shape[0] < self.batch_size:
+            cache_k, cache_v = cache_k[:k.shape[0]], cache_v[:k.shape[0]]  # views: written in place
+        cache_k.index_copy_(2, input_pos, as_dtype(k, cache_k.dtype))
+        cache_v.index_copy_(2, input_pos, as_dtype(v, cache_v.dtype))
         if length is not None and length < self.max_seq_len:
-            return self.k[:, :, :length], self.v[:, :, :length]  # (B, n_kv, length, hd)
-        return self.k, self.v
+            return cache_k[:, :, :length], cache_v[:, :, :length]  # (B, n_kv, length, hd)
+        return cache_k, cache_v
 
     def reorder(self, beam_idx: torch.Tensor, length: Optional[int] = None) -> None:
         """Keep the rows ``beam_idx`` (beam search reshuffles hypotheses every step); only the
