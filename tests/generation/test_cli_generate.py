@@ -70,9 +70,9 @@ def test_beam_search_flags(model_dir, model, capsys):
 
 
 @pytest.mark.parametrize("flags, fragment", [
-    (["--temperature", "-1"], "temperature=-1.0 is invalid"),
-    (["--top-p", "0"], "top_p=0.0 is invalid: it must be in (0, 1]"),
-    (["--num-beams", "0"], "num_beams=0 is invalid"),
+    (["--temperature", "-1"], "--temperature -1 is invalid"),
+    (["--top-p", "0"], "--top-p 0 is invalid: it must be in (0, 1]"),
+    (["--num-beams", "0"], "--num-beams 0 is invalid"),
     (["--model", "/no/such/model"], "/no/such/model"),
 ])
 def test_errors_are_one_line_with_exit_code_1(model_dir, capsys, flags, fragment):

@@ -243,9 +243,9 @@ def test_cli_flags_reach_the_sampler(model_dir, only_generate_and_chat, capsys, 
 
 @pytest.mark.parametrize("command", ["generate", "chat"])
 @pytest.mark.parametrize("flags, fragment", [
-    (["--typical-p", "0"], "typical_p=0.0 is invalid: it must be in (0, 1]"),
-    (["--epsilon-cutoff", "1"], "epsilon_cutoff=1.0 is invalid: it must be in [0, 1)"),
-    (["--eta-cutoff", "-0.5"], "eta_cutoff=-0.5 is invalid: it must be in [0, 1)"),
+    (["--typical-p", "0"], "--typical-p 0 is invalid: it must be in (0, 1]"),
+    (["--epsilon-cutoff", "1"], "--epsilon-cutoff 1 is invalid: it must be in [0, 1)"),
+    (["--eta-cutoff", "-0.5"], "--eta-cutoff -0.5 is invalid: it must be in [0, 1)"),
 ])
 def test_cli_refuses_bad_values_in_one_line(model_dir, only_generate_and_chat, capsys, command, flags, fragment):
     argv = [command] + (["Hello"] if command == "generate" else []) + ["--model", model_dir, "-q"] + flags
@@ -266,7 +266,7 @@ def test_chat_set_takes_them():
               out=out)
     shown = out.getvalue().splitlines()
     assert shown[:3] == ["(typical_p = 0.8)", "(epsilon_cutoff = 0.01)", "(eta_cutoff = 0.02)"]
-    assert shown[3].startswith("cannot set typical_p to '0': typical_p=0.0 is invalid: it must be in (0, 1]")
+    assert shown[3].startswith("/set typical_p 0 is invalid: it must be in (0, 1]")
     assert "typical_p 0.8, epsilon_cutoff 0.01, eta_cutoff 0.02" in shown[4]
     from lucidlm.chat import Conversation
     convo = Conversation()

@@ -50,7 +50,7 @@ GENERATE = [  # flags after `generate PROMPT --model TINY`, what the error line 
     (["--temperature", "nan"], [r"--temperature nan"]),
     (["--top-p", "1.5"], [r"--top-p 1\.5"]),
     (["--top-k", "-1"], [r"--top-k -1"]),
-    (["--num-beams", "100000"], [r"num_beams=100000", r"50257"]),
+    (["--num-beams", "100000"], [r"--num-beams 100000", r"50257"]),
     (["--repetition-penalty", "0"], [r"--repetition-penalty 0 "]),
 ]
 

@@ -170,10 +170,16 @@ def check_sampling_flags(options: dict[str, Any]) -> None:
     try:
         check_options(**options)
     except GenerationError as exc:
-        name = str(exc).partition("=")[0]  # the checks' messages begin with the option they refuse
-        if name not in options:
-            raise
-        raise GenerationError(as_typed(str(exc), name, options[name], _flag_typed(name, options[name]))) from None
+        raise flags_named(exc, options) from None
+
+
+def flags_named(exc: GenerationError, options: dict[str, Any]) -> GenerationError:
+    """``exc`` with the flag as typed in place of the option its message begins with (the
+    checks' messages do), or ``exc`` itself when it names none."""
+    name = str(exc).partition("=")[0]
+    if name not in options:
+        return exc
+    return GenerationError(as_typed(str(exc), name, options[name], _flag_typed(name, options[name])))
 
 
 def as_typed(message: str, name: str, value: Any, typed: str) -> str:
@@ -270,7 +276,10 @@ def run_generate(args: argparse.Namespace) -> int:
     from lucidlm.generation import stream
 
     start = time.perf_counter()
-    pieces = stream(model, prompt, steady=True, **kwargs)  # the loop below only prints
+    try:  # checks that need the model (more beams than its vocabulary) name the flags too
+        pieces = stream(model, prompt, steady=True, **kwargs)  # the loop below only prints
+    except GenerationError as exc:
+        raise flags_named(exc, kwargs) from None
     shown: Iterable[str] = pieces
     if model.compiled:  # the first token waits on torch.compile: say so instead of looking hung
         from lucidlm.commands.loading_status import first_piece_announced
