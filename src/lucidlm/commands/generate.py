@@ -132,15 +132,17 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, Any]] = None,
                          checks: Optional[Callable[[], None]] = None) -> Any:
-    """The model the flags name. ``options`` (generation options from the flags) are checked
-    first, before the loading line (it costs the import of torch, ~1 s); then the loading line
-    goes to stderr (a spinner follows on a terminal), and the command's own ``checks`` (which may
-    import torch) run before the model loads, so a bad flag or path costs no load."""
+    """The model the flags name. The loading line goes to stderr first, before torch is even
+    imported (a spinner follows on a terminal); ``options`` (generation options, a bad one
+    named by its flag) and the command's own ``checks`` (which may import torch) run before the
+    model loads, so a bad flag or path costs no load. The line comes first, not the checks:
+    they need torch, whose import is most of a second, and every good command would wait that
+    long in silence to spare a bad one the line."""
     from lucidlm.commands.loading_status import LoadingStatus
 
-    if options is not None:  # before the loading line: a bad flag is not a failed load
-        check_sampling_flags(options)
     with LoadingStatus(f"loading {args.model}", enabled=not getattr(args, "quiet", False)) as status:
+        if options is not None:
+            check_sampling_flags(options)
         if checks is not None:
             checks()
         check_quantize_flags(args)
