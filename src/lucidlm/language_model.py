@@ -226,6 +226,7 @@ class LanguageModel(Transformer):
                  top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
                  repetition_penalty: Optional[float] = None, typical_p: Optional[float] = None,
                  epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None,
+                 no_repeat_ngram_size: Optional[int] = None,
                  seed: Optional[int] = None, stop: Optional[Union[str, Sequence[str]]] = None,
                  stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0,
                  min_new_tokens: int = 0, context_overflow: str = "stop", logprobs: Union[bool, int, None] = None,
@@ -250,6 +251,8 @@ class LanguageModel(Transformer):
                 mass typical_p (locally typical sampling; 1 switches it off).
             epsilon_cutoff, eta_cutoff: drop tokens less likely than epsilon_cutoff / than
                 min(eta_cutoff, sqrt(eta_cutoff) * exp(-entropy)) (Hewitt et al. 2022; 0 = off).
+            no_repeat_ngram_size: n > 0 bans every token that would repeat an n-gram of the prompt
+                or output (transformers' no_repeat_ngram_size; beam search uses it too).
             seed: makes sampling reproducible without touching torch's global RNG.
             stop: text(s) that end generation; the text stops just before them.
             stop_on_eos: stop at the tokenizer's end-of-sequence token(s).
@@ -271,7 +274,8 @@ class LanguageModel(Transformer):
         prompt = _hf_style_ids(prompt, options, "model.generate")
         return generate(self, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                         top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, typical_p=typical_p,
-                        epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, seed=seed, stop=stop,
+                        epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff,
+                        no_repeat_ngram_size=no_repeat_ngram_size, seed=seed, stop=stop,
                         stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty,
                         min_new_tokens=min_new_tokens, context_overflow=context_overflow, logprobs=logprobs,
                         reuse_cache=reuse_cache, chat=chat, **options)
@@ -280,6 +284,7 @@ class LanguageModel(Transformer):
                top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
                repetition_penalty: Optional[float] = None, typical_p: Optional[float] = None,
                epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None,
+               no_repeat_ngram_size: Optional[int] = None,
                seed: Optional[int] = None, stop: Optional[Union[str, Sequence[str]]] = None,
                stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0,
                min_new_tokens: int = 0, context_overflow: str = "stop", logprobs: Union[bool, int, None] = None,
@@ -297,7 +302,8 @@ class LanguageModel(Transformer):
         """
         return stream(self, prompt, steady=steady, max_new_tokens=max_new_tokens, temperature=temperature,
                       top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
-                      typical_p=typical_p, epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, seed=seed,
+                      typical_p=typical_p, epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff,
+                      no_repeat_ngram_size=no_repeat_ngram_size, seed=seed,
                       stop=stop, stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty,
                       min_new_tokens=min_new_tokens, context_overflow=context_overflow, logprobs=logprobs,
                       reuse_cache=reuse_cache, chat=chat, **options)

@@ -27,7 +27,8 @@ HELP_TEXT = "type /help for the commands; /exit or Ctrl-D leaves"
 COMMANDS_HELP = """\
   /help                 this list
   /set NAME VALUE       a generation setting: temperature, top_k, top_p, min_p, repetition_penalty,
-                        typical_p, epsilon_cutoff, eta_cutoff, max_new_tokens, seed
+                        typical_p, epsilon_cutoff, eta_cutoff, no_repeat_ngram_size,
+                        max_new_tokens, seed
                         (/set temperature 0.3; /set top_p default to unset;
                         /set max_new_tokens default: back to the session's --max-new-tokens)
   /set verbose|quiet    show or hide tokens and tok/s after every answer
@@ -41,7 +42,8 @@ COMMANDS_HELP = """\
   \"\"\"                   start and end a message of several lines
 Ctrl-C stops an answer."""
 SETTINGS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "repetition_penalty": float,
-            "typical_p": float, "epsilon_cutoff": float, "eta_cutoff": float, "max_new_tokens": int, "seed": int}
+            "typical_p": float, "epsilon_cutoff": float, "eta_cutoff": float, "no_repeat_ngram_size": int,
+            "max_new_tokens": int, "seed": int}
 ALIASES = {"temp": "temperature", "num_predict": "max_new_tokens", "repeat_penalty": "repetition_penalty"}
 
 

@@ -112,6 +112,9 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, default_max_new_toke
     group.add_argument("--eta-cutoff", type=float, default=None,
                        help="drop tokens less likely than min(eta, sqrt(eta) x exp(-entropy)), in [0, 1) "
                             "(0 = off; 3e-4 to 2e-3 is usual)")
+    group.add_argument("--no-repeat-ngram-size", type=int, default=None, metavar="N",
+                       help="never repeat an n-gram of N tokens of the prompt or output (transformers' "
+                            "no_repeat_ngram_size; 0 = off, 2 to 4 is usual); beam search too")
     group.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     group.add_argument("--stop", action="append", default=None, metavar="TEXT", type=arg_types.text,
                        help="stop when TEXT appears (not included in the output); repeatable")
@@ -126,6 +129,7 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                 top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
                 typical_p=args.typical_p, epsilon_cutoff=args.epsilon_cutoff, eta_cutoff=args.eta_cutoff,
+                no_repeat_ngram_size=args.no_repeat_ngram_size,
                 seed=args.seed, stop=args.stop, min_new_tokens=args.min_new_tokens,
                 context_overflow=args.context_overflow)
 

@@ -29,7 +29,7 @@ from lucidlm.errors import GenerationError
 from lucidlm.generation.decode import DecodeSession
 from lucidlm.generation.logprobs import LogprobRecorder
 from lucidlm.generation.request import fit_to_context
-from lucidlm.generation.sampling import apply_repetition_penalty
+from lucidlm.generation.sampling import SamplingSettings, apply_processors
 from lucidlm.generation.streaming import TextAssembler
 from lucidlm.model.transformer import Transformer
 from lucidlm.suggest import keywords_checked
@@ -43,14 +43,18 @@ def beam_search(model: Transformer, prompt_ids: Sequence[int], *, num_beams: int
                 eos_ids: Sequence[int] = (), length_penalty: float = 1.0,
                 early_stopping: bool | str = False, repetition_penalty: Optional[float] = None,
                 stop: Sequence[str] = (), min_new_tokens: int = 0,
-                recorder: Optional[LogprobRecorder] = None) -> tuple[list[int], float]:
+                recorder: Optional[LogprobRecorder] = None,
+                settings: Optional[SamplingSettings] = None) -> tuple[list[int], float]:
     """The best hypothesis' generated ids (EOS included if it ended with one, and the token
     completing a stop string if it ended with one) and its score. ``stop`` needs
     ``model.tokenizer``, to decode the beams' text. ``min_new_tokens``: no beam may end with EOS
     before that many new tokens (a stop string still ends one, as in transformers).
     ``recorder`` (a ``LogprobRecorder``) is given the best hypothesis' per-token scores: the
     processed log-probs the beam scores sum, transformers' ``compute_transition_scores(sequences,
-    scores, beam_indices)``, and the top alternatives of the same rows."""
+    scores, beam_indices)``, and the top alternatives of the same rows. ``settings``: the
+    processors of these sampling settings that come before temperature (``apply_processors``:
+    repetition penalty, no-repeat n-grams, ...) apply to the beams' log-probs, as transformers
+    applies its processors there; given, it replaces ``repetition_penalty``."""
     # As generate(): prompt + output fit the context (the prompt alone must).
     if stop and getattr(model, "tokenizer", None) is None:
         raise GenerationError("stop strings need a tokenizer to decode the beams' text, but model.tokenizer is None.")
@@ -58,6 +62,8 @@ def beam_search(model: Transformer, prompt_ids: Sequence[int], *, num_beams: int
     if max_new_tokens <= 0:
         return [], 0.0
     n, L = num_beams, len(prompt_ids)
+    if settings is None:
+        settings = SamplingSettings(temperature=0.0, repetition_penalty=repetition_penalty)
     device = model.device
     eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
     keep = max(2, 1 + len(eos_ids)) * n  # candidates ranked per step
@@ -84,8 +90,7 @@ def beam_search(model: Transformer, prompt_ids: Sequence[int], *, num_beams: int
                  torch.empty((n, 0, top_n), dtype=torch.long, device=device))
         for t in range(max_new_tokens):
             log_probs = torch.log_softmax(logits, dim=-1)  # (n, V)
-            if repetition_penalty not in (None, 1.0):  # HF applies processors to log-probs here
-                log_probs = apply_repetition_penalty(log_probs, running, repetition_penalty)
+            log_probs = apply_processors(log_probs, settings, running)  # HF applies its processors to log-probs
             if t < min_new_tokens and len(eos):  # HF's MinNewTokensLengthLogitsProcessor: no EOS yet, the
                 log_probs = log_probs.index_fill(1, eos, float("-inf"))  # other log-probs left as they are
             vocab = log_probs.shape[-1]

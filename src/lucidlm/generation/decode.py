@@ -288,12 +288,16 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
     if max_new_tokens <= 0:
         return
     B, L = len(rows), max(len(r) for r in rows)
-    # Every token seen so far, per row, for the repetition penalty. Padding slots repeat the
-    # row's first token: penalising a token twice is the same as once.
+    # Every token seen so far, per row, for the processors that look back (repetition penalty,
+    # n-grams). Padding slots repeat the row's first token: penalising a token twice is the same
+    # as once; the n-gram ban skips them (``padding``).
     seen = torch.empty((B, L + max_new_tokens), dtype=torch.long)
     for i, row in enumerate(rows):
         seen[i, :L] = torch.tensor([row[0]] * (L - len(row)) + list(row), dtype=torch.long)
     seen = seen.to(model.device)
+    # each row's padding columns (B, 1): n-grams and sequences the processors match must not span them
+    padding = torch.tensor([[L - len(row)] for row in rows], device=model.device) \
+        if any(len(row) < L for row in rows) else None
     readback = TokenReadback(seen.device, B, max_new_tokens)
     with DecodeSession(model, rows, capacity=L + max_new_tokens - 1, pad_id=pad_id,
                        steady=lookahead or steady, reuse=reuse) as session:
@@ -302,7 +306,7 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
             with torch.inference_mode():
                 if t < min_new_tokens:
                     logits = suppress(logits, eos_ids)
-                next_ids = sample_next(logits, settings, seen[:, :L + t], generator, recorder)  # (B,)
+                next_ids = sample_next(logits, settings, seen[:, :L + t], generator, recorder, padding)  # (B,)
                 seen[:, L + t] = next_ids
             sent = readback.send(t, next_ids)  # before the next step is queued behind the ids
             last = t + 1 == max_new_tokens  # the last token is never fed back: no forward pass for it

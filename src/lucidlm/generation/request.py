@@ -68,6 +68,8 @@ def check_options(**kwargs: Any) -> None:
         typical_p=None         in (0, 1] (1 or None: off)
         epsilon_cutoff=None    in [0, 1) (0 or None: off)
         eta_cutoff=None        in [0, 1) (0 or None: off)
+        no_repeat_ngram_size=None  whole number >= 0: no n-gram of that many tokens twice
+                               (0 or None: off; beam search uses it too)
         seed=None              whole number, for reproducible sampling
         stop=None              a string or a list of strings that end generation
         stop_on_eos=True       end at the tokenizer's EOS token

@@ -1,12 +1,16 @@
 """Logit processors and the sampler: how one row of logits becomes the next token.
 
 Each processor takes logits (B, V) and returns new logits (B, V); a filtered-out token gets
--inf, so softmax gives it probability 0. They are applied in Hugging Face's order:
+-inf, so softmax gives it probability 0. They are applied in the order of the list transformers'
+``GenerationMixin._get_logits_processor`` builds (transformers 5.25):
 
-    repetition penalty -> temperature -> top-k -> top-p -> min-p -> typical-p
-        -> epsilon cutoff -> eta cutoff -> sample (or argmax)
+    repetition penalty -> no-repeat n-gram
+        -> temperature -> top-k -> top-p -> min-p -> typical-p -> epsilon cutoff -> eta cutoff
+        -> sample (or argmax)
 
-``temperature == 0`` means greedy decoding: the argmax after the repetition penalty.
+The processors before temperature (``apply_processors``) also run for greedy decoding and on
+beam search's log-probs; the warpers after it only when sampling. ``temperature == 0`` means
+greedy decoding: the argmax after the processors.
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ def _is_finite(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _is_count(value: object) -> bool:
+    """A whole number >= 0 (2 or 2.0, not True or 2.5)."""
+    return _is_finite(value) and int(value) == value and value >= 0  # type: ignore[call-overload, operator]
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     """The knobs of the sampler, checked once when built."""
@@ -43,6 +52,7 @@ class SamplingSettings:
     typical_p: Optional[float] = None
     epsilon_cutoff: Optional[float] = None
     eta_cutoff: Optional[float] = None
+    no_repeat_ngram_size: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "typical_p", "epsilon_cutoff",
@@ -57,9 +67,12 @@ class SamplingSettings:
             raise GenerationError(f"temperature={self.temperature} is invalid: it must be at most 3.4e38, float32's "
                                   f"largest number (logits are divided by it in float32); a temperature of a few "
                                   f"hundred already samples almost uniformly.")
-        if self.top_k is not None and (not _is_finite(self.top_k) or int(self.top_k) != self.top_k
-                                       or self.top_k < 0):
+        if self.top_k is not None and not _is_count(self.top_k):
             raise GenerationError(f"top_k={self.top_k!r} is invalid: use a whole number >= 0 (0 or None = no top-k).")
+        if self.no_repeat_ngram_size is not None and not _is_count(self.no_repeat_ngram_size):
+            raise GenerationError(f"no_repeat_ngram_size={self.no_repeat_ngram_size!r} is invalid: use a whole number "
+                                  f">= 0, the length of the n-grams that may occur only once (0 or None = off; 2 to "
+                                  f"4 is usual).")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise GenerationError(f"top_p={self.top_p} is invalid: it must be in (0, 1] (1 or None = no top-p).")
         if self.min_p is not None and not 0 <= self.min_p <= 1:
@@ -97,6 +110,28 @@ def apply_repetition_penalty(logits: torch.Tensor, seen_ids: torch.Tensor, penal
     seen_logits = logits.gather(1, seen_ids)  # (B, S)
     seen_logits = torch.where(seen_logits < 0, seen_logits * penalty, seen_logits / penalty)
     return logits.scatter(1, seen_ids, seen_logits)
+
+
+def no_repeat_ngram_filter(logits: torch.Tensor, seen_ids: torch.Tensor, n: int,
+                           padding: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Ban every token that would complete an n-gram already in ``seen_ids`` (B, S) (prompt and
+    output: fairseq's and transformers' NoRepeatNGramLogitsProcessor). Every window of n tokens
+    whose first n - 1 equal the row's last n - 1 bans its own last token; all windows are
+    compared at once on the device. ``padding`` (B, 1): each row's left-padding columns, whose
+    windows are not the row's text."""
+    S = seen_ids.shape[1]
+    if S < n:  # no complete n-gram yet
+        return logits
+    suffix = seen_ids[:, S + 1 - n:]  # (B, n - 1): the n-gram the next token would complete begins with it
+    windows = seen_ids.unfold(1, n, 1)  # (B, S - n + 1, n)
+    matches = (windows[..., :-1] == suffix[:, None]).all(dim=-1)  # (B, W); n = 1: every window matches
+    if padding is not None:
+        matches &= torch.arange(windows.shape[1], device=seen_ids.device) >= padding  # (B, W)
+    vocab = logits.shape[-1]
+    # a window that does not match points at a spare column past the vocabulary, so it bans nothing
+    banned = torch.zeros((logits.shape[0], vocab + 1), dtype=torch.bool, device=logits.device)
+    banned.scatter_(1, torch.where(matches, windows[..., -1], vocab), True)
+    return logits.masked_fill(banned[:, :vocab], float("-inf"))
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -180,11 +215,26 @@ def eta_filter(logits: torch.Tensor, epsilon: float) -> torch.Tensor:
     return logits.masked_fill((logits.softmax(dim=-1) < eta) & (logits < top), float("-inf"))
 
 
-def process_logits(logits: torch.Tensor, settings: SamplingSettings,
-                   seen_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Every processor the settings ask for, in HF's order. logits: (B, V) float."""
-    if settings.repetition_penalty not in (None, 1.0) and seen_ids is not None:
+def apply_processors(logits: torch.Tensor, settings: SamplingSettings, seen_ids: Optional[torch.Tensor] = None,
+                     padding: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The processors that come before temperature in HF's list, which greedy decoding and beam
+    search apply too (beam search to its log-probs). logits: (B, V) float; seen_ids: (B, S) the
+    row's prompt and output so far (None: the ones that look at it are skipped); padding: (B, 1)
+    the row's left-padding columns of seen_ids (a batch), which are not its text."""
+    if seen_ids is None:
+        return logits
+    if settings.repetition_penalty not in (None, 1.0):
         logits = apply_repetition_penalty(logits, seen_ids, settings.repetition_penalty)
+    if settings.no_repeat_ngram_size:
+        logits = no_repeat_ngram_filter(logits, seen_ids, int(settings.no_repeat_ngram_size), padding)
+    return logits
+
+
+def process_logits(logits: torch.Tensor, settings: SamplingSettings, seen_ids: Optional[torch.Tensor] = None,
+                   padding: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Every processor the settings ask for, in HF's order. logits: (B, V) float; seen_ids and
+    padding: see ``apply_processors``."""
+    logits = apply_processors(logits, settings, seen_ids, padding)
     if settings.greedy:
         return logits  # the filters below cannot change the argmax
     if settings.temperature != 1.0:
@@ -206,10 +256,10 @@ def process_logits(logits: torch.Tensor, settings: SamplingSettings,
 
 def sample_next(logits: torch.Tensor, settings: SamplingSettings, seen_ids: Optional[torch.Tensor] = None,
                 generator: Optional[torch.Generator] = None,
-                recorder: Optional[LogprobRecorder] = None) -> torch.Tensor:
+                recorder: Optional[LogprobRecorder] = None, padding: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Next token ids (B,) from logits (B, V). ``recorder`` (a ``LogprobRecorder``) is handed the
-    processed logits the ids came from, on the device."""
-    logits = process_logits(logits.float(), settings, seen_ids)
+    processed logits the ids came from, on the device; seen_ids and padding: see ``apply_processors``."""
+    logits = process_logits(logits.float(), settings, seen_ids, padding)
     if settings.greedy:
         ids = argmax_rows(logits)  # logits.argmax(dim=-1), in C on a CPU
     else:

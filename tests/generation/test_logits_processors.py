@@ -1,0 +1,238 @@
+"""The logits processors users of transformers, llama.cpp and the OpenAI API expect beside the
+samplers: no-repeat n-grams, suppressed and banned tokens, sequence and logit biases, presence
+and frequency penalties. Each against transformers' own processor on many random rows, in the
+order its GenerationMixin builds them, and end to end against its generate (greedy, sampled,
+beams) on the tiny Llama twin; then the options through the command line, chat's /set and a
+generation_config.json."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import pytest
+import torch
+from generation_toys import one_torch_thread, reader, sharpened_llama_pair, toy_model  # noqa: F401 (autouse fixture)
+from test_no_host_sync import reading_back_forbidden
+
+from lucidlm import cli
+from lucidlm.commands.chat import chat_loop
+from lucidlm.errors import GenerationError
+from lucidlm.generation import check_options, generate, generate_batch, stream
+from lucidlm.generation.sampling import SamplingSettings, no_repeat_ngram_filter, process_logits, sample_next
+
+transformers = pytest.importorskip("transformers")
+from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor  # noqa: E402
+
+EOS = 256
+MAX_NEW = 14
+# prompts that repeat themselves, so that the n-gram ban has something to find from the start
+PROMPTS = [[5, 6, 7, 5, 6], [100, 20, 30, 40, 50], [1], [250, 3, 3, 3, 9, 80, 81, 3, 3]]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return sharpened_llama_pair(tmp_path_factory.mktemp("tiny_llama"), EOS)
+
+
+def random_case(seed: int, rows: int, seen: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (rows, vocab) with a banned token and seen ids (rows, seen) drawn from a few ids,
+    so that n-grams repeat."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=gen)
+    logits[:, 0] = float("-inf")
+    ids = torch.randint(0, min(vocab, 2 + seed % 5), (rows, seen), generator=gen)
+    return logits, ids
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
+def test_no_repeat_ngram_equals_transformers(seed, n):
+    rows, seen, vocab = 1 + seed % 4, [1, 3, 6, 20, 64, 9][seed % 6], [5, 8, 50, 1000][seed % 4]
+    logits, ids = random_case(seed, rows, seen, vocab)
+    expected = NoRepeatNGramLogitsProcessor(n)(ids, logits.clone())
+    assert torch.equal(no_repeat_ngram_filter(logits, ids, n), expected)
+    assert torch.equal(process_logits(logits, SamplingSettings(no_repeat_ngram_size=n), ids), expected)
+
+
+def test_no_repeat_ngram_skips_a_rows_left_padding():
+    """A left-padded row (its padding repeats its first token) bans what transformers bans for
+    the row alone: the padding's made-up n-grams ban nothing."""
+    logits, _ = random_case(0, 2, 1, 20)
+    short, long = [4, 5, 4], [7, 4, 4, 9, 4, 5, 4]
+    seen = torch.tensor([[4] * (len(long) - len(short)) + short, long])  # (2, 7), as sample_rows pads
+    padding = torch.tensor([[len(long) - len(short)], [0]])
+    got = no_repeat_ngram_filter(logits, seen, 2, padding)
+    for row, ids in enumerate((short, long)):
+        expected = NoRepeatNGramLogitsProcessor(2)(torch.tensor([ids]), logits[row:row + 1].clone())
+        assert torch.equal(got[row:row + 1], expected), row
+    assert torch.isinf(no_repeat_ngram_filter(logits, seen, 2)[0, 4])  # without it, (4, 4) of the padding bans 4
+
+
+def hf_generate(hf, prompt, **options):
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW, eos_token_id=EOS, pad_token_id=EOS,
+                      **options)[0, len(prompt):].tolist()
+    return out[:out.index(EOS) + 1] if EOS in out else out
+
+
+@pytest.mark.parametrize("options", [dict(no_repeat_ngram_size=1), dict(no_repeat_ngram_size=2),
+                                     dict(no_repeat_ngram_size=3, repetition_penalty=1.3)])
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_greedy_and_beams_equal_transformers_generate(pair, options, num_beams):
+    hf, ours = pair
+    changed = 0
+    for prompt in PROMPTS:
+        expected = hf_generate(hf, prompt, do_sample=False, num_beams=num_beams, **options)
+        assert generate(ours, prompt, temperature=0, num_beams=num_beams, max_new_tokens=MAX_NEW,
+                        **options).token_ids == expected, prompt
+        changed += expected != hf_generate(hf, prompt, do_sample=False, num_beams=num_beams)
+    assert changed  # the option made a difference
+
+
+def test_a_left_padded_batch_equals_transformers(pair):
+    """A greedy batch with no_repeat_ngram_size: transformers' batch (left-padded, with its mask)."""
+    hf, ours = pair
+    L = max(map(len, PROMPTS))
+    ids = torch.tensor([[EOS] * (L - len(p)) + p for p in PROMPTS])
+    mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in PROMPTS])
+    out = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=EOS,
+                      pad_token_id=EOS, no_repeat_ngram_size=2)[:, L:].tolist()
+    expected = [row[:row.index(EOS) + 1] if EOS in row else row for row in out]
+    got = generate_batch(ours, PROMPTS, temperature=0, max_new_tokens=MAX_NEW, no_repeat_ngram_size=2)
+    assert [r.token_ids for r in got] == expected
+
+
+@pytest.mark.parametrize("options", [dict(temperature=0.7, top_k=40, no_repeat_ngram_size=2, repetition_penalty=1.2),
+                                     dict(temperature=1.5, top_p=0.9, no_repeat_ngram_size=1)])
+def test_sampling_applies_them_in_transformers_order(pair, options):
+    """transformers' sampled generate gives each step's raw logits and the scores it sampled
+    from: process_logits turns the one into the other, exactly."""
+    hf, _ = pair
+    prompt = torch.tensor([PROMPTS[0], PROMPTS[3][:5]])
+    torch.manual_seed(1)
+    out = hf.generate(prompt, do_sample=True, max_new_tokens=8, return_dict_in_generate=True, output_scores=True,
+                      output_logits=True, eos_token_id=None, pad_token_id=EOS,
+                      **{"top_k": 0, **options})
+    settings = SamplingSettings(**options)
+    for step, (raw, scores) in enumerate(zip(out.logits, out.scores)):
+        seen = out.sequences[:, :prompt.shape[1] + step]
+        assert torch.equal(process_logits(raw.float(), settings, seen), scores), step
+
+
+def test_sampling_with_them_reads_nothing_back():
+    """They run at every decode step, outside the compiled step: tensor ops on the device, no
+    .item() or .tolist() (a host sync on a GPU), for a left-padded batch as sample_rows gives."""
+    logits, seen = random_case(3, 3, 40, 4096)
+    padding = torch.tensor([[5], [0], [39]])
+    settings = SamplingSettings(temperature=0.8, no_repeat_ngram_size=3)
+    with reading_back_forbidden():
+        processed = process_logits(logits, settings, seen, padding)
+        sample_next(logits, settings, seen, torch.Generator().manual_seed(0), padding=padding)
+    for row in range(3):
+        real = seen[row:row + 1, int(padding[row]):]
+        assert torch.equal(processed[row:row + 1],
+                           process_logits(logits[row:row + 1], SamplingSettings(temperature=0.8), real) if
+                           real.shape[1] < 3 else NoRepeatNGramLogitsProcessor(3)(real, logits[row:row + 1] / 0.8))
+
+
+def test_a_compiled_model_uses_them_without_recompiling():
+    from torch._dynamo.testing import CompileCounter
+
+    from lucidlm import LanguageModel
+
+    model = toy_model(seed=2, max_seq_len=128, model_cls=LanguageModel)
+    options = dict(max_new_tokens=16, temperature=1.5, no_repeat_ngram_size=2, stop_on_eos=False)
+    eager = [generate(model, [5, 6, 7], seed=seed, **options).token_ids for seed in (0, 1)]
+    counter = CompileCounter()
+    model.compile(backend=counter, prefill=False)
+    assert [generate(model, [5, 6, 7], seed=seed, **options).token_ids for seed in (0, 1)] == eager
+    assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("options, fragment", [
+    (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size=-1 is invalid: use a whole number >= 0"),
+    (dict(no_repeat_ngram_size=2.5), "no_repeat_ngram_size=2.5 is invalid"),
+    (dict(no_repeat_ngram_size="3"), "no_repeat_ngram_size='3' is invalid"),
+])
+def test_bad_values_are_refused_by_name(options, fragment):
+    with pytest.raises(GenerationError, match=re.escape(fragment)):
+        check_options(**options)
+
+
+# -- the command line, chat and generation_config.json ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from lucidlm.weights.checkpoint import save_model
+
+    path = tmp_path_factory.mktemp("toy_model")
+    save_model(toy_model(seed=0), path)
+    return str(path)
+
+
+@pytest.fixture
+def only_generate_and_chat(monkeypatch):
+    monkeypatch.setattr(cli, "COMMANDS", ("generate", "chat"))
+
+
+@pytest.mark.parametrize("flags, options", [
+    (["--no-repeat-ngram-size", "1"], dict(no_repeat_ngram_size=1)),
+])
+def test_cli_flags_reach_the_processors(model_dir, only_generate_and_chat, capsys, flags, options):
+    argv = ["generate", "Hello", "--model", model_dir, "-q", "--max-new-tokens", "12", "--temperature", "0",
+            "--json", *flags]
+    assert cli.main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    model = toy_model(seed=0)
+    expected = generate(model, "Hello", max_new_tokens=12, temperature=0, **options)
+    assert data["token_ids"] == expected.token_ids
+    assert expected.token_ids != generate(model, "Hello", max_new_tokens=12, temperature=0).token_ids
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+@pytest.mark.parametrize("flags, fragment", [
+    (["--no-repeat-ngram-size", "-2"], "no_repeat_ngram_size=-2 is invalid: use a whole number >= 0"),
+])
+def test_cli_refuses_bad_values_in_one_line(model_dir, only_generate_and_chat, capsys, command, flags, fragment):
+    argv = [command] + (["Hello"] if command == "generate" else []) + ["--model", model_dir, "-q"] + flags
+    assert cli.main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"lucidlm {command}: error: ")
+    assert captured.err.count("\n") == 1 and fragment in captured.err
+
+
+def test_chat_set_takes_them():
+    model = toy_model(seed=0)
+    out = io.StringIO()
+    chat_loop(model, dict(temperature=0, max_new_tokens=8, stop_on_eos=False),
+              read_line=reader(["/set no_repeat_ngram_size 2", "/set no-repeat-ngram-size -1", "Hi"]), out=out)
+    shown = out.getvalue().splitlines()
+    assert shown[0] == "(no_repeat_ngram_size = 2)"
+    assert shown[1].startswith("cannot set no_repeat_ngram_size to '-1': no_repeat_ngram_size=-1 is invalid")
+    from lucidlm.chat import Conversation
+    convo = Conversation()
+    convo.add_user("Hi")
+    assert shown[-1] == "".join(convo.reply(model, temperature=0, max_new_tokens=8, stop_on_eos=False,
+                                            no_repeat_ngram_size=2))
+
+
+def test_stream_and_the_model_methods_take_them():
+    from lucidlm import LanguageModel
+
+    model = toy_model(seed=0, model_cls=LanguageModel)
+    options = dict(temperature=0, max_new_tokens=12, no_repeat_ngram_size=1)
+    expected = generate(model, "Hello", **options)
+    assert expected.token_ids != generate(model, "Hello", temperature=0, max_new_tokens=12).token_ids
+    assert "".join(stream(model, "Hello", **options)) == expected.text
+    assert "".join(model.stream("Hello", **options)) == expected.text
+    assert model.generate("Hello", **options).token_ids == expected.token_ids
+
+
+def test_generation_config_json_gives_them_as_transformers_reads_it(tmp_path):
+    """transformers applies a generation_config.json's no_repeat_ngram_size when greedy too."""
+    from lucidlm.generation.defaults import sampling_defaults_for
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"no_repeat_ngram_size": 3}))
+    assert sampling_defaults_for(tmp_path)["no_repeat_ngram_size"] == \
+        transformers.GenerationConfig.from_pretrained(tmp_path).no_repeat_ngram_size
