@@ -226,7 +226,8 @@ class LanguageModel(Transformer):
                  top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
                  repetition_penalty: Optional[float] = None, typical_p: Optional[float] = None,
                  epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None,
-                 no_repeat_ngram_size: Optional[int] = None,
+                 no_repeat_ngram_size: Optional[int] = None, suppress_tokens: Optional[Sequence[int]] = None,
+                 bad_words_ids: Optional[Sequence[Sequence[int]]] = None,
                  seed: Optional[int] = None, stop: Optional[Union[str, Sequence[str]]] = None,
                  stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0,
                  min_new_tokens: int = 0, context_overflow: str = "stop", logprobs: Union[bool, int, None] = None,
@@ -253,6 +254,9 @@ class LanguageModel(Transformer):
                 min(eta_cutoff, sqrt(eta_cutoff) * exp(-entropy)) (Hewitt et al. 2022; 0 = off).
             no_repeat_ngram_size: n > 0 bans every token that would repeat an n-gram of the prompt
                 or output (transformers' no_repeat_ngram_size; beam search uses it too).
+            suppress_tokens: token ids never generated.
+            bad_words_ids: token id sequences never generated (a longer one is banned at its
+                last token once the rest is there; transformers' bad_words_ids).
             seed: makes sampling reproducible without touching torch's global RNG.
             stop: text(s) that end generation; the text stops just before them.
             stop_on_eos: stop at the tokenizer's end-of-sequence token(s).
@@ -275,7 +279,8 @@ class LanguageModel(Transformer):
         return generate(self, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                         top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, typical_p=typical_p,
                         epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff,
-                        no_repeat_ngram_size=no_repeat_ngram_size, seed=seed, stop=stop,
+                        no_repeat_ngram_size=no_repeat_ngram_size, suppress_tokens=suppress_tokens,
+                        bad_words_ids=bad_words_ids, seed=seed, stop=stop,
                         stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty,
                         min_new_tokens=min_new_tokens, context_overflow=context_overflow, logprobs=logprobs,
                         reuse_cache=reuse_cache, chat=chat, **options)
@@ -284,7 +289,8 @@ class LanguageModel(Transformer):
                top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
                repetition_penalty: Optional[float] = None, typical_p: Optional[float] = None,
                epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None,
-               no_repeat_ngram_size: Optional[int] = None,
+               no_repeat_ngram_size: Optional[int] = None, suppress_tokens: Optional[Sequence[int]] = None,
+               bad_words_ids: Optional[Sequence[Sequence[int]]] = None,
                seed: Optional[int] = None, stop: Optional[Union[str, Sequence[str]]] = None,
                stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0,
                min_new_tokens: int = 0, context_overflow: str = "stop", logprobs: Union[bool, int, None] = None,
@@ -303,7 +309,8 @@ class LanguageModel(Transformer):
         return stream(self, prompt, steady=steady, max_new_tokens=max_new_tokens, temperature=temperature,
                       top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
                       typical_p=typical_p, epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff,
-                      no_repeat_ngram_size=no_repeat_ngram_size, seed=seed,
+                      no_repeat_ngram_size=no_repeat_ngram_size, suppress_tokens=suppress_tokens,
+                        bad_words_ids=bad_words_ids, seed=seed,
                       stop=stop, stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty,
                       min_new_tokens=min_new_tokens, context_overflow=context_overflow, logprobs=logprobs,
                       reuse_cache=reuse_cache, chat=chat, **options)

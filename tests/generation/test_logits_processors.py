@@ -20,10 +20,12 @@ from lucidlm import cli
 from lucidlm.commands.chat import chat_loop
 from lucidlm.errors import GenerationError
 from lucidlm.generation import check_options, generate, generate_batch, stream
-from lucidlm.generation.sampling import SamplingSettings, no_repeat_ngram_filter, process_logits, sample_next
+from lucidlm.generation.sampling import (SamplingSettings, apply_processors, no_repeat_ngram_filter, process_logits,
+                                         sample_next)
 
 transformers = pytest.importorskip("transformers")
-from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor  # noqa: E402
+from transformers.generation.logits_process import (NoBadWordsLogitsProcessor,  # noqa: E402
+                                                    NoRepeatNGramLogitsProcessor, SuppressTokensLogitsProcessor)
 
 EOS = 256
 MAX_NEW = 14
@@ -70,6 +72,75 @@ def test_no_repeat_ngram_skips_a_rows_left_padding():
     assert torch.isinf(no_repeat_ngram_filter(logits, seen, 2)[0, 4])  # without it, (4, 4) of the padding bans 4
 
 
+def random_sequences(seed: int, count: int, vocab: int, ids: int) -> list[list[int]]:
+    """``count`` distinct token id sequences of 1 to 4 ids, most drawn from the first ``ids`` ids
+    (those random_case's rows are made of, so that their prefixes match)."""
+    gen = torch.Generator().manual_seed(seed)
+    found: list[list[int]] = []
+    while len(found) < count:
+        length = int(torch.randint(1, 5, (1,), generator=gen))
+        high = vocab if len(found) % 3 == 2 else ids
+        sequence = torch.randint(0, high, (length,), generator=gen).tolist()
+        if sequence not in found:
+            found.append(sequence)
+    return found
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_suppress_tokens_and_bad_words_equal_transformers(seed):
+    rows, seen, vocab = 1 + seed % 4, [1, 3, 6, 20, 64][seed % 5], [5, 8, 50, 1000][seed % 4]
+    logits, ids = random_case(seed, rows, seen, vocab)
+    few = min(vocab, 2 + seed % 5)
+    suppressed = sorted(set(torch.randint(0, vocab, (1 + seed % 4,), generator=torch.Generator().manual_seed(seed))
+                            .tolist()))
+    expected = SuppressTokensLogitsProcessor(suppressed)(ids, logits.clone())
+    assert torch.equal(process_logits(logits, SamplingSettings(suppress_tokens=suppressed), ids), expected)
+    bad = random_sequences(seed, 1 + seed % 6, vocab, few)
+    expected = NoBadWordsLogitsProcessor(bad)(ids, logits.clone())
+    assert torch.equal(process_logits(logits, SamplingSettings(bad_words_ids=bad), ids), expected)
+
+
+def test_bad_words_skip_a_rows_left_padding():
+    """A left-padded row's padding (its first token repeated) never completes a banned prefix."""
+    logits, _ = random_case(0, 2, 1, 20)
+    short, long = [4, 5], [7, 4, 4, 9, 4, 5]
+    seen = torch.tensor([[4] * (len(long) - len(short)) + short, long])
+    padding = torch.tensor([[len(long) - len(short)], [0]])
+    bad = [[4, 4, 5, 6], [4, 5, 7], [9]]
+    got = apply_processors(logits, SamplingSettings(bad_words_ids=bad), seen, padding)
+    for row, ids in enumerate((short, long)):
+        expected = NoBadWordsLogitsProcessor(bad)(torch.tensor([ids]), logits[row:row + 1].clone())
+        assert torch.equal(got[row:row + 1], expected), row
+    assert torch.isinf(apply_processors(logits, SamplingSettings(bad_words_ids=bad), seen)[0, 6])  # (the padding's 4 4 5)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_order_is_generation_mixins_processor_list(seed):
+    """Every processor at once, and the warpers after them, on random rows and seen ids: the list
+    transformers' GenerationMixin builds for the same options, so each sees the others' output."""
+    from transformers import GenerationConfig
+
+    logits, ids = random_case(seed, 4, 30, 300)
+    bad = random_sequences(seed, 5, 300, 2 + seed % 5)
+    options = dict(repetition_penalty=1.4, no_repeat_ngram_size=1 + seed % 3, bad_words_ids=bad,
+                   suppress_tokens=[3, 7, int(ids[0, -1])])
+    warpers = [dict(), dict(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05)][seed % 2]
+    config = GenerationConfig(do_sample=bool(warpers), **options, **warpers)
+    config._eos_token_tensor = None  # generate() sets it before building the list
+    processors = hf_tiny_llama()._get_logits_processor(config, input_ids_seq_length=ids.shape[1], device="cpu")
+    expected = processors(ids, logits.clone())
+    got = process_logits(logits, SamplingSettings(temperature=warpers.get("temperature", 0), **options,
+                                                  **{k: v for k, v in warpers.items() if k != "temperature"}), ids)
+    assert torch.equal(got, expected)
+
+
+def hf_tiny_llama():
+    config = transformers.LlamaConfig(vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, bos_token_id=None,
+                                      eos_token_id=None, pad_token_id=0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
 def hf_generate(hf, prompt, **options):
     out = hf.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW, eos_token_id=EOS, pad_token_id=EOS,
                       **options)[0, len(prompt):].tolist()
@@ -77,7 +148,13 @@ def hf_generate(hf, prompt, **options):
 
 
 @pytest.mark.parametrize("options", [dict(no_repeat_ngram_size=1), dict(no_repeat_ngram_size=2),
-                                     dict(no_repeat_ngram_size=3, repetition_penalty=1.3)])
+                                     dict(no_repeat_ngram_size=3, repetition_penalty=1.3),
+                                     dict(suppress_tokens=[144, 54, 21, 93, 81]),
+                                     # sequences the prompts' greedy and beam outputs hold
+                                     dict(bad_words_ids=[[144, 172, 136], [90, 90], [2, 185], [6, 76, 227], [81, 184],
+                                                         [105, 245, 6]]),
+                                     dict(bad_words_ids=[[54], [172, 7]], suppress_tokens=[93],
+                                          no_repeat_ngram_size=2)])
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_greedy_and_beams_equal_transformers_generate(pair, options, num_beams):
     hf, ours = pair
@@ -154,10 +231,32 @@ def test_a_compiled_model_uses_them_without_recompiling():
     (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size=-1 is invalid: use a whole number >= 0"),
     (dict(no_repeat_ngram_size=2.5), "no_repeat_ngram_size=2.5 is invalid"),
     (dict(no_repeat_ngram_size="3"), "no_repeat_ngram_size='3' is invalid"),
+    (dict(suppress_tokens=[3, -1]), "suppress_tokens=[3, -1] is invalid: give a list of token ids (whole numbers >= 0)"),
+    (dict(suppress_tokens=5), "suppress_tokens=5 is invalid: give a list of token ids"),
+    (dict(suppress_tokens="13"), "suppress_tokens='13' is invalid"),
+    (dict(bad_words_ids=[3, 4]), "bad_words_ids=[3, 4] is invalid: give a list of non-empty lists of token ids"),
+    (dict(bad_words_ids=[[3], []]), "bad_words_ids=[[3], []] is invalid"),
+    (dict(bad_words_ids=[[3, 1.5]]), "bad_words_ids[0]=[3, 1.5] is invalid: give a list of token ids"),
 ])
 def test_bad_values_are_refused_by_name(options, fragment):
     with pytest.raises(GenerationError, match=re.escape(fragment)):
         check_options(**options)
+
+
+@pytest.mark.parametrize("options, fragment", [
+    (dict(suppress_tokens=[3, 257]), "suppress_tokens names token id 257, outside this model's vocabulary 0..256"),
+    (dict(bad_words_ids=[[3], [5, 900]]), "bad_words_ids names token id 900, outside this model's vocabulary 0..256"),
+    (dict(bad_words_ids=[[EOS]]), f"bad_words_ids bans the end token {EOS} alone, which transformers leaves possible"
+                                  f" (it drops EOS from bad_words_ids); to forbid it, use suppress_tokens=[{EOS}]"),
+])
+def test_token_ids_outside_the_model_are_refused_before_decoding(options, fragment):
+    model = toy_model(seed=0)
+    for run in (lambda: generate(model, "Hi", **options), lambda: generate_batch(model, ["Hi", "Yo"], **options),
+                lambda: stream(model, "Hi", **options), lambda: generate(model, "Hi", num_beams=2, **options)):
+        with pytest.raises(GenerationError, match=re.escape(fragment)):
+            run()
+    if options.get("bad_words_ids") == [[EOS]]:  # EOS is no end token without stop_on_eos: banning it is fine
+        assert EOS not in generate(model, "Hi", stop_on_eos=False, max_new_tokens=20, **options).token_ids
 
 
 # -- the command line, chat and generation_config.json ------------------------------------------------
@@ -178,6 +277,8 @@ def only_generate_and_chat(monkeypatch):
 
 @pytest.mark.parametrize("flags, options", [
     (["--no-repeat-ngram-size", "1"], dict(no_repeat_ngram_size=1)),
+    (["--suppress-tokens", "103,232"], dict(suppress_tokens=[103, 232])),
+    (["--bad-words-ids", "103", "--bad-words-ids", "15,35,81"], dict(bad_words_ids=[[103], [15, 35, 81]])),
 ])
 def test_cli_flags_reach_the_processors(model_dir, only_generate_and_chat, capsys, flags, options):
     argv = ["generate", "Hello", "--model", model_dir, "-q", "--max-new-tokens", "12", "--temperature", "0",
@@ -193,6 +294,7 @@ def test_cli_flags_reach_the_processors(model_dir, only_generate_and_chat, capsy
 @pytest.mark.parametrize("command", ["generate", "chat"])
 @pytest.mark.parametrize("flags, fragment", [
     (["--no-repeat-ngram-size", "-2"], "no_repeat_ngram_size=-2 is invalid: use a whole number >= 0"),
+    (["--bad-words-ids", "3,-4"], "bad_words_ids[0]=[3, -4] is invalid: give a list of token ids (whole numbers"),
 ])
 def test_cli_refuses_bad_values_in_one_line(model_dir, only_generate_and_chat, capsys, command, flags, fragment):
     argv = [command] + (["Hello"] if command == "generate" else []) + ["--model", model_dir, "-q"] + flags
@@ -202,19 +304,34 @@ def test_cli_refuses_bad_values_in_one_line(model_dir, only_generate_and_chat, c
     assert captured.err.count("\n") == 1 and fragment in captured.err
 
 
+def test_a_flag_that_is_no_list_of_ids_is_refused_while_parsing(model_dir, only_generate_and_chat, capsys):
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["generate", "Hello", "--model", model_dir, "--suppress-tokens", "3,x"])
+    assert caught.value.code == 2
+    assert ("argument --suppress-tokens: '3,x' is not a list of token ids: give whole numbers separated by commas"
+            in capsys.readouterr().err)
+
+
 def test_chat_set_takes_them():
     model = toy_model(seed=0)
     out = io.StringIO()
     chat_loop(model, dict(temperature=0, max_new_tokens=8, stop_on_eos=False),
-              read_line=reader(["/set no_repeat_ngram_size 2", "/set no-repeat-ngram-size -1", "Hi"]), out=out)
+              read_line=reader(["/set no_repeat_ngram_size 2", "/set no-repeat-ngram-size -1",
+                                "/set suppress_tokens 3,9", "/set suppress_tokens 3;9",
+                                "/set bad_words_ids 13;40,41", "/set bad_words_ids 13;x", "Hi"]), out=out)
     shown = out.getvalue().splitlines()
     assert shown[0] == "(no_repeat_ngram_size = 2)"
     assert shown[1].startswith("cannot set no_repeat_ngram_size to '-1': no_repeat_ngram_size=-1 is invalid")
+    assert shown[2] == "(suppress_tokens = [3, 9])"
+    assert shown[3].startswith("cannot set suppress_tokens to '3;9': '3;9' is not a list of token ids")
+    assert shown[4] == "(bad_words_ids = [[13], [40, 41]])"
+    assert shown[5].startswith("cannot set bad_words_ids to '13;x': 'x' is not a list of token ids")
     from lucidlm.chat import Conversation
     convo = Conversation()
     convo.add_user("Hi")
     assert shown[-1] == "".join(convo.reply(model, temperature=0, max_new_tokens=8, stop_on_eos=False,
-                                            no_repeat_ngram_size=2))
+                                            no_repeat_ngram_size=2, suppress_tokens=[3, 9],
+                                            bad_words_ids=[[13], [40, 41]]))
 
 
 def test_stream_and_the_model_methods_take_them():
@@ -233,6 +350,27 @@ def test_generation_config_json_gives_them_as_transformers_reads_it(tmp_path):
     """transformers applies a generation_config.json's no_repeat_ngram_size when greedy too."""
     from lucidlm.generation.defaults import sampling_defaults_for
 
-    (tmp_path / "generation_config.json").write_text(json.dumps({"no_repeat_ngram_size": 3}))
-    assert sampling_defaults_for(tmp_path)["no_repeat_ngram_size"] == \
-        transformers.GenerationConfig.from_pretrained(tmp_path).no_repeat_ngram_size
+    fields = {"no_repeat_ngram_size": 3, "suppress_tokens": [5, 9], "bad_words_ids": [[4], [7, 8]]}
+    (tmp_path / "generation_config.json").write_text(json.dumps(fields))
+    found, theirs = sampling_defaults_for(tmp_path), transformers.GenerationConfig.from_pretrained(tmp_path)
+    assert found["temperature"] == 0  # greedy: do_sample is not set
+    for name in fields:
+        assert found[name] == getattr(theirs, name) or list(map(_as_list, found[name])) == getattr(theirs, name)
+
+
+def _as_list(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+@pytest.mark.parametrize("fields, fragment", [
+    ({"suppress_tokens": "5"}, "field 'suppress_tokens': suppress_tokens='5' is invalid"),
+    ({"bad_words_ids": [[]]}, "field 'bad_words_ids': bad_words_ids=[[]] is invalid"),
+])
+def test_a_bad_generation_config_field_is_named_with_the_file(tmp_path, fields, fragment):
+    from lucidlm.errors import ConfigError
+    from lucidlm.generation.defaults import sampling_defaults_for
+
+    (tmp_path / "generation_config.json").write_text(json.dumps(fields))
+    with pytest.raises(ConfigError, match=re.escape(fragment)) as caught:
+        sampling_defaults_for(tmp_path)
+    assert "generation_config.json" in str(caught.value)

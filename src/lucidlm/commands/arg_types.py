@@ -27,6 +27,25 @@ def text(value: str) -> str:
     return value
 
 
+class BadValue(argparse.ArgumentTypeError, ValueError):
+    """A value refused with its own message: argparse shows it after the flag, and chat's /set,
+    which parses its values with the same functions, catches it as a ValueError."""
+
+
+def token_ids(value: str) -> list[int]:
+    """``13,198`` -> [13, 198]: token ids separated by commas (checked against the model later)."""
+    try:
+        return [int(part) for part in value.split(",")]
+    except ValueError:
+        raise BadValue(f"{shown(value)} is not a list of token ids: give whole numbers separated by commas, "
+                       f"e.g. 13,198.") from None
+
+
+def token_sequences(value: str) -> list[list[int]]:
+    """``13;464,3290`` -> [[13], [464, 3290]]: token id sequences separated by semicolons."""
+    return [token_ids(part) for part in value.split(";")]
+
+
 def shown(value: str) -> str:
     from lucidlm.validation import printable
 

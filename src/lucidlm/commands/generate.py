@@ -115,6 +115,11 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, default_max_new_toke
     group.add_argument("--no-repeat-ngram-size", type=int, default=None, metavar="N",
                        help="never repeat an n-gram of N tokens of the prompt or output (transformers' "
                             "no_repeat_ngram_size; 0 = off, 2 to 4 is usual); beam search too")
+    group.add_argument("--suppress-tokens", type=arg_types.token_ids, default=None, metavar="IDS",
+                       help="token ids never generated, separated by commas (e.g. 13,198)")
+    group.add_argument("--bad-words-ids", type=arg_types.token_ids, action="append", default=None, metavar="IDS",
+                       help="a token id sequence never generated, its ids separated by commas (transformers' "
+                            "bad_words_ids; a longer one is banned at its last token); repeatable")
     group.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     group.add_argument("--stop", action="append", default=None, metavar="TEXT", type=arg_types.text,
                        help="stop when TEXT appears (not included in the output); repeatable")
@@ -129,7 +134,8 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                 top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
                 typical_p=args.typical_p, epsilon_cutoff=args.epsilon_cutoff, eta_cutoff=args.eta_cutoff,
-                no_repeat_ngram_size=args.no_repeat_ngram_size,
+                no_repeat_ngram_size=args.no_repeat_ngram_size, suppress_tokens=args.suppress_tokens,
+                bad_words_ids=args.bad_words_ids,
                 seed=args.seed, stop=args.stop, min_new_tokens=args.min_new_tokens,
                 context_overflow=args.context_overflow)
 

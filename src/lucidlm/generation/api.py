@@ -171,7 +171,8 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
              top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
              repetition_penalty: Optional[float] = None, typical_p: Optional[float] = None,
              epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None, seed: Optional[int] = None,
-             no_repeat_ngram_size: Optional[int] = None,
+             no_repeat_ngram_size: Optional[int] = None, suppress_tokens: Optional[Sequence[int]] = None,
+             bad_words_ids: Optional[Sequence[Sequence[int]]] = None,
              stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True, num_beams: int = 1,
              length_penalty: float = 1.0, min_new_tokens: int = 0, context_overflow: str = "stop",
              logprobs: Union[bool, int, None] = None, chat: bool = False, reuse_cache: bool = False,
@@ -186,7 +187,8 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
     ``num_beams > 1`` runs beam search (one prompt at a time): it keeps the likeliest sequences
     and samples nothing, so it ignores ``temperature``, ``top_k``, ``top_p``, ``min_p``,
     ``typical_p``, ``epsilon_cutoff``, ``eta_cutoff`` and ``seed``; it uses
-    ``repetition_penalty``, ``no_repeat_ngram_size``, ``length_penalty``, ``stop`` and ``stop_on_eos`` (a beam that
+    ``repetition_penalty``, ``no_repeat_ngram_size``, ``suppress_tokens``, ``bad_words_ids``,
+    ``length_penalty``, ``stop`` and ``stop_on_eos`` (a beam that
     writes a stop string ends there, as with EOS: HF's ``stop_strings``).
     ``length_penalty`` needs ``num_beams > 1``.
 
@@ -239,7 +241,8 @@ def stream(model: Transformer, prompt: Prompt, *, steady: bool = False, max_new_
            min_p: Optional[float] = None, repetition_penalty: Optional[float] = None,
            typical_p: Optional[float] = None, epsilon_cutoff: Optional[float] = None,
            eta_cutoff: Optional[float] = None, seed: Optional[int] = None, stop: Optional[str | Sequence[str]] = None,
-           no_repeat_ngram_size: Optional[int] = None,
+           no_repeat_ngram_size: Optional[int] = None, suppress_tokens: Optional[Sequence[int]] = None,
+           bad_words_ids: Optional[Sequence[Sequence[int]]] = None,
            stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0, min_new_tokens: int = 0,
            context_overflow: str = "stop", logprobs: Union[bool, int, None] = None, chat: bool = False,
            reuse_cache: bool = False, **unknown: Any) -> "TextStream":
@@ -300,7 +303,8 @@ def generate_batch(model: Transformer, prompts: Sequence[str | Sequence[int]], *
                    min_p: Optional[float] = None, repetition_penalty: Optional[float] = None,
                    typical_p: Optional[float] = None, epsilon_cutoff: Optional[float] = None,
                    eta_cutoff: Optional[float] = None, seed: Optional[int] = None,
-                   no_repeat_ngram_size: Optional[int] = None,
+                   no_repeat_ngram_size: Optional[int] = None, suppress_tokens: Optional[Sequence[int]] = None,
+                   bad_words_ids: Optional[Sequence[Sequence[int]]] = None,
                    stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True,
                    min_new_tokens: int = 0, logprobs: Union[bool, int, None] = None,
                    chat: bool = False) -> list[GenerationResult]:

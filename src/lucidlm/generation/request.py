@@ -49,8 +49,10 @@ class Request:
     reuse_cache: bool = False  # start from the model's kept KV cache where the prompt allows (prompt_cache.py)
 
     def use_model(self, model: Any) -> None:
-        """Stop on the model's end tokens: its tokenizer's, else those its files declare."""
+        """Stop on the model's end tokens: its tokenizer's, else those its files declare; the
+        token ids the sampling options name must be the model's."""
         self.eos_ids = end_token_ids(model) if self.stop_on_eos else []
+        self.settings.check_token_ids(model.config.vocab_size, self.eos_ids)
 
 
 
@@ -70,6 +72,9 @@ def check_options(**kwargs: Any) -> None:
         eta_cutoff=None        in [0, 1) (0 or None: off)
         no_repeat_ngram_size=None  whole number >= 0: no n-gram of that many tokens twice
                                (0 or None: off; beam search uses it too)
+        suppress_tokens=None   token ids that are never generated
+        bad_words_ids=None     a list of token id lists: never generate any of them (a
+                               longer one is banned at its last token once the rest is there)
         seed=None              whole number, for reproducible sampling
         stop=None              a string or a list of strings that end generation
         stop_on_eos=True       end at the tokenizer's EOS token

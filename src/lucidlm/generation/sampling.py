@@ -4,7 +4,7 @@ Each processor takes logits (B, V) and returns new logits (B, V); a filtered-out
 -inf, so softmax gives it probability 0. They are applied in the order of the list transformers'
 ``GenerationMixin._get_logits_processor`` builds (transformers 5.25):
 
-    repetition penalty -> no-repeat n-gram
+    repetition penalty -> no-repeat n-gram -> bad words -> suppressed tokens
         -> temperature -> top-k -> top-p -> min-p -> typical-p -> epsilon cutoff -> eta cutoff
         -> sample (or argmax)
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -53,8 +53,15 @@ class SamplingSettings:
     epsilon_cutoff: Optional[float] = None
     eta_cutoff: Optional[float] = None
     no_repeat_ngram_size: Optional[int] = None
+    suppress_tokens: Optional[tuple[int, ...]] = None  # any sequence of ids; kept as a tuple
+    bad_words_ids: Optional[tuple[tuple[int, ...], ...]] = None  # any sequence of id sequences; kept as tuples
 
     def __post_init__(self) -> None:
+        # list-valued options kept as tuples: the settings stay hashable and cannot change under a generation
+        if self.suppress_tokens is not None:
+            object.__setattr__(self, "suppress_tokens", _token_ids("suppress_tokens", self.suppress_tokens))
+        if self.bad_words_ids is not None:
+            object.__setattr__(self, "bad_words_ids", _token_sequences("bad_words_ids", self.bad_words_ids))
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "typical_p", "epsilon_cutoff",
                      "eta_cutoff"):  # a number first, then its range
             value = getattr(self, name)
@@ -102,6 +109,44 @@ class SamplingSettings:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def check_token_ids(self, vocab_size: int, eos_ids: Sequence[int] = ()) -> None:
+        """Every token id the options name is one of the model's (an id past the logits would be
+        an index error deep in a decode step, or a ban that bans nothing); a bad word that is a
+        lone end token is refused, as transformers would silently drop it from its ban."""
+        named = {"suppress_tokens": [self.suppress_tokens or ()], "bad_words_ids": self.bad_words_ids or ()}
+        for name, sequences in named.items():
+            for ids in sequences:
+                bad = [i for i in ids if i >= vocab_size]
+                if bad:
+                    raise GenerationError(f"{name} names token id {bad[0]}, outside this model's vocabulary "
+                                          f"0..{vocab_size - 1}; use ids below {vocab_size} (the model's "
+                                          f"tokenizer.encode gives them).")
+        for ids in self.bad_words_ids or ():
+            if len(ids) == 1 and ids[0] in eos_ids:
+                raise GenerationError(f"bad_words_ids bans the end token {ids[0]} alone, which transformers leaves "
+                                      f"possible (it drops EOS from bad_words_ids); to forbid it, use "
+                                      f"suppress_tokens=[{ids[0]}] (or min_new_tokens to delay it).")
+
+
+def _token_ids(name: str, value: Any) -> tuple[int, ...]:
+    """``value`` (a sequence of token ids) as a tuple of ints, or a GenerationError naming it."""
+    items = value.tolist() if isinstance(value, torch.Tensor) else value
+    if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple, set, frozenset, range)) or \
+            not all(_is_count(i) for i in items):
+        raise GenerationError(f"{name}={value!r} is invalid: give a list of token ids (whole numbers >= 0), "
+                              f"e.g. [13, 198].")
+    return tuple(int(i) for i in items)
+
+
+def _token_sequences(name: str, value: Any) -> tuple[tuple[int, ...], ...]:
+    """``value`` (a list of token id lists) as tuples, each non-empty, or a GenerationError naming it."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or \
+            not all(isinstance(ids, (list, tuple)) and ids for ids in value):
+        raise GenerationError(f"{name}={value!r} is invalid: give a list of non-empty lists of token ids, one "
+                              f"per banned sequence, e.g. [[13], [464, 3290]] (tokenizer.encode(' word') gives "
+                              f"a word's ids).")
+    return tuple(_token_ids(f"{name}[{i}]", ids) for i, ids in enumerate(value))
+
 
 def apply_repetition_penalty(logits: torch.Tensor, seen_ids: torch.Tensor, penalty: float) -> torch.Tensor:
     """CTRL's penalty (Keskar et al. 2019), as in HF: every token already seen in the row
@@ -132,6 +177,66 @@ def no_repeat_ngram_filter(logits: torch.Tensor, seen_ids: torch.Tensor, n: int,
     banned = torch.zeros((logits.shape[0], vocab + 1), dtype=torch.bool, device=logits.device)
     banned.scatter_(1, torch.where(matches, windows[..., -1], vocab), True)
     return logits.masked_fill(banned[:, :vocab], float("-inf"))
+
+
+def suppress_filter(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """Ban ``token_ids`` (K,) in every row (transformers' SuppressTokensLogitsProcessor)."""
+    return logits.index_fill(-1, token_ids, float("-inf"))
+
+
+def sequence_bias_tables(biases: dict[tuple[int, ...], float], vocab: int,
+                         device: torch.device) -> tuple[torch.Tensor, list[tuple[torch.Tensor, ...]]]:
+    """What ``apply_sequence_bias`` adds, as tensors on the device (built once per generation):
+    the single-token biases as one (V,) row, and the longer sequences grouped by prefix length P,
+    each group (prefixes (G, P), last tokens (G,), biases (G,)), as transformers groups them."""
+    single = torch.zeros(vocab)
+    for ids, bias in biases.items():
+        if len(ids) == 1:
+            single[ids[0]] = bias
+    by_length: dict[int, list[tuple[tuple[int, ...], float]]] = {}
+    for ids, bias in biases.items():
+        if len(ids) > 1:
+            by_length.setdefault(len(ids) - 1, []).append((ids, bias))
+    groups = [(torch.tensor([ids[:-1] for ids, _ in group], device=device),
+               torch.tensor([ids[-1] for ids, _ in group], device=device),
+               torch.tensor([bias for _, bias in group], dtype=torch.float32, device=device))
+              for group in by_length.values()]
+    return single.to(device), groups
+
+
+def apply_sequence_bias(logits: torch.Tensor, seen_ids: Optional[torch.Tensor],
+                        tables: tuple[torch.Tensor, list[tuple[torch.Tensor, ...]]],
+                        padding: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Add each biased sequence's bias to its last token's logit where the row ends with the
+    rest of it (transformers' SequenceBiasLogitsProcessor; -inf bans it: NoBadWordsLogitsProcessor).
+    A single token's bias always applies. tables: ``sequence_bias_tables``; seen_ids (B, S);
+    padding (B, 1): a row's left padding cannot complete a prefix."""
+    single, groups = tables
+    bias = single.expand_as(logits).clone()  # (B, V)
+    S = seen_ids.shape[1] if seen_ids is not None else 0
+    for prefixes, last, values in groups:
+        P = prefixes.shape[1]
+        if P > S:  # longer than the text so far: it cannot match
+            continue
+        matches = (seen_ids[:, None, S - P:] == prefixes).all(dim=-1)  # (B, G)
+        if padding is not None:
+            matches &= S - P >= padding  # (B, 1): the prefix lies in the row's own tokens
+        bias.index_add_(1, last, torch.where(matches, values, 0.0))
+    return logits + bias
+
+
+def _device_tables(settings: "SamplingSettings", name: str, logits: torch.Tensor) -> Any:
+    """An option's tensors on the logits' device, made at the first step and kept with the
+    settings: a decode step copies nothing from the host."""
+    cache = settings.__dict__.setdefault("_device_tables", {})  # not a field: == and hash ignore it
+    key = (name, logits.device, logits.shape[-1])
+    if key not in cache:
+        if name == "suppress_tokens":
+            cache[key] = torch.tensor(settings.suppress_tokens, dtype=torch.long, device=logits.device)
+        else:  # a banned sequence is a bias of -inf
+            biases = {ids: float("-inf") for ids in settings.bad_words_ids or ()}
+            cache[key] = sequence_bias_tables(biases, logits.shape[-1], logits.device)
+    return cache[key]
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -221,12 +326,14 @@ def apply_processors(logits: torch.Tensor, settings: SamplingSettings, seen_ids:
     search apply too (beam search to its log-probs). logits: (B, V) float; seen_ids: (B, S) the
     row's prompt and output so far (None: the ones that look at it are skipped); padding: (B, 1)
     the row's left-padding columns of seen_ids (a batch), which are not its text."""
-    if seen_ids is None:
-        return logits
-    if settings.repetition_penalty not in (None, 1.0):
+    if seen_ids is not None and settings.repetition_penalty not in (None, 1.0):
         logits = apply_repetition_penalty(logits, seen_ids, settings.repetition_penalty)
-    if settings.no_repeat_ngram_size:
+    if seen_ids is not None and settings.no_repeat_ngram_size:
         logits = no_repeat_ngram_filter(logits, seen_ids, int(settings.no_repeat_ngram_size), padding)
+    if settings.bad_words_ids:
+        logits = apply_sequence_bias(logits, seen_ids, _device_tables(settings, "bad_words_ids", logits), padding)
+    if settings.suppress_tokens:
+        logits = suppress_filter(logits, _device_tables(settings, "suppress_tokens", logits))
     return logits
 
 

@@ -17,7 +17,8 @@ reads them, every field checked (one line naming the file and the field when one
 - Sampling: ``sampling_settings`` gives transformers' decoding for the file: greedy unless it
   says ``"do_sample": true`` (its temperature, top-k, top-p, min-p, typical-p, epsilon and eta
   cutoffs then); a
-  ``repetition_penalty`` and a ``no_repeat_ngram_size`` apply either way. ``generation/defaults.py`` calls it.
+  ``repetition_penalty``, ``no_repeat_ngram_size``, ``suppress_tokens`` and ``bad_words_ids``
+  apply either way. ``generation/defaults.py`` calls it.
 """
 
 from __future__ import annotations
@@ -45,13 +46,15 @@ def read_generation_config(directory: str | Path) -> Optional[Fields]:
 def sampling_settings(config: Fields) -> dict[str, Any]:
     """The sampling defaults transformers' ``generate`` takes from this generation config:
     ``temperature=0`` (greedy) unless ``do_sample`` is true, then the file's temperature, top_k,
-    top_p, min_p, typical_p, epsilon_cutoff and eta_cutoff; its repetition_penalty and
-    no_repeat_ngram_size in both cases (transformers applies its logits processors when greedy too)."""
+    top_p, min_p, typical_p, epsilon_cutoff and eta_cutoff; its repetition_penalty,
+    no_repeat_ngram_size, suppress_tokens and bad_words_ids in both cases (transformers applies
+    its logits processors when greedy too)."""
     found: dict[str, Any] = {}
     if config.has("repetition_penalty"):
         found["repetition_penalty"] = config.float("repetition_penalty", low=0.0, low_open=True)
     if config.has("no_repeat_ngram_size"):
         found["no_repeat_ngram_size"] = config.int("no_repeat_ngram_size", low=0)
+    found.update(_token_options(config, ("suppress_tokens", "bad_words_ids")))
     if not config.bool("do_sample", default=False):
         return {"temperature": 0.0, **found}
     if config.has("temperature"):
@@ -67,6 +70,22 @@ def sampling_settings(config: Fields) -> dict[str, Any]:
     for name in ("epsilon_cutoff", "eta_cutoff"):
         if config.has(name):
             found[name] = config.float(name, low=0.0, high=1.0, high_open=True)
+    return found
+
+
+def _token_options(config: Fields, names: tuple[str, ...]) -> dict[str, Any]:
+    """The fields ``names`` that hold token ids, checked as the sampler checks them (the ids
+    against the vocabulary when a generation starts), a wrong one named with the file."""
+    from lucidlm.errors import GenerationError
+    from lucidlm.generation.sampling import SamplingSettings
+
+    found: dict[str, Any] = {}
+    for name in names:
+        if config.has(name):
+            try:
+                found[name] = getattr(SamplingSettings(**{name: config.raw(name)}), name)
+            except GenerationError as exc:
+                config.fail(f"field {name!r}: {exc}")
     return found
 
 
