@@ -25,6 +25,7 @@ from lucidlm.evaluation import PerplexityResult, perplexity
 from lucidlm.generation import GenerationResult, TextStream, generate, stream
 from lucidlm.generation.api import Prompt, Prompts
 from lucidlm.generation.compiled import CompiledSteps
+from lucidlm.generation.sampling import LogitBias, SequenceBias
 from lucidlm.inspect.cache import ActivationCache, run_with_cache, run_with_hooks
 from lucidlm.inspect.hook_names import NamesFilter
 from lucidlm.inspect.tokens import LooseIds, TextOrIds, TextOrLooseIds, to_str_tokens, to_string, to_tokens
@@ -227,7 +228,8 @@ class LanguageModel(Transformer):
                  repetition_penalty: Optional[float] = None, typical_p: Optional[float] = None,
                  epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None,
                  no_repeat_ngram_size: Optional[int] = None, suppress_tokens: Optional[Sequence[int]] = None,
-                 bad_words_ids: Optional[Sequence[Sequence[int]]] = None,
+                 bad_words_ids: Optional[Sequence[Sequence[int]]] = None, sequence_bias: Optional[SequenceBias] = None,
+                 logit_bias: Optional[LogitBias] = None,
                  seed: Optional[int] = None, stop: Optional[Union[str, Sequence[str]]] = None,
                  stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0,
                  min_new_tokens: int = 0, context_overflow: str = "stop", logprobs: Union[bool, int, None] = None,
@@ -257,6 +259,10 @@ class LanguageModel(Transformer):
             suppress_tokens: token ids never generated.
             bad_words_ids: token id sequences never generated (a longer one is banned at its
                 last token once the rest is there; transformers' bad_words_ids).
+            sequence_bias: [[ids, bias], ...] (or {(ids): bias}): adds bias to the last token's
+                logit where the rest of ids is there (transformers' sequence_bias; -inf bans).
+            logit_bias: {token_id: bias} added to those tokens' logits (OpenAI's and llama.cpp's;
+                -100 or -inf bans, +100 all but forces).
             seed: makes sampling reproducible without touching torch's global RNG.
             stop: text(s) that end generation; the text stops just before them.
             stop_on_eos: stop at the tokenizer's end-of-sequence token(s).
@@ -280,7 +286,8 @@ class LanguageModel(Transformer):
                         top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, typical_p=typical_p,
                         epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff,
                         no_repeat_ngram_size=no_repeat_ngram_size, suppress_tokens=suppress_tokens,
-                        bad_words_ids=bad_words_ids, seed=seed, stop=stop,
+                        bad_words_ids=bad_words_ids, sequence_bias=sequence_bias,
+                        logit_bias=logit_bias, seed=seed, stop=stop,
                         stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty,
                         min_new_tokens=min_new_tokens, context_overflow=context_overflow, logprobs=logprobs,
                         reuse_cache=reuse_cache, chat=chat, **options)
@@ -290,7 +297,8 @@ class LanguageModel(Transformer):
                repetition_penalty: Optional[float] = None, typical_p: Optional[float] = None,
                epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None,
                no_repeat_ngram_size: Optional[int] = None, suppress_tokens: Optional[Sequence[int]] = None,
-               bad_words_ids: Optional[Sequence[Sequence[int]]] = None,
+               bad_words_ids: Optional[Sequence[Sequence[int]]] = None, sequence_bias: Optional[SequenceBias] = None,
+               logit_bias: Optional[LogitBias] = None,
                seed: Optional[int] = None, stop: Optional[Union[str, Sequence[str]]] = None,
                stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0,
                min_new_tokens: int = 0, context_overflow: str = "stop", logprobs: Union[bool, int, None] = None,
@@ -310,7 +318,8 @@ class LanguageModel(Transformer):
                       top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
                       typical_p=typical_p, epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff,
                       no_repeat_ngram_size=no_repeat_ngram_size, suppress_tokens=suppress_tokens,
-                        bad_words_ids=bad_words_ids, seed=seed,
+                        bad_words_ids=bad_words_ids, sequence_bias=sequence_bias,
+                        logit_bias=logit_bias, seed=seed,
                       stop=stop, stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty,
                       min_new_tokens=min_new_tokens, context_overflow=context_overflow, logprobs=logprobs,
                       reuse_cache=reuse_cache, chat=chat, **options)

@@ -25,7 +25,8 @@ from lucidlm.generation.sampling import (SamplingSettings, apply_processors, no_
 
 transformers = pytest.importorskip("transformers")
 from transformers.generation.logits_process import (NoBadWordsLogitsProcessor,  # noqa: E402
-                                                    NoRepeatNGramLogitsProcessor, SuppressTokensLogitsProcessor)
+                                                    NoRepeatNGramLogitsProcessor, SequenceBiasLogitsProcessor,
+                                                    SuppressTokensLogitsProcessor)
 
 EOS = 256
 MAX_NEW = 14
@@ -100,6 +101,46 @@ def test_suppress_tokens_and_bad_words_equal_transformers(seed):
     assert torch.equal(process_logits(logits, SamplingSettings(bad_words_ids=bad), ids), expected)
 
 
+def random_biases(seed: int, sequences: list[list[int]]) -> list[list]:
+    """transformers' sequence_bias for ``sequences``: [[ids, bias], ...], some biases -inf."""
+    gen = torch.Generator().manual_seed(seed)
+    biases = (torch.randn(len(sequences), generator=gen) * 4).tolist()
+    return [[ids, float("-inf") if i % 4 == 3 else bias] for i, (ids, bias) in enumerate(zip(sequences, biases))]
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_sequence_and_logit_bias_equal_transformers(seed):
+    """sequence_bias is transformers' SequenceBiasLogitsProcessor; logit_bias {id: bias} is the
+    same processor with one-token sequences, and both together add up."""
+    rows, seen, vocab = 1 + seed % 4, [1, 3, 6, 20, 64][seed % 5], [5, 8, 50, 1000][seed % 4]
+    logits, ids = random_case(seed, rows, seen, vocab)
+    sequence_bias = random_biases(seed, random_sequences(seed, 1 + seed % 7, vocab, min(vocab, 2 + seed % 5)))
+    expected = SequenceBiasLogitsProcessor(sequence_bias)(ids, logits.clone())
+    assert torch.equal(process_logits(logits, SamplingSettings(temperature=0, sequence_bias=sequence_bias), ids),
+                       expected)
+    as_dict = {tuple(sequence): bias for sequence, bias in sequence_bias}  # transformers' older form
+    assert torch.equal(process_logits(logits, SamplingSettings(temperature=0, sequence_bias=as_dict), ids), expected)
+    tokens = sorted({int(t) for t in torch.randint(0, vocab, (4,), generator=torch.Generator().manual_seed(seed))})
+    logit_bias = {t: b for t, (_, b) in zip(tokens, random_biases(seed + 1, [[t] for t in tokens]))}
+    expected = SequenceBiasLogitsProcessor([[[t], b] for t, b in logit_bias.items()])(ids, logits.clone())
+    assert torch.equal(process_logits(logits, SamplingSettings(temperature=0, logit_bias=logit_bias), ids), expected)
+    json_keys = {str(t): b for t, b in logit_bias.items()}  # OpenAI's JSON writes the ids as strings
+    assert torch.equal(process_logits(logits, SamplingSettings(temperature=0, logit_bias=json_keys), ids), expected)
+    both = SamplingSettings(temperature=0, sequence_bias=sequence_bias, logit_bias=logit_bias)
+    expected = SequenceBiasLogitsProcessor([[[t], b] for t, b in logit_bias.items()])(
+        ids, SequenceBiasLogitsProcessor(sequence_bias)(ids, logits.clone()))
+    assert torch.allclose(process_logits(logits, both, ids), expected, rtol=0, atol=1e-5)
+
+
+def test_settings_rebuilt_from_their_own_values_are_equal():
+    """dataclasses.replace builds the settings again from the tuples they keep."""
+    import dataclasses
+
+    settings = SamplingSettings(suppress_tokens=[3], bad_words_ids=[[4, 5]], sequence_bias={(6, 7): -1.0},
+                                logit_bias={"8": 2.0})
+    assert dataclasses.replace(settings) == settings and hash(dataclasses.replace(settings)) == hash(settings)
+
+
 def test_bad_words_skip_a_rows_left_padding():
     """A left-padded row's padding (its first token repeated) never completes a banned prefix."""
     logits, _ = random_case(0, 2, 1, 20)
@@ -123,7 +164,8 @@ def test_the_order_is_generation_mixins_processor_list(seed):
     logits, ids = random_case(seed, 4, 30, 300)
     bad = random_sequences(seed, 5, 300, 2 + seed % 5)
     options = dict(repetition_penalty=1.4, no_repeat_ngram_size=1 + seed % 3, bad_words_ids=bad,
-                   suppress_tokens=[3, 7, int(ids[0, -1])])
+                   suppress_tokens=[3, 7, int(ids[0, -1])],
+                   sequence_bias=random_biases(seed, random_sequences(seed + 1, 6, 300, 2 + seed % 5)))
     warpers = [dict(), dict(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05)][seed % 2]
     config = GenerationConfig(do_sample=bool(warpers), **options, **warpers)
     config._eos_token_tensor = None  # generate() sets it before building the list
@@ -154,7 +196,9 @@ def hf_generate(hf, prompt, **options):
                                      dict(bad_words_ids=[[144, 172, 136], [90, 90], [2, 185], [6, 76, 227], [81, 184],
                                                          [105, 245, 6]]),
                                      dict(bad_words_ids=[[54], [172, 7]], suppress_tokens=[93],
-                                          no_repeat_ngram_size=2)])
+                                          no_repeat_ngram_size=2),
+                                     dict(sequence_bias=[[[144, 172], -30.0], [[90], -2.5], [[2, 185], 1.5],
+                                                         [[54], -20.0], [[81, 184], -40.0], [[6], 3.0]])])
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_greedy_and_beams_equal_transformers_generate(pair, options, num_beams):
     hf, ours = pair
@@ -237,6 +281,15 @@ def test_a_compiled_model_uses_them_without_recompiling():
     (dict(bad_words_ids=[3, 4]), "bad_words_ids=[3, 4] is invalid: give a list of non-empty lists of token ids"),
     (dict(bad_words_ids=[[3], []]), "bad_words_ids=[[3], []] is invalid"),
     (dict(bad_words_ids=[[3, 1.5]]), "bad_words_ids[0]=[3, 1.5] is invalid: give a list of token ids"),
+    (dict(sequence_bias=[[1, 2], 3.0]), "sequence_bias=[[1, 2], 3.0] is invalid: give a list of [token ids, bias] pairs"),
+    (dict(sequence_bias=[[[], 3.0]]), "sequence_bias biases [], which is not a sequence"),
+    (dict(sequence_bias=[[[4, 5], float("nan")]]), "sequence_bias[(4, 5)]=nan is invalid: a bias is a finite number"),
+    (dict(sequence_bias={(4,): float("inf")}), "sequence_bias[(4,)]=inf is invalid: a bias is a finite number added "
+                                                "to the logit (-100 to 100 is OpenAI's range), or -inf to ban it."),
+    (dict(logit_bias={5: float("nan")}), "logit_bias[5]=nan is invalid: a bias is a finite number"),
+    (dict(logit_bias={5: "2"}), "logit_bias[5]='2' is invalid"),
+    (dict(logit_bias={-3: 1.0}), "logit_bias has key -3, which is not a token id (a whole number >= 0)"),
+    (dict(logit_bias=[5, 1.0]), "logit_bias=[5, 1.0] is invalid: give a dict {token id: bias}"),
 ])
 def test_bad_values_are_refused_by_name(options, fragment):
     with pytest.raises(GenerationError, match=re.escape(fragment)):
@@ -246,6 +299,8 @@ def test_bad_values_are_refused_by_name(options, fragment):
 @pytest.mark.parametrize("options, fragment", [
     (dict(suppress_tokens=[3, 257]), "suppress_tokens names token id 257, outside this model's vocabulary 0..256"),
     (dict(bad_words_ids=[[3], [5, 900]]), "bad_words_ids names token id 900, outside this model's vocabulary 0..256"),
+    (dict(logit_bias={3: 1.0, 300: -100}), "logit_bias names token id 300, outside this model's vocabulary 0..256"),
+    (dict(sequence_bias=[[[400, 3], -1.0]]), "sequence_bias names token id 400, outside this model's vocabulary"),
     (dict(bad_words_ids=[[EOS]]), f"bad_words_ids bans the end token {EOS} alone, which transformers leaves possible"
                                   f" (it drops EOS from bad_words_ids); to forbid it, use suppress_tokens=[{EOS}]"),
 ])
@@ -279,6 +334,9 @@ def only_generate_and_chat(monkeypatch):
     (["--no-repeat-ngram-size", "1"], dict(no_repeat_ngram_size=1)),
     (["--suppress-tokens", "103,232"], dict(suppress_tokens=[103, 232])),
     (["--bad-words-ids", "103", "--bad-words-ids", "15,35,81"], dict(bad_words_ids=[[103], [15, 35, 81]])),
+    (["--logit-bias", "103=-100", "--logit-bias", "50=7.5"], dict(logit_bias={103: -100.0, 50: 7.5})),
+    (["--sequence-bias", "15,35=-inf", "--sequence-bias", "232=-3"], dict(sequence_bias=[[[15, 35], float("-inf")],
+                                                                                     [[232], -3.0]])),
 ])
 def test_cli_flags_reach_the_processors(model_dir, only_generate_and_chat, capsys, flags, options):
     argv = ["generate", "Hello", "--model", model_dir, "-q", "--max-new-tokens", "12", "--temperature", "0",
@@ -295,6 +353,9 @@ def test_cli_flags_reach_the_processors(model_dir, only_generate_and_chat, capsy
 @pytest.mark.parametrize("flags, fragment", [
     (["--no-repeat-ngram-size", "-2"], "no_repeat_ngram_size=-2 is invalid: use a whole number >= 0"),
     (["--bad-words-ids", "3,-4"], "bad_words_ids[0]=[3, -4] is invalid: give a list of token ids (whole numbers"),
+    (["--logit-bias", "3=nan"], "logit_bias[3]=nan is invalid: a bias is a finite number"),
+    (["--logit-bias", "3,4=1"], "logit_bias has key (3, 4), which is not a token id"),
+    (["--logit-bias", "300=1"], "logit_bias names token id 300, outside this model's vocabulary 0..256"),
 ])
 def test_cli_refuses_bad_values_in_one_line(model_dir, only_generate_and_chat, capsys, command, flags, fragment):
     argv = [command] + (["Hello"] if command == "generate" else []) + ["--model", model_dir, "-q"] + flags
@@ -318,7 +379,8 @@ def test_chat_set_takes_them():
     chat_loop(model, dict(temperature=0, max_new_tokens=8, stop_on_eos=False),
               read_line=reader(["/set no_repeat_ngram_size 2", "/set no-repeat-ngram-size -1",
                                 "/set suppress_tokens 3,9", "/set suppress_tokens 3;9",
-                                "/set bad_words_ids 13;40,41", "/set bad_words_ids 13;x", "Hi"]), out=out)
+                                "/set bad_words_ids 13;40,41", "/set bad_words_ids 13;x",
+                                "/set logit_bias 72=-100,101=3", "/set sequence_bias 72,101=-5;9=1", "Hi"]), out=out)
     shown = out.getvalue().splitlines()
     assert shown[0] == "(no_repeat_ngram_size = 2)"
     assert shown[1].startswith("cannot set no_repeat_ngram_size to '-1': no_repeat_ngram_size=-1 is invalid")
@@ -326,12 +388,15 @@ def test_chat_set_takes_them():
     assert shown[3].startswith("cannot set suppress_tokens to '3;9': '3;9' is not a list of token ids")
     assert shown[4] == "(bad_words_ids = [[13], [40, 41]])"
     assert shown[5].startswith("cannot set bad_words_ids to '13;x': 'x' is not a list of token ids")
+    assert shown[6] == "(logit_bias = {72: -100.0, 101: 3.0})"
+    assert shown[7] == "(sequence_bias = [[[72, 101], -5.0], [[9], 1.0]])"
     from lucidlm.chat import Conversation
     convo = Conversation()
     convo.add_user("Hi")
     assert shown[-1] == "".join(convo.reply(model, temperature=0, max_new_tokens=8, stop_on_eos=False,
                                             no_repeat_ngram_size=2, suppress_tokens=[3, 9],
-                                            bad_words_ids=[[13], [40, 41]]))
+                                            bad_words_ids=[[13], [40, 41]], logit_bias={72: -100, 101: 3},
+                                            sequence_bias=[[[72, 101], -5.0], [[9], 1.0]]))
 
 
 def test_stream_and_the_model_methods_take_them():
@@ -350,16 +415,17 @@ def test_generation_config_json_gives_them_as_transformers_reads_it(tmp_path):
     """transformers applies a generation_config.json's no_repeat_ngram_size when greedy too."""
     from lucidlm.generation.defaults import sampling_defaults_for
 
-    fields = {"no_repeat_ngram_size": 3, "suppress_tokens": [5, 9], "bad_words_ids": [[4], [7, 8]]}
+    fields = {"no_repeat_ngram_size": 3, "suppress_tokens": [5, 9], "bad_words_ids": [[4], [7, 8]],
+              "sequence_bias": [[[4, 5], -2.0], [[6], 1.5]]}
     (tmp_path / "generation_config.json").write_text(json.dumps(fields))
     found, theirs = sampling_defaults_for(tmp_path), transformers.GenerationConfig.from_pretrained(tmp_path)
     assert found["temperature"] == 0  # greedy: do_sample is not set
     for name in fields:
-        assert found[name] == getattr(theirs, name) or list(map(_as_list, found[name])) == getattr(theirs, name)
+        assert found[name] == getattr(theirs, name) or _as_lists(found[name]) == getattr(theirs, name)
 
 
-def _as_list(value):
-    return list(value) if isinstance(value, tuple) else value
+def _as_lists(value):
+    return [_as_lists(v) for v in value] if isinstance(value, (tuple, list)) else value
 
 
 @pytest.mark.parametrize("fields, fragment", [

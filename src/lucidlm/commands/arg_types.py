@@ -46,6 +46,30 @@ def token_sequences(value: str) -> list[list[int]]:
     return [token_ids(part) for part in value.split(";")]
 
 
+def token_bias(value: str) -> tuple[list[int], float]:
+    """``464,3290=-5`` -> ([464, 3290], -5.0): token ids, ``=``, the bias (``-inf`` bans)."""
+    ids, sep, bias = value.rpartition("=")
+    try:
+        return token_ids(ids), float(bias)
+    except ValueError:
+        raise BadValue(f"{shown(value)} is not IDS=BIAS: give token ids separated by commas, '=' and a number, "
+                       f"e.g. 13=-100 or 464,3290=-5.") from None
+
+
+def logit_biases(value: str) -> dict[int, float]:
+    """``13=-100,198=2`` -> {13: -100.0, 198: 2.0}: one token per ID=BIAS, separated by commas."""
+    found = {}
+    for part in value.split(","):
+        ids, bias = token_bias(part)
+        found[ids[0]] = bias
+    return found
+
+
+def sequence_biases(value: str) -> list[list]:
+    """``464,3290=-5;13=2`` -> [[[464, 3290], -5.0], [[13], 2.0]]: IDS=BIAS separated by semicolons."""
+    return [list(token_bias(part)) for part in value.split(";")]
+
+
 def shown(value: str) -> str:
     from lucidlm.validation import printable
 

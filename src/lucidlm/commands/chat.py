@@ -28,7 +28,9 @@ COMMANDS_HELP = """\
   /help                 this list
   /set NAME VALUE       a generation setting: temperature, top_k, top_p, min_p, repetition_penalty,
                         typical_p, epsilon_cutoff, eta_cutoff, no_repeat_ngram_size,
-                        suppress_tokens (13,198), bad_words_ids (13;464,3290), max_new_tokens, seed
+                        suppress_tokens (13,198), bad_words_ids (13;464,3290),
+                        logit_bias (13=-100,198=2), sequence_bias (464,3290=-5;13=2),
+                        max_new_tokens, seed
                         (/set temperature 0.3; /set top_p default to unset;
                         /set max_new_tokens default: back to the session's --max-new-tokens)
   /set verbose|quiet    show or hide tokens and tok/s after every answer
@@ -44,6 +46,7 @@ Ctrl-C stops an answer."""
 SETTINGS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "repetition_penalty": float,
             "typical_p": float, "epsilon_cutoff": float, "eta_cutoff": float, "no_repeat_ngram_size": int,
             "suppress_tokens": arg_types.token_ids, "bad_words_ids": arg_types.token_sequences,
+            "logit_bias": arg_types.logit_biases, "sequence_bias": arg_types.sequence_biases,
             "max_new_tokens": int, "seed": int}
 ALIASES = {"temp": "temperature", "num_predict": "max_new_tokens", "repeat_penalty": "repetition_penalty"}
 

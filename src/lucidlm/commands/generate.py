@@ -120,6 +120,12 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, default_max_new_toke
     group.add_argument("--bad-words-ids", type=arg_types.token_ids, action="append", default=None, metavar="IDS",
                        help="a token id sequence never generated, its ids separated by commas (transformers' "
                             "bad_words_ids; a longer one is banned at its last token); repeatable")
+    group.add_argument("--logit-bias", type=arg_types.token_bias, action="append", default=None, metavar="ID=BIAS",
+                       help="add BIAS to token ID's logit (OpenAI's / llama.cpp's logit_bias; -100 or -inf bans it, "
+                            "e.g. 13=-100); repeatable")
+    group.add_argument("--sequence-bias", type=arg_types.token_bias, action="append", default=None,
+                       metavar="IDS=BIAS", help="add BIAS to the last token of a token id sequence where the rest is "
+                                                "there (transformers' sequence_bias, e.g. 464,3290=-5); repeatable")
     group.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     group.add_argument("--stop", action="append", default=None, metavar="TEXT", type=arg_types.text,
                        help="stop when TEXT appears (not included in the output); repeatable")
@@ -135,9 +141,21 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                 top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
                 typical_p=args.typical_p, epsilon_cutoff=args.epsilon_cutoff, eta_cutoff=args.eta_cutoff,
                 no_repeat_ngram_size=args.no_repeat_ngram_size, suppress_tokens=args.suppress_tokens,
-                bad_words_ids=args.bad_words_ids,
+                bad_words_ids=args.bad_words_ids, sequence_bias=_pairs(args.sequence_bias),
+                logit_bias=_logit_bias(args.logit_bias),
                 seed=args.seed, stop=args.stop, min_new_tokens=args.min_new_tokens,
                 context_overflow=args.context_overflow)
+
+
+def _pairs(biases: Optional[list[tuple[list[int], float]]]) -> Optional[list[list]]:
+    """--sequence-bias's (ids, bias) pairs as transformers' [[ids, bias], ...]."""
+    return None if biases is None else [[ids, bias] for ids, bias in biases]
+
+
+def _logit_bias(biases: Optional[list[tuple[list[int], float]]]) -> Optional[dict[Any, float]]:
+    """--logit-bias's (ids, bias) pairs as {id: bias}; ``1,2=-5`` names a sequence, which it cannot
+    be (kept as its tuple, the sampler refuses it by name)."""
+    return None if biases is None else {(ids[0] if len(ids) == 1 else tuple(ids)): bias for ids, bias in biases}
 
 
 def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, Any]] = None,
@@ -170,6 +188,9 @@ def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, A
                                  random_init=getattr(args, "random_init", False),
                                  compile=getattr(args, "compile", False))
         model.eval()
+        if options is not None:  # the token ids the flags name are the model's, before chat waits for a line
+            from lucidlm.generation.request import make_request
+            make_request(dict(options)).use_model(model)
     args.load_seconds = status.seconds
     return model
 

@@ -42,6 +42,7 @@ from lucidlm.generation.decode import sample_rows
 from lucidlm.generation.defaults import apply_sampling_defaults
 from lucidlm.generation.logprobs import LogprobRecorder
 from lucidlm.generation.prompt_cache import CacheReuse
+from lucidlm.generation.sampling import LogitBias, SequenceBias
 from lucidlm.generation.request import (batch_rows, check_beams, fit_to_context, make_request, padding_id,
                                         private_generator, prompt_ids)
 from lucidlm.generation.sliding import sample_with_crop
@@ -172,7 +173,8 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
              repetition_penalty: Optional[float] = None, typical_p: Optional[float] = None,
              epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None, seed: Optional[int] = None,
              no_repeat_ngram_size: Optional[int] = None, suppress_tokens: Optional[Sequence[int]] = None,
-             bad_words_ids: Optional[Sequence[Sequence[int]]] = None,
+             bad_words_ids: Optional[Sequence[Sequence[int]]] = None, sequence_bias: Optional[SequenceBias] = None,
+             logit_bias: Optional[LogitBias] = None,
              stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True, num_beams: int = 1,
              length_penalty: float = 1.0, min_new_tokens: int = 0, context_overflow: str = "stop",
              logprobs: Union[bool, int, None] = None, chat: bool = False, reuse_cache: bool = False,
@@ -188,7 +190,7 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
     and samples nothing, so it ignores ``temperature``, ``top_k``, ``top_p``, ``min_p``,
     ``typical_p``, ``epsilon_cutoff``, ``eta_cutoff`` and ``seed``; it uses
     ``repetition_penalty``, ``no_repeat_ngram_size``, ``suppress_tokens``, ``bad_words_ids``,
-    ``length_penalty``, ``stop`` and ``stop_on_eos`` (a beam that
+    ``sequence_bias``, ``logit_bias``, ``length_penalty``, ``stop`` and ``stop_on_eos`` (a beam that
     writes a stop string ends there, as with EOS: HF's ``stop_strings``).
     ``length_penalty`` needs ``num_beams > 1``.
 
@@ -242,7 +244,8 @@ def stream(model: Transformer, prompt: Prompt, *, steady: bool = False, max_new_
            typical_p: Optional[float] = None, epsilon_cutoff: Optional[float] = None,
            eta_cutoff: Optional[float] = None, seed: Optional[int] = None, stop: Optional[str | Sequence[str]] = None,
            no_repeat_ngram_size: Optional[int] = None, suppress_tokens: Optional[Sequence[int]] = None,
-           bad_words_ids: Optional[Sequence[Sequence[int]]] = None,
+           bad_words_ids: Optional[Sequence[Sequence[int]]] = None, sequence_bias: Optional[SequenceBias] = None,
+           logit_bias: Optional[LogitBias] = None,
            stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0, min_new_tokens: int = 0,
            context_overflow: str = "stop", logprobs: Union[bool, int, None] = None, chat: bool = False,
            reuse_cache: bool = False, **unknown: Any) -> "TextStream":
@@ -304,7 +307,8 @@ def generate_batch(model: Transformer, prompts: Sequence[str | Sequence[int]], *
                    typical_p: Optional[float] = None, epsilon_cutoff: Optional[float] = None,
                    eta_cutoff: Optional[float] = None, seed: Optional[int] = None,
                    no_repeat_ngram_size: Optional[int] = None, suppress_tokens: Optional[Sequence[int]] = None,
-                   bad_words_ids: Optional[Sequence[Sequence[int]]] = None,
+                   bad_words_ids: Optional[Sequence[Sequence[int]]] = None, sequence_bias: Optional[SequenceBias] = None,
+                   logit_bias: Optional[LogitBias] = None,
                    stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True,
                    min_new_tokens: int = 0, logprobs: Union[bool, int, None] = None,
                    chat: bool = False) -> list[GenerationResult]:

@@ -75,6 +75,9 @@ def check_options(**kwargs: Any) -> None:
         suppress_tokens=None   token ids that are never generated
         bad_words_ids=None     a list of token id lists: never generate any of them (a
                                longer one is banned at its last token once the rest is there)
+        sequence_bias=None     [[ids, bias], ...] or {(ids): bias}: bias added to the last
+                               token's logit where the rest is there (-inf bans)
+        logit_bias=None        {token_id: bias} added to those logits (OpenAI's; -inf bans)
         seed=None              whole number, for reproducible sampling
         stop=None              a string or a list of strings that end generation
         stop_on_eos=True       end at the tokenizer's EOS token

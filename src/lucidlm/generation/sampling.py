@@ -4,7 +4,8 @@ Each processor takes logits (B, V) and returns new logits (B, V); a filtered-out
 -inf, so softmax gives it probability 0. They are applied in the order of the list transformers'
 ``GenerationMixin._get_logits_processor`` builds (transformers 5.25):
 
-    repetition penalty -> no-repeat n-gram -> bad words -> suppressed tokens
+    sequence bias (and logit bias) -> repetition penalty -> no-repeat n-gram -> bad words
+        -> suppressed tokens
         -> temperature -> top-k -> top-p -> min-p -> typical-p -> epsilon cutoff -> eta cutoff
         -> sample (or argmax)
 
@@ -18,13 +19,18 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 
 from lucidlm.errors import GenerationError
 from lucidlm.generation.logprobs import LogprobRecorder
 from lucidlm.quantization.blocks_kernel import argmax_rows
+
+# What the bias options take, as transformers and OpenAI take them (SamplingSettings keeps them as tuples):
+# sequence_bias [[ids, bias], ...] or {(ids): bias}; logit_bias {id: bias}, an id also as a string of digits
+SequenceBias = Union[Mapping[tuple[int, ...], float], Sequence[Sequence[Union[Sequence[int], float]]]]
+LogitBias = Mapping[Union[int, str], float]
 
 _TINY_TEMPERATURE = 1e-20  # below this, logits / temperature can overflow float32
 _LARGEST_TEMPERATURE = torch.finfo(torch.float32).max  # ~3.4e38; above, it is inf in float32: -inf / inf = NaN
@@ -55,6 +61,9 @@ class SamplingSettings:
     no_repeat_ngram_size: Optional[int] = None
     suppress_tokens: Optional[tuple[int, ...]] = None  # any sequence of ids; kept as a tuple
     bad_words_ids: Optional[tuple[tuple[int, ...], ...]] = None  # any sequence of id sequences; kept as tuples
+    # [[ids, bias], ...] or {(ids): bias} as transformers takes it; kept as ((ids, bias), ...)
+    sequence_bias: Optional[tuple[tuple[tuple[int, ...], float], ...]] = None
+    logit_bias: Optional[tuple[tuple[int, float], ...]] = None  # {id: bias} as OpenAI takes it; kept as pairs
 
     def __post_init__(self) -> None:
         # list-valued options kept as tuples: the settings stay hashable and cannot change under a generation
@@ -62,6 +71,10 @@ class SamplingSettings:
             object.__setattr__(self, "suppress_tokens", _token_ids("suppress_tokens", self.suppress_tokens))
         if self.bad_words_ids is not None:
             object.__setattr__(self, "bad_words_ids", _token_sequences("bad_words_ids", self.bad_words_ids))
+        if self.sequence_bias is not None:
+            object.__setattr__(self, "sequence_bias", _sequence_biases(self.sequence_bias))
+        if self.logit_bias is not None:
+            object.__setattr__(self, "logit_bias", _logit_biases(self.logit_bias))
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "typical_p", "epsilon_cutoff",
                      "eta_cutoff"):  # a number first, then its range
             value = getattr(self, name)
@@ -113,7 +126,9 @@ class SamplingSettings:
         """Every token id the options name is one of the model's (an id past the logits would be
         an index error deep in a decode step, or a ban that bans nothing); a bad word that is a
         lone end token is refused, as transformers would silently drop it from its ban."""
-        named = {"suppress_tokens": [self.suppress_tokens or ()], "bad_words_ids": self.bad_words_ids or ()}
+        named = {"suppress_tokens": [self.suppress_tokens or ()], "bad_words_ids": self.bad_words_ids or (),
+                 "sequence_bias": [ids for ids, _ in self.sequence_bias or ()],
+                 "logit_bias": [[i for i, _ in self.logit_bias or ()]]}
         for name, sequences in named.items():
             for ids in sequences:
                 bad = [i for i in ids if i >= vocab_size]
@@ -136,6 +151,50 @@ def _token_ids(name: str, value: Any) -> tuple[int, ...]:
         raise GenerationError(f"{name}={value!r} is invalid: give a list of token ids (whole numbers >= 0), "
                               f"e.g. [13, 198].")
     return tuple(int(i) for i in items)
+
+
+def _bias(name: str, key: Any, value: Any) -> float:
+    """A bias: a finite number, or -inf (the token or sequence banned); +inf and NaN would make
+    the softmax NaN."""
+    if not (_is_finite(value) or (isinstance(value, numbers.Real) and not isinstance(value, bool)
+                                  and value == float("-inf"))):
+        raise GenerationError(f"{name}[{key!r}]={value!r} is invalid: a bias is a finite number added to the "
+                              f"logit (-100 to 100 is OpenAI's range), or -inf to ban it.")
+    return float(value)
+
+
+def _sequence_biases(value: Any) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """transformers' sequence_bias, a list of [ids, bias] pairs or a dict {ids: bias}, as
+    ((ids, bias), ...); a sequence given twice keeps its last bias, as transformers' dict does."""
+    pairs = list(value.items()) if isinstance(value, dict) else value
+    if not isinstance(pairs, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+        raise GenerationError(f"sequence_bias={value!r} is invalid: give a list of [token ids, bias] pairs, e.g. "
+                              f"[[[464, 3290], -5.0], [[13], 2.0]], or a dict {{(464, 3290): -5.0}}.")
+    found: dict[tuple[int, ...], float] = {}
+    for ids, bias in pairs:
+        if not isinstance(ids, (list, tuple)) or not ids:
+            raise GenerationError(f"sequence_bias biases {ids!r}, which is not a sequence: give each as a non-empty "
+                                  f"list of token ids, e.g. [[[464, 3290], -5.0]].")
+        key = _token_ids("sequence_bias", ids)
+        found[key] = _bias("sequence_bias", key, bias)
+    return tuple(found.items())
+
+
+def _logit_biases(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's and llama.cpp's logit_bias, {token id: bias} (an id may be a string of digits,
+    as OpenAI's JSON writes it), as ((id, bias), ...); those pairs are taken too (``dataclasses.replace``)."""
+    pairs = list(value.items()) if isinstance(value, Mapping) else value
+    if not isinstance(pairs, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+        raise GenerationError(f"logit_bias={value!r} is invalid: give a dict {{token id: bias}}, e.g. "
+                              f"{{13: -100, 198: 5.0}}.")
+    found: dict[int, float] = {}
+    for key, bias in pairs:
+        token = int(key) if isinstance(key, str) and key.strip().isdigit() else key
+        if not _is_count(token):
+            raise GenerationError(f"logit_bias has key {key!r}, which is not a token id (a whole number >= 0); give "
+                                  f"a dict {{token id: bias}}, e.g. {{13: -100}}.")
+        found[int(token)] = _bias("logit_bias", int(token), bias)
+    return tuple(found.items())
 
 
 def _token_sequences(name: str, value: Any) -> tuple[tuple[int, ...], ...]:
@@ -233,8 +292,13 @@ def _device_tables(settings: "SamplingSettings", name: str, logits: torch.Tensor
     if key not in cache:
         if name == "suppress_tokens":
             cache[key] = torch.tensor(settings.suppress_tokens, dtype=torch.long, device=logits.device)
-        else:  # a banned sequence is a bias of -inf
+        elif name == "bad_words_ids":  # a banned sequence is a bias of -inf
             biases = {ids: float("-inf") for ids in settings.bad_words_ids or ()}
+            cache[key] = sequence_bias_tables(biases, logits.shape[-1], logits.device)
+        else:  # a logit bias is the bias of a one-token sequence, added to a sequence_bias of that token
+            biases = dict(settings.sequence_bias or ())
+            for token, bias in settings.logit_bias or ():
+                biases[(token,)] = biases.get((token,), 0.0) + bias
             cache[key] = sequence_bias_tables(biases, logits.shape[-1], logits.device)
     return cache[key]
 
@@ -326,6 +390,8 @@ def apply_processors(logits: torch.Tensor, settings: SamplingSettings, seen_ids:
     search apply too (beam search to its log-probs). logits: (B, V) float; seen_ids: (B, S) the
     row's prompt and output so far (None: the ones that look at it are skipped); padding: (B, 1)
     the row's left-padding columns of seen_ids (a batch), which are not its text."""
+    if settings.sequence_bias or settings.logit_bias:
+        logits = apply_sequence_bias(logits, seen_ids, _device_tables(settings, "sequence_bias", logits), padding)
     if seen_ids is not None and settings.repetition_penalty not in (None, 1.0):
         logits = apply_repetition_penalty(logits, seen_ids, settings.repetition_penalty)
     if seen_ids is not None and settings.no_repeat_ngram_size:

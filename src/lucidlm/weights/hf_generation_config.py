@@ -17,8 +17,8 @@ reads them, every field checked (one line naming the file and the field when one
 - Sampling: ``sampling_settings`` gives transformers' decoding for the file: greedy unless it
   says ``"do_sample": true`` (its temperature, top-k, top-p, min-p, typical-p, epsilon and eta
   cutoffs then); a
-  ``repetition_penalty``, ``no_repeat_ngram_size``, ``suppress_tokens`` and ``bad_words_ids``
-  apply either way. ``generation/defaults.py`` calls it.
+  ``repetition_penalty``, ``no_repeat_ngram_size``, ``suppress_tokens``, ``bad_words_ids`` and
+  ``sequence_bias`` apply either way. ``generation/defaults.py`` calls it.
 """
 
 from __future__ import annotations
@@ -47,14 +47,14 @@ def sampling_settings(config: Fields) -> dict[str, Any]:
     """The sampling defaults transformers' ``generate`` takes from this generation config:
     ``temperature=0`` (greedy) unless ``do_sample`` is true, then the file's temperature, top_k,
     top_p, min_p, typical_p, epsilon_cutoff and eta_cutoff; its repetition_penalty,
-    no_repeat_ngram_size, suppress_tokens and bad_words_ids in both cases (transformers applies
+    no_repeat_ngram_size, suppress_tokens, bad_words_ids and sequence_bias in both cases (transformers applies
     its logits processors when greedy too)."""
     found: dict[str, Any] = {}
     if config.has("repetition_penalty"):
         found["repetition_penalty"] = config.float("repetition_penalty", low=0.0, low_open=True)
     if config.has("no_repeat_ngram_size"):
         found["no_repeat_ngram_size"] = config.int("no_repeat_ngram_size", low=0)
-    found.update(_token_options(config, ("suppress_tokens", "bad_words_ids")))
+    found.update(_token_options(config, ("suppress_tokens", "bad_words_ids", "sequence_bias")))
     if not config.bool("do_sample", default=False):
         return {"temperature": 0.0, **found}
     if config.has("temperature"):
