@@ -217,7 +217,7 @@ def test_check_options_lists_the_options():
     from lucidlm.generation import check_options
     for option in ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "typical_p",
                    "epsilon_cutoff", "eta_cutoff", "no_repeat_ngram_size", "suppress_tokens", "bad_words_ids",
-                   "sequence_bias", "logit_bias", "seed",
+                   "sequence_bias", "logit_bias", "presence_penalty", "frequency_penalty", "seed",
                    "stop", "stop_on_eos", "num_beams",
                    "length_penalty",
                    "min_new_tokens", "context_overflow"):

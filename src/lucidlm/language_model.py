@@ -229,7 +229,8 @@ class LanguageModel(Transformer):
                  epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None,
                  no_repeat_ngram_size: Optional[int] = None, suppress_tokens: Optional[Sequence[int]] = None,
                  bad_words_ids: Optional[Sequence[Sequence[int]]] = None, sequence_bias: Optional[SequenceBias] = None,
-                 logit_bias: Optional[LogitBias] = None,
+                 logit_bias: Optional[LogitBias] = None, presence_penalty: Optional[float] = None,
+                 frequency_penalty: Optional[float] = None,
                  seed: Optional[int] = None, stop: Optional[Union[str, Sequence[str]]] = None,
                  stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0,
                  min_new_tokens: int = 0, context_overflow: str = "stop", logprobs: Union[bool, int, None] = None,
@@ -263,6 +264,8 @@ class LanguageModel(Transformer):
                 logit where the rest of ids is there (transformers' sequence_bias; -inf bans).
             logit_bias: {token_id: bias} added to those tokens' logits (OpenAI's and llama.cpp's;
                 -100 or -inf bans, +100 all but forces).
+            presence_penalty, frequency_penalty: OpenAI's: logit[j] -= frequency_penalty *
+                count[j] + presence_penalty * (count[j] > 0), counting the generated tokens.
             seed: makes sampling reproducible without touching torch's global RNG.
             stop: text(s) that end generation; the text stops just before them.
             stop_on_eos: stop at the tokenizer's end-of-sequence token(s).
@@ -287,7 +290,8 @@ class LanguageModel(Transformer):
                         epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff,
                         no_repeat_ngram_size=no_repeat_ngram_size, suppress_tokens=suppress_tokens,
                         bad_words_ids=bad_words_ids, sequence_bias=sequence_bias,
-                        logit_bias=logit_bias, seed=seed, stop=stop,
+                        logit_bias=logit_bias, presence_penalty=presence_penalty,
+                        frequency_penalty=frequency_penalty, seed=seed, stop=stop,
                         stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty,
                         min_new_tokens=min_new_tokens, context_overflow=context_overflow, logprobs=logprobs,
                         reuse_cache=reuse_cache, chat=chat, **options)
@@ -298,7 +302,8 @@ class LanguageModel(Transformer):
                epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None,
                no_repeat_ngram_size: Optional[int] = None, suppress_tokens: Optional[Sequence[int]] = None,
                bad_words_ids: Optional[Sequence[Sequence[int]]] = None, sequence_bias: Optional[SequenceBias] = None,
-               logit_bias: Optional[LogitBias] = None,
+               logit_bias: Optional[LogitBias] = None, presence_penalty: Optional[float] = None,
+               frequency_penalty: Optional[float] = None,
                seed: Optional[int] = None, stop: Optional[Union[str, Sequence[str]]] = None,
                stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0,
                min_new_tokens: int = 0, context_overflow: str = "stop", logprobs: Union[bool, int, None] = None,
@@ -319,7 +324,8 @@ class LanguageModel(Transformer):
                       typical_p=typical_p, epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff,
                       no_repeat_ngram_size=no_repeat_ngram_size, suppress_tokens=suppress_tokens,
                         bad_words_ids=bad_words_ids, sequence_bias=sequence_bias,
-                        logit_bias=logit_bias, seed=seed,
+                        logit_bias=logit_bias, presence_penalty=presence_penalty,
+                        frequency_penalty=frequency_penalty, seed=seed,
                       stop=stop, stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty,
                       min_new_tokens=min_new_tokens, context_overflow=context_overflow, logprobs=logprobs,
                       reuse_cache=reuse_cache, chat=chat, **options)

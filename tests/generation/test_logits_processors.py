@@ -11,6 +11,7 @@ import io
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 from generation_toys import one_torch_thread, reader, sharpened_llama_pair, toy_model  # noqa: F401 (autouse fixture)
@@ -141,6 +142,41 @@ def test_settings_rebuilt_from_their_own_values_are_equal():
     assert dataclasses.replace(settings) == settings and hash(dataclasses.replace(settings)) == hash(settings)
 
 
+def openai_penalties(logits: np.ndarray, generated: np.ndarray, presence: float, frequency: float) -> np.ndarray:
+    """OpenAI's documented formula, in NumPy: mu[j] - c[j] * alpha_frequency - float(c[j] > 0) *
+    alpha_presence, c[j] how often token j was sampled before (the generated tokens)."""
+    out = logits.astype(np.float64)
+    for row, ids in enumerate(generated):
+        counts = np.bincount(ids, minlength=logits.shape[-1])
+        out[row] = out[row] - counts * frequency - (counts > 0).astype(np.float64) * presence
+    return out
+
+
+class OpenAIPenalties(transformers.LogitsProcessor):
+    """The formula as a processor transformers' generate runs (after its own), for the
+    generated tokens: those after the first ``prompt_len`` of input_ids."""
+
+    def __init__(self, prompt_len: int, presence: float, frequency: float) -> None:
+        self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
+
+    def __call__(self, input_ids, scores):
+        out = openai_penalties(scores.numpy(), input_ids[:, self.prompt_len:].numpy(), self.presence, self.frequency)
+        return torch.from_numpy(out).to(scores.dtype)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_presence_and_frequency_penalties_equal_openais_formula(seed):
+    rows, seen, vocab = 1 + seed % 4, [1, 3, 6, 20, 64, 9][seed % 6], [5, 8, 50, 1000][seed % 4]
+    logits, ids = random_case(seed, rows, seen, vocab)
+    prompt_len = seed % 4 if seen > 3 else 0
+    presence, frequency = [(0.5, 0.0), (0.0, 0.7), (1.3, -0.4), (-2.0, 2.0)][seed % 4]
+    expected = openai_penalties(logits.numpy(), ids[:, prompt_len:].numpy(), presence, frequency)
+    settings = SamplingSettings(temperature=0, presence_penalty=presence, frequency_penalty=frequency)
+    got = process_logits(logits, settings, ids, prompt_len=prompt_len)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6, atol=1e-5)
+    assert torch.equal(torch.isinf(got), torch.isinf(logits))
+
+
 def test_bad_words_skip_a_rows_left_padding():
     """A left-padded row's padding (its first token repeated) never completes a banned prefix."""
     logits, _ = random_case(0, 2, 1, 20)
@@ -152,7 +188,8 @@ def test_bad_words_skip_a_rows_left_padding():
     for row, ids in enumerate((short, long)):
         expected = NoBadWordsLogitsProcessor(bad)(torch.tensor([ids]), logits[row:row + 1].clone())
         assert torch.equal(got[row:row + 1], expected), row
-    assert torch.isinf(apply_processors(logits, SamplingSettings(bad_words_ids=bad), seen)[0, 6])  # (the padding's 4 4 5)
+    # without padding, the padding's 4 4 5 bans 6
+    assert torch.isinf(apply_processors(logits, SamplingSettings(bad_words_ids=bad), seen)[0, 6])
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -211,21 +248,45 @@ def test_greedy_and_beams_equal_transformers_generate(pair, options, num_beams):
     assert changed  # the option made a difference
 
 
+@pytest.mark.parametrize("penalties", [dict(presence_penalty=4.0), dict(frequency_penalty=2.5),
+                                       dict(presence_penalty=-1.0, frequency_penalty=3.0, repetition_penalty=1.2)])
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_presence_and_frequency_penalties_in_transformers_generate(pair, penalties, num_beams):
+    """No transformers option: its generate with OpenAI's formula as a processor of its own."""
+    hf, ours = pair
+    changed = 0
+    presence, frequency = penalties.get("presence_penalty", 0.0), penalties.get("frequency_penalty", 0.0)
+    for prompt in PROMPTS:
+        processors = transformers.LogitsProcessorList([OpenAIPenalties(len(prompt), presence, frequency)])
+        expected = hf_generate(hf, prompt, do_sample=False, num_beams=num_beams, logits_processor=processors,
+                               repetition_penalty=penalties.get("repetition_penalty"))
+        assert generate(ours, prompt, temperature=0, num_beams=num_beams, max_new_tokens=MAX_NEW,
+                        **penalties).token_ids == expected, prompt
+        changed += expected != hf_generate(hf, prompt, do_sample=False, num_beams=num_beams,
+                                           repetition_penalty=penalties.get("repetition_penalty"))
+    assert changed
+
+
 def test_a_left_padded_batch_equals_transformers(pair):
     """A greedy batch with no_repeat_ngram_size: transformers' batch (left-padded, with its mask)."""
     hf, ours = pair
     L = max(map(len, PROMPTS))
     ids = torch.tensor([[EOS] * (L - len(p)) + p for p in PROMPTS])
     mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in PROMPTS])
+    options = dict(no_repeat_ngram_size=2, bad_words_ids=[[2, 185], [76, 227]], sequence_bias=[[[9, 80], 5.0]])
+    penalties = transformers.LogitsProcessorList([OpenAIPenalties(L, 0.5, 1.5)])
     out = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=EOS,
-                      pad_token_id=EOS, no_repeat_ngram_size=2)[:, L:].tolist()
+                      pad_token_id=EOS, logits_processor=penalties, **options)[:, L:].tolist()
     expected = [row[:row.index(EOS) + 1] if EOS in row else row for row in out]
-    got = generate_batch(ours, PROMPTS, temperature=0, max_new_tokens=MAX_NEW, no_repeat_ngram_size=2)
+    got = generate_batch(ours, PROMPTS, temperature=0, max_new_tokens=MAX_NEW, presence_penalty=0.5,
+                         frequency_penalty=1.5, **options)
     assert [r.token_ids for r in got] == expected
 
 
 @pytest.mark.parametrize("options", [dict(temperature=0.7, top_k=40, no_repeat_ngram_size=2, repetition_penalty=1.2),
-                                     dict(temperature=1.5, top_p=0.9, no_repeat_ngram_size=1)])
+                                     dict(temperature=1.5, top_p=0.9, no_repeat_ngram_size=1),
+                                     dict(temperature=0.9, min_p=0.02, sequence_bias=[[[5, 6], 2.0]],
+                                          bad_words_ids=[[7, 5]], suppress_tokens=[81])])
 def test_sampling_applies_them_in_transformers_order(pair, options):
     """transformers' sampled generate gives each step's raw logits and the scores it sampled
     from: process_logits turns the one into the other, exactly."""
@@ -243,18 +304,25 @@ def test_sampling_applies_them_in_transformers_order(pair, options):
 
 def test_sampling_with_them_reads_nothing_back():
     """They run at every decode step, outside the compiled step: tensor ops on the device, no
-    .item() or .tolist() (a host sync on a GPU), for a left-padded batch as sample_rows gives."""
+    .item() or .tolist() (a host sync on a GPU), for a left-padded batch as sample_rows gives;
+    their tables are made at the first step and kept."""
     logits, seen = random_case(3, 3, 40, 4096)
     padding = torch.tensor([[5], [0], [39]])
-    settings = SamplingSettings(temperature=0.8, no_repeat_ngram_size=3)
+    settings = SamplingSettings(temperature=0.8, no_repeat_ngram_size=3, suppress_tokens=[5, 9],
+                                bad_words_ids=[[1, 2], [3]], sequence_bias=[[[0, 1, 2], -3.0], [[7], 2.0]],
+                                logit_bias={11: 4.0}, presence_penalty=0.3, frequency_penalty=0.2)
     with reading_back_forbidden():
-        processed = process_logits(logits, settings, seen, padding)
-        sample_next(logits, settings, seen, torch.Generator().manual_seed(0), padding=padding)
+        for _ in range(3):
+            processed = process_logits(logits, settings, seen, padding, prompt_len=30)
+            sample_next(logits, settings, seen, torch.Generator().manual_seed(0), padding=padding, prompt_len=30)
     for row in range(3):
         real = seen[row:row + 1, int(padding[row]):]
-        assert torch.equal(processed[row:row + 1],
-                           process_logits(logits[row:row + 1], SamplingSettings(temperature=0.8), real) if
-                           real.shape[1] < 3 else NoRepeatNGramLogitsProcessor(3)(real, logits[row:row + 1] / 0.8))
+        expected = SequenceBiasLogitsProcessor([[[0, 1, 2], -3.0], [[7], 2.0], [[11], 4.0]])(real, logits[row:row + 1])
+        expected = torch.from_numpy(openai_penalties(expected.numpy(), seen[row:row + 1, 30:].numpy(), 0.3, 0.2)).float()
+        expected = NoRepeatNGramLogitsProcessor(3)(real, expected) if real.shape[1] >= 3 else expected
+        expected = NoBadWordsLogitsProcessor([[1, 2], [3]])(real, expected)
+        expected = SuppressTokensLogitsProcessor([5, 9])(real, expected) / 0.8
+        torch.testing.assert_close(processed[row:row + 1], expected, rtol=1e-6, atol=1e-5)
 
 
 def test_a_compiled_model_uses_them_without_recompiling():
@@ -263,7 +331,9 @@ def test_a_compiled_model_uses_them_without_recompiling():
     from lucidlm import LanguageModel
 
     model = toy_model(seed=2, max_seq_len=128, model_cls=LanguageModel)
-    options = dict(max_new_tokens=16, temperature=1.5, no_repeat_ngram_size=2, stop_on_eos=False)
+    options = dict(max_new_tokens=16, temperature=1.5, no_repeat_ngram_size=2, stop_on_eos=False, suppress_tokens=[3],
+                   bad_words_ids=[[5, 6]], sequence_bias=[[[7], -1.0]], logit_bias={8: 2.0}, presence_penalty=0.5,
+                   frequency_penalty=0.25)
     eager = [generate(model, [5, 6, 7], seed=seed, **options).token_ids for seed in (0, 1)]
     counter = CompileCounter()
     model.compile(backend=counter, prefill=False)
@@ -275,13 +345,13 @@ def test_a_compiled_model_uses_them_without_recompiling():
     (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size=-1 is invalid: use a whole number >= 0"),
     (dict(no_repeat_ngram_size=2.5), "no_repeat_ngram_size=2.5 is invalid"),
     (dict(no_repeat_ngram_size="3"), "no_repeat_ngram_size='3' is invalid"),
-    (dict(suppress_tokens=[3, -1]), "suppress_tokens=[3, -1] is invalid: give a list of token ids (whole numbers >= 0)"),
+    (dict(suppress_tokens=[3, -1]), "suppress_tokens=[3, -1] is invalid: give a list of token ids (whole numbers"),
     (dict(suppress_tokens=5), "suppress_tokens=5 is invalid: give a list of token ids"),
     (dict(suppress_tokens="13"), "suppress_tokens='13' is invalid"),
     (dict(bad_words_ids=[3, 4]), "bad_words_ids=[3, 4] is invalid: give a list of non-empty lists of token ids"),
     (dict(bad_words_ids=[[3], []]), "bad_words_ids=[[3], []] is invalid"),
     (dict(bad_words_ids=[[3, 1.5]]), "bad_words_ids[0]=[3, 1.5] is invalid: give a list of token ids"),
-    (dict(sequence_bias=[[1, 2], 3.0]), "sequence_bias=[[1, 2], 3.0] is invalid: give a list of [token ids, bias] pairs"),
+    (dict(sequence_bias=[[1, 2], 3.0]), "sequence_bias=[[1, 2], 3.0] is invalid: give a list of [token ids, bias]"),
     (dict(sequence_bias=[[[], 3.0]]), "sequence_bias biases [], which is not a sequence"),
     (dict(sequence_bias=[[[4, 5], float("nan")]]), "sequence_bias[(4, 5)]=nan is invalid: a bias is a finite number"),
     (dict(sequence_bias={(4,): float("inf")}), "sequence_bias[(4,)]=inf is invalid: a bias is a finite number added "
@@ -290,6 +360,8 @@ def test_a_compiled_model_uses_them_without_recompiling():
     (dict(logit_bias={5: "2"}), "logit_bias[5]='2' is invalid"),
     (dict(logit_bias={-3: 1.0}), "logit_bias has key -3, which is not a token id (a whole number >= 0)"),
     (dict(logit_bias=[5, 1.0]), "logit_bias=[5, 1.0] is invalid: give a dict {token id: bias}"),
+    (dict(presence_penalty=float("nan")), "presence_penalty=nan is invalid: expected a finite number"),
+    (dict(frequency_penalty="1"), "frequency_penalty='1' is invalid: expected a finite number"),
 ])
 def test_bad_values_are_refused_by_name(options, fragment):
     with pytest.raises(GenerationError, match=re.escape(fragment)):
@@ -337,6 +409,7 @@ def only_generate_and_chat(monkeypatch):
     (["--logit-bias", "103=-100", "--logit-bias", "50=7.5"], dict(logit_bias={103: -100.0, 50: 7.5})),
     (["--sequence-bias", "15,35=-inf", "--sequence-bias", "232=-3"], dict(sequence_bias=[[[15, 35], float("-inf")],
                                                                                      [[232], -3.0]])),
+    (["--presence-penalty", "5", "--frequency-penalty", "0.5"], dict(presence_penalty=5.0, frequency_penalty=0.5)),
 ])
 def test_cli_flags_reach_the_processors(model_dir, only_generate_and_chat, capsys, flags, options):
     argv = ["generate", "Hello", "--model", model_dir, "-q", "--max-new-tokens", "12", "--temperature", "0",
@@ -356,6 +429,7 @@ def test_cli_flags_reach_the_processors(model_dir, only_generate_and_chat, capsy
     (["--logit-bias", "3=nan"], "logit_bias[3]=nan is invalid: a bias is a finite number"),
     (["--logit-bias", "3,4=1"], "logit_bias has key (3, 4), which is not a token id"),
     (["--logit-bias", "300=1"], "logit_bias names token id 300, outside this model's vocabulary 0..256"),
+    (["--frequency-penalty", "inf"], "frequency_penalty=inf is invalid: expected a finite number"),
 ])
 def test_cli_refuses_bad_values_in_one_line(model_dir, only_generate_and_chat, capsys, command, flags, fragment):
     argv = [command] + (["Hello"] if command == "generate" else []) + ["--model", model_dir, "-q"] + flags
@@ -380,7 +454,8 @@ def test_chat_set_takes_them():
               read_line=reader(["/set no_repeat_ngram_size 2", "/set no-repeat-ngram-size -1",
                                 "/set suppress_tokens 3,9", "/set suppress_tokens 3;9",
                                 "/set bad_words_ids 13;40,41", "/set bad_words_ids 13;x",
-                                "/set logit_bias 72=-100,101=3", "/set sequence_bias 72,101=-5;9=1", "Hi"]), out=out)
+                                "/set logit_bias 72=-100,101=3", "/set sequence_bias 72,101=-5;9=1",
+                                "/set presence_penalty 0.5", "/set frequency-penalty 1.5", "Hi"]), out=out)
     shown = out.getvalue().splitlines()
     assert shown[0] == "(no_repeat_ngram_size = 2)"
     assert shown[1].startswith("cannot set no_repeat_ngram_size to '-1': no_repeat_ngram_size=-1 is invalid")
@@ -390,13 +465,15 @@ def test_chat_set_takes_them():
     assert shown[5].startswith("cannot set bad_words_ids to '13;x': 'x' is not a list of token ids")
     assert shown[6] == "(logit_bias = {72: -100.0, 101: 3.0})"
     assert shown[7] == "(sequence_bias = [[[72, 101], -5.0], [[9], 1.0]])"
+    assert shown[8:10] == ["(presence_penalty = 0.5)", "(frequency_penalty = 1.5)"]
     from lucidlm.chat import Conversation
     convo = Conversation()
     convo.add_user("Hi")
     assert shown[-1] == "".join(convo.reply(model, temperature=0, max_new_tokens=8, stop_on_eos=False,
                                             no_repeat_ngram_size=2, suppress_tokens=[3, 9],
                                             bad_words_ids=[[13], [40, 41]], logit_bias={72: -100, 101: 3},
-                                            sequence_bias=[[[72, 101], -5.0], [[9], 1.0]]))
+                                            sequence_bias=[[[72, 101], -5.0], [[9], 1.0]], presence_penalty=0.5,
+                                            frequency_penalty=1.5))
 
 
 def test_stream_and_the_model_methods_take_them():

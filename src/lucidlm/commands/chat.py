@@ -30,6 +30,7 @@ COMMANDS_HELP = """\
                         typical_p, epsilon_cutoff, eta_cutoff, no_repeat_ngram_size,
                         suppress_tokens (13,198), bad_words_ids (13;464,3290),
                         logit_bias (13=-100,198=2), sequence_bias (464,3290=-5;13=2),
+                        presence_penalty, frequency_penalty,
                         max_new_tokens, seed
                         (/set temperature 0.3; /set top_p default to unset;
                         /set max_new_tokens default: back to the session's --max-new-tokens)
@@ -47,6 +48,7 @@ SETTINGS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, 
             "typical_p": float, "epsilon_cutoff": float, "eta_cutoff": float, "no_repeat_ngram_size": int,
             "suppress_tokens": arg_types.token_ids, "bad_words_ids": arg_types.token_sequences,
             "logit_bias": arg_types.logit_biases, "sequence_bias": arg_types.sequence_biases,
+            "presence_penalty": float, "frequency_penalty": float,
             "max_new_tokens": int, "seed": int}
 ALIASES = {"temp": "temperature", "num_predict": "max_new_tokens", "repeat_penalty": "repetition_penalty"}
 

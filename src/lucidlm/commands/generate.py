@@ -126,6 +126,12 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, default_max_new_toke
     group.add_argument("--sequence-bias", type=arg_types.token_bias, action="append", default=None,
                        metavar="IDS=BIAS", help="add BIAS to the last token of a token id sequence where the rest is "
                                                 "there (transformers' sequence_bias, e.g. 464,3290=-5); repeatable")
+    group.add_argument("--presence-penalty", type=float, default=None,
+                       help="subtract this from the logit of every token already generated (OpenAI's; -2 to 2 is "
+                            "its range, 0 = off)")
+    group.add_argument("--frequency-penalty", type=float, default=None,
+                       help="subtract this times a token's count in the output from its logit (OpenAI's; -2 to 2 "
+                            "is its range, 0 = off)")
     group.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     group.add_argument("--stop", action="append", default=None, metavar="TEXT", type=arg_types.text,
                        help="stop when TEXT appears (not included in the output); repeatable")
@@ -142,7 +148,8 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                 typical_p=args.typical_p, epsilon_cutoff=args.epsilon_cutoff, eta_cutoff=args.eta_cutoff,
                 no_repeat_ngram_size=args.no_repeat_ngram_size, suppress_tokens=args.suppress_tokens,
                 bad_words_ids=args.bad_words_ids, sequence_bias=_pairs(args.sequence_bias),
-                logit_bias=_logit_bias(args.logit_bias),
+                logit_bias=_logit_bias(args.logit_bias), presence_penalty=args.presence_penalty,
+                frequency_penalty=args.frequency_penalty,
                 seed=args.seed, stop=args.stop, min_new_tokens=args.min_new_tokens,
                 context_overflow=args.context_overflow)
 

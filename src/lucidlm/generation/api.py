@@ -174,7 +174,8 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
              epsilon_cutoff: Optional[float] = None, eta_cutoff: Optional[float] = None, seed: Optional[int] = None,
              no_repeat_ngram_size: Optional[int] = None, suppress_tokens: Optional[Sequence[int]] = None,
              bad_words_ids: Optional[Sequence[Sequence[int]]] = None, sequence_bias: Optional[SequenceBias] = None,
-             logit_bias: Optional[LogitBias] = None,
+             logit_bias: Optional[LogitBias] = None, presence_penalty: Optional[float] = None,
+             frequency_penalty: Optional[float] = None,
              stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True, num_beams: int = 1,
              length_penalty: float = 1.0, min_new_tokens: int = 0, context_overflow: str = "stop",
              logprobs: Union[bool, int, None] = None, chat: bool = False, reuse_cache: bool = False,
@@ -190,7 +191,8 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
     and samples nothing, so it ignores ``temperature``, ``top_k``, ``top_p``, ``min_p``,
     ``typical_p``, ``epsilon_cutoff``, ``eta_cutoff`` and ``seed``; it uses
     ``repetition_penalty``, ``no_repeat_ngram_size``, ``suppress_tokens``, ``bad_words_ids``,
-    ``sequence_bias``, ``logit_bias``, ``length_penalty``, ``stop`` and ``stop_on_eos`` (a beam that
+    ``sequence_bias``, ``logit_bias``, ``presence_penalty``, ``frequency_penalty``,
+    ``length_penalty``, ``stop`` and ``stop_on_eos`` (a beam that
     writes a stop string ends there, as with EOS: HF's ``stop_strings``).
     ``length_penalty`` needs ``num_beams > 1``.
 
@@ -245,7 +247,8 @@ def stream(model: Transformer, prompt: Prompt, *, steady: bool = False, max_new_
            eta_cutoff: Optional[float] = None, seed: Optional[int] = None, stop: Optional[str | Sequence[str]] = None,
            no_repeat_ngram_size: Optional[int] = None, suppress_tokens: Optional[Sequence[int]] = None,
            bad_words_ids: Optional[Sequence[Sequence[int]]] = None, sequence_bias: Optional[SequenceBias] = None,
-           logit_bias: Optional[LogitBias] = None,
+           logit_bias: Optional[LogitBias] = None, presence_penalty: Optional[float] = None,
+           frequency_penalty: Optional[float] = None,
            stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0, min_new_tokens: int = 0,
            context_overflow: str = "stop", logprobs: Union[bool, int, None] = None, chat: bool = False,
            reuse_cache: bool = False, **unknown: Any) -> "TextStream":
@@ -307,8 +310,10 @@ def generate_batch(model: Transformer, prompts: Sequence[str | Sequence[int]], *
                    typical_p: Optional[float] = None, epsilon_cutoff: Optional[float] = None,
                    eta_cutoff: Optional[float] = None, seed: Optional[int] = None,
                    no_repeat_ngram_size: Optional[int] = None, suppress_tokens: Optional[Sequence[int]] = None,
-                   bad_words_ids: Optional[Sequence[Sequence[int]]] = None, sequence_bias: Optional[SequenceBias] = None,
-                   logit_bias: Optional[LogitBias] = None,
+                   bad_words_ids: Optional[Sequence[Sequence[int]]] = None,
+                   sequence_bias: Optional[SequenceBias] = None,
+                   logit_bias: Optional[LogitBias] = None, presence_penalty: Optional[float] = None,
+                   frequency_penalty: Optional[float] = None,
                    stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True,
                    min_new_tokens: int = 0, logprobs: Union[bool, int, None] = None,
                    chat: bool = False) -> list[GenerationResult]:

@@ -90,7 +90,8 @@ def beam_search(model: Transformer, prompt_ids: Sequence[int], *, num_beams: int
                  torch.empty((n, 0, top_n), dtype=torch.long, device=device))
         for t in range(max_new_tokens):
             log_probs = torch.log_softmax(logits, dim=-1)  # (n, V)
-            log_probs = apply_processors(log_probs, settings, running)  # HF applies its processors to log-probs
+            # HF applies its processors to the log-probs
+            log_probs = apply_processors(log_probs, settings, running, prompt_len=L)
             if t < min_new_tokens and len(eos):  # HF's MinNewTokensLengthLogitsProcessor: no EOS yet, the
                 log_probs = log_probs.index_fill(1, eos, float("-inf"))  # other log-probs left as they are
             vocab = log_probs.shape[-1]

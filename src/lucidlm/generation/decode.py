@@ -306,7 +306,7 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
             with torch.inference_mode():
                 if t < min_new_tokens:
                     logits = suppress(logits, eos_ids)
-                next_ids = sample_next(logits, settings, seen[:, :L + t], generator, recorder, padding)  # (B,)
+                next_ids = sample_next(logits, settings, seen[:, :L + t], generator, recorder, padding, L)  # (B,)
                 seen[:, L + t] = next_ids
             sent = readback.send(t, next_ids)  # before the next step is queued behind the ids
             last = t + 1 == max_new_tokens  # the last token is never fed back: no forward pass for it

@@ -7,7 +7,8 @@ A sampling option left at ``None`` takes the model's own value, found (first mat
    greedy (temperature 0) unless it says ``"do_sample": true``, then its temperature, top_k,
    top_p, min_p, typical_p, epsilon_cutoff and eta_cutoff, and only those (transformers adds
    its own top-k 50 when the file names no top_k; lucidlm does not); a ``temperature``
-   without ``do_sample`` is ignored, as transformers ignores it; its repetition_penalty, no_repeat_ngram_size, suppress_tokens, bad_words_ids and
+   without ``do_sample`` is ignored, as transformers ignores it; its repetition_penalty,
+   no_repeat_ngram_size, suppress_tokens, bad_words_ids and
    sequence_bias apply either way (``weights/hf_generation_config.py``);
 2. the table below, for models whose files carry none (a GGUF without sampling keys, a
    pretrained name, a directory without generation_config.json);
@@ -28,7 +29,7 @@ from typing import Any, Optional
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "typical_p", "epsilon_cutoff",
                  "eta_cutoff", "no_repeat_ngram_size", "suppress_tokens", "bad_words_ids",
-                 "sequence_bias", "logit_bias")
+                 "sequence_bias", "logit_bias", "presence_penalty", "frequency_penalty")
 FALLBACK: dict[str, Any] = {"temperature": 1.0}
 
 # Per-model defaults, by lucidlm's pretrained name, the model's own name (GGUF general.name) or

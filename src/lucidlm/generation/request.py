@@ -78,6 +78,9 @@ def check_options(**kwargs: Any) -> None:
         sequence_bias=None     [[ids, bias], ...] or {(ids): bias}: bias added to the last
                                token's logit where the rest is there (-inf bans)
         logit_bias=None        {token_id: bias} added to those logits (OpenAI's; -inf bans)
+        presence_penalty=None  a finite number subtracted from each generated token's logit
+        frequency_penalty=None a finite number times each token's count in the output,
+                               subtracted from its logit (OpenAI's; 0 or None: off)
         seed=None              whole number, for reproducible sampling
         stop=None              a string or a list of strings that end generation
         stop_on_eos=True       end at the tokenizer's EOS token

@@ -4,12 +4,14 @@ Each processor takes logits (B, V) and returns new logits (B, V); a filtered-out
 -inf, so softmax gives it probability 0. They are applied in the order of the list transformers'
 ``GenerationMixin._get_logits_processor`` builds (transformers 5.25):
 
-    sequence bias (and logit bias) -> repetition penalty -> no-repeat n-gram -> bad words
-        -> suppressed tokens
+    sequence bias (and logit bias) -> repetition penalty -> presence and frequency penalties
+        -> no-repeat n-gram -> bad words -> suppressed tokens
         -> temperature -> top-k -> top-p -> min-p -> typical-p -> epsilon cutoff -> eta cutoff
         -> sample (or argmax)
 
-The processors before temperature (``apply_processors``) also run for greedy decoding and on
+transformers has no presence or frequency penalty: they come right after the repetition
+penalty, as in llama.cpp's penalties sampler (repeat, then frequency and presence). The
+processors before temperature (``apply_processors``) also run for greedy decoding and on
 beam search's log-probs; the warpers after it only when sampling. ``temperature == 0`` means
 greedy decoding: the argmax after the processors.
 """
@@ -64,6 +66,8 @@ class SamplingSettings:
     # [[ids, bias], ...] or {(ids): bias} as transformers takes it; kept as ((ids, bias), ...)
     sequence_bias: Optional[tuple[tuple[tuple[int, ...], float], ...]] = None
     logit_bias: Optional[tuple[tuple[int, float], ...]] = None  # {id: bias} as OpenAI takes it; kept as pairs
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
 
     def __post_init__(self) -> None:
         # list-valued options kept as tuples: the settings stay hashable and cannot change under a generation
@@ -76,7 +80,7 @@ class SamplingSettings:
         if self.logit_bias is not None:
             object.__setattr__(self, "logit_bias", _logit_biases(self.logit_bias))
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "typical_p", "epsilon_cutoff",
-                     "eta_cutoff"):  # a number first, then its range
+                     "eta_cutoff", "presence_penalty", "frequency_penalty"):  # a number first, then its range
             value = getattr(self, name)
             if (value is not None or name == "temperature") and not _is_finite(value):
                 raise GenerationError(f"{name}={value!r} is invalid: expected a finite number"
@@ -214,6 +218,17 @@ def apply_repetition_penalty(logits: torch.Tensor, seen_ids: torch.Tensor, penal
     seen_logits = logits.gather(1, seen_ids)  # (B, S)
     seen_logits = torch.where(seen_logits < 0, seen_logits * penalty, seen_logits / penalty)
     return logits.scatter(1, seen_ids, seen_logits)
+
+
+def apply_presence_frequency_penalty(logits: torch.Tensor, generated_ids: torch.Tensor, presence: float,
+                                     frequency: float) -> torch.Tensor:
+    """OpenAI's presence and frequency penalties, as its API reference writes them:
+    logit[j] -= frequency * count[j] + presence * (count[j] > 0), count[j] being how often token j
+    was generated so far in the row. ``generated_ids`` (B, T): the output only, as OpenAI counts
+    (llama.cpp applies the same formula to its last ``penalty_last_n`` tokens, 64 by default,
+    which include the prompt's). Negative values make repeats likelier."""
+    counts = torch.zeros_like(logits).scatter_add_(1, generated_ids, torch.ones_like(generated_ids, dtype=logits.dtype))
+    return logits - counts * frequency - (counts > 0).to(logits.dtype) * presence  # (B, V)
 
 
 def no_repeat_ngram_filter(logits: torch.Tensor, seen_ids: torch.Tensor, n: int,
@@ -385,15 +400,20 @@ def eta_filter(logits: torch.Tensor, epsilon: float) -> torch.Tensor:
 
 
 def apply_processors(logits: torch.Tensor, settings: SamplingSettings, seen_ids: Optional[torch.Tensor] = None,
-                     padding: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     padding: Optional[torch.Tensor] = None, prompt_len: int = 0) -> torch.Tensor:
     """The processors that come before temperature in HF's list, which greedy decoding and beam
     search apply too (beam search to its log-probs). logits: (B, V) float; seen_ids: (B, S) the
     row's prompt and output so far (None: the ones that look at it are skipped); padding: (B, 1)
-    the row's left-padding columns of seen_ids (a batch), which are not its text."""
+    the row's left-padding columns of seen_ids (a batch), which are not its text; prompt_len:
+    seen_ids' columns before the output (presence and frequency penalties count the rest)."""
     if settings.sequence_bias or settings.logit_bias:
         logits = apply_sequence_bias(logits, seen_ids, _device_tables(settings, "sequence_bias", logits), padding)
     if seen_ids is not None and settings.repetition_penalty not in (None, 1.0):
         logits = apply_repetition_penalty(logits, seen_ids, settings.repetition_penalty)
+    if seen_ids is not None and (settings.presence_penalty or settings.frequency_penalty) and \
+            seen_ids.shape[1] > prompt_len:
+        logits = apply_presence_frequency_penalty(logits, seen_ids[:, prompt_len:], settings.presence_penalty or 0.0,
+                                                  settings.frequency_penalty or 0.0)
     if seen_ids is not None and settings.no_repeat_ngram_size:
         logits = no_repeat_ngram_filter(logits, seen_ids, int(settings.no_repeat_ngram_size), padding)
     if settings.bad_words_ids:
@@ -404,10 +424,10 @@ def apply_processors(logits: torch.Tensor, settings: SamplingSettings, seen_ids:
 
 
 def process_logits(logits: torch.Tensor, settings: SamplingSettings, seen_ids: Optional[torch.Tensor] = None,
-                   padding: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Every processor the settings ask for, in HF's order. logits: (B, V) float; seen_ids and
-    padding: see ``apply_processors``."""
-    logits = apply_processors(logits, settings, seen_ids, padding)
+                   padding: Optional[torch.Tensor] = None, prompt_len: int = 0) -> torch.Tensor:
+    """Every processor the settings ask for, in HF's order. logits: (B, V) float; seen_ids,
+    padding and prompt_len: see ``apply_processors``."""
+    logits = apply_processors(logits, settings, seen_ids, padding, prompt_len)
     if settings.greedy:
         return logits  # the filters below cannot change the argmax
     if settings.temperature != 1.0:
@@ -429,10 +449,12 @@ def process_logits(logits: torch.Tensor, settings: SamplingSettings, seen_ids: O
 
 def sample_next(logits: torch.Tensor, settings: SamplingSettings, seen_ids: Optional[torch.Tensor] = None,
                 generator: Optional[torch.Generator] = None,
-                recorder: Optional[LogprobRecorder] = None, padding: Optional[torch.Tensor] = None) -> torch.Tensor:
+                recorder: Optional[LogprobRecorder] = None, padding: Optional[torch.Tensor] = None,
+                prompt_len: int = 0) -> torch.Tensor:
     """Next token ids (B,) from logits (B, V). ``recorder`` (a ``LogprobRecorder``) is handed the
-    processed logits the ids came from, on the device; seen_ids and padding: see ``apply_processors``."""
-    logits = process_logits(logits.float(), settings, seen_ids, padding)
+    processed logits the ids came from, on the device; seen_ids, padding and prompt_len: see
+    ``apply_processors``."""
+    logits = process_logits(logits.float(), settings, seen_ids, padding, prompt_len)
     if settings.greedy:
         ids = argmax_rows(logits)  # logits.argmax(dim=-1), in C on a CPU
     else:

@@ -49,7 +49,7 @@ def sample_with_crop(model: Any, prompt: Sequence[int], max_new_tokens: int, set
             if t < min_new_tokens:
                 logits = suppress(logits, eos_ids)
             seen = torch.tensor([ids], device=model.device)  # repetition penalty sees everything
-            next_ids = sample_next(logits, settings, seen, generator, recorder)
+            next_ids = sample_next(logits, settings, seen, generator, recorder, prompt_len=len(prompt))
         ids.append(int(next_ids[0]))
         yield next_ids
         if bool(finished.all()):
