@@ -267,6 +267,28 @@ def test_presence_and_frequency_penalties_in_transformers_generate(pair, penalti
     assert changed
 
 
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_logprobs_are_transformers_scores_after_the_processors(pair, num_beams):
+    """Greedy and beam log-probs with processors on: transformers' transition scores (greedy:
+    normalized from its processed scores; beams: the processed log-probs they summed)."""
+    hf, ours = pair
+    options = dict(no_repeat_ngram_size=2, sequence_bias=[[[144, 172], -3.0], [[54], 2.0]], suppress_tokens=[21],
+                   bad_words_ids=[[90, 90]])
+    for prompt in PROMPTS:
+        result = generate(ours, prompt, temperature=0, num_beams=num_beams, max_new_tokens=MAX_NEW, logprobs=True,
+                          **options)
+        out = hf.generate(torch.tensor([prompt]), do_sample=False, num_beams=num_beams, max_new_tokens=MAX_NEW,
+                          eos_token_id=EOS, pad_token_id=EOS, return_dict_in_generate=True, output_scores=True,
+                          **options)
+        if num_beams == 1:
+            transition = hf.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)[0]
+        else:
+            transition = hf.compute_transition_scores(out.sequences, out.scores, out.beam_indices)[0]
+        assert result.token_ids == out.sequences[0, len(prompt):len(prompt) + len(result.token_ids)].tolist()
+        torch.testing.assert_close(torch.tensor(result.logprobs), transition[:len(result.token_ids)], rtol=0,
+                                   atol=1e-4)
+
+
 def test_a_left_padded_batch_equals_transformers(pair):
     """A greedy batch with no_repeat_ngram_size: transformers' batch (left-padded, with its mask)."""
     hf, ours = pair
@@ -410,6 +432,9 @@ def only_generate_and_chat(monkeypatch):
     (["--sequence-bias", "15,35=-inf", "--sequence-bias", "232=-3"], dict(sequence_bias=[[[15, 35], float("-inf")],
                                                                                      [[232], -3.0]])),
     (["--presence-penalty", "5", "--frequency-penalty", "0.5"], dict(presence_penalty=5.0, frequency_penalty=0.5)),
+    # the toys' tokenizer writes each byte as its id
+    (["--bad-words", "g", "--bad-words-ids", "15", "--bad-words", "#Q"],
+     dict(bad_words_ids=[[15], list(b"g"), list(b"#Q")])),
 ])
 def test_cli_flags_reach_the_processors(model_dir, only_generate_and_chat, capsys, flags, options):
     argv = ["generate", "Hello", "--model", model_dir, "-q", "--max-new-tokens", "12", "--temperature", "0",
@@ -430,6 +455,7 @@ def test_cli_flags_reach_the_processors(model_dir, only_generate_and_chat, capsy
     (["--logit-bias", "3,4=1"], "logit_bias has key (3, 4), which is not a token id"),
     (["--logit-bias", "300=1"], "logit_bias names token id 300, outside this model's vocabulary 0..256"),
     (["--frequency-penalty", "inf"], "frequency_penalty=inf is invalid: expected a finite number"),
+    (["--bad-words", ""], "--bad-words '' encodes to no token; give a non-empty text."),
 ])
 def test_cli_refuses_bad_values_in_one_line(model_dir, only_generate_and_chat, capsys, command, flags, fragment):
     argv = [command] + (["Hello"] if command == "generate" else []) + ["--model", model_dir, "-q"] + flags

@@ -120,6 +120,9 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, default_max_new_toke
     group.add_argument("--bad-words-ids", type=arg_types.token_ids, action="append", default=None, metavar="IDS",
                        help="a token id sequence never generated, its ids separated by commas (transformers' "
                             "bad_words_ids; a longer one is banned at its last token); repeatable")
+    group.add_argument("--bad-words", action="append", default=None, metavar="TEXT", type=arg_types.text,
+                       help="text never generated: its ids as the model's tokenizer encodes it become a "
+                            "--bad-words-ids sequence (mind the space: ' Paris' is the word mid-sentence); repeatable")
     group.add_argument("--logit-bias", type=arg_types.token_bias, action="append", default=None, metavar="ID=BIAS",
                        help="add BIAS to token ID's logit (OpenAI's / llama.cpp's logit_bias; -100 or -inf bans it, "
                             "e.g. 13=-100); repeatable")
@@ -195,6 +198,9 @@ def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, A
                                  random_init=getattr(args, "random_init", False),
                                  compile=getattr(args, "compile", False))
         model.eval()
+        if options is not None and getattr(args, "bad_words", None):
+            options["bad_words_ids"] = [*(options.get("bad_words_ids") or []),
+                                        *(_bad_word_ids(model, text) for text in args.bad_words)]
         if options is not None:  # the token ids the flags name are the model's, before chat waits for a line
             from lucidlm.generation.request import make_request
             make_request(dict(options)).use_model(model)
@@ -242,6 +248,21 @@ def _flag_typed(name: str, value: Any) -> str:
     values = value if isinstance(value, list) else [value]  # --stop, given once per text
     return " ".join(f"{flag} {shlex.quote(v) if isinstance(v, str) else f'{v:g}' if isinstance(v, float) else v}"
                     for v in values)
+
+
+def _bad_word_ids(model: Any, text: str) -> list[int]:
+    """--bad-words TEXT as the ids the model would write for it: its tokenizer's encoding, without
+    the BOS token some tokenizers put first (Gemma's)."""
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise InputError(f"--bad-words {text!r} needs the model's tokenizer to encode it, and this model has none; "
+                         f"give its token ids with --bad-words-ids.")
+    ids = list(tokenizer.encode(text))
+    if ids[:1] == [tokenizer.bos_id] and getattr(tokenizer, "add_bos", False):
+        ids = ids[1:]
+    if not ids:
+        raise InputError(f"--bad-words {text!r} encodes to no token; give a non-empty text.")
+    return ids
 
 
 def check_quantize_flags(args: argparse.Namespace) -> None:
