@@ -197,3 +197,41 @@ def test_a_saved_model_keeps_its_sampling_defaults_and_end_tokens(tmp_path, free
     (save_hf if to == "hf" else save_model)(model, tmp_path / "out")  # nothing to say on sampling: the ids stay
     assert json.loads((tmp_path / "out" / "generation_config.json").read_text()) == {
         "eos_token_id": [2, free_run[5]], "bos_token_id": 1, "pad_token_id": 0}  # the tokenizer's <s> and <pad>
+
+
+@pytest.mark.parametrize("to", ["hf", "lucidlm"])
+def test_logits_processors_of_a_greedy_file_survive_saving(tmp_path, free_run, to):
+    """A greedy generation_config.json's processors (transformers applies them when greedy
+    too) are read, applied, and written back when the model is saved: transformers generates
+    the same from the saved directory as from the original, and so does lucidlm."""
+    from transformers import GenerationConfig
+
+    from lucidlm.weights.hf import save_hf
+
+    processors = {"no_repeat_ngram_size": 2, "suppress_tokens": [free_run[1]], "bad_words_ids": [free_run[3:5]],
+                  "sequence_bias": [[[free_run[6]], -4.0]]}
+    source = save_dir(tmp_path / "src", {"eos_token_id": 2, **processors})
+    expected = transformers_generate(source)
+    assert expected != free_run  # the processors changed the greedy output
+    model = lucidlm.load(source)
+    assert generate(model, PROMPT, max_new_tokens=NEW).token_ids == expected
+    (save_hf if to == "hf" else save_model)(model, tmp_path / "out")
+    theirs = GenerationConfig.from_pretrained(tmp_path / "out")
+    assert {name: getattr(theirs, name) for name in processors} == processors
+    if to == "hf":  # (transformers reads the generation config of lucidlm's own format, not its weights)
+        assert transformers_generate(tmp_path / "out") == expected
+    assert generate(lucidlm.load(tmp_path / "out"), PROMPT, max_new_tokens=NEW).token_ids == expected
+
+
+def test_openais_options_in_the_defaults_survive_saving(tmp_path):
+    """logit_bias and the presence and frequency penalties, which transformers lacks, are kept in
+    generation_config.json as lucidlm's own fields (transformers reads the file regardless)."""
+    from transformers import GenerationConfig
+
+    model = lucidlm.load(save_dir(tmp_path / "src", None))
+    defaults = {"temperature": 0.0, "logit_bias": {7: -100.0}, "presence_penalty": 0.5, "frequency_penalty": 1.5}
+    model.generation_defaults = dict(defaults)
+    save_model(model, tmp_path / "out")
+    GenerationConfig.from_pretrained(tmp_path / "out")  # still a file transformers reads
+    again = lucidlm.load(tmp_path / "out").generation_defaults
+    assert {**again, "logit_bias": dict(again["logit_bias"])} == defaults

@@ -9,7 +9,8 @@ A sampling option left at ``None`` takes the model's own value, found (first mat
    its own top-k 50 when the file names no top_k; lucidlm does not); a ``temperature``
    without ``do_sample`` is ignored, as transformers ignores it; its repetition_penalty,
    no_repeat_ngram_size, suppress_tokens, bad_words_ids and
-   sequence_bias apply either way (``weights/hf_generation_config.py``);
+   sequence_bias apply either way, and so do lucidlm's own logit_bias, presence_penalty and
+   frequency_penalty, which a saved model writes there (``weights/hf_generation_config.py``);
 2. the table below, for models whose files carry none (a GGUF without sampling keys, a
    pretrained name, a directory without generation_config.json);
 3. ``FALLBACK``: plain sampling from the model's distribution (temperature 1), as

@@ -33,6 +33,12 @@ from lucidlm.validation import Fields, read_json_object
 GENERATION_CONFIG_NAME = "generation_config.json"
 CONFIG_NAME = "config.json"
 _FIX = "fix it, or replace it with the model's original {name}"
+# The fields transformers' generate applies whether it samples or not (its logits processors,
+# as opposed to its sampling warpers): read from a greedy file, and written for a greedy model.
+# The last three are lucidlm's own (OpenAI's options, which transformers lacks and ignores in the
+# file): a model saved with them in its generation_defaults keeps them.
+ANY_DECODING = ("repetition_penalty", "no_repeat_ngram_size", "suppress_tokens", "bad_words_ids", "sequence_bias",
+                "logit_bias", "presence_penalty", "frequency_penalty")
 
 
 def read_generation_config(directory: str | Path) -> Optional[Fields]:
@@ -47,14 +53,18 @@ def sampling_settings(config: Fields) -> dict[str, Any]:
     """The sampling defaults transformers' ``generate`` takes from this generation config:
     ``temperature=0`` (greedy) unless ``do_sample`` is true, then the file's temperature, top_k,
     top_p, min_p, typical_p, epsilon_cutoff and eta_cutoff; its repetition_penalty,
-    no_repeat_ngram_size, suppress_tokens, bad_words_ids and sequence_bias in both cases (transformers applies
-    its logits processors when greedy too)."""
+    no_repeat_ngram_size, suppress_tokens, bad_words_ids and sequence_bias in both cases (transformers
+    applies its logits processors when greedy too), and lucidlm's own logit_bias, presence_penalty
+    and frequency_penalty (``ANY_DECODING``)."""
     found: dict[str, Any] = {}
     if config.has("repetition_penalty"):
         found["repetition_penalty"] = config.float("repetition_penalty", low=0.0, low_open=True)
     if config.has("no_repeat_ngram_size"):
         found["no_repeat_ngram_size"] = config.int("no_repeat_ngram_size", low=0)
-    found.update(_token_options(config, ("suppress_tokens", "bad_words_ids", "sequence_bias")))
+    found.update(_token_options(config, ("suppress_tokens", "bad_words_ids", "sequence_bias", "logit_bias")))
+    for name in ("presence_penalty", "frequency_penalty"):
+        if config.has(name):
+            found[name] = config.float(name)
     if not config.bool("do_sample", default=False):
         return {"temperature": 0.0, **found}
     if config.has("temperature"):
@@ -187,7 +197,7 @@ def write_generation_config(directory: str | Path, model: Any) -> None:
     if defaults:
         greedy = defaults.get("temperature") == 0
         config["do_sample"] = not greedy
-        config.update({k: v for k, v in defaults.items() if not (greedy and k != "repetition_penalty")})
+        config.update({k: v for k, v in defaults.items() if not greedy or k in ANY_DECODING})
     tokenizer = getattr(model, "tokenizer", None)
     if eos_ids and (config or len(eos_ids) > 1 or tokenizer is None):
         config["eos_token_id"] = hf_eos_token_id(eos_ids)
