@@ -449,12 +449,12 @@ def test_cli_flags_reach_the_processors(model_dir, only_generate_and_chat, capsy
 
 @pytest.mark.parametrize("command", ["generate", "chat"])
 @pytest.mark.parametrize("flags, fragment", [
-    (["--no-repeat-ngram-size", "-2"], "no_repeat_ngram_size=-2 is invalid: use a whole number >= 0"),
+    (["--no-repeat-ngram-size", "-2"], "--no-repeat-ngram-size -2 is invalid: use a whole number >= 0"),
     (["--bad-words-ids", "3,-4"], "bad_words_ids[0]=[3, -4] is invalid: give a list of token ids (whole numbers"),
     (["--logit-bias", "3=nan"], "logit_bias[3]=nan is invalid: a bias is a finite number"),
     (["--logit-bias", "3,4=1"], "logit_bias has key (3, 4), which is not a token id"),
     (["--logit-bias", "300=1"], "logit_bias names token id 300, outside this model's vocabulary 0..256"),
-    (["--frequency-penalty", "inf"], "frequency_penalty=inf is invalid: expected a finite number"),
+    (["--frequency-penalty", "inf"], "--frequency-penalty inf is invalid: expected a finite number"),
     (["--bad-words", ""], "--bad-words '' encodes to no token; give a non-empty text."),
 ])
 def test_cli_refuses_bad_values_in_one_line(model_dir, only_generate_and_chat, capsys, command, flags, fragment):
