@@ -20,6 +20,7 @@ from lucidlm.config import ModelConfig
 from lucidlm.errors import InputError
 from lucidlm.validation import check_allocation, check_int
 from lucidlm.model.block import Block
+from lucidlm.model.checkpointing import checkpointed_block, warn_if_hooks_run_twice
 from lucidlm.model.decode_block import nothing_listens, one_call_stack
 from lucidlm.model.hooks import HookPoint
 from lucidlm.model.input_checks import check_ids, check_length, check_positions, check_slots
@@ -64,6 +65,11 @@ class Transformer(nn.Module):
     """The network and the state it owns: one rotary table for all layers, the KV caches
     (``setup_kv_cache`` / ``clear_kv_cache``) and an optional prefix module (prefix tuning).
     Generation, inspection and adapters live above it (``lucidlm.LanguageModel``)."""
+
+    # Recompute each block in the backward pass instead of keeping its activations
+    # (model/checkpointing.py); read only by a training forward with autograd on and no cache.
+    # A class default, so models pickled before the switch existed load.
+    gradient_checkpointing = False
 
     def __init__(self, config: ModelConfig, tokenizer: Optional[Tokenizer] = None) -> None:
         super().__init__()
@@ -313,9 +319,13 @@ class Transformer(nn.Module):
         if stacked is not None:
             x = stacked
         else:
+            # run_block: block(...), traced once for all the blocks alike when compiled (traced_once.py)
+            run = run_block
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled() and not cached:
+                warn_if_hooks_run_twice(self.blocks)
+                run = checkpointed_block
             for i, (block, cache) in enumerate(zip(self.blocks, caches)):
-                # run_block: block(...), traced once for all the blocks alike when compiled (traced_once.py)
-                x = run_block(block, x, rope_local if block.local else rope, local_mask if block.local else mask,
+                x = run(block, x, rope_local if block.local else rope, local_mask if block.local else mask,
                               cache, input_pos if cached else None, prefix_kv[i] if prefix_kv is not None else None,
                               T if cached and new_cache else None)  # kv_len: None attends over the whole cache
         if last_token_only:
@@ -325,6 +335,16 @@ class Transformer(nn.Module):
         logits = self.unembed(x)  # (B, T, vocab)
         cap = self.config.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    # ------------------------------------------------------------------ gradient checkpointing
+    def gradient_checkpointing_enable(self) -> None:
+        """Training forwards keep only each block's input and recompute the block in the
+        backward pass: less memory, about one more forward pass of time, the same gradients
+        (transformers' name; ``model.gradient_checkpointing = True`` is the same switch)."""
+        self.gradient_checkpointing = True
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.gradient_checkpointing = False
 
     # ------------------------------------------------------------------ input checks (model/input_checks.py)
     def _context_limit(self) -> int:

@@ -1,0 +1,217 @@
+"""Gradient checkpointing (model/checkpointing.py): the same gradients as without it, against
+torch's own uncheckpointed backward and against transformers' LlamaForCausalLM with
+``gradient_checkpointing_enable()``, and fewer bytes kept for the backward pass."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from random_weights import randomize_, small_llama
+
+from lucidlm.config import preset
+from lucidlm.model.transformer import Transformer
+from lucidlm.peft import add_adapters, add_lora, add_prefix
+from lucidlm.tokenizers import CharTokenizer
+from lucidlm.training import TrainConfig, pretrain
+from lucidlm.training.loss import masked_cross_entropy
+from lucidlm.weights.checkpoint import load_model, save_model
+
+
+def kept_bytes(model: torch.nn.Module, run) -> int:
+    """Bytes of the tensors autograd keeps for the backward pass while ``run()`` runs forward
+    (each storage once; the model's own weights, which are held anyway, left out)."""
+    held = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in held:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(kept.values())
+
+
+def loss_of(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return masked_cross_entropy(model(ids[:, :-1]), ids[:, 1:])
+
+
+def grads_of_steps(model: torch.nn.Module, checkpointing: bool, steps: int = 3) -> tuple[list, list]:
+    """Losses and every trainable gradient of ``steps`` AdamW steps of a copy of ``model``,
+    dropout drawn from the same seed."""
+    import copy
+
+    model = copy.deepcopy(model).train()
+    model.gradient_checkpointing = checkpointing
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    batches = torch.randint(0, model.config.vocab_size, (steps, 3, 17), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(7)
+    losses, grads = [], []
+    for ids in batches:
+        loss = loss_of(model, ids)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad.clone() for p in params])
+        optimizer.step()
+        optimizer.zero_grad()
+    return losses, grads
+
+
+def assert_same_training(model: torch.nn.Module) -> None:
+    plain = grads_of_steps(model, False)
+    checkpointed = grads_of_steps(model, True)
+    assert torch.equal(torch.stack(plain[0]), torch.stack(checkpointed[0]))
+    for step_plain, step_checkpointed in zip(plain[1], checkpointed[1]):
+        for a, b in zip(step_plain, step_checkpointed):
+            torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+    # and checkpointing was really in effect: the blocks' activations were not kept
+    ids = torch.randint(0, model.config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(2))
+    sizes = []
+    for on in (False, True):
+        model.train().gradient_checkpointing = on
+        sizes.append(kept_bytes(model, lambda: loss_of(model, ids)))
+    model.gradient_checkpointing = False
+    assert sizes[1] < sizes[0] / 2
+
+
+def tiny(dropout: float = 0.1, **fields) -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(preset("llama", vocab_size=61, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_mlp=64,
+                              max_seq_len=32, dropout=dropout, **fields))
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_pretraining_gradients_are_those_without_checkpointing(dropout):
+    assert_same_training(tiny(dropout))
+
+
+@pytest.mark.parametrize("method", ["lora", "adapter", "prefix"])
+def test_fine_tuning_gradients_are_those_without_checkpointing(method):
+    model = tiny(dropout=0.0)
+    if method == "lora":
+        add_lora(model, r=4, alpha=8, dropout=0.3, targets="all-linear")
+    elif method == "adapter":
+        add_adapters(model, bottleneck=8)
+    else:
+        add_prefix(model, length=4, hidden=16)
+    assert_same_training(model)
+
+
+def test_same_losses_and_gradients_as_transformers_with_checkpointing(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                      rms_norm_eps=1e-5, tie_word_embeddings=False)
+    hf = randomize_(transformers.LlamaForCausalLM(config), seed=3).train()
+    hf.save_pretrained(tmp_path)
+    if hasattr(hf, "activation_checkpointing_enable"):  # transformers 5's name for it
+        hf.activation_checkpointing_enable({"use_reentrant": False})
+    else:
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    from lucidlm.weights.hf import load_hf
+    from lucidlm.weights.hf_names import hf_state_dict
+
+    ours = load_hf(tmp_path).train()
+    ours.gradient_checkpointing_enable()
+    ids = torch.randint(0, 61, (2, 20), generator=torch.Generator().manual_seed(4))
+    hf_loss = hf(ids, labels=ids).loss
+    hf_loss.backward()
+    our_loss = loss_of(ours, ids)
+    our_loss.backward()
+    torch.testing.assert_close(our_loss, hf_loss, rtol=0, atol=1e-5)
+    with torch.no_grad():  # our gradients under Hugging Face names and layouts, as save_hf maps weights
+        for p in ours.parameters():
+            p.copy_(p.grad)
+    our_grads = hf_state_dict(ours)
+    hf_grads = {name: p.grad for name, p in hf.named_parameters()}
+    assert set(our_grads) == set(hf_grads)
+    for name, grad in hf_grads.items():
+        torch.testing.assert_close(our_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_fewer_bytes_kept_for_the_backward_on_a_smollm2_shaped_model():
+    """SmolLM2-135M's widths (576, 9 heads of 64, 3 KV heads, MLP 1536), 6 of its 30 layers:
+    the bytes autograd keeps, counted (not timed)."""
+    torch.manual_seed(0)
+    model = Transformer(preset("smollm2-135m", vocab_size=512, n_layers=6)).train()
+    ids = torch.randint(0, 512, (2, 129), generator=torch.Generator().manual_seed(0))
+    sizes = []
+    for on in (False, True):
+        model.gradient_checkpointing = on
+        sizes.append(kept_bytes(model, lambda: loss_of(model, ids)))
+    block_input = 2 * 128 * 576 * 4
+    assert sizes[1] < sizes[0] / 4  # each block keeps its input, not ~15 tensors as wide or wider
+    assert sizes[0] - sizes[1] > 6 * 10 * block_input
+
+
+def test_no_grad_and_eval_passes_are_not_checkpointed_and_hooks_warn_once_checkpointed():
+    model = tiny(dropout=0.0).train()
+    model.gradient_checkpointing = True
+    ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(0))
+    seen = []
+    model.blocks[1].hook_resid_mid.add_hook(lambda x, hook: seen.append(x.detach().clone()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            model(ids)  # run_with_cache's case: nothing recomputed, no warning
+        model.eval()
+        model(ids).sum().backward()  # an eval-mode pass with grad (attribution): not checkpointed
+        model.train()
+    assert len(seen) == 2
+    with pytest.warns(UserWarning, match=r"blocks\.1\.hook_resid_mid.*run twice"):
+        loss = loss_of(model, ids)
+    loss.backward()
+    assert len(seen) == 4 and torch.equal(seen[2], seen[3])  # the forward, then the recompute
+
+
+def test_pretrain_and_resume_with_checkpointing_switched(tmp_path, corpus):
+    """A run's loss curve and weights are the same with --gradient-checkpointing, and a resume
+    may switch it (it changes memory, not the math)."""
+    base = dict(data=str(corpus), n_layer=2, n_embd=32, n_head=2, block_size=16, batch_size=4, dropout=0.1,
+                eval_interval=2, eval_iters=1, sample_tokens=0, warmup_iters=1, lr_decay_iters=4, progress=False)
+    pretrain(TrainConfig(out_dir=str(tmp_path / "plain"), max_iters=4, **base))
+    pretrain(TrainConfig(out_dir=str(tmp_path / "switched"), max_iters=2, **base))
+    pretrain(TrainConfig(out_dir=str(tmp_path / "switched"), max_iters=4, gradient_checkpointing=True, resume=True,
+                         **base))
+
+    def run(name):
+        state = json.loads((tmp_path / name / "checkpoint" / "trainer_state.json").read_text())
+        return state, load_model(tmp_path / name / "checkpoint")
+
+    (plain_state, plain), (switched_state, switched) = run("plain"), run("switched")
+    assert switched_state["train_config"]["gradient_checkpointing"] is True
+    assert plain_state["train_losses"] == switched_state["train_losses"]
+    for (name, a), b in zip(plain.state_dict().items(), switched.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_finetune_command_with_gradient_checkpointing(tmp_path, shared_dir):
+    import argparse
+
+    from lucidlm.commands import finetune
+
+    text = (shared_dir / "data" / "tinyshakespeare.txt").read_text()[:20_000]
+    (tmp_path / "corpus.txt").write_text(text)
+    save_model(small_llama(CharTokenizer.train(text), n_layers=2, max_seq_len=64), tmp_path / "base")
+    parser = argparse.ArgumentParser(prog="lucidlm")
+    finetune.register(parser.add_subparsers(dest="command", required=True))
+    losses = []
+    for name, extra in (("plain", []), ("checkpointed", ["--gradient-checkpointing"])):
+        args = parser.parse_args(["finetune", "--model", str(tmp_path / "base"), "--data", str(tmp_path / "corpus.txt"),
+                                  "--out", str(tmp_path / name), "--max-iters", "4", "--eval-interval", "2",
+                                  "--eval-iters", "1", "--batch-size", "4", "--block-size", "32", "--sample-tokens",
+                                  "0", "--no-progress", "--warmup-iters", "1", "--dropout", "0.1", *extra])
+        assert args.handler(args) == 0
+        state = json.loads((tmp_path / name / "checkpoint" / "trainer_state.json").read_text())
+        losses.append(state["train_losses"])
+        metrics = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        losses.append([m["val_loss"] for m in metrics])
+    assert state["train_config"]["gradient_checkpointing"] is True
+    assert losses[0] == losses[2] and losses[1] == losses[3] and len(losses[0]) == 4
