@@ -80,6 +80,9 @@ class LoopConfig:
                                "steps)")
     compile_mode: str = opt("default", "torch.compile mode; reduce-overhead replays CUDA graphs (GPU)",
                             choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
+    gradient_checkpointing: bool = opt(False, "recompute each block in the backward pass instead of keeping its "
+                                              "activations: less memory, ~1 more forward pass of time, the same "
+                                              "gradients")
     fused_adamw: bool = opt(True, "torch's default AdamW instead of the fused kernel (which runs by default on CPU "
                                    "and CUDA)")
     strategy: str = opt("auto", "under torchrun: ddp (replicas) or fsdp (sharded, FSDP2); auto = ddp",
@@ -90,10 +93,12 @@ class LoopConfig:
 
     # Settings that may change between a run and its resume (everything else must match). The
     # strategy changes only how the same math is spread over processes; checkpoints are the same
-    # full files under each. batch_size may change with the process count (setup.check_same_settings).
+    # full files under each; gradient checkpointing changes memory, not the gradients. batch_size
+    # may change with the process count (setup.check_same_settings).
     MAY_CHANGE = ("max_iters", "eval_interval", "eval_iters", "final_eval_iters", "log_interval", "sample_prompt",
                   "sample_tokens", "sample_temperature", "sample_top_p", "sample_seed", "progress", "quiet", "device",
-                  "compile", "compile_mode", "fused_adamw", "resume", "out_dir", "epochs", "strategy")
+                  "compile", "compile_mode", "fused_adamw", "resume", "out_dir", "epochs", "strategy",
+                  "gradient_checkpointing")
 
     def __post_init__(self) -> None:
         if isinstance(self.out_dir, (str, Path)) and str(self.out_dir).startswith("~"):  # as --data: $HOME's

@@ -136,7 +136,7 @@ def _build(config: FinetuneConfig, model: Any, ctx: Any, callbacks: Sequence[Cal
         check_same_settings(run_config, saved_config, found[1], found[0], ctx)
     torch.manual_seed(config.seed + ctx.rank)
     model_class = type(model)  # before FSDP swaps in its own subclass
-    train_model = wrap_model(model, ctx, config.compile, config.compile_mode)
+    train_model = wrap_model(model, ctx, config.compile, config.compile_mode, config.gradient_checkpointing)
     optimizer = configure_optimizer(model, run_config, device, ctx.sharded)
 
     def export(directory: Path, tensors: dict[str, torch.Tensor], final: bool = False) -> None:

@@ -137,7 +137,8 @@ def _build(config: TrainConfig, ctx: Any, callbacks: Sequence[Callback]) -> Trai
     torch.manual_seed(config.seed + ctx.rank)  # dropout masks differ between ranks
     if device.type == "cuda":
         torch.cuda.manual_seed(config.seed + ctx.rank)
-    train_model = wrap_model(model, ctx, config.compile, config.compile_mode)  # FSDP shards `model` in place
+    # FSDP shards `model` in place
+    train_model = wrap_model(model, ctx, config.compile, config.compile_mode, config.gradient_checkpointing)
     optimizer = configure_optimizer(model, config, device, ctx.sharded)
     batches = WindowBatches(data.train, data.val, config.batch_size, block_size, config.seed, ctx)
     identity = run_identity(fixed_settings(config, saved_config), corpus_hash, tokenizer_hash)

@@ -33,10 +33,13 @@ class TrainStep(nn.Module):
 
 
 def wrap_model(model: nn.Module, ctx: DistributedContext, compile: bool = False,
-               compile_mode: Optional[str] = None) -> nn.Module:
+               compile_mode: Optional[str] = None, gradient_checkpointing: bool = False) -> nn.Module:
     """The module the training step calls: ``TrainStep`` compiled and/or DDP-wrapped. FSDP2
     shards ``model`` in place (every block, then the root: each block's weights are
-    gathered just before it runs and freed after)."""
+    gathered just before it runs and freed after). ``gradient_checkpointing`` switches the
+    model's own on (model/checkpointing.py); off, a model passed in keeps the switch it has."""
+    if gradient_checkpointing:
+        model.gradient_checkpointing = True
     if ctx.sharded:
         from torch.distributed.fsdp import fully_shard
 
