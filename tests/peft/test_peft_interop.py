@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from saved_bytes import saved_for_backward
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -282,21 +283,6 @@ def test_a_prefix_saved_over_a_lora_is_not_read_as_that_lora_by_peft(base_dir, t
         assert torch.equal(again(ids()), prefixed.eval()(ids()))
 
 
-def _saved_bytes(loss_of) -> tuple[torch.Tensor, int]:
-    """The loss ``loss_of()`` returns and the bytes of the distinct storages autograd saves
-    for its backward, parameters left out (they are held anyway)."""
-    saved: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        loss = loss_of()
-    return loss, saved
-
-
 def test_a_lora_step_saves_no_more_for_backward_than_peft_and_gets_its_gradients(base_dir):
     """A LoRA step's memory is the activations autograd keeps: frozen layers must not keep
     their inputs (only LoRA's A needs its own), nor the base weights get gradients."""
@@ -319,12 +305,8 @@ def test_a_lora_step_saves_no_more_for_backward_than_peft_and_gets_its_gradients
     def cross_entropy(logits: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
 
-    our_loss, our_saved = _saved_bytes(lambda: cross_entropy(ours(batch[:, :-1])))
-    their_loss, their_saved = _saved_bytes(lambda: cross_entropy(theirs(input_ids=batch[:, :-1]).logits))
-    our_params = {p.untyped_storage().data_ptr() for p in ours.parameters()}
-    their_params = {p.untyped_storage().data_ptr() for p in theirs.parameters()}
-    our_bytes = sum(n for ptr, n in our_saved.items() if ptr not in our_params)
-    their_bytes = sum(n for ptr, n in their_saved.items() if ptr not in their_params)
+    our_loss, our_bytes = saved_for_backward(lambda: cross_entropy(ours(batch[:, :-1])), ours)
+    their_loss, their_bytes = saved_for_backward(lambda: cross_entropy(theirs(input_ids=batch[:, :-1]).logits), theirs)
     # Known and left: lucidlm looks RoPE's cos and sin up per row, (B, T, 1, hd) each, where
     # transformers keeps one row (1, 1, T, hd): on SmolLM2 at 4 x 128 tokens 192 KiB of 559 MiB.
     B, T = batch[:, :-1].shape

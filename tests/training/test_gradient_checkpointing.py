@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 from random_weights import randomize_, small_llama
+from saved_bytes import saved_for_backward
 
 from lucidlm.config import preset
 from lucidlm.model.transformer import Transformer
@@ -18,23 +19,6 @@ from lucidlm.tokenizers import CharTokenizer
 from lucidlm.training import TrainConfig, pretrain
 from lucidlm.training.loss import masked_cross_entropy
 from lucidlm.weights.checkpoint import load_model, save_model
-
-
-def kept_bytes(model: torch.nn.Module, run) -> int:
-    """Bytes of the tensors autograd keeps for the backward pass while ``run()`` runs forward
-    (each storage once; the model's own weights, which are held anyway, left out)."""
-    held = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    kept: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in held:
-            kept[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        run()
-    return sum(kept.values())
 
 
 def loss_of(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -75,7 +59,7 @@ def assert_same_training(model: torch.nn.Module) -> None:
     sizes = []
     for on in (False, True):
         model.train().gradient_checkpointing = on
-        sizes.append(kept_bytes(model, lambda: loss_of(model, ids)))
+        sizes.append(saved_for_backward(lambda: loss_of(model, ids), model)[1])
     model.gradient_checkpointing = False
     assert sizes[1] < sizes[0] / 2
 
@@ -103,22 +87,34 @@ def test_fine_tuning_gradients_are_those_without_checkpointing(method):
     assert_same_training(model)
 
 
-def test_same_losses_and_gradients_as_transformers_with_checkpointing(tmp_path):
+def llama_twins(tmp_path) -> tuple[torch.nn.Module, Transformer]:
+    """transformers' LlamaForCausalLM (tiny, random weights) and the same model loaded by lucidlm,
+    both in training mode."""
     transformers = pytest.importorskip("transformers")
+    from lucidlm.weights.hf import load_hf
+
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
                                       rms_norm_eps=1e-5, tie_word_embeddings=False)
-    hf = randomize_(transformers.LlamaForCausalLM(config), seed=3).train()
+    hf = randomize_(transformers.LlamaForCausalLM(config), seed=3)
     hf.save_pretrained(tmp_path)
+    return hf.train(), load_hf(tmp_path).train()
+
+
+def hf_checkpointing_enable(hf: torch.nn.Module) -> None:
+    """transformers' gradient checkpointing, non-reentrant as lucidlm's."""
     if hasattr(hf, "activation_checkpointing_enable"):  # transformers 5's name for it
         hf.activation_checkpointing_enable({"use_reentrant": False})
     else:
         hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    from lucidlm.weights.hf import load_hf
+
+
+def test_same_losses_and_gradients_as_transformers_with_checkpointing(tmp_path):
     from lucidlm.weights.hf_names import hf_state_dict
 
-    ours = load_hf(tmp_path).train()
+    hf, ours = llama_twins(tmp_path)
+    hf_checkpointing_enable(hf)
     ours.gradient_checkpointing_enable()
     ids = torch.randint(0, 61, (2, 20), generator=torch.Generator().manual_seed(4))
     hf_loss = hf(ids, labels=ids).loss
@@ -136,6 +132,40 @@ def test_same_losses_and_gradients_as_transformers_with_checkpointing(tmp_path):
         torch.testing.assert_close(our_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_a_checkpointed_lora_step_keeps_no_more_than_peft_with_checkpointing(tmp_path):
+    peft = pytest.importorskip("peft")
+    hf, ours = llama_twins(tmp_path)
+    theirs = peft.get_peft_model(hf, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                     lora_dropout=0.0))
+    hf_checkpointing_enable(theirs)
+    add_lora(ours, r=4, alpha=8, targets=("q_proj", "v_proj"))
+    ours.gradient_checkpointing = True
+    their_modules = dict(theirs.named_modules())
+    with torch.no_grad():  # the same A and a non-zero B on both sides, so every gradient is non-trivial
+        for i, block in enumerate(ours.blocks):
+            for proj in ("q_proj", "v_proj"):
+                mine, hf_layer = getattr(block.attn, proj), their_modules[f"base_model.model.model.layers.{i}.self_attn.{proj}"]
+                hf_layer.lora_B["default"].weight.normal_(0, 0.1)
+                mine.lora_A["default"].copy_(hf_layer.lora_A["default"].weight)
+                mine.lora_B["default"].copy_(hf_layer.lora_B["default"].weight)
+    ids = torch.randint(0, 61, (4, 21), generator=torch.Generator().manual_seed(4))
+    our_loss, our_bytes = saved_for_backward(lambda: loss_of(ours, ids), ours)
+    their_loss, their_bytes = saved_for_backward(
+        lambda: masked_cross_entropy(theirs(input_ids=ids[:, :-1]).logits, ids[:, 1:]), theirs)
+    # as tests/peft/test_peft_interop.py: lucidlm's RoPE cos and sin are per row, (B, T, 1, hd)
+    per_row_rope = 2 * 3 * 20 * ours.config.head_dim * 4
+    assert our_bytes <= their_bytes + per_row_rope, (our_bytes, their_bytes)
+    our_loss.backward()
+    their_loss.backward()
+    torch.testing.assert_close(our_loss, their_loss, rtol=0, atol=1e-5)
+    for i, block in enumerate(ours.blocks):
+        for proj in ("q_proj", "v_proj"):
+            hf_layer = their_modules[f"base_model.model.model.layers.{i}.self_attn.{proj}"]
+            for ab in "AB":
+                torch.testing.assert_close(getattr(getattr(block.attn, proj), f"lora_{ab}")["default"].grad,
+                                           getattr(hf_layer, f"lora_{ab}")["default"].weight.grad, rtol=1e-4, atol=1e-6)
+
+
 def test_fewer_bytes_kept_for_the_backward_on_a_smollm2_shaped_model():
     """SmolLM2-135M's widths (576, 9 heads of 64, 3 KV heads, MLP 1536), 6 of its 30 layers:
     the bytes autograd keeps, counted (not timed)."""
@@ -145,7 +175,7 @@ def test_fewer_bytes_kept_for_the_backward_on_a_smollm2_shaped_model():
     sizes = []
     for on in (False, True):
         model.gradient_checkpointing = on
-        sizes.append(kept_bytes(model, lambda: loss_of(model, ids)))
+        sizes.append(saved_for_backward(lambda: loss_of(model, ids), model)[1])
     block_input = 2 * 128 * 576 * 4
     assert sizes[1] < sizes[0] / 4  # each block keeps its input, not ~15 tensors as wide or wider
     assert sizes[0] - sizes[1] > 6 * 10 * block_input
