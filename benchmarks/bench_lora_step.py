@@ -7,9 +7,13 @@ must agree: same weights, same batch), then steps alternate between the two libr
 that machine load hits both alike; the median step time is reported. Peak memory is the
 rise of the process's peak RSS during the steps, measured in a fresh process per library.
 
-    python benchmarks/bench_lora_step.py [--batch-size 4] [--block-size 128] [--steps 5]
+With ``--gradient-checkpointing`` both libraries recompute each block in the backward pass
+(lucidlm's ``model.gradient_checkpointing``, transformers' ``gradient_checkpointing_enable``,
+both torch's non-reentrant checkpoint), and the memory is measured both ways, off and on.
 
-Prints a table and writes benchmarks/results/lora_step.json.
+    python benchmarks/bench_lora_step.py [--batch-size 4] [--block-size 128] [--steps 5] [--gradient-checkpointing]
+
+Prints a table and writes benchmarks/results/lora_step.json (lora_step_checkpointing.json).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from lucidlm.peft import add_lora, lora_layers  # noqa: E402
 
 CORPUS = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 RESULTS = ROOT / "benchmarks" / "results" / "lora_step.json"
+RESULTS_CHECKPOINTING = RESULTS.with_name("lora_step_checkpointing.json")
 R, ALPHA, TARGETS, LR = 8, 16, ("q_proj", "v_proj"), 1e-3
 
 
@@ -56,14 +61,15 @@ def make_batch(tokenizer, batch_size: int, block_size: int) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------- the two sides
 
-def build_ours():
+def build_ours(checkpointing: bool = False):
     model = lucidlm.load("smollm2-135m", dtype=torch.float32)  # float: the quantized default cannot train
     add_lora(model, r=R, alpha=ALPHA, targets=TARGETS, dropout=0.0)
+    model.gradient_checkpointing = checkpointing
     model.train()
     return model
 
 
-def build_theirs():
+def build_theirs(checkpointing: bool = False):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -71,6 +77,12 @@ def build_theirs():
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     model = get_peft_model(model, LoraConfig(r=R, lora_alpha=ALPHA, target_modules=list(TARGETS), lora_dropout=0.0,
                                              task_type="CAUSAL_LM"))
+    if checkpointing:  # non-reentrant, as lucidlm's (the reentrant one needs inputs that require grad under peft)
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name
+            model.activation_checkpointing_enable(kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.train()
     return model
 
@@ -111,7 +123,7 @@ def stepper(model, loss_fn, batch):
 
 # ------------------------------------------------------------------------------- memory (own process)
 
-def peak_rss_rise(side: str, batch_file: str, steps: int) -> float:
+def peak_rss_rise(side: str, batch_file: str, steps: int, checkpointing: bool = False) -> float:
     """MiB the peak RSS rises while taking ``steps`` steps, after loading (Linux only). The
     process loads nothing but its own model, and the heap's free pages go back to the OS
     before the counter is reset: memory a loader freed but glibc kept resident would
@@ -121,7 +133,7 @@ def peak_rss_rise(side: str, batch_file: str, steps: int) -> float:
 
     from lucidlm.host_memory import trim
 
-    model = build_ours() if side == "ours" else build_theirs()
+    model = build_ours(checkpointing) if side == "ours" else build_theirs(checkpointing)
     batch = load_file(batch_file)["batch"]
     step = stepper(model, ours_loss if side == "ours" else theirs_loss, batch)
     import gc
@@ -141,7 +153,7 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def measure_memory(side: str, batch: torch.Tensor) -> float | None:
+def measure_memory(side: str, batch: torch.Tensor, checkpointing: bool = False) -> float | None:
     if not Path("/proc/self/clear_refs").exists():
         return None
     import tempfile
@@ -151,7 +163,8 @@ def measure_memory(side: str, batch: torch.Tensor) -> float | None:
     with tempfile.TemporaryDirectory() as tmp:
         batch_file = str(Path(tmp) / "batch.safetensors")
         save_file({"batch": batch.contiguous()}, batch_file)
-        cmd = [sys.executable, __file__, "--memory-of", side, "--batch-file", batch_file, "--memory-steps", "2"]
+        cmd = [sys.executable, __file__, "--memory-of", side, "--batch-file", batch_file, "--memory-steps", "2",
+               *(["--gradient-checkpointing"] if checkpointing else [])]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return float(out.strip().splitlines()[-1])
 
@@ -168,22 +181,29 @@ def main() -> None:
     parser.add_argument("--memory-steps", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--batch-file", help=argparse.SUPPRESS)
     parser.add_argument("--no-memory", action="store_true", help="skip the per-process memory measurement")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="both libraries recompute each block in the backward pass; memory measured off and on")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_of:
-        print(peak_rss_rise(args.memory_of, args.batch_file, args.memory_steps))
+        print(peak_rss_rise(args.memory_of, args.batch_file, args.memory_steps, args.gradient_checkpointing))
         return
 
     import peft
     import transformers
 
     torch.manual_seed(0)
-    ours = build_ours()
-    theirs = build_theirs()
+    checkpointing = args.gradient_checkpointing
+    ours = build_ours(checkpointing)
+    theirs = build_theirs(checkpointing)
     copy_lora_a(ours, theirs)
     batch = make_batch(ours.tokenizer, args.batch_size, args.block_size)
     steps = {"lucidlm": stepper(ours, ours_loss, batch), "transformers+peft": stepper(theirs, theirs_loss, batch)}
+    if checkpointing:  # what the recompute costs, timed in the same alternation
+        plain = build_ours()
+        copy_lora_a(plain, theirs)
+        steps["lucidlm, no checkpointing"] = stepper(plain, ours_loss, batch)
 
     first = {name: step() for name, step in steps.items()}  # warmup, and the parity check
     loss_gap = abs(first["lucidlm"][1] - first["transformers+peft"][1])
@@ -195,24 +215,42 @@ def main() -> None:
             times[name].append(seconds)
             losses[name].append(loss)
     del ours, theirs, steps
+    plain = None
     memory = {"lucidlm": None, "transformers+peft": None}
+    memory_off = dict(memory)  # with --gradient-checkpointing: the same steps without it, for the saving
     if not args.no_memory:
-        memory = {"lucidlm": measure_memory("ours", batch), "transformers+peft": measure_memory("theirs", batch)}
+        memory = {"lucidlm": measure_memory("ours", batch, checkpointing),
+                  "transformers+peft": measure_memory("theirs", batch, checkpointing)}
+        if checkpointing:
+            memory_off = {"lucidlm": measure_memory("ours", batch), "transformers+peft": measure_memory("theirs", batch)}
 
     median = {name: statistics.median(t) for name, t in times.items()}
     ratio = median["lucidlm"] / median["transformers+peft"]
     tokens = args.batch_size * args.block_size
     print(f"\nLoRA step on SmolLM2-135M (r={R}, alpha={ALPHA}, {'+'.join(TARGETS)}), batch {args.batch_size} x "
-          f"{args.block_size} tokens, fp32 CPU, {torch.get_num_threads()} threads")
-    print(f"{'library':<20} {'median step (s)':>16} {'tokens/s':>10} {'peak RSS rise (MiB)':>20} {'loss after':>11}")
+          f"{args.block_size} tokens, fp32 CPU, {torch.get_num_threads()} threads"
+          f"{', gradient checkpointing on both' if checkpointing else ''}")
+    print(f"{'library':<26} {'median step (s)':>16} {'tokens/s':>10} {'peak RSS rise (MiB)':>20} {'loss after':>11}")
     for name in times:
-        mem = f"{memory[name]:.0f}" if memory[name] is not None else "n/a"
-        print(f"{name:<20} {median[name]:>16.3f} {tokens / median[name]:>10.0f} {mem:>20} {losses[name][-1]:>11.4f}")
+        mem = f"{memory[name]:.0f}" if memory.get(name) is not None else "n/a"
+        print(f"{name:<26} {median[name]:>16.3f} {tokens / median[name]:>10.0f} {mem:>20} {losses[name][-1]:>11.4f}")
     print(f"time ratio lucidlm / transformers+peft: {ratio:.2f}x (goal <= 1.0x); first-step loss gap {loss_gap:.2e}")
+    if checkpointing:
+        print(f"lucidlm's step with checkpointing / without: {median['lucidlm'] / median['lucidlm, no checkpointing']:.2f}x")
+    if memory["lucidlm"] is not None and memory["transformers+peft"]:
+        print(f"peak RSS rise ratio lucidlm / transformers+peft: {memory['lucidlm'] / memory['transformers+peft']:.2f}x")
+    for name, off in memory_off.items():
+        if off is not None:
+            print(f"{name}: peak RSS rise {off:.0f} MiB without checkpointing -> {memory[name]:.0f} MiB with it "
+                  f"({memory[name] / off:.2f}x)")
 
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    results = RESULTS_CHECKPOINTING if checkpointing else RESULTS
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps({
         "benchmark": "lora_step", "model": "SmolLM2-135M-Instruct (Q4_1 GGUF dequantized to fp32)",
+        "gradient_checkpointing": checkpointing, "peak_rss_rise_mib_without_checkpointing": memory_off,
+        "command": " ".join(["python", "benchmarks/bench_lora_step.py", *sys.argv[1:]]),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "lora": {"r": R, "alpha": ALPHA, "targets": list(TARGETS), "dropout": 0.0},
         "batch_size": args.batch_size, "block_size": args.block_size, "timed_steps": args.steps,
         "median_step_s": median, "all_step_s": times, "tokens_per_s": {k: tokens / v for k, v in median.items()},
@@ -223,7 +261,7 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
                     "load_average_1m": os.getloadavg()[0]},
     }, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
 
 
 if __name__ == "__main__":
