@@ -5,7 +5,6 @@ torch's own uncheckpointed backward and against transformers' LlamaForCausalLM w
 from __future__ import annotations
 
 import json
-import warnings
 
 import pytest
 import torch
@@ -181,24 +180,33 @@ def test_fewer_bytes_kept_for_the_backward_on_a_smollm2_shaped_model():
     assert sizes[0] - sizes[1] > 6 * 10 * block_input
 
 
-def test_no_grad_and_eval_passes_are_not_checkpointed_and_hooks_warn_once_checkpointed():
+def test_a_hooked_block_runs_once_and_unhooked_blocks_stay_checkpointed():
+    """A block with a forward hook is not recomputed: a hook removed before the backward (as
+    run_with_hooks does) would be missing from the recompute, and the gradients would be those
+    of another forward. Oracle: the same hooked pass without checkpointing."""
+    from lucidlm.inspect.cache import run_with_hooks
+
     model = tiny(dropout=0.0).train()
-    model.gradient_checkpointing = True
     ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(0))
     seen = []
-    model.blocks[1].hook_resid_mid.add_hook(lambda x, hook: seen.append(x.detach().clone()))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with torch.no_grad():
-            model(ids)  # run_with_cache's case: nothing recomputed, no warning
-        model.eval()
-        model(ids).sum().backward()  # an eval-mode pass with grad (attribution): not checkpointed
-        model.train()
-    assert len(seen) == 2
-    with pytest.warns(UserWarning, match=r"blocks\.1\.hook_resid_mid.*run twice"):
-        loss = loss_of(model, ids)
-    loss.backward()
-    assert len(seen) == 4 and torch.equal(seen[2], seen[3])  # the forward, then the recompute
+
+    def doubled(x, hook):
+        seen.append(hook.name)
+        return x * 2
+
+    grads, sizes = [], []
+    for on in (False, True):
+        model.gradient_checkpointing = on
+        model.zero_grad()
+        logits, size = saved_for_backward(
+            lambda: run_with_hooks(model, ids, fwd_hooks=[("blocks.1.hook_resid_mid", doubled)]), model)
+        logits.square().mean().backward()  # the hook is already removed
+        grads.append([p.grad.clone() for p in model.parameters()])
+        sizes.append(size)
+    assert seen == ["blocks.1.hook_resid_mid"] * 2  # once per pass, not again in a recompute
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+    assert sizes[1] < sizes[0] * 2 / 3  # blocks 0 and 2 are still checkpointed
 
 
 def test_pretrain_and_resume_with_checkpointing_switched(tmp_path, corpus):

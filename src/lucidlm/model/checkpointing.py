@@ -8,19 +8,23 @@ to get the rest: memory for activations goes from n_layers blocks' worth to one 
 (plus each block's input), for about one more forward pass of time (transformers'
 ``gradient_checkpointing_enable``).
 
-torch's non-reentrant checkpoint does it (the one torch recommends; it also takes inputs that
-need no grad, keyword-free tuples such as the rotation, and LoRA/prefix parameters). Its
+torch's non-reentrant checkpoint does it (the one torch recommends: it takes inputs that need
+no grad and non-tensor ones, such as the rotation's (cos, sin) pair, and reaches the LoRA and
+prefix parameters a block uses without their being passed in). Its
 ``preserve_rng_state`` (on by default) replays the forward's random state in the recompute,
 so dropout draws the same masks and the gradients are exactly those without checkpointing.
 
-Hook functions on a block's hook points (and torch hooks on its modules) run in the
-recompute too: twice per training step. Backward hooks run once (the recompute's graph is
-only read for its saved tensors). ``warn_if_hooks_run_twice`` says so when it happens.
+A block something listens to runs as it is, uncheckpointed: a forward hook function on one of
+its hook points, or a torch hook on one of its modules. Recomputed, such a hook would run twice
+per step (a hook that records activations sees each one twice), and a hook removed before the
+backward (``run_with_hooks`` removes its hooks when the forward returns) would be missing from
+the recompute, whose saved tensors would then not be those the forward used: silently wrong
+gradients. Backward hook functions alone do not count: they run once, on the forward's graph.
+The other blocks are still checkpointed.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -31,21 +35,14 @@ from lucidlm.model.hooks import HookPoint
 
 
 def checkpointed_block(block: nn.Module, *args: Any) -> torch.Tensor:
-    """``block(*args)``, keeping only its inputs for the backward pass, which runs it again."""
+    """``block(*args)``, keeping only its inputs for the backward pass, which runs it again;
+    a block that something listens to runs as it is (see above)."""
+    if listened_to(block):
+        return block(*args)
     return checkpoint(block, *args, use_reentrant=False)
 
 
-def warn_if_hooks_run_twice(blocks: nn.Module) -> None:
-    """Warn when a forward hook inside ``blocks`` will also run in the backward's recompute:
-    a hook that records or counts activations would see each one twice per step."""
-    if torch.compiler.is_compiling():  # a compiled step traces its hooks once; nothing to read here
-        return
-    listening = [m.name if isinstance(m, HookPoint) else type(m).__name__ for m in blocks.modules()
-                 if (m.fns if isinstance(m, HookPoint) else False) or m._forward_hooks or m._forward_pre_hooks]
-    if listening:
-        shown = ", ".join(listening[:3]) + (f" and {len(listening) - 3} more" if len(listening) > 3 else "")
-        warnings.warn(f"gradient checkpointing is on, so forward hooks inside the blocks ({shown}) run twice per "
-                      f"training step: in the forward pass and again when the backward pass recomputes the block. "
-                      f"A hook that records activations sees each one twice; set model.gradient_checkpointing = "
-                      f"False while hooks are attached, or run hooks under torch.no_grad() (run_with_cache does).",
-                      stacklevel=3)
+def listened_to(block: nn.Module) -> bool:
+    """Whether a forward hook function or a torch hook is attached anywhere in ``block``."""
+    return any((isinstance(m, HookPoint) and bool(m.fns)) or m._forward_hooks or m._forward_pre_hooks
+               or m._backward_hooks or m._backward_pre_hooks for m in block.modules())

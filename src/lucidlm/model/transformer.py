@@ -20,7 +20,7 @@ from lucidlm.config import ModelConfig
 from lucidlm.errors import InputError
 from lucidlm.validation import check_allocation, check_int
 from lucidlm.model.block import Block
-from lucidlm.model.checkpointing import checkpointed_block, warn_if_hooks_run_twice
+from lucidlm.model.checkpointing import checkpointed_block
 from lucidlm.model.decode_block import nothing_listens, one_call_stack
 from lucidlm.model.hooks import HookPoint
 from lucidlm.model.input_checks import check_ids, check_length, check_positions, check_slots
@@ -320,10 +320,8 @@ class Transformer(nn.Module):
             x = stacked
         else:
             # run_block: block(...), traced once for all the blocks alike when compiled (traced_once.py)
-            run = run_block
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled() and not cached:
-                warn_if_hooks_run_twice(self.blocks)
-                run = checkpointed_block
+            checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled() and not cached
+            run = checkpointed_block if checkpointing else run_block
             for i, (block, cache) in enumerate(zip(self.blocks, caches)):
                 x = run(block, x, rope_local if block.local else rope, local_mask if block.local else mask,
                               cache, input_pos if cached else None, prefix_kv[i] if prefix_kv is not None else None,
