@@ -202,7 +202,7 @@ def main() -> None:
     steps = {"lucidlm": stepper(ours, ours_loss, batch), "transformers+peft": stepper(theirs, theirs_loss, batch)}
     if checkpointing:  # what the recompute costs, timed in the same alternation
         plain = build_ours()
-        copy_lora_a(plain, theirs)
+        plain.load_state_dict(ours.state_dict())  # the same A (add_lora drew another)
         steps["lucidlm, no checkpointing"] = stepper(plain, ours_loss, batch)
 
     first = {name: step() for name, step in steps.items()}  # warmup, and the parity check
