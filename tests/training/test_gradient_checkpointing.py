@@ -4,6 +4,7 @@ torch's own uncheckpointed backward and against transformers' LlamaForCausalLM w
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -27,8 +28,6 @@ def loss_of(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 def grads_of_steps(model: torch.nn.Module, checkpointing: bool, steps: int = 3) -> tuple[list, list]:
     """Losses and every trainable gradient of ``steps`` AdamW steps of a copy of ``model``,
     dropout drawn from the same seed."""
-    import copy
-
     model = copy.deepcopy(model).train()
     model.gradient_checkpointing = checkpointing
     params = [p for p in model.parameters() if p.requires_grad]
@@ -63,10 +62,10 @@ def assert_same_training(model: torch.nn.Module) -> None:
     assert sizes[1] < sizes[0] / 2
 
 
-def tiny(dropout: float = 0.1, **fields) -> Transformer:
+def tiny(dropout: float = 0.1) -> Transformer:
     torch.manual_seed(0)
     return Transformer(preset("llama", vocab_size=61, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_mlp=64,
-                              max_seq_len=32, dropout=dropout, **fields))
+                              max_seq_len=32, dropout=dropout))
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.2])

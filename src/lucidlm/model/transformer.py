@@ -324,8 +324,8 @@ class Transformer(nn.Module):
             run = checkpointed_block if checkpointing else run_block
             for i, (block, cache) in enumerate(zip(self.blocks, caches)):
                 x = run(block, x, rope_local if block.local else rope, local_mask if block.local else mask,
-                              cache, input_pos if cached else None, prefix_kv[i] if prefix_kv is not None else None,
-                              T if cached and new_cache else None)  # kv_len: None attends over the whole cache
+                        cache, input_pos if cached else None, prefix_kv[i] if prefix_kv is not None else None,
+                        T if cached and new_cache else None)  # kv_len: None attends over the whole cache
         if last_token_only:
             x = x[:, -1:]
         if self.ln_final is not None:
