@@ -234,7 +234,8 @@ class LanguageModel(Transformer):
                  seed: Optional[int] = None, stop: Optional[Union[str, Sequence[str]]] = None,
                  stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0,
                  min_new_tokens: int = 0, context_overflow: str = "stop", logprobs: Union[bool, int, None] = None,
-                 reuse_cache: bool = False, chat: bool = False,
+                 reuse_cache: bool = False, chat: bool = False, draft: Any = None,
+                 draft_tokens: Optional[int] = None,
                  **options: Any) -> Union[GenerationResult, list[GenerationResult]]:
         """Continue ``prompt`` and return the new ids, their text and why it stopped.
 
@@ -278,6 +279,9 @@ class LanguageModel(Transformer):
             reuse_cache: keep the KV cache after generating, and start from the kept one when
                 the prompt begins with its ids (a chat's next turn; one prompt).
             chat: wrap a text prompt as a user message in the model's chat template.
+            draft, draft_tokens: speculative decoding (one prompt): ``"prompt"`` (prompt lookup)
+                or a cheaper model with the same vocabulary drafts ``draft_tokens`` tokens
+                (default 5) that this model checks in one pass; same tokens, same distribution.
             **options: ``input_ids=`` (transformers' name for the prompt); other names are refused.
 
         >>> model.generate("What is the capital of France?", chat=True).text
@@ -294,7 +298,7 @@ class LanguageModel(Transformer):
                         frequency_penalty=frequency_penalty, seed=seed, stop=stop,
                         stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty,
                         min_new_tokens=min_new_tokens, context_overflow=context_overflow, logprobs=logprobs,
-                        reuse_cache=reuse_cache, chat=chat, **options)
+                        reuse_cache=reuse_cache, chat=chat, draft=draft, draft_tokens=draft_tokens, **options)
 
     def stream(self, prompt: Prompt, *, max_new_tokens: int = 64, temperature: Optional[float] = None,
                top_k: Optional[int] = None, top_p: Optional[float] = None, min_p: Optional[float] = None,
@@ -307,8 +311,8 @@ class LanguageModel(Transformer):
                seed: Optional[int] = None, stop: Optional[Union[str, Sequence[str]]] = None,
                stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0,
                min_new_tokens: int = 0, context_overflow: str = "stop", logprobs: Union[bool, int, None] = None,
-               reuse_cache: bool = False, chat: bool = False, steady: bool = False,
-               **options: Any) -> TextStream:
+               reuse_cache: bool = False, chat: bool = False, steady: bool = False, draft: Any = None,
+               draft_tokens: Optional[int] = None, **options: Any) -> TextStream:
         """Like ``generate`` (the same options, one prompt) but yields text pieces as they are
         decoded; they join to exactly ``generate(...).text`` (never half a UTF-8 character,
         never a stop string). After the last piece, ``.result`` is the ``GenerationResult``.
@@ -328,7 +332,7 @@ class LanguageModel(Transformer):
                         frequency_penalty=frequency_penalty, seed=seed,
                       stop=stop, stop_on_eos=stop_on_eos, num_beams=num_beams, length_penalty=length_penalty,
                       min_new_tokens=min_new_tokens, context_overflow=context_overflow, logprobs=logprobs,
-                      reuse_cache=reuse_cache, chat=chat, **options)
+                      reuse_cache=reuse_cache, chat=chat, draft=draft, draft_tokens=draft_tokens, **options)
 
     # ------------------------------------------------------------------ inspection
     def run_with_cache(self, ids: TextOrIds, names_filter: NamesFilter = None, *,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from contextlib import closing
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Sequence, Union
 
@@ -46,6 +47,7 @@ from lucidlm.generation.sampling import LogitBias, SequenceBias
 from lucidlm.generation.request import (batch_rows, check_beams, fit_to_context, make_request, padding_id,
                                         private_generator, prompt_ids)
 from lucidlm.generation.sliding import sample_with_crop
+from lucidlm.generation.speculative import SpeculationStats, check_draft, speculative_rows
 from lucidlm.generation.streaming import TextAssembler
 from lucidlm.model.transformer import Transformer
 from lucidlm.suggest import keywords_checked
@@ -83,6 +85,8 @@ class GenerationResult:
       ``compute_transition_scores(..., normalize_logits=True)``; with greedy decoding the model's
       own ``log_softmax(logits)``; beam search: the scores its beams summed, transformers'
       transition scores; see ``generation/logprobs.py``). ``None`` when not asked for.
+    - ``speculation``: with ``generate(..., draft=...)``, how the drafts did (rounds, drafted,
+      accepted, ``acceptance_rate``, ``accepted_per_round``; ``speculative.py``). ``None`` otherwise.
     - ``top_logprobs``: with ``logprobs=N`` (N >= 1), per generated token the N most likely
       tokens of that same distribution, most likely first, as ``(token_id, logprob)`` pairs (a
       token a filter removed has -inf). ``None`` otherwise.
@@ -106,6 +110,7 @@ class GenerationResult:
     logprobs: Optional[list[float]] = None
     top_logprobs: Optional[list[list[tuple[int, float]]]] = None
     cached_tokens: int = 0
+    speculation: Optional[SpeculationStats] = None
 
     @property
     def tokens_per_second(self) -> Optional[float]:
@@ -179,6 +184,7 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
              stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True, num_beams: int = 1,
              length_penalty: float = 1.0, min_new_tokens: int = 0, context_overflow: str = "stop",
              logprobs: Union[bool, int, None] = None, chat: bool = False, reuse_cache: bool = False,
+             draft: Any = None, draft_tokens: Optional[int] = None,
              **unknown: Any) -> Union[GenerationResult, list[GenerationResult]]:
     """Continue ``prompt``; see the module docstring for the rules. ``chat=True`` wraps a
     text prompt as one user message in the model's chat template.
@@ -209,7 +215,15 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
     way (the prompt's later tokens are computed in a second pass, which may round differently
     in low precision). A batch of one row (a (1, T) tensor) is one prompt here, its result
     still a list of one. The kept cache stays in memory until the next generation or
-    ``model.clear_kv_cache()``."""
+    ``model.clear_kv_cache()``.
+
+    ``draft`` turns on speculative decoding (``speculative.py``; one prompt, no beams, no
+    ``context_overflow="crop"``): ``"prompt"`` drafts by prompt lookup (the tokens that followed
+    the text's last few tokens earlier on: fast when the answer copies the prompt), a model with
+    the same vocabulary (e.g. an int4 copy of this one) drafts with that model. Each round the
+    model checks ``draft_tokens`` drafts (5 by default) in one pass. The tokens are greedy
+    decoding's, or when sampling have exactly plain sampling's distribution; only the speed
+    differs (``GenerationResult.speculation`` says how many drafts were kept)."""
     options = {k: v for k, v in locals().items() if k not in ("model", "prompt", "unknown")}
     if unknown:
         make_request({k: v for k, v in {**options, **unknown}.items() if k != "chat"})  # refuses them by name, with the closest known option
@@ -228,6 +242,9 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
         if options.pop("reuse_cache"):
             raise GenerationError(f"reuse_cache=True works one prompt at a time (a chat's turns), not with a batch "
                                   f"of {len(rows)}; leave it out for a batch.")
+        if options.pop("draft") is not None or options.pop("draft_tokens") is not None:
+            raise GenerationError(f"speculative decoding (draft=...) works one prompt at a time, not with a batch of "
+                                  f"{len(rows)}; loop over the prompts, or leave draft out for a batch.")
         options.pop("num_beams"), options.pop("length_penalty"), options.pop("context_overflow")
         return generate_batch(model, rows, **options)
     return _generate_one(model, prompt, options)
@@ -251,7 +268,8 @@ def stream(model: Transformer, prompt: Prompt, *, steady: bool = False, max_new_
            frequency_penalty: Optional[float] = None,
            stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0, min_new_tokens: int = 0,
            context_overflow: str = "stop", logprobs: Union[bool, int, None] = None, chat: bool = False,
-           reuse_cache: bool = False, **unknown: Any) -> "TextStream":
+           reuse_cache: bool = False, draft: Any = None, draft_tokens: Optional[int] = None,
+           **unknown: Any) -> "TextStream":
     """Like ``generate`` but yields text pieces as they are decoded. The pieces join to
     exactly ``generate(...).text``: never half a UTF-8 character, never a stop string.
     With ``num_beams > 1`` the whole text comes as one piece at the end, and the sampling
@@ -399,6 +417,11 @@ class _Run:
         if self.crop and self.request.num_beams > 1:
             raise GenerationError("context_overflow='crop' works with sampling and greedy decoding, not beam search; "
                                   "use num_beams=1 or context_overflow='stop'.")
+        if self.request.draft is not None and (self.crop or self.request.num_beams > 1):
+            raise GenerationError(f"speculative decoding (draft=...) does not work with "
+                                  f"{'beam search' if self.request.num_beams > 1 else 'context_overflow=crop'}; "
+                                  f"leave draft out, or use num_beams=1 and context_overflow='stop'.")
+        check_draft(model, self.request.draft)
         self.max_new = self.request.max_new_tokens if self.crop else \
             fit_to_context(model, [self.prompt_ids], self.request.max_new_tokens)
         if self.request.num_beams > 1:
@@ -450,9 +473,13 @@ class _Run:
 
         finished = torch.zeros(1, dtype=torch.bool)
         reuse = CacheReuse() if self.request.reuse_cache else None
+        speculation = SpeculationStats() if self.request.draft is not None else None
         sampler = sample_with_crop if self.crop else \
             lambda model, prompt, *rest, **options: sample_rows(model, [prompt], *rest, lookahead=self.lookahead,
                                                                 steady=self.steady, reuse=reuse, **options)
+        if speculation is not None:
+            sampler = partial(speculative_rows, draft=self.request.draft, draft_tokens=self.request.draft_tokens,
+                              steady=self.steady, reuse=reuse, stats=speculation)
         steps = sampler(self.model, self.prompt_ids, self.max_new, self.request.settings,
                         private_generator(self.model, self.request.seed), finished, padding_id(self.model.tokenizer),
                         self.request.min_new_tokens, self.request.eos_ids, recorder=recorder)
@@ -486,7 +513,8 @@ class _Run:
         self.result = _built(GenerationResult(token_ids, text, list(self.prompt_ids), reason,
                                               prompt_seconds=first, seconds=seconds,
                                               cached_tokens=reuse.cached_tokens if reuse else 0,
-                                              **_scores(recorder, token_ids)), self.model.tokenizer)
+                                              speculation=speculation, **_scores(recorder, token_ids)),
+                             self.model.tokenizer)
 
 
 def _scores(recorder: Optional[LogprobRecorder], token_ids: list[int]) -> dict[str, Any]:

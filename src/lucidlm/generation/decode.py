@@ -234,6 +234,36 @@ class DecodeSession:
         return logits[:, -1].float()  # (B, V)
 
     @torch.inference_mode()
+    def feed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Feed T tokens per row (B, T) at the next T slots in one pass; logits (B, T, V) for the
+        token after each (speculative decoding checks its drafted tokens so, ``speculative.py``).
+        The ordinary forward pass over the kept cache, as ``prefill`` runs a continued prompt:
+        each query sees the slots up to its own, so slots past it that hold rejected drafts
+        of an earlier round are hidden, then overwritten."""
+        if self.next_slot == 0:
+            raise GenerationError("DecodeSession.feed() before prefill(): run the prompt first")
+        self._check_owner()
+        T = ids.shape[1]
+        if self.next_slot + T > self.capacity:
+            raise GenerationError(f"the session's KV cache is full: it holds {self.capacity} tokens, and {T} more "
+                                  f"from slot {self.next_slot} do not fit; open the DecodeSession with a larger capacity")
+        slots = torch.arange(self.next_slot, self.next_slot + T, device=self.input_pos.device)  # (T,)
+        logits = self.model.step(ids, input_pos=slots, attention_mask=self.attention_mask)
+        self.next_slot += T
+        self.input_pos.fill_(self.next_slot - 1)  # the last slot written, as after a step
+        return logits.float()  # (B, T, V)
+
+    def rewind(self, slot: int) -> None:
+        """Forget slots ``slot``.. (drafted tokens the model rejected): the next token fed is
+        written at ``slot``. Nothing is erased: the mask hides slots past a query's own."""
+        if not self.prompt_len <= slot <= self.next_slot:
+            raise GenerationError(f"DecodeSession.rewind({slot}): the slot must lie between the prompt's end "
+                                  f"({self.prompt_len}) and the next free slot ({self.next_slot})")
+        self.next_slot = slot
+        # step() bumps input_pos before writing past the prompt: leave it one slot behind
+        self.input_pos.fill_(max(slot - 1, self.prompt_len))
+
+    @torch.inference_mode()
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Keep cache rows ``beam_idx`` (B,), in that order (beam search)."""
         self._check_owner()

@@ -47,6 +47,8 @@ class Request:
     context_overflow: str = "stop"
     logprobs: Optional[int] = None  # None: off; N: the chosen token's log-prob and N alternatives
     reuse_cache: bool = False  # start from the model's kept KV cache where the prompt allows (prompt_cache.py)
+    draft: Any = None  # speculative decoding's guesser: None (off), "prompt" or a draft model (speculative.py)
+    draft_tokens: int = 0  # tokens drafted per round (with a draft)
 
     def use_model(self, model: Any) -> None:
         """Stop on the model's end tokens: its tokenizer's, else those its files declare; the
@@ -96,6 +98,10 @@ def check_options(**kwargs: Any) -> None:
                                None or False: off (see generation/logprobs.py)
         reuse_cache=False      True: keep the KV cache after generating, and start from the
                                kept one where the prompt begins with its ids (one prompt)
+        draft=None             speculative decoding (one prompt, no beams, no crop): "prompt"
+                               (prompt lookup) or a draft model with the same vocabulary;
+                               the same tokens (greedy) or distribution (sampling), faster
+        draft_tokens=None      tokens drafted per round, >= 1 (5 by default); only with draft
         chat=False             accepted (it concerns the prompt, not sampling)
 
     A name outside this list is refused with the closest one ("did you mean")."""
@@ -129,7 +135,7 @@ def make_request(kwargs: dict[str, Any]) -> Request:
     if not is_int(num_beams) or num_beams < 1:
         raise GenerationError(f"num_beams={num_beams!r} is invalid: use 1 (no beam search) or more.")
     known = {"max_new_tokens", *SAMPLER_OPTIONS, "seed", "stop", "stop_on_eos", "num_beams", "length_penalty",
-             "min_new_tokens", "context_overflow", "logprobs", "reuse_cache"}
+             "min_new_tokens", "context_overflow", "logprobs", "reuse_cache", "draft", "draft_tokens"}
     unknown = set(kwargs) - known
     if unknown:
         name = sorted(unknown)[0]
@@ -160,9 +166,28 @@ def make_request(kwargs: dict[str, Any]) -> Request:
     reuse = kwargs.get("reuse_cache", False)
     if not isinstance(reuse, bool):
         raise GenerationError(f"reuse_cache must be True or False, got {reuse!r}.")
+    draft, draft_tokens = draft_options(kwargs.get("draft"), kwargs.get("draft_tokens"))
     return Request(settings, max_new, stop, [], seed, num_beams, length_penalty,
                    bool(kwargs.get("stop_on_eos", True)), min_new, overflow, logprobs_count(kwargs.get("logprobs")),
-                   reuse)
+                   reuse, draft, draft_tokens)
+
+
+def draft_options(draft: Any, draft_tokens: Any) -> tuple[Any, int]:
+    """``draft`` and ``draft_tokens`` checked (a draft model's vocabulary is checked against the
+    model's by ``speculative.check_draft``); draft_tokens defaults to ``DEFAULT_DRAFT_TOKENS``."""
+    from lucidlm.generation.speculative import DEFAULT_DRAFT_TOKENS
+
+    if isinstance(draft, str) and draft != "prompt":
+        raise GenerationError(f"draft={draft!r} is invalid: use 'prompt' (prompt lookup: drafts copied from the text "
+                              f"so far), a loaded draft model (lucidlm.load(...)), or None (off).")
+    if draft_tokens is not None and (not is_int(draft_tokens) or draft_tokens < 1):
+        raise GenerationError(f"draft_tokens={draft_tokens!r} is invalid: use a whole number >= 1 (tokens drafted "
+                              f"per round; 3 to 10 is usual).")
+    if draft is None:
+        if draft_tokens is not None:
+            raise GenerationError(f"draft_tokens={draft_tokens} needs a draft: add draft='prompt' or draft=<a model>.")
+        return None, 0
+    return draft, DEFAULT_DRAFT_TOKENS if draft_tokens is None else int(draft_tokens)
 
 
 def is_int(value: Any) -> bool:

@@ -1,0 +1,218 @@
+"""Speculative decoding (``generation/speculative.py``): greedy tokens equal transformers'
+assisted generation (``assistant_model=``, ``prompt_lookup_num_tokens=``) and plain greedy
+decoding, with EOS, stop strings, max_new_tokens, min_new_tokens, the repetition penalty and
+log-probs; sampled sequences have exactly the model's distribution (a chi-square test against
+the probabilities enumerated from the model, with a broken acceptance rule as the control)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from generation_toys import byte_tokenizer, one_torch_thread, sharpened_llama_pair, toy_model  # noqa: F401
+from test_no_host_sync import reading_back_forbidden
+
+from lucidlm import Transformer, preset
+from lucidlm.errors import GenerationError
+from lucidlm.generation import generate, speculative, stream
+from lucidlm.generation.decode import DecodeSession
+
+transformers = pytest.importorskip("transformers")
+
+EOS = 256
+# prompts that repeat themselves (prompt lookup finds drafts) and one that does not
+PROMPTS = [list(b"the cat sat on the mat; the cat sat on the"), [5, 6, 7, 5, 6, 7, 5, 6], [100, 20, 30, 40, 50],
+           list(b"abcdefgh abcdefgh abcd")]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return sharpened_llama_pair(tmp_path_factory.mktemp("tiny_llama"), EOS)
+
+
+@pytest.fixture(scope="module")
+def draft_pair(tmp_path_factory, pair):
+    """(transformers, ours) draft models: the target's weights, noised, so it agrees often, not always."""
+    from lucidlm.weights.hf import load_hf
+
+    hf, _ = pair
+    hf_draft = transformers.LlamaForCausalLM(hf.config).eval()
+    hf_draft.load_state_dict(hf.state_dict())
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in hf_draft.parameters():
+            p.add_(0.3 * p.std() * torch.randn_like(p))
+    path = tmp_path_factory.mktemp("tiny_llama_draft")
+    hf_draft.save_pretrained(path)
+    ours = load_hf(path)
+    ours.tokenizer = byte_tokenizer()
+    return hf_draft, ours
+
+
+def hf_greedy(hf, prompt, max_new, **kwargs):
+    out = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new, eos_token_id=EOS,
+                      pad_token_id=EOS, **kwargs)[0, len(prompt):].tolist()
+    return out[:out.index(EOS) + 1] if EOS in out else out
+
+
+@pytest.mark.parametrize("options", [{}, {"repetition_penalty": 1.3}, {"min_new_tokens": 12}])
+def test_greedy_equals_transformers_assisted_generation(pair, draft_pair, options):
+    hf, ours = pair
+    hf_draft, our_draft = draft_pair
+    accepted = rejected = 0
+    for prompt in PROMPTS:
+        for k in (1, 3, 5):
+            lookup = generate(ours, prompt, max_new_tokens=20, temperature=0, draft="prompt", draft_tokens=k, **options)
+            assert lookup.token_ids == hf_greedy(hf, prompt, 20, prompt_lookup_num_tokens=k, **options), (prompt, k)
+            drafted = generate(ours, prompt, max_new_tokens=20, temperature=0, draft=our_draft, draft_tokens=k,
+                               **options)
+            assert drafted.token_ids == hf_greedy(hf, prompt, 20, assistant_model=hf_draft, num_assistant_tokens=k,
+                                                  num_assistant_tokens_schedule="constant", **options), (prompt, k)
+            for stats in (lookup.speculation, drafted.speculation):
+                accepted += stats.accepted
+                rejected += stats.drafted - stats.accepted
+    assert accepted > 20 and rejected > 20  # both paths taken: long accepted runs and rejections
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 3, 7, 16])
+def test_greedy_equals_plain_greedy_at_every_end(pair, draft_pair, max_new):
+    """EOS, a stop string and max_new_tokens inside an accepted run end where plain decoding ends."""
+    _, ours = pair
+    _, our_draft = draft_pair
+    for prompt, stop in itertools.product(PROMPTS, (None, "t", "at")):
+        plain = generate(ours, prompt, max_new_tokens=max_new, temperature=0, stop=stop, logprobs=3)
+        for draft in ("prompt", our_draft):
+            spec = generate(ours, prompt, max_new_tokens=max_new, temperature=0, stop=stop, logprobs=3, draft=draft)
+            assert (spec.token_ids, spec.text, spec.finish_reason) == \
+                (plain.token_ids, plain.text, plain.finish_reason), (prompt, stop, draft)
+            assert len(spec.logprobs) == len(plain.logprobs) == len(spec.token_ids)
+            torch.testing.assert_close(torch.tensor(spec.logprobs), torch.tensor(plain.logprobs), atol=1e-4, rtol=0)
+            assert [[i for i, _ in top] for top in spec.top_logprobs] == \
+                [[i for i, _ in top] for top in plain.top_logprobs]
+            torch.testing.assert_close(torch.tensor([[v for _, v in top] for top in spec.top_logprobs]),
+                                       torch.tensor([[v for _, v in top] for top in plain.top_logprobs]),
+                                       atol=1e-4, rtol=0)
+
+
+def test_stream_pieces_join_to_the_plain_text(pair):
+    _, ours = pair
+    prompt = PROMPTS[0]
+    plain = generate(ours, prompt, max_new_tokens=24, temperature=0)
+    pieces = stream(ours, prompt, max_new_tokens=24, temperature=0, draft="prompt")
+    assert "".join(pieces) == plain.text
+    assert pieces.result.token_ids == plain.token_ids
+
+
+def test_reused_cache_after_speculation_gives_plain_tokens(pair):
+    """A kept cache holds only the accepted tokens: the next turn sees no rejected draft."""
+    _, ours = pair
+    first = generate(ours, PROMPTS[0], max_new_tokens=10, temperature=0, draft="prompt", reuse_cache=True)
+    follow = PROMPTS[0] + first.token_ids + list(b" the cat")
+    again = generate(ours, follow, max_new_tokens=10, temperature=0, draft="prompt", reuse_cache=True)
+    ours.clear_kv_cache()
+    assert again.cached_tokens > len(PROMPTS[0])
+    assert again.token_ids == generate(ours, follow, max_new_tokens=10, temperature=0).token_ids
+
+
+def test_checking_drafts_reads_nothing_back_and_rewinding_hides_them():
+    """The verify pass (``DecodeSession.feed``) and the roll-back are device-only, and after a
+    rewind the rejected drafts' stale keys change nothing: the tokens are plain greedy's."""
+    model = toy_model(seed=1, max_seq_len=128)
+    prompt = [72, 105, 33]
+    expected = generate(model, prompt, max_new_tokens=13, temperature=0, stop_on_eos=False).token_ids
+    wrong = torch.tensor([[7, 8, 9]])  # drafts the model does not keep
+    with DecodeSession(model, [prompt], capacity=3 + 13 + 3) as session:
+        ids = session.prefill().argmax(-1)  # (1,)
+        tokens = [ids]
+        with reading_back_forbidden():
+            for _ in range(6):
+                logits = session.feed(torch.cat([ids[:, None], wrong], dim=1))  # (1, 4, V): the token, 3 drafts
+                session.rewind(session.next_slot - 3)  # keep the token only; the drafts' slots go stale
+                ids = logits[:, 0].argmax(-1)
+                tokens.append(ids)
+                ids = session.step(ids).argmax(-1)  # a plain step beside the stale slots
+                tokens.append(ids)
+    assert torch.cat(tokens).tolist() == expected
+
+
+def test_refusals(pair):
+    _, ours = pair
+    other_vocab = toy_model(tokenizer=byte_tokenizer(with_eos=False))
+    cases = [(dict(draft="lookup"), "draft='lookup' is invalid"),
+             (dict(draft_tokens=4), "needs a draft"),
+             (dict(draft="prompt", draft_tokens=0), "draft_tokens=0 is invalid"),
+             (dict(draft=ours), "the model itself"),
+             (dict(draft=other_vocab), "vocabulary differs"),
+             (dict(draft="prompt", num_beams=2), "beam search"),
+             (dict(draft="prompt", context_overflow="crop"), "context_overflow=crop")]
+    for options, message in cases:
+        with pytest.raises(GenerationError, match=message):
+            generate(ours, [1, 2, 3], max_new_tokens=4, **options)
+    with pytest.raises(GenerationError, match="one prompt at a time"):
+        generate(ours, [[1, 2], [3, 4]], max_new_tokens=4, draft="prompt")
+
+
+# -- sampling: the distribution is the model's -------------------------------------------------
+
+VOCAB, NEW, RUNS = 3, 4, 600
+SAMPLING = dict(temperature=0.9, top_k=2)  # warped: the rule must use what plain sampling draws from
+
+
+def tiny(seed: int, scale: float) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(preset("llama", vocab_size=VOCAB, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
+                               max_seq_len=16, multiple_of=16)).eval()
+    with torch.no_grad():
+        model.unembed.weight.mul_(scale)
+    return model
+
+
+def exact_probabilities(model: Transformer, prompt: list[int]) -> dict[tuple[int, ...], float]:
+    """Every NEW-token continuation's probability under temperature 0.9 and top-k 2, from the
+    model's own logits (one forward pass over all of them), warped with torch directly."""
+    outcomes = list(itertools.product(range(VOCAB), repeat=NEW))
+    ids = torch.tensor([prompt + list(o) for o in outcomes])
+    with torch.no_grad():
+        logits = model(ids)[:, len(prompt) - 1:-1].double() / SAMPLING["temperature"]  # (N, NEW, V)
+    kth = logits.topk(SAMPLING["top_k"], dim=-1).values[..., -1:]
+    log_p = logits.masked_fill(logits < kth, float("-inf")).log_softmax(dim=-1)
+    chosen = log_p.gather(-1, ids[:, len(prompt):, None])[..., 0].sum(-1).exp()
+    return dict(zip(outcomes, chosen.tolist()))
+
+
+def chi_square_p_value(samples: list[tuple[int, ...]], exact: dict[tuple[int, ...], float]) -> float:
+    from scipy.stats import chisquare
+
+    counts = {o: 0 for o in exact}
+    for s in samples:
+        counts[s] += 1  # a KeyError here: an impossible sequence
+    assert all(counts[o] == 0 for o in exact if exact[o] == 0)  # top-k's cut holds
+    big = [o for o in exact if exact[o] * len(samples) >= 5]
+    rest = [o for o in exact if o not in big and exact[o] > 0]
+    observed = [counts[o] for o in big] + ([sum(counts[o] for o in rest)] if rest else [])
+    expected = [exact[o] * len(samples) for o in big] + ([sum(exact[o] for o in rest) * len(samples)] if rest else [])
+    expected = [e * sum(observed) / sum(expected) for e in expected]  # float64 sums, to scipy's tolerance
+    return chisquare(observed, expected).pvalue
+
+
+def sampled(model, prompt, draft) -> list[tuple[int, ...]]:
+    return [tuple(generate(model, prompt, max_new_tokens=NEW, seed=seed, stop_on_eos=False, draft=draft,
+                           draft_tokens=3, **SAMPLING).token_ids) for seed in range(RUNS)]
+
+
+@pytest.mark.parametrize("guesser", ["prompt", "model"])
+@pytest.mark.parametrize("rule", ["exact", "broken"])
+def test_sampled_sequences_have_the_model_distribution(guesser, rule, monkeypatch):
+    model = tiny(0, 4.0)
+    draft = "prompt" if guesser == "prompt" else tiny(5, 4.0)
+    prompt = [0, 1, 2, 0, 1, 2, 0, 1]  # prompt lookup always finds a draft
+    if rule == "broken":  # the usual slip: after a rejection, draw from p instead of max(p - q, 0)
+        monkeypatch.setattr(speculative, "_rejection_distribution", lambda p, q: p)
+    exact = exact_probabilities(model, prompt)
+    samples = sampled(model, prompt, draft)
+    p_value = chi_square_p_value(samples, exact)
+    if rule == "exact":
+        assert p_value > 1e-3, p_value
+    else:
+        assert p_value < 1e-6, p_value
