@@ -234,7 +234,7 @@ class LanguageModel(Transformer):
                  seed: Optional[int] = None, stop: Optional[Union[str, Sequence[str]]] = None,
                  stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0,
                  min_new_tokens: int = 0, context_overflow: str = "stop", logprobs: Union[bool, int, None] = None,
-                 reuse_cache: bool = False, chat: bool = False, draft: Any = None,
+                 reuse_cache: bool = False, chat: bool = False, draft: Optional[Union[str, Transformer]] = None,
                  draft_tokens: Optional[int] = None,
                  **options: Any) -> Union[GenerationResult, list[GenerationResult]]:
         """Continue ``prompt`` and return the new ids, their text and why it stopped.
@@ -311,7 +311,8 @@ class LanguageModel(Transformer):
                seed: Optional[int] = None, stop: Optional[Union[str, Sequence[str]]] = None,
                stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0,
                min_new_tokens: int = 0, context_overflow: str = "stop", logprobs: Union[bool, int, None] = None,
-               reuse_cache: bool = False, chat: bool = False, steady: bool = False, draft: Any = None,
+               reuse_cache: bool = False, chat: bool = False, steady: bool = False,
+               draft: Optional[Union[str, Transformer]] = None,
                draft_tokens: Optional[int] = None, **options: Any) -> TextStream:
         """Like ``generate`` (the same options, one prompt) but yields text pieces as they are
         decoded; they join to exactly ``generate(...).text`` (never half a UTF-8 character,

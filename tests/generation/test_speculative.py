@@ -216,3 +216,43 @@ def test_sampled_sequences_have_the_model_distribution(guesser, rule, monkeypatc
         assert p_value > 1e-3, p_value
     else:
         assert p_value < 1e-6, p_value
+
+
+# -- the embedded SmolLM2, and the command line -----------------------------------------------
+
+SMOL_PROMPTS = ["Repeat the following text exactly: The quick brown fox jumps over the lazy dog by the river.",
+                "What is the capital of France?"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["float32", "default"])
+def test_smollm2_speculative_greedy_equals_plain_greedy(smollm2, smollm2_default, target):
+    """In float32 drafted by the default 4-bit model, and in the default model drafted by float32."""
+    model, other = (smollm2, smollm2_default) if target == "float32" else (smollm2_default, smollm2)
+    for prompt in SMOL_PROMPTS:
+        plain = generate(model, prompt, chat=True, max_new_tokens=24, temperature=0)
+        for draft in ("prompt", other):
+            spec = generate(model, prompt, chat=True, max_new_tokens=24, temperature=0, draft=draft)
+            assert spec.token_ids == plain.token_ids, (prompt, draft)
+            assert spec.speculation.accepted > 0
+
+
+def test_cli_draft_flags(tmp_path, capsys, monkeypatch):
+    import json
+
+    from lucidlm import cli
+    from lucidlm.weights.checkpoint import save_model
+
+    monkeypatch.setattr(cli, "COMMANDS", ("generate",))
+    model = toy_model(seed=0)
+    save_model(model, tmp_path / "target")
+    save_model(toy_model(seed=1), tmp_path / "draft")
+    expected = generate(model, "Hello Hello Hello", temperature=0, max_new_tokens=12).token_ids
+    for draft in ("prompt", str(tmp_path / "draft")):
+        assert cli.main(["generate", "Hello Hello Hello", "--model", str(tmp_path / "target"), "--temperature", "0",
+                         "--max-new-tokens", "12", "--draft", draft, "--draft-tokens", "3", "--json", "-q"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["token_ids"] == expected
+        assert 0 <= data["accepted_tokens"] <= data["drafted_tokens"] <= 3 * data["draft_rounds"]
+    assert cli.main(["generate", "Hi", "--model", str(tmp_path / "target"), "--draft-tokens", "3", "-q"]) == 1
+    assert "--draft-tokens 3 needs --draft" in capsys.readouterr().err

@@ -47,6 +47,13 @@ def register(subparsers: Any) -> None:
                         help="with --json: add each generated token's log-prob (logprobs) and the N most likely "
                              "tokens at each step (top_logprobs: [token_id, logprob] pairs, null for a token a "
                              "sampling filter removed; 0 = none), from the distribution it was sampled from")
+    parser.add_argument("--draft", metavar="prompt|SOURCE", default=None,
+                        help="speculative decoding: 'prompt' drafts by prompt lookup (tokens that followed the "
+                             "text's last few tokens earlier on; fast when the answer copies the prompt), a model "
+                             "SOURCE (as --model; same vocabulary, loaded with its defaults, e.g. smollm2-135m's "
+                             "4-bit file) drafts with that model. Same tokens (greedy), same distribution (sampling)")
+    parser.add_argument("--draft-tokens", metavar="K", type=int, default=None,
+                        help="with --draft: tokens drafted per round, checked in one pass (default 5)")
     parser.add_argument("--stream", action="store_true", help="print text as it is generated")
     parser.add_argument("--json", action="store_true",
                         help='print one JSON object: text, token_ids (generated only), prompt_ids, finish_reason '
@@ -323,8 +330,17 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.length_penalty != 1.0 and args.num_beams == 1:
         raise InputError(f"--length-penalty {args.length_penalty:g} scores beam search's hypotheses; add "
                          f"--num-beams N (N > 1), or drop --length-penalty.")
+    if args.draft_tokens is not None and args.draft is None:
+        raise InputError(f"--draft-tokens {args.draft_tokens} needs --draft (prompt, or a draft model).")
     prompt = read_prompt(args.prompt)
-    model = load_model_from_args(args, kwargs)
+    drafted = dict(draft=None if args.draft is None else "prompt", draft_tokens=args.draft_tokens)
+    model = load_model_from_args(args, {**kwargs, **drafted})  # a draft model's source is checked when it loads
+    if args.draft is not None:
+        kwargs.update(drafted)
+        if args.draft != "prompt":
+            import lucidlm
+
+            kwargs["draft"] = lucidlm.load(args.draft, device=args.device).eval()
     if model.tokenizer is None:
         raise GenerationError(f"model {args.model!r} has no tokenizer, so it cannot read a text prompt; "
                               f"use a model directory or GGUF file that includes one.")
@@ -387,7 +403,15 @@ def _json_result(result: Any, load_seconds: float, seconds: float) -> dict[str, 
     return {"text": result.text, "token_ids": result.token_ids, "prompt_ids": result.prompt_ids,
             "finish_reason": result.finish_reason, "prompt_tokens": len(result.prompt_ids),
             "new_tokens": new_tokens, "load_seconds": round(load_seconds, 4), "seconds": round(seconds, 4),
-            "tokens_per_second": round(new_tokens / seconds, 2) if seconds > 0 else None} | scores
+            "tokens_per_second": round(new_tokens / seconds, 2) if seconds > 0 else None} | scores | \
+        _json_speculation(getattr(result, "speculation", None))
+
+
+def _json_speculation(stats: Any) -> dict[str, Any]:
+    """With --draft: how many drafted tokens the model kept (``speculative.SpeculationStats``)."""
+    if stats is None:
+        return {}
+    return {"draft_rounds": stats.rounds, "drafted_tokens": stats.drafted, "accepted_tokens": stats.accepted}
 
 
 def _json_number(value: float) -> Optional[float]:

@@ -184,7 +184,7 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
              stop: Optional[str | Sequence[str]] = None, stop_on_eos: bool = True, num_beams: int = 1,
              length_penalty: float = 1.0, min_new_tokens: int = 0, context_overflow: str = "stop",
              logprobs: Union[bool, int, None] = None, chat: bool = False, reuse_cache: bool = False,
-             draft: Any = None, draft_tokens: Optional[int] = None,
+             draft: Optional[Union[str, Transformer]] = None, draft_tokens: Optional[int] = None,
              **unknown: Any) -> Union[GenerationResult, list[GenerationResult]]:
     """Continue ``prompt``; see the module docstring for the rules. ``chat=True`` wraps a
     text prompt as one user message in the model's chat template.
@@ -268,7 +268,7 @@ def stream(model: Transformer, prompt: Prompt, *, steady: bool = False, max_new_
            frequency_penalty: Optional[float] = None,
            stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0, min_new_tokens: int = 0,
            context_overflow: str = "stop", logprobs: Union[bool, int, None] = None, chat: bool = False,
-           reuse_cache: bool = False, draft: Any = None, draft_tokens: Optional[int] = None,
+           reuse_cache: bool = False, draft: Optional[Union[str, Transformer]] = None, draft_tokens: Optional[int] = None,
            **unknown: Any) -> "TextStream":
     """Like ``generate`` but yields text pieces as they are decoded. The pieces join to
     exactly ``generate(...).text``: never half a UTF-8 character, never a stop string.
