@@ -196,6 +196,7 @@ def speculative_rows(model: Any, prompt: Sequence[int], max_new_tokens: int, set
     tokens = list(prompt)
     L = len(tokens)
     capacity = L + max_new_tokens - 1  # the last token is never run
+    backoff = Backoff()
     with DecodeSession(model, [tokens], capacity=capacity, pad_id=pad_id, steady=steady, reuse=reuse) as session:
         guesser = PromptLookup(tokens) if draft == "prompt" else \
             DraftModel(draft, tokens, capacity, settings, generator, min_new_tokens, eos_ids, pad_id, steady)
@@ -209,6 +210,7 @@ def speculative_rows(model: Any, prompt: Sequence[int], max_new_tokens: int, set
                 if drafts:
                     stats.rounds, stats.drafted, stats.accepted = \
                         stats.rounds + 1, stats.drafted + len(drafts), stats.accepted + len(chosen) - 1
+                    backoff.after_round(kept_any=len(chosen) > 1)
                 for token in chosen:
                     tokens.append(token)
                     try:
@@ -223,13 +225,39 @@ def speculative_rows(model: Any, prompt: Sequence[int], max_new_tokens: int, set
                         return
                 session.rewind(len(tokens) - 1)  # the slot of the last token, not run yet
                 k = min(draft_tokens, max_new_tokens - (len(tokens) - L) - 1)  # never past max_new_tokens
-                drafts, q = guesser.propose(tokens, k) if k > 0 else ([], None)
+                drafts, q = guesser.propose(tokens, k) if k > 0 and backoff.ready() else ([], None)
                 if drafts:
                     logits = session.feed(torch.tensor([[tokens[-1], *drafts]], device=session.input_pos.device))[0]
                 else:  # nothing to check: a plain decode step
                     logits = session.step(torch.tensor([tokens[-1]], device=session.input_pos.device))
         finally:
             guesser.close()
+
+
+class Backoff:
+    """When to draft. A round whose drafts were all rejected cost a pass of K + 1 tokens for one
+    token, where a plain step is cheaper (on 2 CPU cores ~1.5x for float32 SmolLM2, ~4x for its
+    4-bit layers, whose one-token step is one C++ call: benchmarks/results/speculative.json). So
+    after such a round the next 1, then 2, 4, 8, at most 16 tokens are plain steps, and a round
+    that keeps a draft starts over: ordinary text (prompt lookup finds some earlier "the" all the
+    time) pays for few wasted passes, and a copy starts paying again within 16 tokens. It decides
+    by the counts alone, never by a clock: a seed gives the same tokens on any machine."""
+
+    LONGEST = 16
+
+    def __init__(self) -> None:
+        self.wait = 0  # plain steps after the last failed round
+        self.left = 0  # of those, still to come
+
+    def ready(self) -> bool:
+        if self.left:
+            self.left -= 1
+            return False
+        return True
+
+    def after_round(self, kept_any: bool) -> None:
+        self.wait = 0 if kept_any else min(max(2 * self.wait, 1), self.LONGEST)
+        self.left = self.wait
 
 
 def _check_drafts(logits: torch.Tensor, drafts: list[int], q: Optional[torch.Tensor], tokens: list[int],
