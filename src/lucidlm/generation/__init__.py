@@ -8,7 +8,8 @@ Where things are: ``api.py`` the entry points and the rules they follow; ``reque
 and prompt checks; ``decode.py`` the KV-cached decode loop; ``sampling.py`` the samplers
 (temperature, top-k, top-p, min-p, repetition penalty); ``beam_search.py``; ``sliding.py``
 (generation past the context window); ``streaming.py`` (text pieces, stop strings);
-``defaults.py`` (sampling settings that come from the model); ``chat_template.py`` and
+``defaults.py`` (sampling settings that come from the model); ``speculative.py`` (drafted
+tokens checked in one pass: ``generate(..., draft="prompt" | model)``); ``chat_template.py`` and
 ``template_sandbox.py`` (chat prompts).
 """
 

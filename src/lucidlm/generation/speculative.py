@@ -76,6 +76,10 @@ def check_draft(model: Any, draft: Any) -> None:
     if draft is model:
         raise GenerationError("draft is the model itself: a model has one KV cache; load a second, cheaper copy "
                               "(e.g. quantize='int4') or use draft='prompt'.")
+    if getattr(draft, "device", None) != getattr(model, "device", None):
+        raise GenerationError(f"the draft model is on {draft.device} and the model on {model.device}: their "
+                              f"distributions are compared token by token, so put both on one device "
+                              f"(draft.to({str(model.device)!r})).")
     ours, theirs = model.config.vocab_size, config.vocab_size
     if ours != theirs or not _same_tokens(model.tokenizer, draft.tokenizer, ours):
         raise GenerationError(f"the draft model's vocabulary differs from the model's ({theirs} tokens against "
