@@ -95,6 +95,22 @@ def test_greedy_equals_plain_greedy_at_every_end(pair, draft_pair, max_new):
                                        atol=1e-4, rtol=0)
 
 
+def test_sliding_window_model():
+    """A Gemma 3 shaped toy with a 4-token window: the checking pass's queries each see their
+    own window, as one-token steps do."""
+    from random_weights import randomize_
+
+    config = preset("gemma3-270m", vocab_size=257, d_model=32, n_layers=3, n_heads=2, n_kv_heads=1, head_dim=16,
+                    d_mlp=64, max_seq_len=128, sliding_window=4, global_layer_every=3)
+    model, draft = (randomize_(Transformer(config, byte_tokenizer()), seed) for seed in (0, 1))
+    prompt = list(b"abcabcabcabc xyz abc")
+    plain = generate(model, prompt, max_new_tokens=40, temperature=0, stop_on_eos=False)
+    for guesser in ("prompt", draft):
+        spec = generate(model, prompt, max_new_tokens=40, temperature=0, stop_on_eos=False, draft=guesser)
+        assert spec.token_ids == plain.token_ids
+        assert spec.speculation.rounds > 0
+
+
 def test_stream_pieces_join_to_the_plain_text(pair):
     _, ours = pair
     prompt = PROMPTS[0]
