@@ -7,8 +7,8 @@ Variants, each checked to give plain greedy's tokens:
 - the float32 model, plain vs prompt lookup vs a 4-bit draft (``lucidlm.load()``'s model)
   vs an int4 draft (``quantize="int4"``);
 
-on a prompt whose answer copies its input (fix the typos in a paragraph) and on an ordinary one
-(a short story). Rounds alternate the variants' order, so that they share the machine's load;
+on prompts whose answer copies their input (repeat a paragraph; fix its typos) and on an
+ordinary one (a short story). Rounds alternate the variants' order, so that they share the machine's load;
 the figures are medians over the rounds. Also measured: one decode step against one pass of
 K + 1 tokens (what a speculative round costs), per model: that ratio limits the speed-up.
 Writes benchmarks/results/speculative.json (``--out`` names another file there).
@@ -36,7 +36,8 @@ from lucidlm.generation.decode import DecodeSession  # noqa: E402
 PARAGRAPH = ("The Eifel Tower is one of the most famus landmarks in the world. It was bilt in 1889 for the World's "
              "Fair in Paris, and at first many artists hated it. Today milions of visitors climb its stairs or "
              "take the lift to the top, where they can see the hole city spread out beneath them.")
-PROMPTS = {"copy": f"Fix the spelling mistakes in this text and write it out again in full:\n\n{PARAGRAPH}",
+PROMPTS = {"repeat": f"Repeat the following text exactly, word for word:\n\n{PARAGRAPH}",
+           "copy": f"Fix the spelling mistakes in this text and write it out again in full:\n\n{PARAGRAPH}",
            "ordinary": "Write a short story about a robot who learns to paint."}
 
 
