@@ -120,15 +120,21 @@ def test_stream_pieces_join_to_the_plain_text(pair):
     assert pieces.result.token_ids == plain.token_ids
 
 
-def test_reused_cache_after_speculation_gives_plain_tokens(pair):
-    """A kept cache holds only the accepted tokens: the next turn sees no rejected draft."""
+def test_reused_cache_after_speculation_gives_plain_tokens(pair, draft_pair):
+    """A kept cache holds only the tokens the model ran with the right history: the next turn
+    sees no rejected draft, whichever token (a kept draft, the model's own) ended the run."""
     _, ours = pair
-    first = generate(ours, PROMPTS[0], max_new_tokens=10, temperature=0, draft="prompt", reuse_cache=True)
-    follow = PROMPTS[0] + first.token_ids + list(b" the cat")
-    again = generate(ours, follow, max_new_tokens=10, temperature=0, draft="prompt", reuse_cache=True)
-    ours.clear_kv_cache()
-    assert again.cached_tokens > len(PROMPTS[0])
-    assert again.token_ids == generate(ours, follow, max_new_tokens=10, temperature=0).token_ids
+    _, our_draft = draft_pair
+    plain = generate(ours, PROMPTS[3], max_new_tokens=16, temperature=0).text
+    stops = sorted(set(plain))  # each character the answer writes ends a run there (a stop string)
+    assert len(stops) > 3
+    for stop, draft in itertools.product(stops, ("prompt", our_draft)):
+        first = generate(ours, PROMPTS[3], max_new_tokens=16, temperature=0, draft=draft, reuse_cache=True, stop=stop)
+        follow = PROMPTS[3] + first.token_ids + list(b" abc")
+        again = generate(ours, follow, max_new_tokens=8, temperature=0, draft=draft, reuse_cache=True)
+        ours.clear_kv_cache()
+        assert again.cached_tokens >= len(PROMPTS[3])
+        assert again.token_ids == generate(ours, follow, max_new_tokens=8, temperature=0).token_ids, (stop, draft == "prompt")
 
 
 def test_checking_drafts_reads_nothing_back_and_rewinding_hides_them():

@@ -226,11 +226,11 @@ def speculative_rows(model: Any, prompt: Sequence[int], max_new_tokens: int, set
                         yield torch.tensor([token])
                     except GeneratorExit:
                         if reuse is not None and bool(finished.all()):  # the caller ended the row: a normal end
-                            session.keep(torch.tensor(tokens[:session.next_slot]))
+                            session.keep(torch.tensor(_run_with_their_history(tokens, session)))
                         raise
                     if len(tokens) - L == max_new_tokens or bool(finished.all()):
                         if reuse is not None:
-                            session.keep(torch.tensor(tokens[:session.next_slot]))
+                            session.keep(torch.tensor(_run_with_their_history(tokens, session)))
                         return
                 session.rewind(len(tokens) - 1)  # the slot of the last token, not run yet
                 k = min(draft_tokens, max_new_tokens - (len(tokens) - L) - 1)  # never past max_new_tokens
@@ -241,6 +241,13 @@ def speculative_rows(model: Any, prompt: Sequence[int], max_new_tokens: int, set
                     logits = session.step(torch.tensor([tokens[-1]], device=session.input_pos.device))
         finally:
             guesser.close()
+
+
+def _run_with_their_history(tokens: list[int], session: DecodeSession) -> list[int]:
+    """The first of ``tokens`` whose keys and values the cache's first slots hold, for
+    ``DecodeSession.keep``. Not ``next_slot``'s worth: after a round that rejected a draft the
+    slot where the model's own token goes still holds that draft (the token is run next round)."""
+    return tokens[:min(session.next_slot, len(tokens) - 1)]
 
 
 class Backoff:
