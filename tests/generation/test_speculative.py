@@ -56,7 +56,12 @@ def hf_greedy(hf, prompt, max_new, **kwargs):
     return out[:out.index(EOS) + 1] if EOS in out else out
 
 
-@pytest.mark.parametrize("options", [{}, {"repetition_penalty": 1.3}, {"min_new_tokens": 12}])
+@pytest.mark.parametrize("options", [
+    {}, {"repetition_penalty": 1.3}, {"min_new_tokens": 12},
+    # processors that read the row's last tokens: each checked position must see its own text
+    {"no_repeat_ngram_size": 2}, {"bad_words_ids": [[116, 104], [32, 99, 97]]},
+    {"sequence_bias": [[[97, 116], 4.0], [[6], -3.0]]},
+], ids=["plain", "repetition", "min_new", "no_repeat_ngram", "bad_words", "sequence_bias"])
 def test_greedy_equals_transformers_assisted_generation(pair, draft_pair, options):
     hf, ours = pair
     hf_draft, our_draft = draft_pair
@@ -73,6 +78,20 @@ def test_greedy_equals_transformers_assisted_generation(pair, draft_pair, option
                 accepted += stats.accepted
                 rejected += stats.drafted - stats.accepted
     assert accepted > 20 and rejected > 20  # both paths taken: long accepted runs and rejections
+
+
+@pytest.mark.parametrize("options", [{"presence_penalty": 1.5}, {"frequency_penalty": 0.7},
+                                     {"presence_penalty": -0.5, "frequency_penalty": 0.4, "logit_bias": {116: 2.0}}])
+def test_greedy_with_openai_penalties_equals_plain_greedy(pair, draft_pair, options):
+    """The penalties count the generated tokens only (transformers has no oracle: plain greedy
+    decoding, itself tested against OpenAI's formula, is the reference here)."""
+    _, ours = pair
+    _, our_draft = draft_pair
+    for prompt in PROMPTS:
+        plain = generate(ours, prompt, max_new_tokens=20, temperature=0, **options).token_ids
+        for draft in ("prompt", our_draft):
+            assert generate(ours, prompt, max_new_tokens=20, temperature=0, draft=draft, draft_tokens=4,
+                            **options).token_ids == plain, (prompt, draft)
 
 
 @pytest.mark.parametrize("max_new", [1, 2, 3, 7, 16])

@@ -172,7 +172,7 @@ class DraftModel:
         for i in range(k):
             if n - self.prompt_len + i < self.min_new_tokens:
                 logits = suppress(logits, self.eos_ids)
-            processed = process_logits(logits, self.settings, seen[:, :n + i])
+            processed = process_logits(logits, self.settings, seen[:, :n + i], prompt_len=self.prompt_len)
             if self.settings.greedy:
                 ids = argmax_rows(processed)  # (1,)
             else:
@@ -283,17 +283,20 @@ def _check_drafts(logits: torch.Tensor, drafts: list[int], q: Optional[torch.Ten
 
     logits (T, V), T = len(drafts) + 1: row i is the model's next-token logits after the
     text and drafts[:i]; q (T - 1, V) the draft's distributions (None: drafts were chosen
-    deterministically); ``generated``: how many of ``tokens`` are new. Every row is processed as plain decoding would process it there, all
-    in one call; the decisions are read back once."""
+    deterministically); ``generated``: how many of ``tokens`` are new. Every row is processed as
+    plain decoding would process it there, on exactly the text it follows: processors such as
+    the n-gram ban and the sequence biases read a row's last tokens, and the presence and
+    frequency penalties count the generated ones. The decisions are read back once."""
     T = logits.shape[0]
     device = logits.device
-    # row i has seen the text and drafts[:i]; the rest of its row repeats a token it has seen
-    seen = torch.tensor([tokens + drafts[:i] + [tokens[0]] * (T - 1 - i) for i in range(T)], device=device)
+    seen = torch.tensor([tokens + drafts], device=device)  # (1, n + T - 1): row i has seen its first n + i
+    prompt_len = len(tokens) - generated
     banned = [i for i in range(T) if generated + i < min_new_tokens]  # row i draws new token number generated + i
     if banned and eos_ids:
         logits = logits.clone()
         logits[torch.tensor(banned)[:, None], torch.tensor(list(eos_ids))[None, :]] = float("-inf")
-    processed = process_logits(logits, settings, seen)  # (T, V)
+    processed = torch.cat([process_logits(logits[i:i + 1], settings, seen[:, :len(tokens) + i], prompt_len=prompt_len)
+                           for i in range(T)])  # (T, V); T is draft_tokens + 1 at most: a few small calls
     d = torch.tensor(drafts, device=device, dtype=torch.long)  # (T - 1,)
     if settings.greedy:
         best = argmax_rows(processed).tolist()  # (T,)
