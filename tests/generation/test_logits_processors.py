@@ -484,11 +484,11 @@ def test_chat_set_takes_them():
                                 "/set presence_penalty 0.5", "/set frequency-penalty 1.5", "Hi"]), out=out)
     shown = out.getvalue().splitlines()
     assert shown[0] == "(no_repeat_ngram_size = 2)"
-    assert shown[1].startswith("cannot set no_repeat_ngram_size to '-1': no_repeat_ngram_size=-1 is invalid")
+    assert shown[1].startswith("/set no-repeat-ngram-size -1 is invalid: use a whole number >= 0")
     assert shown[2] == "(suppress_tokens = [3, 9])"
-    assert shown[3].startswith("cannot set suppress_tokens to '3;9': '3;9' is not a list of token ids")
+    assert shown[3].startswith("/set suppress_tokens 3;9 is invalid: '3;9' is not a list of token ids")
     assert shown[4] == "(bad_words_ids = [[13], [40, 41]])"
-    assert shown[5].startswith("cannot set bad_words_ids to '13;x': 'x' is not a list of token ids")
+    assert shown[5].startswith("/set bad_words_ids 13;x is invalid: 'x' is not a list of token ids")
     assert shown[6] == "(logit_bias = {72: -100.0, 101: 3.0})"
     assert shown[7] == "(sequence_bias = [[[72, 101], -5.0], [[9], 1.0]])"
     assert shown[8:10] == ["(presence_penalty = 0.5)", "(frequency_penalty = 1.5)"]

@@ -252,3 +252,27 @@ def test_finetune_command_with_gradient_checkpointing(tmp_path, shared_dir):
         losses.append([m["val_loss"] for m in metrics])
     assert state["train_config"]["gradient_checkpointing"] is True
     assert losses[0] == losses[2] and losses[1] == losses[3] and len(losses[0]) == 4
+
+
+def test_a_global_module_hook_runs_once_per_module_call():
+    """torch's global forward hook (``register_module_forward_hook``) sees every module call; in
+    a recompute it would see each block's modules twice. Oracle: the calls of the same training
+    step without checkpointing, and its gradients."""
+    model = tiny(dropout=0.0).train()
+    ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(0))
+    calls, grads = [], []
+    for on in (False, True):
+        model.gradient_checkpointing = on
+        model.zero_grad()
+        seen: list[str] = []
+        handle = torch.nn.modules.module.register_module_forward_hook(
+            lambda module, args, out: seen.append(type(module).__name__))
+        try:
+            loss_of(model, ids).backward()
+        finally:
+            handle.remove()
+        calls.append(seen)
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert calls[1] == calls[0]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)

@@ -171,8 +171,10 @@ class ChatSession:
             # max_new_tokens has no "unset" (None): its default is the session's --max-new-tokens
             value = (self.startup.get(name) if name == "max_new_tokens" else None) if default else \
                 SETTINGS[name](words[1])
-        except ValueError:
-            self.say(f"{typed} is invalid: expected {'a whole' if SETTINGS[name] is int else 'a'} number.")
+        except ValueError as exc:  # int() and float() say "invalid literal"; the token-list readers say what is wrong
+            reason = f"expected {'a whole' if SETTINGS[name] is int else 'a'} number." \
+                if SETTINGS[name] in (int, float) else str(exc)
+            self.say(f"{typed} is invalid: {reason}")
             return
         try:
             check_options(**{**self.settings, name: value})

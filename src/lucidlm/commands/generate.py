@@ -334,7 +334,9 @@ def run_generate(args: argparse.Namespace) -> int:
         raise InputError(f"--draft-tokens {args.draft_tokens} needs --draft (prompt, or a draft model).")
     prompt = read_prompt(args.prompt)
     drafted = dict(draft=None if args.draft is None else "prompt", draft_tokens=args.draft_tokens)
-    model = load_model_from_args(args, {**kwargs, **drafted})  # a draft model's source is checked when it loads
+    options = {**kwargs, **drafted}  # a draft model's source is checked when it loads
+    model = load_model_from_args(args, options)
+    kwargs["bad_words_ids"] = options["bad_words_ids"]  # with --bad-words TEXT as the loaded tokenizer encodes it
     if args.draft is not None:
         kwargs.update(drafted)
         if args.draft != "prompt":

@@ -129,4 +129,11 @@ def _from_generation_config(directory: Path) -> dict[str, Any]:
     from lucidlm.weights.hf_generation_config import read_generation_config, sampling_settings
 
     config = read_generation_config(directory)
-    return {} if config is None else sampling_settings(config)
+    return {} if config is None else sampling_settings(config, _token_option)
+
+
+def _token_option(name: str, value: Any) -> Any:
+    """A generation config's option that holds token ids, as the sampler reads and checks it."""
+    from lucidlm.generation.sampling import SamplingSettings
+
+    return getattr(SamplingSettings(**{name: value}), name)

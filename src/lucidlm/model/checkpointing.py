@@ -15,7 +15,8 @@ prefix parameters a block uses without their being passed in). Its
 so dropout draws the same masks and the gradients are exactly those without checkpointing.
 
 A block something listens to runs as it is, uncheckpointed: a forward hook function on one of
-its hook points, or a torch hook on one of its modules. Recomputed, such a hook would run twice
+its hook points, a torch hook on one of its modules, or a global torch hook on every module
+(``register_module_forward_hook``). Recomputed, such a hook would run twice
 per step (a hook that records activations sees each one twice), and a hook removed before the
 backward (``run_with_hooks`` removes its hooks when the forward returns) would be missing from
 the recompute, whose saved tensors would then not be those the forward used: silently wrong
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from lucidlm.model.decode_block import global_module_hooks
 from lucidlm.model.hooks import HookPoint
 
 
@@ -43,6 +45,7 @@ def checkpointed_block(block: nn.Module, *args: Any) -> torch.Tensor:
 
 
 def listened_to(block: nn.Module) -> bool:
-    """Whether a forward hook function or a torch hook is attached anywhere in ``block``."""
-    return any((isinstance(m, HookPoint) and bool(m.fns)) or m._forward_hooks or m._forward_pre_hooks
+    """Whether a forward hook function or a torch hook is attached anywhere in ``block``, or a
+    global torch forward hook to every module."""
+    return global_module_hooks() or any((isinstance(m, HookPoint) and bool(m.fns)) or m._forward_hooks or m._forward_pre_hooks
                or m._backward_hooks or m._backward_pre_hooks for m in block.modules())

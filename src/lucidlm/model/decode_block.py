@@ -84,7 +84,7 @@ def one_call_stack(blocks: Sequence[nn.Module], block_class: type, x: torch.Tens
     the step's weights."""
     if not _a_decode_step(x, rope, mask, input_pos):
         return None
-    if (steady is not None and not _global_hooks() and steady.get("caches") is kv_caches
+    if (steady is not None and not global_module_hooks() and steady.get("caches") is kv_caches
             and steady.get("version") == HookPoint.version):
         plan = steady["plan"]
     else:
@@ -131,7 +131,7 @@ def _stack_plan(blocks: Sequence[nn.Module], block_class: type, kv_caches: Seque
 def nothing_listens(model: nn.Module) -> bool:
     """No function on any hook point of ``model`` and no torch hook on any of its modules or
     global: running it calls no code but its own (``Transformer.steady_decode`` asks)."""
-    return not _global_hooks() and not any(m.active if isinstance(m, HookPoint) else (m._forward_hooks or m._forward_pre_hooks)
+    return not global_module_hooks() and not any(m.active if isinstance(m, HookPoint) else (m._forward_hooks or m._forward_pre_hooks)
                    for m in model.modules())
 
 
@@ -233,7 +233,7 @@ def _quiet(block: nn.Module) -> bool:
     """No function on any hook point inside ``block`` and no global torch module hook. Which hook
     points are active is looked up again only when ``HookPoint.version`` moved (any hook added
     or removed anywhere)."""
-    if _global_hooks():
+    if global_module_hooks():
         return False
     seen = block.__dict__.get("_hook_points_checked")
     if seen is None or seen[0] != HookPoint.version:
@@ -242,7 +242,7 @@ def _quiet(block: nn.Module) -> bool:
     return seen[1]
 
 
-def _global_hooks() -> bool:
+def global_module_hooks() -> bool:
     """Whether a torch forward hook is registered for every module (``register_module_forward_hook``)."""
     hooks = nn.modules.module
     return bool(hooks._global_forward_hooks or hooks._global_forward_pre_hooks)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from lucidlm.errors import ConfigError
 from lucidlm.validation import Fields, read_json_object
@@ -49,19 +49,22 @@ def read_generation_config(directory: str | Path) -> Optional[Fields]:
     return read_json_object(path, ConfigError, "generation config", fix=_FIX.format(name=GENERATION_CONFIG_NAME))
 
 
-def sampling_settings(config: Fields) -> dict[str, Any]:
+def sampling_settings(config: Fields, token_option: Callable[[str, Any], Any]) -> dict[str, Any]:
     """The sampling defaults transformers' ``generate`` takes from this generation config:
     ``temperature=0`` (greedy) unless ``do_sample`` is true, then the file's temperature, top_k,
     top_p, min_p, typical_p, epsilon_cutoff and eta_cutoff; its repetition_penalty,
     no_repeat_ngram_size, suppress_tokens, bad_words_ids and sequence_bias in both cases (transformers
     applies its logits processors when greedy too), and lucidlm's own logit_bias, presence_penalty
-    and frequency_penalty (``ANY_DECODING``)."""
+    and frequency_penalty (``ANY_DECODING``). ``token_option(name, value)``: the sampler's own
+    reading of an option that holds token ids (it raises ValueError on a bad one), handed in by
+    the generation layer, which this one does not import."""
     found: dict[str, Any] = {}
     if config.has("repetition_penalty"):
         found["repetition_penalty"] = config.float("repetition_penalty", low=0.0, low_open=True)
     if config.has("no_repeat_ngram_size"):
         found["no_repeat_ngram_size"] = config.int("no_repeat_ngram_size", low=0)
-    found.update(_token_options(config, ("suppress_tokens", "bad_words_ids", "sequence_bias", "logit_bias")))
+    found.update(_token_options(config, ("suppress_tokens", "bad_words_ids", "sequence_bias", "logit_bias"),
+                                token_option))
     for name in ("presence_penalty", "frequency_penalty"):
         if config.has(name):
             found[name] = config.float(name)
@@ -83,18 +86,15 @@ def sampling_settings(config: Fields) -> dict[str, Any]:
     return found
 
 
-def _token_options(config: Fields, names: tuple[str, ...]) -> dict[str, Any]:
+def _token_options(config: Fields, names: tuple[str, ...], token_option: Callable[[str, Any], Any]) -> dict[str, Any]:
     """The fields ``names`` that hold token ids, checked as the sampler checks them (the ids
     against the vocabulary when a generation starts), a wrong one named with the file."""
-    from lucidlm.errors import GenerationError
-    from lucidlm.generation.sampling import SamplingSettings
-
     found: dict[str, Any] = {}
     for name in names:
         if config.has(name):
             try:
-                found[name] = getattr(SamplingSettings(**{name: config.raw(name)}), name)
-            except GenerationError as exc:
+                found[name] = token_option(name, config.raw(name))
+            except ValueError as exc:  # GenerationError is one
                 config.fail(f"field {name!r}: {exc}")
     return found
 
