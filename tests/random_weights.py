@@ -33,3 +33,17 @@ def small_llama(tokenizer, n_layers: int = 2, max_seq_len: int = 64):
     model = Transformer(cfg, tokenizer=tokenizer)
     model.reset_parameters(0.3)
     return model
+
+
+def share_lora_with_peft(ours: torch.nn.Module, theirs: torch.nn.Module, projections=("q_proj", "v_proj")) -> None:
+    """Give ``ours`` (lucidlm, LoRA added) the LoRA weights of ``theirs`` (a peft Llama), with a
+    random non-zero B on both sides, so every LoRA gradient of a comparison is non-trivial."""
+    their_modules = dict(theirs.named_modules())
+    with torch.no_grad():
+        for i, block in enumerate(ours.blocks):
+            for proj in projections:
+                mine = getattr(block.attn, proj)
+                hf = their_modules[f"base_model.model.model.layers.{i}.self_attn.{proj}"]
+                hf.lora_B["default"].weight.normal_(0, 0.1)
+                mine.lora_A["default"].copy_(hf.lora_A["default"].weight)
+                mine.lora_B["default"].copy_(hf.lora_B["default"].weight)

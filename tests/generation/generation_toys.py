@@ -105,6 +105,24 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """``toy_model(seed=0)`` saved as a model directory, for the command-line tests."""
+    from lucidlm.weights.checkpoint import save_model
+
+    path = tmp_path_factory.mktemp("toy_model")
+    save_model(toy_model(seed=0), path)
+    return str(path)
+
+
+@pytest.fixture
+def only_generate_and_chat(monkeypatch):
+    """Build the CLI's parser from the generate and chat modules only."""
+    from lucidlm import cli
+
+    monkeypatch.setattr(cli, "COMMANDS", ("generate", "chat"))
+
+
 def sharpened_llama_pair(path, eos: int = 256):
     """(transformers model, our model) with the same weights: a tiny random Llama saved to
     ``path`` and read back by lucidlm with a byte tokenizer (EOS id ``eos``). The unembedding is

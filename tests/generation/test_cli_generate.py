@@ -6,7 +6,7 @@ import io
 import json
 
 import pytest
-from generation_toys import reader, toy_model, one_torch_thread  # noqa: F401 (autouse fixture)
+from generation_toys import model_dir, one_torch_thread, reader, toy_model  # noqa: F401 (fixtures)
 
 from lucidlm import cli
 from lucidlm.chat import Conversation
@@ -19,15 +19,6 @@ def only_our_commands(monkeypatch):
     """Build the parser from the generate and chat modules only, so these tests do not
     depend on every other command module being finished."""
     monkeypatch.setattr(cli, "COMMANDS", ("generate", "chat"))
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from lucidlm.weights.checkpoint import save_model
-
-    path = tmp_path_factory.mktemp("toy_model")
-    save_model(toy_model(seed=0), path)
-    return str(path)
 
 
 @pytest.fixture(scope="module")

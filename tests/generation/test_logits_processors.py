@@ -14,7 +14,8 @@ import re
 import numpy as np
 import pytest
 import torch
-from generation_toys import one_torch_thread, reader, sharpened_llama_pair, toy_model  # noqa: F401 (autouse fixture)
+from generation_toys import (model_dir, one_torch_thread, only_generate_and_chat, reader,  # noqa: F401 (fixtures)
+                             sharpened_llama_pair, toy_model)
 from test_no_host_sync import reading_back_forbidden
 
 from lucidlm import cli
@@ -409,20 +410,6 @@ def test_token_ids_outside_the_model_are_refused_before_decoding(options, fragme
 
 
 # -- the command line, chat and generation_config.json ------------------------------------------------
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from lucidlm.weights.checkpoint import save_model
-
-    path = tmp_path_factory.mktemp("toy_model")
-    save_model(toy_model(seed=0), path)
-    return str(path)
-
-
-@pytest.fixture
-def only_generate_and_chat(monkeypatch):
-    monkeypatch.setattr(cli, "COMMANDS", ("generate", "chat"))
-
 
 @pytest.mark.parametrize("flags, options", [
     (["--no-repeat-ngram-size", "1"], dict(no_repeat_ngram_size=1)),

@@ -11,7 +11,8 @@ import re
 
 import pytest
 import torch
-from generation_toys import fresh_dynamo, one_torch_thread, reader, toy_model  # noqa: F401 (autouse fixtures)
+from generation_toys import (fresh_dynamo, model_dir, one_torch_thread, only_generate_and_chat,  # noqa: F401 (fixtures)
+                             reader, toy_model)
 from test_no_host_sync import reading_back_forbidden
 
 from lucidlm import cli
@@ -214,20 +215,6 @@ def test_off_values_change_nothing():
 
 
 # -- the command line and chat ---------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from lucidlm.weights.checkpoint import save_model
-
-    path = tmp_path_factory.mktemp("toy_model")
-    save_model(toy_model(seed=0), path)
-    return str(path)
-
-
-@pytest.fixture
-def only_generate_and_chat(monkeypatch):
-    monkeypatch.setattr(cli, "COMMANDS", ("generate", "chat"))
-
 
 @pytest.mark.parametrize("flag, name, value", [("--typical-p", "typical_p", 0.8),
                                                ("--epsilon-cutoff", "epsilon_cutoff", 0.01),

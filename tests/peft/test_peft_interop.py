@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from random_weights import share_lora_with_peft
 from saved_bytes import saved_for_backward
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -292,14 +293,8 @@ def test_a_lora_step_saves_no_more_for_backward_than_peft_and_gets_its_gradients
     ours = load(base_dir, dtype=torch.float32)
     add_lora(ours, r=4, alpha=8, targets=("q_proj", "v_proj"), dropout=0.0)
     ours.train()
+    share_lora_with_peft(ours, theirs)
     their_modules = dict(theirs.named_modules())
-    with torch.no_grad():  # the same A and a non-zero B on both sides, so every gradient is non-trivial
-        for i, block in enumerate(ours.blocks):
-            for proj in ("q_proj", "v_proj"):
-                mine, hf = getattr(block.attn, proj), their_modules[f"base_model.model.model.layers.{i}.self_attn.{proj}"]
-                hf.lora_B["default"].weight.normal_(0, 0.1)
-                mine.lora_A["default"].copy_(hf.lora_A["default"].weight)
-                mine.lora_B["default"].copy_(hf.lora_B["default"].weight)
     batch = torch.randint(0, CONFIG["vocab_size"], (4, 33), generator=torch.Generator().manual_seed(5))
 
     def cross_entropy(logits: torch.Tensor) -> torch.Tensor:
