@@ -193,3 +193,20 @@ def reader(lines):
         except StopIteration:
             raise EOFError from None
     return read_line
+
+
+def assert_compiled_samples_like_eager(**options) -> None:
+    """A compiled toy model samples the eager model's tokens with ``options`` and compiles its
+    decode step once: samplers run outside the compiled step, on its logits."""
+    from torch._dynamo.testing import CompileCounter
+
+    from lucidlm import LanguageModel
+    from lucidlm.generation import generate
+
+    model = toy_model(seed=2, max_seq_len=128, model_cls=LanguageModel)
+    options = dict(max_new_tokens=16, temperature=1.5, stop_on_eos=False, **options)
+    eager = [generate(model, [5, 6, 7], seed=seed, **options).token_ids for seed in (0, 1)]
+    counter = CompileCounter()
+    model.compile(backend=counter, prefill=False)
+    assert [generate(model, [5, 6, 7], seed=seed, **options).token_ids for seed in (0, 1)] == eager
+    assert counter.frame_count == 1

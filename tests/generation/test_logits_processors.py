@@ -14,8 +14,8 @@ import re
 import numpy as np
 import pytest
 import torch
-from generation_toys import (model_dir, one_torch_thread, only_generate_and_chat, reader,  # noqa: F401 (fixtures)
-                             sharpened_llama_pair, toy_model)
+from generation_toys import (assert_compiled_samples_like_eager, model_dir, one_torch_thread,  # noqa: F401 (fixtures)
+                             only_generate_and_chat, reader, sharpened_llama_pair, toy_model)
 from test_no_host_sync import reading_back_forbidden
 
 from lucidlm import cli
@@ -349,19 +349,9 @@ def test_sampling_with_them_reads_nothing_back():
 
 
 def test_a_compiled_model_uses_them_without_recompiling():
-    from torch._dynamo.testing import CompileCounter
-
-    from lucidlm import LanguageModel
-
-    model = toy_model(seed=2, max_seq_len=128, model_cls=LanguageModel)
-    options = dict(max_new_tokens=16, temperature=1.5, no_repeat_ngram_size=2, stop_on_eos=False, suppress_tokens=[3],
-                   bad_words_ids=[[5, 6]], sequence_bias=[[[7], -1.0]], logit_bias={8: 2.0}, presence_penalty=0.5,
-                   frequency_penalty=0.25)
-    eager = [generate(model, [5, 6, 7], seed=seed, **options).token_ids for seed in (0, 1)]
-    counter = CompileCounter()
-    model.compile(backend=counter, prefill=False)
-    assert [generate(model, [5, 6, 7], seed=seed, **options).token_ids for seed in (0, 1)] == eager
-    assert counter.frame_count == 1
+    assert_compiled_samples_like_eager(no_repeat_ngram_size=2, suppress_tokens=[3], bad_words_ids=[[5, 6]],
+                                       sequence_bias=[[[7], -1.0]], logit_bias={8: 2.0}, presence_penalty=0.5,
+                                       frequency_penalty=0.25)
 
 
 @pytest.mark.parametrize("options, fragment", [

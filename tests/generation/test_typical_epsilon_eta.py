@@ -11,8 +11,8 @@ import re
 
 import pytest
 import torch
-from generation_toys import (fresh_dynamo, model_dir, one_torch_thread, only_generate_and_chat,  # noqa: F401 (fixtures)
-                             reader, toy_model)
+from generation_toys import (assert_compiled_samples_like_eager, fresh_dynamo, model_dir,  # noqa: F401 (fixtures)
+                             one_torch_thread, only_generate_and_chat, reader, toy_model)
 from test_no_host_sync import reading_back_forbidden
 
 from lucidlm import cli
@@ -180,18 +180,7 @@ def test_sampling_with_them_reads_nothing_back():
 def test_a_compiled_model_samples_with_them_without_recompiling():
     """They run outside the compiled decode step, so it is compiled once, and the tokens are
     the eager model's."""
-    from torch._dynamo.testing import CompileCounter
-
-    from lucidlm import LanguageModel
-
-    model = toy_model(seed=2, max_seq_len=128, model_cls=LanguageModel)
-    options = dict(max_new_tokens=16, temperature=1.5, typical_p=0.8, epsilon_cutoff=0.01, eta_cutoff=0.02,
-                   stop_on_eos=False)
-    eager = [generate(model, [5, 6, 7], seed=seed, **options).token_ids for seed in (0, 1)]
-    counter = CompileCounter()
-    model.compile(backend=counter, prefill=False)
-    assert [generate(model, [5, 6, 7], seed=seed, **options).token_ids for seed in (0, 1)] == eager
-    assert counter.frame_count == 1
+    assert_compiled_samples_like_eager(typical_p=0.8, epsilon_cutoff=0.01, eta_cutoff=0.02)
 
 
 @pytest.mark.parametrize("options, fragment", [
