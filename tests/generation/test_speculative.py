@@ -208,6 +208,23 @@ def test_refusals(pair):
         generate(ours, [[1, 2], [3, 4]], max_new_tokens=4, draft="prompt")
 
 
+
+def test_draft_of_a_model_whose_embedding_is_padded_past_its_tokenizer():
+    """config.vocab_size 320 for a 257-token tokenizer (nanoGPT pads GPT-2's 50257 to 50304): two
+    copies loaded apart have equal tokenizers, but decoding a padding id fails in both, and that
+    failure refused the draft as "a different vocabulary"."""
+    model = toy_model(seed=0, vocab_size=320)
+    draft = toy_model(seed=1, vocab_size=320)  # its own tokenizer object, the same tokens
+    assert model.tokenizer is not draft.tokenizer
+    prompt = list(b"abcabcabc")
+    plain = generate(model, prompt, temperature=0, max_new_tokens=12)
+    assert generate(model, prompt, temperature=0, max_new_tokens=12, draft=draft).token_ids == plain.token_ids
+    # still refused: the same size, padded, but another token text (id 256 is <s>, not the EOS)
+    other = toy_model(seed=1, vocab_size=320, tokenizer=byte_tokenizer(with_eos=False, with_bos=True))
+    with pytest.raises(GenerationError, match="vocabulary differs"):
+        generate(model, prompt, max_new_tokens=4, draft=other)
+
+
 # -- sampling: the distribution is the model's -------------------------------------------------
 
 VOCAB, NEW, RUNS = 3, 4, 600
