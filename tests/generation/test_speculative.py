@@ -328,3 +328,19 @@ def test_cli_draft_flags(tmp_path, capsys, monkeypatch):
         assert 0 <= data["accepted_tokens"] <= data["drafted_tokens"] <= 3 * data["draft_rounds"]
     assert cli.main(["generate", "Hi", "--model", str(tmp_path / "target"), "--draft-tokens", "3", "-q"]) == 1
     assert "--draft-tokens 3 needs --draft" in capsys.readouterr().err
+
+
+def test_cli_missing_draft_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    import lucidlm
+    from lucidlm import cli
+    from lucidlm.weights.checkpoint import save_model
+
+    monkeypatch.setattr(cli, "COMMANDS", ("generate",))
+    save_model(toy_model(seed=0), tmp_path / "target")
+    loaded = []
+    real_load = lucidlm.load
+    monkeypatch.setattr(lucidlm, "load", lambda *a, **k: loaded.append(a) or real_load(*a, **k))
+    missing = str(tmp_path / "no_such_draft")
+    assert cli.main(["generate", "Hi", "--model", str(tmp_path / "target"), "--draft", missing, "-q"]) == 1
+    assert f"--draft {missing}: no such file" in capsys.readouterr().err
+    assert loaded == []  # the target did not load first

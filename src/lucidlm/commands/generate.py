@@ -315,6 +315,22 @@ def read_prompt(prompt: str) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
+def check_draft_source(draft: Optional[str]) -> None:
+    """--draft names prompt, a pretrained model or a path that exists: checked before the model
+    loads (a missing draft failed only after the whole model had loaded, in words about loading
+    that did not say which flag)."""
+    if draft is None or draft == "prompt":
+        return
+    from pathlib import Path
+
+    from lucidlm.pretrained import PRETRAINED
+
+    if draft not in PRETRAINED and not Path(draft).expanduser().exists():
+        raise InputError(f"--draft {draft}: no such file or directory, and not a pretrained model "
+                         f"({', '.join(sorted(PRETRAINED))}); give a draft model's path, or --draft prompt "
+                         f"(prompt lookup).")
+
+
 def run_generate(args: argparse.Namespace) -> int:
     kwargs = dict(sampling_kwargs(args), num_beams=args.num_beams, length_penalty=args.length_penalty,
                   logprobs=args.logprobs)
@@ -335,7 +351,7 @@ def run_generate(args: argparse.Namespace) -> int:
     prompt = read_prompt(args.prompt)
     drafted = dict(draft=None if args.draft is None else "prompt", draft_tokens=args.draft_tokens)
     options = {**kwargs, **drafted}  # a draft model's source is checked when it loads
-    model = load_model_from_args(args, options)
+    model = load_model_from_args(args, options, checks=lambda: check_draft_source(args.draft))
     kwargs["bad_words_ids"] = options["bad_words_ids"]  # with --bad-words TEXT as the loaded tokenizer encodes it
     if args.draft is not None:
         kwargs.update(drafted)
