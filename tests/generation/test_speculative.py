@@ -344,3 +344,16 @@ def test_cli_missing_draft_is_refused_before_the_model_loads(tmp_path, capsys, m
     assert cli.main(["generate", "Hi", "--model", str(tmp_path / "target"), "--draft", missing, "-q"]) == 1
     assert f"--draft {missing}: no such file" in capsys.readouterr().err
     assert loaded == []  # the target did not load first
+
+
+def test_accepted_counts_only_the_tokens_handed_out():
+    """A stop string inside a round of kept drafts ends the text there: the drafts after it are in
+    no result, so accepted_tokens must not count them (8 accepted for 4 new tokens was reported)."""
+    model, same = toy_model(seed=0), toy_model(seed=0)  # the same weights: every draft is kept
+    prompt = list(b"abcabc")
+    plain = generate(model, prompt, temperature=0, max_new_tokens=20).token_ids
+    stop = model.tokenizer.decode(plain[2:4])
+    result = generate(model, prompt, temperature=0, max_new_tokens=20, draft=same, draft_tokens=8, stop=[stop])
+    assert result.finish_reason == "stop" and result.token_ids == plain[:len(result.token_ids)]
+    stats = result.speculation
+    assert stats.drafted == 8 and stats.accepted == len(result.token_ids) - 1  # the first token is the prompt's

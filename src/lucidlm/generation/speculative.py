@@ -55,7 +55,8 @@ MIN_NGRAM = 2
 @dataclass
 class SpeculationStats:
     """How the guesser did (``GenerationResult.speculation``): ``rounds`` model passes that
-    checked drafts, ``drafted`` tokens proposed in them, ``accepted`` of those kept."""
+    checked drafts, ``drafted`` tokens proposed in them, ``accepted`` of those kept and handed out
+    (not the ones an EOS or a stop string before them left out of the result)."""
 
     rounds: int = 0
     drafted: int = 0
@@ -223,11 +224,13 @@ def speculative_rows(model: Any, prompt: Sequence[int], max_new_tokens: int, set
                 chosen = _check_drafts(logits.view(-1, logits.shape[-1]), drafts, q, tokens, len(tokens) - L,
                                        settings, generator, min_new_tokens, eos_ids, recorder)
                 if drafts:
-                    stats.rounds, stats.drafted, stats.accepted = \
-                        stats.rounds + 1, stats.drafted + len(drafts), stats.accepted + len(chosen) - 1
+                    stats.rounds, stats.drafted = stats.rounds + 1, stats.drafted + len(drafts)
                     backoff.after_round(kept_any=len(chosen) > 1)
-                for token in chosen:
+                for i, token in enumerate(chosen):
                     tokens.append(token)
+                    # a kept draft counts as it is handed out: after an EOS or a stop string the
+                    # round's later drafts are in no result (accepted_tokens > new_tokens was seen)
+                    stats.accepted += i < len(chosen) - 1
                     try:
                         yield torch.tensor([token])
                     except GeneratorExit:
