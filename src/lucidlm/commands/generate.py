@@ -350,7 +350,7 @@ def run_generate(args: argparse.Namespace) -> int:
         raise InputError(f"--draft-tokens {args.draft_tokens} needs --draft (prompt, or a draft model).")
     prompt = read_prompt(args.prompt)
     drafted = dict(draft=None if args.draft is None else "prompt", draft_tokens=args.draft_tokens)
-    options = {**kwargs, **drafted}  # a draft model's source is checked when it loads
+    options = {**kwargs, **drafted}  # a draft model: "prompt" here; its path is checked by check_draft_source
     model = load_model_from_args(args, options, checks=lambda: check_draft_source(args.draft))
     kwargs["bad_words_ids"] = options["bad_words_ids"]  # with --bad-words TEXT as the loaded tokenizer encodes it
     if args.draft is not None:
