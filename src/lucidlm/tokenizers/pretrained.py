@@ -61,6 +61,13 @@ class HFTokenizer(Tokenizer):
                  eos_token: Optional[str] = None, pad_token: Optional[str] = None,
                  unk_token: Optional[str] = None, chat_template: Optional[str] = None,
                  eos_ids: Optional[Sequence[int]] = None, source: Optional[str] = None) -> None:
+        # A tokenizer.json may carry a truncation or padding setting (a classifier's 512): the
+        # backend would then cut a prompt short or pad it with no error. transformers encodes
+        # without them unless asked; so does lucidlm, whose prompts are checked against the context.
+        if backend.truncation is not None:
+            backend.no_truncation()
+        if backend.padding is not None:
+            backend.no_padding()
         self._backend = backend
         self.add_bos = add_bos
         # Whether the model's sequences end with EOS (a GGUF's add_eos_token). encode() never
