@@ -82,3 +82,22 @@ def test_a_tokenizer_that_rewrites_text_has_no_bound():
     assert HFTokenizer(backend).fewest_tokens("Ａ" * 100_000) == 0
     backend.normalizer = None  # the same tokenizer without it spells text out
     assert HFTokenizer(backend).fewest_tokens("A" * 100_000) > 0
+
+
+def test_bytes_the_vocabulary_lacks_are_not_counted(smollm2_tokenizer):
+    """A byte whose byte-level character is not in the vocabulary, with no unk token, is dropped
+    by the Rust library: SmolLM2 lacks 0x04, 0x13, 0xF1, ... (1,000 of "\\x04" encode to no id),
+    as does a ByteLevel BPE trained without its initial alphabet. Such bytes cover no id, so the
+    bound must not count them."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from lucidlm.tokenizers import HFTokenizer
+
+    texts = ["\x04" * 1000, "\U00040000" * 300 + "hi", "abc\x13" * 100, "z" * 120 + "hello"]
+    backend = tokenizers.Tokenizer(tokenizers.models.BPE())
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.train_from_iterator(["hello world " * 10], tokenizers.trainers.BpeTrainer(vocab_size=300))
+    for tokenizer in (smollm2_tokenizer, HFTokenizer(backend)):
+        for text in texts:
+            _check(tokenizer.fewest_tokens(text), len(tokenizer._backend.encode(text, add_special_tokens=False).ids),
+                   text)
+    assert smollm2_tokenizer.fewest_tokens("abc\x13" * 1000) > 0  # the other bytes still count

@@ -138,8 +138,12 @@ class Tokenizer(ABC):
         tokenizer that may drop or rewrite text (words split on whitespace, a normalizer)."""
         if not self._spells_out_text():
             return 0
-        size = len(text.encode("utf-8", errors="surrogatepass"))  # a lone surrogate is refused by encode later
+        size = self._bytes_spelled(text.encode("utf-8", errors="surrogatepass"))  # a lone surrogate: refused later
         return -(-size // self._longest_token_bytes()) if size else 0
+
+    def _bytes_spelled(self, data: bytes) -> int:
+        """How many of the text's bytes its ids spell out: all of them, unless a tokenizer drops some."""
+        return len(data)
 
     def _spells_out_text(self) -> bool:
         """Whether each id's ``_token_bytes`` is a piece of the text it came from, the pieces
