@@ -202,6 +202,28 @@ def test_a_hooked_block_runs_once_and_unhooked_blocks_stay_checkpointed():
     assert sizes[1] < sizes[0] * 2 / 3  # blocks 0 and 2 are still checkpointed
 
 
+
+@pytest.mark.parametrize("point", ["blocks.1.ln1.hook_scale", "blocks.1.attn.hook_pattern"])
+def test_a_backward_hook_removed_before_the_backward_leaves_the_gradients_exact(point):
+    """A backward hook function alone changes the block's forward (an active norm scale or
+    attention pattern takes the explicit path), and run_with_hooks removes it before the
+    backward: recomputed without it, the block's saved tensors were another path's and the
+    gradients wrong by ~1e-3. Oracle: the same hooked pass without checkpointing."""
+    from lucidlm.inspect.cache import run_with_hooks
+
+    model = tiny(dropout=0.0).train()
+    ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(0))
+    grads, seen = [], []
+    for on in (False, True):
+        model.gradient_checkpointing = on
+        model.zero_grad()
+        logits = run_with_hooks(model, ids, bwd_hooks=[(point, lambda grad, hook: seen.append(grad.clone()))])
+        logits.square().mean().backward()  # the hook is already removed
+        grads.append([p.grad.clone() for p in model.parameters()])
+    torch.testing.assert_close(seen[1], seen[0], rtol=0, atol=1e-6)  # the hook saw the same gradient
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+
 def test_pretrain_and_resume_with_checkpointing_switched(tmp_path, corpus):
     """A run's loss curve and weights are the same with --gradient-checkpointing, and a resume
     may switch it (it changes memory, not the math)."""

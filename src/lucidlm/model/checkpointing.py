@@ -14,14 +14,16 @@ prefix parameters a block uses without their being passed in). Its
 ``preserve_rng_state`` (on by default) replays the forward's random state in the recompute,
 so dropout draws the same masks and the gradients are exactly those without checkpointing.
 
-A block something listens to runs as it is, uncheckpointed: a forward hook function on one of
-its hook points, a torch hook on one of its modules, or a global torch hook on every module
-(``register_module_forward_hook``). Recomputed, such a hook would run twice
+A block something listens to runs as it is, uncheckpointed: a forward or backward hook
+function on one of its hook points, a torch hook on one of its modules, or a global torch hook
+on every module (``register_module_forward_hook``). Recomputed, a forward hook would run twice
 per step (a hook that records activations sees each one twice), and a hook removed before the
 backward (``run_with_hooks`` removes its hooks when the forward returns) would be missing from
 the recompute, whose saved tensors would then not be those the forward used: silently wrong
-gradients. Backward hook functions alone do not count: they run once, on the forward's graph.
-The other blocks are still checkpointed.
+gradients. A backward hook function runs once, on the forward's graph, but an attached one
+changes the forward too (a norm with its ``hook_scale`` active, attention with its
+``hook_pattern``, take their explicit paths): removed before the backward, the recompute took
+the fused ones, and the gradients were off by ~1e-3. The other blocks are still checkpointed.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def checkpointed_block(block: nn.Module, *args: Any) -> torch.Tensor:
 
 
 def listened_to(block: nn.Module) -> bool:
-    """Whether a forward hook function or a torch hook is attached anywhere in ``block``, or a
-    global torch forward hook to every module."""
-    return global_module_hooks() or any((isinstance(m, HookPoint) and bool(m.fns)) or m._forward_hooks or m._forward_pre_hooks
+    """Whether a hook function (forward or backward) or a torch hook is attached anywhere in
+    ``block``, or a global torch forward hook to every module."""
+    return global_module_hooks() or any((isinstance(m, HookPoint) and m.active) or m._forward_hooks or m._forward_pre_hooks
                or m._backward_hooks or m._backward_pre_hooks for m in block.modules())
