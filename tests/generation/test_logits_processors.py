@@ -479,6 +479,25 @@ def test_chat_set_takes_them():
                                             frequency_penalty=1.5))
 
 
+def test_chat_set_refuses_ids_outside_the_model_at_once(tmp_path):
+    """An id past the vocabulary is refused by /set (and /load), not kept to fail every later
+    answer with an error that /reset, which it suggests, cannot clear."""
+    model = toy_model(seed=0)
+    saved = tmp_path / "chat.json"
+    saved.write_text(json.dumps({"system": None, "messages": [], "settings": {"suppress_tokens": [3, 900]}}))
+    out = io.StringIO()
+    chat_loop(model, dict(temperature=0, max_new_tokens=8),
+              read_line=reader(["/set logit_bias 300=1", "/set bad_words_ids 256", f"/load {saved}", "Hi"]), out=out)
+    shown = out.getvalue().splitlines()
+    assert shown[0].startswith("logit_bias names token id 300, outside this model's vocabulary 0..256")
+    assert shown[1].startswith("bad_words_ids bans the end token 256 alone")
+    assert shown[2].startswith(f"cannot load {saved}: suppress_tokens names token id 900")
+    from lucidlm.chat import Conversation
+    convo = Conversation()
+    convo.add_user("Hi")
+    assert shown[-1] == "".join(convo.reply(model, temperature=0, max_new_tokens=8))  # the settings as they were
+
+
 def test_stream_and_the_model_methods_take_them():
     from lucidlm import LanguageModel
 

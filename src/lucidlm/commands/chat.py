@@ -147,8 +147,6 @@ class ChatSession:
         return True
 
     def set(self, rest: str) -> None:
-        from lucidlm.generation import check_options
-
         words = rest.split()
         if words[:1] == ["parameter"]:  # ollama's spelling: /set parameter temperature 0.3
             words = words[1:]
@@ -177,13 +175,21 @@ class ChatSession:
             self.say(f"{typed} is invalid: {reason}")
             return
         try:
-            check_options(**{**self.settings, name: value})
+            self.check_settings({**self.settings, name: value})
         except ValueError as exc:  # GenerationError is a ValueError too
             self.say(as_typed(str(exc), name, value, typed))
             return
         self.settings[name] = value
         shown = "the model default" if value is None else f"{value}, the session's default" if default else value
         self.say(f"({name} = {shown})")
+
+    def check_settings(self, settings: dict[str, Any]) -> None:
+        """Refuse settings as generate() would: by the options' own checks, and the token ids they
+        name against this model's vocabulary (kept, an id past it would fail every later answer,
+        whatever /reset does)."""
+        from lucidlm.generation.request import make_request
+
+        make_request(dict(settings)).use_model(self.model)
 
     def effective_settings(self) -> str:
         from lucidlm.generation.defaults import apply_sampling_defaults
@@ -219,8 +225,7 @@ class ChatSession:
             check_messages(messages)
             system = fields.str("system", default=None)
             settings = fields.object("settings", default={}).data
-            from lucidlm.generation import check_options
-            check_options(**{**self.settings, **settings})  # unknown names and bad values refused by name
+            self.check_settings({**self.settings, **settings})  # unknown names and bad values refused by name
         except (LucidLMError, ValueError) as exc:  # GenerationError is a ValueError too
             self.say(f"cannot load {path}: {exc}")
             return
