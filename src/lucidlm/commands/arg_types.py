@@ -6,6 +6,7 @@ lucidlm's own helpers first thing in each command, so the API and the CLI say th
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 
@@ -33,12 +34,19 @@ class BadValue(argparse.ArgumentTypeError, ValueError):
 
 
 def token_ids(value: str) -> list[int]:
-    """``13,198`` -> [13, 198]: token ids separated by commas (checked against the model later)."""
+    """``13,198`` -> [13, 198]: token ids separated by commas (checked against the model later).
+    A negative one is refused here, with the flag as typed: the sampler's message would name the
+    Python option and show the ids as a list."""
     try:
-        return [int(part) for part in value.split(",")]
+        ids = [int(part) for part in value.split(",")]
     except ValueError:
         raise BadValue(f"{shown(value)} is not a list of token ids: give whole numbers separated by commas, "
                        f"e.g. 13,198.") from None
+    negative = [i for i in ids if i < 0]
+    if negative:
+        raise BadValue(f"{shown(value)} is not a list of token ids: {negative[0]} is negative; give whole numbers "
+                       f">= 0 separated by commas, e.g. 13,198.")
+    return ids
 
 
 def token_sequences(value: str) -> list[list[int]]:
@@ -50,18 +58,34 @@ def token_bias(value: str) -> tuple[list[int], float]:
     """``464,3290=-5`` -> ([464, 3290], -5.0): token ids, ``=``, the bias (``-inf`` bans)."""
     ids, sep, bias = value.rpartition("=")
     try:
-        return token_ids(ids), float(bias)
+        found = token_ids(ids), float(bias)
+    except BadValue:  # its own reason (a negative id)
+        raise
     except ValueError:
         raise BadValue(f"{shown(value)} is not IDS=BIAS: give token ids separated by commas, '=' and a number, "
                        f"e.g. 13=-100 or 464,3290=-5.") from None
+    if math.isnan(found[1]) or found[1] == math.inf:  # "nan", "inf", or "1e309", which float() makes inf
+        raise BadValue(f"{shown(value)} is not IDS=BIAS with a usable bias: {bias.strip()} is "
+                       f"{'NaN' if math.isnan(found[1]) else 'infinite'}; give a finite number (-100 to 100 is "
+                       f"OpenAI's range), or -inf to ban.")
+    return found
+
+
+def logit_bias(value: str) -> tuple[int, float]:
+    """``13=-100`` -> (13, -100.0): one token id, ``=``, the bias (``--logit-bias``)."""
+    ids, bias = token_bias(value)
+    if len(ids) != 1:
+        raise BadValue(f"{shown(value)} is not ID=BIAS: one token id per --logit-bias, e.g. 13=-100 "
+                       f"(--sequence-bias biases a sequence of them).")
+    return ids[0], bias
 
 
 def logit_biases(value: str) -> dict[int, float]:
     """``13=-100,198=2`` -> {13: -100.0, 198: 2.0}: one token per ID=BIAS, separated by commas."""
     found = {}
     for part in value.split(","):
-        ids, bias = token_bias(part)
-        found[ids[0]] = bias
+        token, bias = logit_bias(part)
+        found[token] = bias
     return found
 
 

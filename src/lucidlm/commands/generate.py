@@ -130,7 +130,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, default_max_new_toke
     group.add_argument("--bad-words", action="append", default=None, metavar="TEXT", type=arg_types.text,
                        help="text never generated: its ids as the model's tokenizer encodes it become a "
                             "--bad-words-ids sequence (mind the space: ' Paris' is the word mid-sentence); repeatable")
-    group.add_argument("--logit-bias", type=arg_types.token_bias, action="append", default=None, metavar="ID=BIAS",
+    group.add_argument("--logit-bias", type=arg_types.logit_bias, action="append", default=None, metavar="ID=BIAS",
                        help="add BIAS to token ID's logit (OpenAI's / llama.cpp's logit_bias; -100 or -inf bans it, "
                             "e.g. 13=-100); repeatable")
     group.add_argument("--sequence-bias", type=arg_types.token_bias, action="append", default=None,
@@ -169,10 +169,9 @@ def _pairs(biases: Optional[list[tuple[list[int], float]]]) -> Optional[list[lis
     return None if biases is None else [[ids, bias] for ids, bias in biases]
 
 
-def _logit_bias(biases: Optional[list[tuple[list[int], float]]]) -> Optional[dict[Any, float]]:
-    """--logit-bias's (ids, bias) pairs as {id: bias}; ``1,2=-5`` names a sequence, which it cannot
-    be (kept as its tuple, the sampler refuses it by name)."""
-    return None if biases is None else {(ids[0] if len(ids) == 1 else tuple(ids)): bias for ids, bias in biases}
+def _logit_bias(biases: Optional[list[tuple[int, float]]]) -> Optional[dict[int, float]]:
+    """--logit-bias's (id, bias) pairs as {id: bias}; a token given twice keeps its last bias."""
+    return None if biases is None else dict(biases)
 
 
 def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, Any]] = None,
