@@ -372,6 +372,7 @@ def test_a_compiled_model_uses_them_without_recompiling():
     (dict(logit_bias={5: float("nan")}), "logit_bias[5]=nan is invalid: a bias is a finite number"),
     (dict(logit_bias={5: "2"}), "logit_bias[5]='2' is invalid"),
     (dict(logit_bias={-3: 1.0}), "logit_bias has key -3, which is not a token id (a whole number >= 0)"),
+    (dict(logit_bias={"\u00b2": 1.0}), "logit_bias has key '\u00b2', which is not a token id"),  # a digit, not a number
     (dict(logit_bias=[5, 1.0]), "logit_bias=[5, 1.0] is invalid: give a dict {token id: bias}"),
     (dict(presence_penalty=float("nan")), "presence_penalty=nan is invalid: expected a finite number"),
     (dict(frequency_penalty="1"), "frequency_penalty='1' is invalid: expected a finite number"),

@@ -193,7 +193,8 @@ def _logit_biases(value: Any) -> tuple[tuple[int, float], ...]:
                               f"{{13: -100, 198: 5.0}}.")
     found: dict[int, float] = {}
     for key, bias in pairs:
-        token = int(key) if isinstance(key, str) and key.strip().isdigit() else key
+        # isdecimal, not isdigit: "²" is a digit that int() refuses
+        token = int(key) if isinstance(key, str) and key.strip().isdecimal() else key
         if not _is_count(token):
             raise GenerationError(f"logit_bias has key {key!r}, which is not a token id (a whole number >= 0); give "
                                   f"a dict {{token id: bias}}, e.g. {{13: -100}}.")
