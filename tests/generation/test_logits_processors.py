@@ -376,6 +376,9 @@ def test_a_compiled_model_uses_them_without_recompiling():
     (dict(logit_bias=[5, 1.0]), "logit_bias=[5, 1.0] is invalid: give a dict {token id: bias}"),
     (dict(presence_penalty=float("nan")), "presence_penalty=nan is invalid: expected a finite number"),
     (dict(frequency_penalty="1"), "frequency_penalty='1' is invalid: expected a finite number"),
+    # beyond float32, 0 * inf made every logit NaN
+    (dict(frequency_penalty=1e39), "frequency_penalty=1e+39 is invalid: it must be between -1e30 and 1e30"),
+    (dict(presence_penalty=-2e30), "presence_penalty=-2e+30 is invalid: it must be between -1e30 and 1e30"),
 ])
 def test_bad_values_are_refused_by_name(options, fragment):
     with pytest.raises(GenerationError, match=re.escape(fragment)):
@@ -557,6 +560,7 @@ def _as_lists(value):
 @pytest.mark.parametrize("fields, fragment", [
     ({"suppress_tokens": "5"}, "field 'suppress_tokens': suppress_tokens='5' is invalid"),
     ({"bad_words_ids": [[]]}, "field 'bad_words_ids': bad_words_ids=[[]] is invalid"),
+    ({"presence_penalty": 1e39}, "presence_penalty"),
 ])
 def test_a_bad_generation_config_field_is_named_with_the_file(tmp_path, fields, fragment):
     from lucidlm.errors import ConfigError

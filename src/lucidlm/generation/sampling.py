@@ -122,6 +122,15 @@ class SamplingSettings:
                 f"1 or None = no penalty, > 1 discourages repeats, 1.1 to 1.5 is usual."
             )
 
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            # in float32, a penalty past ~3.4e38 is inf, and an unseen token's 0 * inf is NaN: every logit
+            # NaN (garbage ids when greedy, a torch error when sampling); 1e30 times any count stays finite
+            if value is not None and not -_PENALTY_LIMIT <= value <= _PENALTY_LIMIT:
+                raise GenerationError(f"{name}={value} is invalid: it must be between -1e30 and 1e30 (it is "
+                                      f"subtracted from float32 logits, which overflow beyond); -2 to 2 is "
+                                      f"OpenAI's range, 0 or None = off.")
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0

@@ -66,8 +66,8 @@ def sampling_settings(config: Fields, token_option: Callable[[str, Any], Any]) -
     found.update(_token_options(config, ("suppress_tokens", "bad_words_ids", "sequence_bias", "logit_bias"),
                                 token_option))
     for name in ("presence_penalty", "frequency_penalty"):
-        if config.has(name):
-            found[name] = config.float(name)
+        if config.has(name):  # the sampler's bounds (float32 logits overflow beyond)
+            found[name] = config.float(name, low=-1e30, high=1e30)
     if not config.bool("do_sample", default=False):
         return {"temperature": 0.0, **found}
     if config.has("temperature"):
