@@ -370,6 +370,9 @@ def test_a_compiled_model_uses_them_without_recompiling():
     (dict(sequence_bias={(4,): float("inf")}), "sequence_bias[(4,)]=inf is invalid: a bias is a finite number added "
                                                 "to the logit (-100 to 100 is OpenAI's range), or -inf to ban it."),
     (dict(logit_bias={5: float("nan")}), "logit_bias[5]=nan is invalid: a bias is a finite number"),
+    # past float32's largest number: torch refused to store it, mid-generation
+    (dict(logit_bias={5: 1e39}), "logit_bias[5]=1e+39 is invalid: a bias must be between -1e30 and 1e30"),
+    (dict(sequence_bias=[[[4, 5], -2e30]]), "sequence_bias[(4, 5)]=-2e+30 is invalid: a bias must be between"),
     (dict(logit_bias={5: "2"}), "logit_bias[5]='2' is invalid"),
     (dict(logit_bias={-3: 1.0}), "logit_bias has key -3, which is not a token id (a whole number >= 0)"),
     (dict(logit_bias={"\u00b2": 1.0}), "logit_bias has key '\u00b2', which is not a token id"),  # a digit, not a number

@@ -168,11 +168,15 @@ def _token_ids(name: str, value: Any) -> tuple[int, ...]:
 
 def _bias(name: str, key: Any, value: Any) -> float:
     """A bias: a finite number, or -inf (the token or sequence banned); +inf and NaN would make
-    the softmax NaN."""
+    the softmax NaN. The biases live in float32 tables: one past 1e30 is refused, as the penalties
+    are (past ~3.4e38, float32 has no such number; torch refused to store it, mid-generation)."""
     if not (_is_finite(value) or (isinstance(value, numbers.Real) and not isinstance(value, bool)
                                   and value == float("-inf"))):
         raise GenerationError(f"{name}[{key!r}]={value!r} is invalid: a bias is a finite number added to the "
                               f"logit (-100 to 100 is OpenAI's range), or -inf to ban it.")
+    if math.isfinite(value) and not -_PENALTY_LIMIT <= value <= _PENALTY_LIMIT:
+        raise GenerationError(f"{name}[{key!r}]={value!r} is invalid: a bias must be between -1e30 and 1e30 (it is "
+                              f"added to float32 logits; -100 to 100 is OpenAI's range), or -inf to ban it.")
     return float(value)
 
 
