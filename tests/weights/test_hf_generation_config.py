@@ -235,3 +235,26 @@ def test_openais_options_in_the_defaults_survive_saving(tmp_path):
     GenerationConfig.from_pretrained(tmp_path / "out")  # still a file transformers reads
     again = lucidlm.load(tmp_path / "out").generation_defaults
     assert {**again, "logit_bias": dict(again["logit_bias"])} == defaults
+
+
+@pytest.mark.parametrize("to", ["hf", "lucidlm"])
+def test_defaults_in_any_form_generate_takes_survive_saving(tmp_path, free_run, to):
+    """Sets, ranges, tensors, NumPy numbers and sequence_bias's {(ids): bias}, which generate()
+    takes, are written as JSON lists and numbers (json.dumps refused them, after the weights
+    were written), and read back to the same generation."""
+    import numpy as np
+    from transformers import GenerationConfig
+
+    from lucidlm.weights.hf import save_hf
+
+    model = lucidlm.load(save_dir(tmp_path / "src", None))
+    model.generation_defaults = {"temperature": 0.0, "suppress_tokens": {free_run[1], free_run[4]},
+                                 "bad_words_ids": (tuple(np.array(free_run[2:4])),),
+                                 "sequence_bias": {(free_run[5],): -4.0, tuple(free_run[6:8]): np.float32(-2.5)},
+                                 "logit_bias": {np.int64(free_run[9]): -100.0}, "no_repeat_ngram_size": np.int64(3)}
+    expected = generate(model, PROMPT, max_new_tokens=NEW).token_ids
+    assert expected != free_run
+    (save_hf if to == "hf" else save_model)(model, tmp_path / "out")
+    theirs = GenerationConfig.from_pretrained(tmp_path / "out")
+    assert theirs.sequence_bias == [[[free_run[5]], -4.0], [free_run[6:8], -2.5]]
+    assert generate(lucidlm.load(tmp_path / "out"), PROMPT, max_new_tokens=NEW).token_ids == expected

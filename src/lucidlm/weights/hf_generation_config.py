@@ -24,6 +24,8 @@ reads them, every field checked (one line naming the file and the field when one
 from __future__ import annotations
 
 import json
+import numbers
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -197,7 +199,7 @@ def write_generation_config(directory: str | Path, model: Any) -> None:
     if defaults:
         greedy = defaults.get("temperature") == 0
         config["do_sample"] = not greedy
-        config.update({k: v for k, v in defaults.items() if not greedy or k in ANY_DECODING})
+        config.update({k: _as_json(v) for k, v in defaults.items() if not greedy or k in ANY_DECODING})
     tokenizer = getattr(model, "tokenizer", None)
     if eos_ids and (config or len(eos_ids) > 1 or tokenizer is None):
         config["eos_token_id"] = hf_eos_token_id(eos_ids)
@@ -211,6 +213,29 @@ def write_generation_config(directory: str | Path, model: Any) -> None:
         path.unlink(missing_ok=True)
         return
     atomic_write_text(path, json.dumps(config, indent=2) + "\n")
+
+
+def _as_json(value: Any) -> Any:
+    """A sampling default as JSON can write it, in the forms the options take and transformers
+    reads: generate() also takes a set, a range, a tensor or NumPy numbers of ids, and
+    sequence_bias as {(ids): bias}, which json.dumps refused after the weights were written
+    (a save without its generation_config.json); the tuple-keyed dict becomes transformers'
+    [[ids, bias], ...]."""
+    if hasattr(value, "tolist") and not isinstance(value, (bool, int, float)):  # a tensor, an array, a NumPy number
+        value = value.tolist()
+    if isinstance(value, Mapping):
+        if any(isinstance(key, (tuple, list)) for key in value):
+            return [[_as_json(key), _as_json(bias)] for key, bias in value.items()]
+        return {key if isinstance(key, str) else _as_json(key): _as_json(bias) for key, bias in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return sorted(_as_json(v) for v in value)
+    if isinstance(value, (list, tuple, range)):
+        return [_as_json(v) for v in value]
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return value
 
 
 def _token_ids(fields: Fields, key: str, vocab_size: int, strict: bool = True) -> list[int]:
