@@ -460,6 +460,7 @@ def test_cli_refuses_bad_values_in_one_line(model_dir, only_generate_and_chat, c
                                   "infinite"),
     (["--sequence-bias", "3,4=inf"], "argument --sequence-bias: '3,4=inf' is not IDS=BIAS with a usable bias"),
     (["--logit-bias", "3,4=1"], "argument --logit-bias: '3,4=1' is not ID=BIAS: one token id per --logit-bias"),
+    (["--logit-bias", "3"], "argument --logit-bias: '3' is not IDS=BIAS: give token ids separated by commas, '='"),
 ])
 def test_a_flag_that_is_no_list_of_ids_is_refused_while_parsing(model_dir, only_generate_and_chat, capsys, flags,
                                                                 fragment):

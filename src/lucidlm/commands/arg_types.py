@@ -58,12 +58,11 @@ def token_bias(value: str) -> tuple[list[int], float]:
     """``464,3290=-5`` -> ([464, 3290], -5.0): token ids, ``=``, the bias (``-inf`` bans)."""
     ids, sep, bias = value.rpartition("=")
     try:
-        found = token_ids(ids), float(bias)
-    except BadValue:  # its own reason (a negative id)
-        raise
+        found = [int(part) for part in ids.split(",")], float(bias)
     except ValueError:
         raise BadValue(f"{shown(value)} is not IDS=BIAS: give token ids separated by commas, '=' and a number, "
                        f"e.g. 13=-100 or 464,3290=-5.") from None
+    token_ids(ids)  # a negative id, refused with its own reason
     if math.isnan(found[1]) or found[1] == math.inf:  # "nan", "inf", or "1e309", which float() makes inf
         raise BadValue(f"{shown(value)} is not IDS=BIAS with a usable bias: {bias.strip()} is "
                        f"{'NaN' if math.isnan(found[1]) else 'infinite'}; give a finite number (-100 to 100 is "
