@@ -62,6 +62,22 @@ def assert_same_training(model: torch.nn.Module) -> None:
     assert sizes[1] < sizes[0] / 2
 
 
+def gradients_off_and_on(model: torch.nn.Module, forward_backward) -> list[list[torch.Tensor]]:
+    """Every parameter's gradient after ``forward_backward()`` with checkpointing off, then on."""
+    grads = []
+    for on in (False, True):
+        model.gradient_checkpointing = on
+        model.zero_grad()
+        forward_backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    return grads
+
+
+def assert_same_gradients(grads: list[list[torch.Tensor]]) -> None:
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+
+
 def tiny(dropout: float = 0.1) -> Transformer:
     torch.manual_seed(0)
     return Transformer(preset("llama", vocab_size=61, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_mlp=64,
@@ -187,18 +203,17 @@ def test_a_hooked_block_runs_once_and_unhooked_blocks_stay_checkpointed():
         seen.append(hook.name)
         return x * 2
 
-    grads, sizes = [], []
-    for on in (False, True):
-        model.gradient_checkpointing = on
-        model.zero_grad()
+    sizes = []
+
+    def forward_backward():
         logits, size = saved_for_backward(
             lambda: run_with_hooks(model, ids, fwd_hooks=[("blocks.1.hook_resid_mid", doubled)]), model)
         logits.square().mean().backward()  # the hook is already removed
-        grads.append([p.grad.clone() for p in model.parameters()])
         sizes.append(size)
+
+    grads = gradients_off_and_on(model, forward_backward)
     assert seen == ["blocks.1.hook_resid_mid"] * 2  # once per pass, not again in a recompute
-    for a, b in zip(*grads):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+    assert_same_gradients(grads)
     assert sizes[1] < sizes[0] * 2 / 3  # blocks 0 and 2 are still checkpointed
 
 
@@ -213,16 +228,16 @@ def test_a_backward_hook_removed_before_the_backward_leaves_the_gradients_exact(
 
     model = tiny(dropout=0.0).train()
     ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(0))
-    grads, seen = [], []
-    for on in (False, True):
-        model.gradient_checkpointing = on
-        model.zero_grad()
+    seen = []
+
+    def forward_backward():
         logits = run_with_hooks(model, ids, bwd_hooks=[(point, lambda grad, hook: seen.append(grad.clone()))])
         logits.square().mean().backward()  # the hook is already removed
-        grads.append([p.grad.clone() for p in model.parameters()])
+
+    grads = gradients_off_and_on(model, forward_backward)
     torch.testing.assert_close(seen[1], seen[0], rtol=0, atol=1e-6)  # the hook saw the same gradient
-    for a, b in zip(*grads):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+    assert_same_gradients(grads)
+
 
 def test_pretrain_and_resume_with_checkpointing_switched(tmp_path, corpus):
     """A run's loss curve and weights are the same with --gradient-checkpointing, and a resume
@@ -276,10 +291,9 @@ def test_a_global_module_hook_runs_once_per_module_call():
     step without checkpointing, and its gradients."""
     model = tiny(dropout=0.0).train()
     ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(0))
-    calls, grads = [], []
-    for on in (False, True):
-        model.gradient_checkpointing = on
-        model.zero_grad()
+    calls: list[list[str]] = []
+
+    def forward_backward():
         seen: list[str] = []
         handle = torch.nn.modules.module.register_module_forward_hook(
             lambda module, args, out: seen.append(type(module).__name__))
@@ -288,7 +302,7 @@ def test_a_global_module_hook_runs_once_per_module_call():
         finally:
             handle.remove()
         calls.append(seen)
-        grads.append([p.grad.clone() for p in model.parameters()])
+
+    grads = gradients_off_and_on(model, forward_backward)
     assert calls[1] == calls[0]
-    for a, b in zip(*grads):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+    assert_same_gradients(grads)
