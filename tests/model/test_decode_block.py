@@ -129,6 +129,73 @@ def test_equals_the_modules_bit_for_bit(monkeypatch, overrides, rows):
     assert_same_bits(got, want)
 
 
+def decode_chunks(model: LanguageModel, prompts: list[list[int]], chunks: list[int], seed: int = 1,
+                  ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Left-padded prompts, a prefill, then fixed random tokens fed ``chunks[i]`` at a time
+    through ``model.step`` (as speculative decoding checks its drafts): the final norm's output
+    after every token fed (B, sum(chunks), d) and the caches it leaves. (Not the logits: this
+    model's unembedding is a float32 ``F.linear``, whose sums depend on how many rows it gets.)"""
+    B, T, n = len(prompts), max(map(len, prompts)), sum(chunks)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    real = torch.zeros(B, T + n + 4, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, T - len(prompt):] = torch.tensor(prompt)
+        real[row, T - len(prompt):] = 1
+    tokens = torch.randint(0, 48, (B, n), generator=torch.Generator().manual_seed(seed))
+    model.setup_kv_cache(B, T + n + 4)
+    out, at = [], T
+    with torch.no_grad():
+        model.step(ids, torch.arange(T), real[:, :T], new_cache=True)
+        handle = model.ln_final.register_forward_hook(lambda module, args, output: out.append(output))
+        for chunk in chunks:
+            fed = tokens[:, at - T:at - T + chunk]
+            model.step(fed, torch.arange(at, at + chunk), real)
+            at += chunk
+        handle.remove()
+    caches = [t.clone() for cache in model.kv_caches for t in (cache.k, cache.v)]
+    model.clear_kv_cache()
+    return torch.cat(out, dim=1), caches
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"rope_variant": "interleaved"},
+    {"n_kv_heads": 1},
+    {"sliding_window": 4, "n_layers": 4},
+    {"qk_norm": True, "post_sublayer_norm": True, "mlp": "geglu", "query_pre_attn_scalar": 24.0,
+     "sliding_window": 4, "n_layers": 4},
+    {"scheme": "int8", "fuse": False},
+])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_few_tokens_in_one_call_are_as_many_one_token_steps_bit_for_bit(monkeypatch, overrides, rows):
+    """Speculative decoding's checking pass (T tokens a row, one call) gives every token's
+    stream and cache slot exactly as T plain decode steps would, so its greedy tokens are plain
+    greedy's; and those steps are the modules' bit for bit (the test above). (The modules'
+    own T-token pass is not a bitwise reference: it attends through SDPA, and a last-bit
+    difference can move an int8 activation code, 2e-3 on this random model.)"""
+    model = int4_model(**overrides)
+    calls = counted(monkeypatch)
+    chunks = [5, 1, 3, 2, 7]
+    got = decode_chunks(model, PROMPTS[:rows], chunks)
+    assert calls.stacks == [len(model.blocks)] * len(chunks)
+    assert [shape[1] for shape in calls[::len(model.blocks)]] == chunks
+    calls.clear()
+    one_by_one = decode_chunks(model, PROMPTS[:rows], [1] * sum(chunks))
+    assert calls == [(rows, 1, 64)] * (sum(chunks) * len(model.blocks))
+    assert_same_bits(got, one_by_one)
+
+
+def test_more_tokens_than_one_call_takes_get_the_modules(monkeypatch):
+    from lucidlm.model.decode_block import MAX_TOKENS
+
+    model = int4_model(max_seq_len=MAX_TOKENS + 16)
+    calls = counted(monkeypatch)
+    decode_chunks(model, PROMPTS[:1], [MAX_TOKENS + 1])
+    assert calls == []
+    decode_chunks(model, PROMPTS[:1], [MAX_TOKENS])
+    assert calls == [(1, MAX_TOKENS, 64)] * len(model.blocks)
+
+
 def test_generate_and_the_embedded_default_give_the_same_tokens(monkeypatch):
     import lucidlm
     from lucidlm.generation import generate_batch
@@ -338,16 +405,25 @@ def test_bad_inputs_are_refused_by_name():
     assert (q_norm, k_norm, ln1_post, ln2_post, activation) == (None, None, None, None, 0) and len(qkv) == 3
 
     def call(x=x, slot=torch.tensor([2]), k=cache.k, mask=mask, qkv=qkv, n_heads=4, q_norm=None, activation=0,
-             gate_up=gate_up):
+             gate_up=gate_up, cos=cos, sin=sin):
         return torch.ops.lucidlm.decode_block(x, ln1.weight, 1e-5, qkv, q_norm, None, 1e-6, cos, sin, False, k, cache.v,
                                               slot, mask, 0.25, n_heads, o, None, 0.0, ln2.weight, 1e-5, gate_up,
                                               activation, down, None, 0.0)
 
     assert call().shape == (1, 1, 64)
-    with pytest.raises(RuntimeError, match="one new token per row"):
+    with pytest.raises(RuntimeError, match="input_pos must be 2 int64 slots, one a token"):
         call(x=torch.randn(1, 2, 64))
-    with pytest.raises(RuntimeError, match="one new token per row"):
+    with pytest.raises(RuntimeError, match="x must be \\(B, T, D\\) float32"):
         call(x=x.double())
+    with pytest.raises(RuntimeError, match="slot 16 is outside the cache's 16 slots"):
+        call(x=torch.randn(1, 2, 64), slot=torch.tensor([15, 16]))
+    two = dict(x=torch.randn(1, 2, 64), slot=torch.tensor([2, 3]))
+    with pytest.raises(RuntimeError, match="cos and sin must be float32 \\(B, T, 1, hd\\) = \\(1, 2, 1, 16\\)"):
+        call(**two)  # one token's rotation
+    with pytest.raises(RuntimeError, match="mask must be \\(B or 1, 1, 2, 16\\) bool"):
+        call(**two, cos=torch.ones(1, 2, 1, 16), sin=torch.zeros(1, 2, 1, 16))  # one query row
+    assert call(**two, cos=torch.ones(1, 2, 1, 16), sin=torch.zeros(1, 2, 1, 16),
+                mask=torch.ones(1, 1, 2, 16, dtype=torch.bool)).shape == (1, 2, 64)
     with pytest.raises(RuntimeError, match="slot 16 is outside the cache's 16 slots"):
         call(slot=torch.tensor([16]))
     with pytest.raises(RuntimeError, match="slot -1 is outside"):

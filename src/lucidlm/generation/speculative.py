@@ -12,8 +12,10 @@ overwritten by the next round (``DecodeSession.rewind``).
 Exact, not approximate:
 
 - greedy: a draft is kept only if it is the argmax the model gives there, so the tokens are
-  plain greedy decoding's (up to float rounding: the check runs the ordinary multi-token
-  forward pass, the plain step a one-token one);
+  plain greedy decoding's. On lucidlm's CPU kernels (the embedded default) the check runs in
+  the one-call decode step, which gives each token the plain step's logits to the bit
+  (model/decode_block.py); elsewhere it is the ordinary multi-token forward pass, equal up to
+  float rounding;
 - sampling: the rule of Leviathan et al. 2023 / Chen et al. 2023 (gpt-fast's): draft x drawn
   from q is kept with probability min(1, p(x) / q(x)), else the token is drawn from
   normalize(max(p - q, 0)); p and q are the *processed* distributions (repetition penalty,

@@ -15,9 +15,12 @@
  * unwritten tail are skipped; a masked slot inside that range is computed and zeroed), and a
  * layer costs a few microseconds.
  *
- * Layout: q and out (B, H, G, D) contiguous; k and v (B, H, S, D) with any batch, head and
- * slot strides (a slice of the cache, or one new token's keys), each slot's D values
- * contiguous; mask (B, S) bytes, 1 = may attend. D a multiple of 8. A row whose mask lets nothing in gets NaN, as a softmax over
+ * Layout: q and out (B, T, H, G, D) contiguous: T queries a row (a decode step's one, or the
+ * few tokens speculative decoding checks at once), each with its own mask row; k and v
+ * (B, H, S, D) with any batch, head and slot strides (a slice of the cache, or one new token's
+ * keys), each slot's D values contiguous; mask (B, T, S) bytes, 1 = may attend. A query whose
+ * mask ends at its own slot reads exactly what it would have read had it come alone, one step
+ * after the query before it: the slots later queries wrote past it are never touched. D a multiple of 8. A row whose mask lets nothing in gets NaN, as a softmax over
  * nothing does in torch. Threads: OpenMP over (row, kv head) once the work is large enough to
  * pay for waking them.
  */
@@ -142,18 +145,21 @@ static void one_head(const float *q, const float *k, int64_t ks, const float *v,
 
 /* Returns 0, or -1 when out of memory. */
 int lucidlm_decode_attention(const float *q, const float *k, const float *v, const uint8_t *mask, float *out,
-                             int64_t B, int64_t H, int64_t G, int64_t S, int64_t D, int64_t k_batch, int64_t k_head,
-                             int64_t k_slot, int64_t v_batch, int64_t v_head, int64_t v_slot, float scale) {
-    float *p = malloc(sizeof(float) * B * H * G * S);  /* each (row, head) its own scores */
+                             int64_t B, int64_t T, int64_t H, int64_t G, int64_t S, int64_t D, int64_t k_batch,
+                             int64_t k_head, int64_t k_slot, int64_t v_batch, int64_t v_head, int64_t v_slot,
+                             float scale) {
+    const int64_t R = B * T;  /* queries: row b's t-th is r = b * T + t, against row b's keys */
+    float *p = malloc(sizeof(float) * R * H * G * S);  /* each (query, head) its own scores */
     if (!p) return -1;
     /* 2^16: 8 rows of SmolLM2 over a 47-slot cache (bench_generation's batch 8) took 21-31 us on
      * one thread and 12-17 us on two, 1 row over 256 slots 15-16 -> 11.6 us; 2^18 had left both
      * on one thread while the other waited (AMD EPYC Zen 4, 2026-11-27). */
-    #pragma omp parallel for schedule(static) collapse(2) if (B * H * G * S * D >= (1 << 16))
-    for (int64_t b = 0; b < B; b++)
+    #pragma omp parallel for schedule(static) collapse(2) if (R * H * G * S * D >= (1 << 16))
+    for (int64_t r = 0; r < R; r++)
         for (int64_t h = 0; h < H; h++)
-            one_head(q + (b * H + h) * G * D, k + b * k_batch + h * k_head, k_slot, v + b * v_batch + h * v_head, v_slot,
-                     mask + b * S, out + (b * H + h) * G * D, G, S, D, scale, p + (b * H + h) * G * S);
+            one_head(q + (r * H + h) * G * D, k + (r / T) * k_batch + h * k_head, k_slot,
+                     v + (r / T) * v_batch + h * v_head, v_slot, mask + r * S, out + (r * H + h) * G * D, G, S, D,
+                     scale, p + (r * H + h) * G * S);
     free(p);
     return 0;
 }

@@ -5,9 +5,9 @@
 #include <torch/library.h>
 
 extern "C" int lucidlm_decode_attention(const float *q, const float *k, const float *v, const uint8_t *mask, float *out,
-                                        int64_t B, int64_t H, int64_t G, int64_t S, int64_t D, int64_t k_batch,
-                                        int64_t k_head, int64_t k_slot, int64_t v_batch, int64_t v_head,
-                                        int64_t v_slot, float scale);
+                                        int64_t B, int64_t T, int64_t H, int64_t G, int64_t S, int64_t D,
+                                        int64_t k_batch, int64_t k_head, int64_t k_slot, int64_t v_batch,
+                                        int64_t v_head, int64_t v_slot, float scale);
 
 // q (B, H, G, D) float32: one query per head, the G query heads of each kv head together;
 // k, v (B, H, S, D) float32, each slot's D values contiguous (a cache, a slice of one, a token's own);
@@ -33,7 +33,7 @@ static at::Tensor decode_attention(const at::Tensor &q_in, const at::Tensor &k, 
     if (out.numel() > 0)
         TORCH_CHECK(lucidlm_decode_attention(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
                                              reinterpret_cast<const uint8_t *>(mask.data_ptr<bool>()),
-                                             out.data_ptr<float>(), B, H, G, S, D, k.stride(0), k.stride(1), k.stride(2),
+                                             out.data_ptr<float>(), B, 1, H, G, S, D, k.stride(0), k.stride(1), k.stride(2),
                                              v.stride(0), v.stride(1), v.stride(2), static_cast<float>(scale)) == 0,
                     "decode_attention: out of memory for the scores (", B, " x ", H, " x ", G, " x ", S, ")");
     return out;

@@ -1,14 +1,18 @@
 // torch.ops.lucidlm.decode_block: one decode step of a pre-norm block of the LLaMA kind (RMSNorm,
 // q/k/v, RoPE, KV cache, grouped-query attention, gated MLP; Qwen 3 / Gemma 3's q/k norms and
-// Gemma's sandwich norms optional) in one C++ call, for B rows of one new token each, float32
-// activations and every matmul on lucidlm's blocks kernel.
+// Gemma's sandwich norms optional) in one C++ call, for B rows of T new tokens each (one in a
+// plain decode step, a few where speculative decoding checks its drafts), float32 activations
+// and every matmul on lucidlm's blocks kernel.
 //
 // Why: an eager decode step of such a block is ~15 module calls and ~25 small torch ops, each
 // a few microseconds of Python and dispatch, around ~150 us of arithmetic (SmolLM2 int4, batch
 // 1): the calls cost more than the work. This file makes the same calls to the same C loops
 // (blocks32.c, rms_norm_rows.c, decode_attention.c) in C++, and writes the few element-wise
 // steps between them out in the order torch computes them, so the result is bit for bit what
-// model/block.py computes (tests/model/test_decode_block.py holds it to that). model/block.py
+// model/block.py computes (tests/model/test_decode_block.py holds it to that). T tokens at once
+// give exactly what T one-token steps give: every step here treats each token's row on its own
+// (the blocks kernel's rows do not mix), and each token's attention reads only the slots up to
+// its own. (The modules' T-token pass attends through SDPA, summed in another order.) model/block.py
 // stays the definition; model/decode_block.py decides when this call may stand in for it.
 // torch.ops.lucidlm.decode_stack (at the end) runs decode_block for every layer of a model in
 // one call.
@@ -33,9 +37,9 @@ extern "C" int lucidlm_int8_blocks_mm(const void *x, void *y, int bf16, int64_t 
                                       const void *codes, const void *s, const void *qsum);
 extern "C" void lucidlm_rms_norm_rows(const float *x, const float *w, int64_t B, int64_t D, float eps, float *out);
 extern "C" int lucidlm_decode_attention(const float *q, const float *k, const float *v, const uint8_t *mask, float *out,
-                                        int64_t B, int64_t H, int64_t G, int64_t S, int64_t D, int64_t k_batch,
-                                        int64_t k_head, int64_t k_slot, int64_t v_batch, int64_t v_head,
-                                        int64_t v_slot, float scale);
+                                        int64_t B, int64_t T, int64_t H, int64_t G, int64_t S, int64_t D,
+                                        int64_t k_batch, int64_t k_head, int64_t k_slot, int64_t v_batch,
+                                        int64_t v_head, int64_t v_slot, float scale);
 
 namespace {
 
@@ -107,16 +111,17 @@ static const float *optional_norm(const std::optional<at::Tensor> &w, int64_t D,
     return w->data_ptr<float>();
 }
 
-// x (B, 1, D) float32 -> (B, 1, D), a pre-norm block's decode step:
+// x (B, T, D) float32 -> (B, T, D), a pre-norm block's decode step for T new tokens a row:
 //     x = x + post1(o_proj(attend(rope(qn(q)), rope(kn(k)), v)))     q, k, v from ln1(x)
 //     x = x + post2(down_proj(act(gate) * up))                      gate, up from ln2(x)
-// writing this token's rotated key and its value at slot input_pos[0] of k_cache, v_cache
-// (B, n_kv, S, hd) float32. qkv: one matmul's operands (q/k/v fused, 3 tensors) or three (9);
-// gate_up: one (fused) or two (6); o, down: one each. q_norm, k_norm (hd,): Qwen 3 / Gemma 3's
-// RMSNorm of each head's query and key; ln1_post, ln2_post (D,): Gemma's sandwich norms; each
-// optional. activation: 0 silu (SwiGLU), 1 gelu with tanh (GeGLU). cos, sin (B, 1, 1, hd): each
-// row's rotation (RotaryEmbedding.cos_sin); mask (B or 1, 1, 1, S) bool, True = may attend;
-// scale: the scores' factor; n_heads query heads of hd values.
+// writing token t's rotated key and its value at slot input_pos[t] of k_cache, v_cache
+// (B, n_kv, S, hd) float32, every token's before any attends. qkv: one matmul's operands
+// (q/k/v fused, 3 tensors) or three (9); gate_up: one (fused) or two (6); o, down: one each.
+// q_norm, k_norm (hd,): Qwen 3 / Gemma 3's RMSNorm of each head's query and key; ln1_post,
+// ln2_post (D,): Gemma's sandwich norms; each optional. activation: 0 silu (SwiGLU), 1 gelu
+// with tanh (GeGLU). cos, sin (B, T, 1, hd): each token's rotation (RotaryEmbedding.cos_sin);
+// mask (B or 1, 1, T, S) bool, True = may attend; scale: the scores' factor; n_heads query
+// heads of hd values.
 static at::Tensor decode_block(const at::Tensor &x_in, const at::Tensor &ln1, double eps1, at::TensorList qkv_ops,
                                const std::optional<at::Tensor> &q_norm, const std::optional<at::Tensor> &k_norm,
                                double qk_eps, const at::Tensor &cos_in, const at::Tensor &sin_in, bool interleaved,
@@ -125,10 +130,10 @@ static at::Tensor decode_block(const at::Tensor &x_in, const at::Tensor &ln1, do
                                const std::optional<at::Tensor> &ln1_post, double eps1_post, const at::Tensor &ln2,
                                double eps2, at::TensorList gate_up_ops, int64_t activation, at::TensorList down_ops,
                                const std::optional<at::Tensor> &ln2_post, double eps2_post) {
-    TORCH_CHECK(x_in.dim() == 3 && x_in.size(1) == 1 && x_in.scalar_type() == at::kFloat,
-                "decode_block: x must be (B, 1, D) float32, one new token per row; got ", x_in.scalar_type(), " ",
+    TORCH_CHECK(x_in.dim() == 3 && x_in.size(1) >= 1 && x_in.scalar_type() == at::kFloat,
+                "decode_block: x must be (B, T, D) float32, T >= 1 new tokens per row; got ", x_in.scalar_type(), " ",
                 x_in.sizes());
-    const int64_t B = x_in.size(0), D = x_in.size(2);
+    const int64_t B = x_in.size(0), T = x_in.size(1), D = x_in.size(2), N = B * T;  // N: the token rows
     TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.size(0) == B
                     && k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat
                     && k_cache.is_contiguous() && v_cache.is_contiguous(),
@@ -139,17 +144,20 @@ static at::Tensor decode_block(const at::Tensor &x_in, const at::Tensor &ln1, do
                 "decode_block: ", n_heads, " query heads cannot share ", n_kv, " kv heads of ", hd,
                 " values (a multiple of 8)");
     const int64_t q_dim = n_heads * hd, kv_dim = n_kv * hd;
-    TORCH_CHECK(input_pos.dim() == 1 && input_pos.numel() == 1 && input_pos.scalar_type() == at::kLong
+    TORCH_CHECK(input_pos.dim() == 1 && input_pos.numel() == T && input_pos.scalar_type() == at::kLong
                     && input_pos.device().is_cpu(),
-                "decode_block: input_pos must be one int64 slot, got ", input_pos.sizes());
-    const int64_t slot = input_pos.data_ptr<int64_t>()[0];
-    TORCH_CHECK(slot >= 0 && slot < S, "decode_block: slot ", slot, " is outside the cache's ", S, " slots");
-    TORCH_CHECK(cos_in.numel() == B * hd && sin_in.numel() == B * hd && cos_in.scalar_type() == at::kFloat
+                "decode_block: input_pos must be ", T, " int64 slots, one a token; got ", input_pos.sizes());
+    const at::Tensor slots = input_pos.contiguous();
+    const int64_t *slot = slots.data_ptr<int64_t>();
+    for (int64_t t = 0; t < T; t++)
+        TORCH_CHECK(slot[t] >= 0 && slot[t] < S, "decode_block: slot ", slot[t], " is outside the cache's ", S,
+                    " slots");
+    TORCH_CHECK(cos_in.numel() == N * hd && sin_in.numel() == N * hd && cos_in.scalar_type() == at::kFloat
                     && sin_in.scalar_type() == at::kFloat,
-                "decode_block: cos and sin must be float32 (B, 1, 1, hd) = (", B, ", 1, 1, ", hd, ")");
-    TORCH_CHECK(mask_in.scalar_type() == at::kBool && mask_in.dim() == 4 && mask_in.size(-1) == S
-                    && mask_in.numel() / S == (mask_in.size(0) == 1 ? 1 : B),
-                "decode_block: mask must be (B or 1, 1, 1, ", S, ") bool, got ", mask_in.sizes());
+                "decode_block: cos and sin must be float32 (B, T, 1, hd) = (", B, ", ", T, ", 1, ", hd, ")");
+    TORCH_CHECK(mask_in.scalar_type() == at::kBool && mask_in.dim() == 4 && mask_in.size(1) == 1
+                    && mask_in.size(2) == T && mask_in.size(3) == S && (mask_in.size(0) == 1 || mask_in.size(0) == B),
+                "decode_block: mask must be (B or 1, 1, ", T, ", ", S, ") bool, got ", mask_in.sizes());
     TORCH_CHECK(activation == 0 || activation == 1, "decode_block: activation must be 0 (silu) or 1 (gelu tanh), got ",
                 activation);
     TORCH_CHECK((qkv_ops.size() == 3 || qkv_ops.size() == 9) && (gate_up_ops.size() == 3 || gate_up_ops.size() == 6)
@@ -203,79 +211,80 @@ static at::Tensor decode_block(const at::Tensor &x_in, const at::Tensor &ln1, do
     TORCH_CHECK(down.rows() == D, "decode_block: down_proj gives ", down.rows(), " outputs, the stream has ", D);
 
     const at::Tensor x = x_in.contiguous(), cos = cos_in.contiguous(), sin = sin_in.contiguous();
-    const at::Tensor mask = mask_in.expand({B, 1, 1, S}).reshape({B, S}).contiguous();
+    const at::Tensor mask = mask_in.expand({B, 1, T, S}).reshape({N, S}).contiguous();
     const auto options = x.options();
-    at::Tensor normed = at::empty({B, D}, options), q = at::empty({B, q_dim}, options), z = at::empty({B, q_dim}, options);
-    at::Tensor branch = at::empty({B, D}, options), out = at::empty({B, 1, D}, options);
+    at::Tensor normed = at::empty({N, D}, options), q = at::empty({N, q_dim}, options), z = at::empty({N, q_dim}, options);
+    at::Tensor branch = at::empty({N, D}, options), out = at::empty({B, T, D}, options);
     float *stream = out.data_ptr<float>(), *h = normed.data_ptr<float>(), *br = branch.data_ptr<float>();
 
     // attention
-    lucidlm_rms_norm_rows(x.data_ptr<float>(), ln1.data_ptr<float>(), B, D, static_cast<float>(eps1), h);
-    // each of q, k, v: where its row b starts and how far apart rows are
+    lucidlm_rms_norm_rows(x.data_ptr<float>(), ln1.data_ptr<float>(), N, D, static_cast<float>(eps1), h);
+    // each of q, k, v: where its token row r starts and how far apart rows are
     at::Tensor qkv_out[3];
     const float *part[3];
     int64_t part_stride[3];
     if (fused_qkv) {
-        qkv_out[0] = at::empty({B, q_dim + 2 * kv_dim}, options);
-        qkv_mms[0].mm(h, qkv_out[0].data_ptr<float>(), B);
+        qkv_out[0] = at::empty({N, q_dim + 2 * kv_dim}, options);
+        qkv_mms[0].mm(h, qkv_out[0].data_ptr<float>(), N);
         const float *base = qkv_out[0].data_ptr<float>();
         part[0] = base, part[1] = base + q_dim, part[2] = base + q_dim + kv_dim;
         part_stride[0] = part_stride[1] = part_stride[2] = q_dim + 2 * kv_dim;
     } else {
         for (int i = 0; i < 3; i++) {
-            qkv_out[i] = at::empty({B, qkv_mms[i].rows()}, options);
-            qkv_mms[i].mm(h, qkv_out[i].data_ptr<float>(), B);
+            qkv_out[i] = at::empty({N, qkv_mms[i].rows()}, options);
+            qkv_mms[i].mm(h, qkv_out[i].data_ptr<float>(), N);
             part[i] = qkv_out[i].data_ptr<float>();
             part_stride[i] = qkv_mms[i].rows();
         }
     }
     float *k_base = k_cache.data_ptr<float>(), *v_base = v_cache.data_ptr<float>();
     std::vector<float> head(hd);
-    for (int64_t b = 0; b < B; b++) {
-        const float *c = cos.data_ptr<float>() + b * hd, *s = sin.data_ptr<float>() + b * hd;
+    for (int64_t r = 0; r < N; r++) {  // token t = r % T of row b = r / T
+        const int64_t b = r / T, t = r % T;
+        const float *c = cos.data_ptr<float>() + r * hd, *s = sin.data_ptr<float>() + r * hd;
         for (int64_t i = 0; i < n_heads; i++) {
-            const float *raw = part[0] + b * part_stride[0] + i * hd;
+            const float *raw = part[0] + r * part_stride[0] + i * hd;
             if (qn) lucidlm_rms_norm_rows(raw, qn, 1, hd, static_cast<float>(qk_eps), head.data()), raw = head.data();
-            rotate(raw, c, s, hd, interleaved, q.data_ptr<float>() + b * q_dim + i * hd);
+            rotate(raw, c, s, hd, interleaved, q.data_ptr<float>() + r * q_dim + i * hd);
         }
         for (int64_t i = 0; i < n_kv; i++) {
-            const int64_t at = ((b * n_kv + i) * S + slot) * hd;  // the cache's (b, i, slot, :)
-            const float *raw = part[1] + b * part_stride[1] + i * hd;
+            const int64_t at = ((b * n_kv + i) * S + slot[t]) * hd;  // the cache's (b, i, slot, :)
+            const float *raw = part[1] + r * part_stride[1] + i * hd;
             if (kn) lucidlm_rms_norm_rows(raw, kn, 1, hd, static_cast<float>(qk_eps), head.data()), raw = head.data();
             rotate(raw, c, s, hd, interleaved, k_base + at);
-            std::copy_n(part[2] + b * part_stride[2] + i * hd, hd, v_base + at);
+            std::copy_n(part[2] + r * part_stride[2] + i * hd, hd, v_base + at);
         }
     }
     TORCH_CHECK(lucidlm_decode_attention(q.data_ptr<float>(), k_base, v_base,
                                          reinterpret_cast<const uint8_t *>(mask.data_ptr<bool>()), z.data_ptr<float>(),
-                                         B, n_kv, n_heads / n_kv, S, hd, k_cache.stride(0), k_cache.stride(1),
+                                         B, T, n_kv, n_heads / n_kv, S, hd, k_cache.stride(0), k_cache.stride(1),
                                          k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
                                          static_cast<float>(scale)) == 0,
                 "decode_block: out of memory for the attention scores");
-    o.mm(z.data_ptr<float>(), br, B);
-    if (post1) lucidlm_rms_norm_rows(br, post1, B, D, static_cast<float>(eps1_post), br);
+    o.mm(z.data_ptr<float>(), br, N);
+    if (post1) lucidlm_rms_norm_rows(br, post1, N, D, static_cast<float>(eps1_post), br);
     const float *x_data = x.data_ptr<float>();
-    for (int64_t i = 0; i < B * D; i++) stream[i] = x_data[i] + br[i];
+    for (int64_t i = 0; i < N * D; i++) stream[i] = x_data[i] + br[i];
 
     // MLP
-    lucidlm_rms_norm_rows(stream, ln2.data_ptr<float>(), B, D, static_cast<float>(eps2), h);
-    at::Tensor gate, up;  // (B, d_mlp) each: views of the fused output, or the two outputs
+    lucidlm_rms_norm_rows(stream, ln2.data_ptr<float>(), N, D, static_cast<float>(eps2), h);
+    at::Tensor gate, up;  // (N, d_mlp) each: views of the fused output, or the two outputs
     if (fused_gate_up) {
-        at::Tensor both = at::empty({B, 2 * d_mlp}, options);
-        gate_up_mms[0].mm(h, both.data_ptr<float>(), B);
+        at::Tensor both = at::empty({N, 2 * d_mlp}, options);
+        gate_up_mms[0].mm(h, both.data_ptr<float>(), N);
         gate = both.narrow(1, 0, d_mlp), up = both.narrow(1, d_mlp, d_mlp);
     } else {
-        gate = at::empty({B, d_mlp}, options), up = at::empty({B, d_mlp}, options);
-        gate_up_mms[0].mm(h, gate.data_ptr<float>(), B);
-        gate_up_mms[1].mm(h, up.data_ptr<float>(), B);
+        gate = at::empty({N, d_mlp}, options), up = at::empty({N, d_mlp}, options);
+        gate_up_mms[0].mm(h, gate.data_ptr<float>(), N);
+        gate_up_mms[1].mm(h, up.data_ptr<float>(), N);
     }
-    // torch's own activation on the same (B, d_mlp) view of the gate as model/mlp.py's: its
+    // torch's own activation on the same (N, d_mlp) view of the gate as model/mlp.py's: its
     // vectorized exp and tanh, not libm's, so the same bits. Below torch's grain size its call
     // runs on one thread while the other waits (~6 us a layer at 8 rows of SmolLM2's 1536), so
     // the rows are shared out here, each share through the same call: where every row starts a
     // whole number of torch's vector steps (32 floats at most) from the first, a share is cut
     // exactly where the whole call's loop would be, and gives the same bits.
-    at::Tensor hidden = at::empty({B, d_mlp}, options);
+    at::Tensor hidden = at::empty({N, d_mlp}, options);
     const auto activate = [&](int64_t b0, int64_t b1) {
         at::Tensor rows = hidden.narrow(0, b0, b1 - b0), gates = gate.narrow(0, b0, b1 - b0);
         activation == 0 ? at::silu_out(rows, gates) : at::gelu_out(rows, gates, "tanh");
@@ -285,17 +294,17 @@ static at::Tensor decode_block(const at::Tensor &x_in, const at::Tensor &ln1, do
             for (int64_t i = 0; i < d_mlp; i++) hid[(b - b0) * d_mlp + i] *= u[i];
         }
     };
-    if (B > 1 && d_mlp % 32 == 0 && B * d_mlp < at::internal::GRAIN_SIZE)
-        at::parallel_for(0, B, 1, activate);
+    if (N > 1 && d_mlp % 32 == 0 && N * d_mlp < at::internal::GRAIN_SIZE)
+        at::parallel_for(0, N, 1, activate);
     else
-        activate(0, B);
-    down.mm(hidden.data_ptr<float>(), br, B);
-    if (post2) lucidlm_rms_norm_rows(br, post2, B, D, static_cast<float>(eps2_post), br);
-    for (int64_t i = 0; i < B * D; i++) stream[i] += br[i];
+        activate(0, N);
+    down.mm(hidden.data_ptr<float>(), br, N);
+    if (post2) lucidlm_rms_norm_rows(br, post2, N, D, static_cast<float>(eps2_post), br);
+    for (int64_t i = 0; i < N * D; i++) stream[i] += br[i];
     return out;
 }
 
-// x (B, 1, D) -> the output of n_layers blocks' decode steps, one after the other: decode_block
+// x (B, T, D) -> the output of n_layers blocks' decode steps, one after the other: decode_block
 // above for each layer, in one call. Why: at SmolLM2's size a layer's step is ~140 us of
 // arithmetic at batch 1, and each decode_block call from Python (the module call, the checks of
 // model/decode_block.py, boxing its 26 arguments) adds ~30 us more: ~1 ms of a 7 ms token. The
