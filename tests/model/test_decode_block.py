@@ -192,8 +192,9 @@ def test_more_tokens_than_one_call_takes_get_the_modules(monkeypatch):
     calls = counted(monkeypatch)
     decode_chunks(model, PROMPTS[:1], [MAX_TOKENS + 1])
     assert calls == []
-    decode_chunks(model, PROMPTS[:1], [MAX_TOKENS])
+    got = decode_chunks(model, PROMPTS[:1], [MAX_TOKENS])
     assert calls == [(1, MAX_TOKENS, 64)] * len(model.blocks)
+    assert_same_bits(got, decode_chunks(model, PROMPTS[:1], [1] * MAX_TOKENS))
 
 
 def test_generate_and_the_embedded_default_give_the_same_tokens(monkeypatch):
