@@ -263,8 +263,8 @@ def _run_with_their_history(tokens: list[int], session: DecodeSession) -> list[i
 
 class Backoff:
     """When to draft. A round whose drafts were all rejected cost a pass of K + 1 tokens for one
-    token, where a plain step is cheaper (SmolLM2 on this CPU: 1.5-2x a float32 step, 2.4-3.1x
-    the 4-bit model's, whose one-token step is one C++ call; benchmarks/results/speculative*.json). So
+    token, where a plain step is cheaper (SmolLM2 on this CPU, K = 5: 1.4-2x a float32 step,
+    1.4x the 4-bit model's; benchmarks/results/speculative*.json). So
     after such a round the next 1, then 2, 4, 8, at most 16 tokens are plain steps, and a round
     that keeps a draft starts over: ordinary text (prompt lookup finds some earlier "the" all the
     time) pays for few wasted passes, and a copy starts paying again within 16 tokens. It decides
