@@ -166,3 +166,18 @@ def test_min_new_tokens_holds_in_beam_search_as_in_hf(pair):
             plain = hf_beam(hf, prompt, num_beams=3)
             short += EOS in plain and len(plain) < min_new + 1  # the rule changed this search
     assert short >= 1
+
+
+def test_a_one_row_tensor_is_one_prompt_as_in_hf(pair):
+    """``hf.generate(input_ids, num_beams=n)`` with a (1, T) tensor is how transformers users
+    ask for beams: the same tensor here gives the same beam, as a list of one result (a batch's
+    answer). Two rows are still refused by name."""
+    from lucidlm.errors import GenerationError
+
+    hf, ours = pair
+    for prompt in PROMPTS:
+        results = generate(ours, torch.tensor([prompt]), num_beams=3, max_new_tokens=MAX_NEW)
+        assert isinstance(results, list) and len(results) == 1
+        assert results[0].token_ids == hf_beam(hf, prompt, num_beams=3), prompt
+    with pytest.raises(GenerationError, match="beam search takes one prompt at a time, not a batch of 2"):
+        generate(ours, torch.tensor([PROMPTS[0], PROMPTS[0]]), num_beams=3)

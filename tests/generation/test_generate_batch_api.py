@@ -42,8 +42,17 @@ def test_a_two_row_tensor_is_two_prompts_not_one(model):
     assert isinstance(single, GenerationResult) and single.token_ids == results[0].token_ids
 
 
+def test_a_one_row_tensor_streams_as_its_prompt(model):
+    """stream(model, input_ids) with transformers' (1, T) input_ids: the pieces of that prompt."""
+    row = list(b"Hello")
+    pieces = list(stream(model, torch.tensor([row]), temperature=0, max_new_tokens=8))
+    alone = generate(model, row, temperature=0, max_new_tokens=8)
+    assert "".join(pieces) == alone.text and len(pieces) > 1
+
+
 @pytest.mark.parametrize("call, fragment", [
     (lambda m: stream(m, ["a", "b"]), "stream takes one prompt"),
+    (lambda m: stream(m, torch.zeros(2, 3, dtype=torch.long)), "not a batch of 2"),
     (lambda m: generate(m, ["a", "b"], num_beams=2), "beam search takes one prompt"),
     (lambda m: generate(m, ["a", [1, 2]]), "mixes"),
     (lambda m: generate(m, torch.zeros(1, 2, 3, dtype=torch.long)), "(T,) or (B, T)"),

@@ -208,6 +208,19 @@ def test_refusals(pair):
         generate(ours, [[1, 2], [3, 4]], max_new_tokens=4, draft="prompt")
 
 
+def test_a_one_row_tensor_is_one_prompt(pair, draft_pair):
+    """A (1, T) tensor (transformers' input_ids for one prompt, as assisted generation takes it)
+    drafts as that prompt, answered as a batch is: a list of one result with plain greedy's tokens."""
+    _, ours = pair
+    _, our_draft = draft_pair
+    for prompt in PROMPTS:
+        plain = generate(ours, prompt, max_new_tokens=12, temperature=0).token_ids
+        for draft in ("prompt", our_draft):
+            results = generate(ours, torch.tensor([prompt]), max_new_tokens=12, temperature=0, draft=draft)
+            assert isinstance(results, list) and len(results) == 1
+            assert results[0].token_ids == plain and results[0].speculation is not None
+
+
 
 def test_draft_of_a_model_whose_embedding_is_padded_past_its_tokenizer():
     """config.vocab_size 320 for a 257-token tokenizer (nanoGPT pads GPT-2's 50257 to 50304): two

@@ -213,9 +213,12 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
     the model in between (weights, adapters, hooks, another generation); else, and with beams
     or ``context_overflow="crop"``, the whole prompt runs. Greedy tokens are the same either
     way (the prompt's later tokens are computed in a second pass, which may round differently
-    in low precision). A batch of one row (a (1, T) tensor) is one prompt here, its result
-    still a list of one. The kept cache stays in memory until the next generation or
+    in low precision). The kept cache stays in memory until the next generation or
     ``model.clear_kv_cache()``.
+
+    Beams, ``reuse_cache``, ``draft`` and ``context_overflow="crop"`` take one prompt at a time;
+    a batch of one row (a (1, T) tensor, as transformers users pass one prompt) is that
+    prompt, its result still a list of one.
 
     ``draft`` turns on speculative decoding (``speculative.py``; one prompt, no beams, no
     ``context_overflow="crop"``): ``"prompt"`` drafts by prompt lookup (the tokens that followed
@@ -229,6 +232,12 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
         make_request({k: v for k, v in {**options, **unknown}.items() if k != "chat"})  # refuses them by name, with the closest known option
         options.update(unknown)  # options make_request knows beyond this signature (a new sampler's field)
     rows = batch_rows(prompt)
+    one_prompt_only = num_beams > 1 or context_overflow != "stop" or reuse_cache or draft is not None \
+        or draft_tokens is not None
+    if rows is not None and len(rows) == 1 and one_prompt_only:
+        # a (1, T) tensor, as transformers users pass one prompt (model.generate(input_ids,
+        # num_beams=4)): run as that prompt, answered as a batch is, a list of one result
+        return [_generate_one(model, rows[0], options)]
     if rows is not None:
         if num_beams > 1:
             raise GenerationError(f"beam search takes one prompt at a time, not a batch of {len(rows)}; "
@@ -237,8 +246,6 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
             raise GenerationError(f"context_overflow={context_overflow!r} works one prompt at a time, not with a batch "
                                   f"of {len(rows)}; loop over the prompts.")
         make_request({k: v for k, v in options.items() if k != "chat"})  # e.g. length_penalty without beams
-        if reuse_cache and len(rows) == 1:  # a (1, T) tensor, as transformers users pass: one prompt to the cache
-            return [_generate_one(model, rows[0], options)]  # still the list a batch gives
         if options.pop("reuse_cache"):
             raise GenerationError(f"reuse_cache=True works one prompt at a time (a chat's turns), not with a batch "
                                   f"of {len(rows)}; leave it out for a batch.")
@@ -295,8 +302,9 @@ def stream(model: Transformer, prompt: Prompt, *, steady: bool = False, max_new_
     if not isinstance(steady, bool):
         raise GenerationError(f"steady must be True or False, got {steady!r}.")
     rows = batch_rows(prompt)
-    if rows is not None:
+    if rows is not None and len(rows) > 1:
         raise GenerationError(f"stream takes one prompt, not a batch of {len(rows)}; use generate() for a batch.")
+    prompt = rows[0] if rows is not None else prompt  # a (1, T) tensor: its one row
     if getattr(model, "tokenizer", None) is None:  # without one every piece is "": a silent empty stream
         raise GenerationError("stream yields text, and this model has no tokenizer to decode its ids "
                               "(model.tokenizer is None); use generate(ids).token_ids, or set model.tokenizer.")
