@@ -326,6 +326,50 @@ def test_smollm2_speculative_greedy_equals_plain_greedy(smollm2, smollm2_default
                 assert (spec.logprobs, spec.top_logprobs) == (plain.logprobs, plain.top_logprobs)
 
 
+@pytest.mark.slow
+def test_chat_with_a_draft_answers_as_without(smollm2, smollm2_default, tmp_path):
+    """``lucidlm chat --draft``: every turn (the later ones continuing the kept cache) gives plain
+    greedy's answer, /stats says how the drafts did, /set draft_tokens takes a new K, and /save
+    keeps the draft out of the saved settings (it is the session's, as the model is)."""
+    import io
+    import json
+    import re
+
+    from lucidlm.commands.chat import chat_loop
+
+    lines = ["Repeat exactly: the cat sat on the mat, and the dog sat on the log.", "/stats",
+             "/set draft_tokens 3", "Now repeat it once more, exactly.", "/stats", "/show"]
+
+    def transcript(draft, save_to=None):
+        script = iter(lines + ([f"/save {save_to}"] if save_to else []))
+
+        def read_line(_prompt):
+            try:
+                return next(script)
+            except StopIteration:
+                raise EOFError from None
+
+        out = io.StringIO()
+        options = dict(temperature=0, max_new_tokens=40, **({"draft": draft} if draft is not None else {}))
+        assert chat_loop(smollm2_default, options, read_line=read_line, out=out, interactive=False) == 0
+        return out.getvalue().splitlines()
+
+    plain = transcript(None)
+    assert plain[2] == "/set draft_tokens 3 needs speculative decoding: start the chat with --draft prompt " \
+                       "(prompt lookup) or --draft SOURCE (a draft model)."
+    for draft in ("prompt", smollm2):
+        save_to = tmp_path / f"chat-{len(str(draft))}.json"
+        drafted = transcript(draft, save_to)
+        assert [drafted[0], drafted[3]] == [plain[0], plain[3]]  # the two answers
+        assert re.search(r"; drafts: \d+ of \d+ kept in \d+ rounds; finish: eos\)$", drafted[1]), drafted[1]
+        assert "drafts:" not in plain[1]
+        assert drafted[2] == "(draft_tokens = 3)"
+        assert ("draft prompt, draft_tokens 3" if draft == "prompt" else "draft a draft model, draft_tokens 3") \
+            in drafted[5]
+        assert json.loads(save_to.read_text())["settings"] == {"temperature": 0, "max_new_tokens": 40,
+                                                               "draft_tokens": 3}
+
+
 def test_cli_draft_flags(tmp_path, capsys, monkeypatch):
     import json
 
@@ -345,6 +389,11 @@ def test_cli_draft_flags(tmp_path, capsys, monkeypatch):
         assert 0 <= data["accepted_tokens"] <= data["drafted_tokens"] <= 3 * data["draft_rounds"]
     assert cli.main(["generate", "Hi", "--model", str(tmp_path / "target"), "--draft-tokens", "3", "-q"]) == 1
     assert "--draft-tokens 3 needs --draft" in capsys.readouterr().err
+    monkeypatch.setattr(cli, "COMMANDS", ("chat",))
+    assert cli.main(["chat", "--model", str(tmp_path / "target"), "--draft-tokens", "3", "-q"]) == 1
+    assert "--draft-tokens 3 needs --draft" in capsys.readouterr().err
+    assert cli.main(["chat", "--model", str(tmp_path / "target"), "--draft", str(tmp_path / "nowhere"), "-q"]) == 1
+    assert "--draft " + str(tmp_path / "nowhere") + ": no such file or directory" in capsys.readouterr().err
 
 
 def test_cli_missing_draft_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):

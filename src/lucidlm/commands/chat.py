@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterable, Optional, TextIO
 
 from lucidlm.commands import arg_types
 from lucidlm.commands.chat_input import enable_line_editing, read_message
-from lucidlm.commands.generate import (add_model_arguments, add_sampling_arguments, as_typed, load_model_from_args,
-                                      sampling_kwargs)
+from lucidlm.commands.generate import (add_draft_arguments, add_model_arguments, add_sampling_arguments, as_typed,
+                                      check_draft_flags, load_model_and_draft, sampling_kwargs)
 from lucidlm.errors import LucidLMError
 from lucidlm.staging import atomic_write_text
 from lucidlm.suggest import did_you_mean
@@ -31,7 +31,7 @@ COMMANDS_HELP = """\
                         suppress_tokens (13,198), bad_words_ids (13;464,3290),
                         logit_bias (13=-100,198=2), sequence_bias (464,3290=-5;13=2),
                         presence_penalty, frequency_penalty,
-                        max_new_tokens, seed
+                        max_new_tokens, seed, draft_tokens (with --draft)
                         (/set temperature 0.3; /set top_p default to unset;
                         /set max_new_tokens default: back to the session's --max-new-tokens)
   /set verbose|quiet    show or hide tokens and tok/s after every answer
@@ -49,7 +49,7 @@ SETTINGS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, 
             "suppress_tokens": arg_types.token_ids, "bad_words_ids": arg_types.token_sequences,
             "logit_bias": arg_types.logit_biases, "sequence_bias": arg_types.sequence_biases,
             "presence_penalty": float, "frequency_penalty": float,
-            "max_new_tokens": int, "seed": int}
+            "max_new_tokens": int, "seed": int, "draft_tokens": int}
 ALIASES = {"temp": "temperature", "num_predict": "max_new_tokens", "repeat_penalty": "repetition_penalty"}
 
 
@@ -69,12 +69,14 @@ def register(subparsers: Any) -> None:
                         help="system prompt (default: the chat template's own, if it has one)")
     parser.add_argument("--verbose", action="store_true", help="show tokens and tok/s after every answer")
     add_sampling_arguments(parser, default_max_new_tokens=256)
+    add_draft_arguments(parser)
     parser.set_defaults(handler=run_chat)
 
 
 def run_chat(args: argparse.Namespace) -> int:
     kwargs = sampling_kwargs(args)
-    model = load_model_from_args(args, kwargs)
+    check_draft_flags(args)
+    model = load_model_and_draft(args, kwargs)
     from lucidlm.generation.chat_template import check_chat_template
 
     check_chat_template(model.tokenizer, args.system)  # a model that cannot chat is refused before the session
@@ -165,6 +167,10 @@ class ChatSession:
             return
         default = words[1].lower() in ("default", "none")
         typed = f"/set {' '.join(words)}"  # what the user typed names the setting in an error, alias and all
+        if name == "draft_tokens" and self.settings.get("draft") is None:  # (the API's words name draft=)
+            self.say(f"{typed} needs speculative decoding: start the chat with --draft prompt (prompt lookup) or "
+                     f"--draft SOURCE (a draft model).")
+            return
         try:
             # max_new_tokens has no "unset" (None): its default is the session's --max-new-tokens
             value = (self.startup.get(name) if name == "max_new_tokens" else None) if default else \
@@ -195,14 +201,16 @@ class ChatSession:
         from lucidlm.generation.defaults import apply_sampling_defaults
 
         values = apply_sampling_defaults(self.model, self.settings)
+        if values.get("draft") is not None and not isinstance(values["draft"], str):
+            values["draft"] = "a draft model"  # not its repr
         return ", ".join(f"{k} {v}" for k, v in values.items() if v is not None and k != "stop")
 
     def save(self, path: str) -> None:
         if not path:
             self.say("usage: /save FILE")
             return
-        data = {"system": self.convo.system, "messages": self.convo.messages,
-                "settings": {k: v for k, v in self.settings.items() if v is not None}}
+        data = {"system": self.convo.system, "messages": self.convo.messages,  # --draft is the session's, as --model
+                "settings": {k: v for k, v in self.settings.items() if v is not None and k != "draft"}}
         try:  # through a staging file: a failed write (full disk) leaves an earlier save whole
             atomic_write_text(Path(path).expanduser(), json.dumps(data, ensure_ascii=False, indent=2) + "\n")
         except OSError as exc:
@@ -304,8 +312,10 @@ def _stats(result: Any, start: float, first: Optional[float], end: float) -> str
     read = first - start
     rate = f"{(n - 1) / (end - first):.1f} tok/s" if n > 1 and end > first else "-"
     kept = f" ({cached} reused from the last turn's cache)" if cached else ""
+    drafts = result.speculation
+    drafted = f"; drafts: {drafts.accepted} of {drafts.drafted} kept in {drafts.rounds} rounds" if drafts else ""
     return (f"({n} tokens, {rate} after the first; prompt {prompt} tokens{kept} read in {read:.2f} s, "
-            f"{(prompt - cached) / read if read > 0 else 0:.0f} tok/s; finish: {result.finish_reason})")
+            f"{(prompt - cached) / read if read > 0 else 0:.0f} tok/s{drafted}; finish: {result.finish_reason})")
 
 
 def chat_loop(model: Any, gen_kwargs: dict[str, Any], system: Optional[str] = None,

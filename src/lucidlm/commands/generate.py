@@ -47,13 +47,7 @@ def register(subparsers: Any) -> None:
                         help="with --json: add each generated token's log-prob (logprobs) and the N most likely "
                              "tokens at each step (top_logprobs: [token_id, logprob] pairs, null for a token a "
                              "sampling filter removed; 0 = none), from the distribution it was sampled from")
-    parser.add_argument("--draft", metavar="prompt|SOURCE", default=None,
-                        help="speculative decoding: 'prompt' drafts by prompt lookup (tokens that followed the "
-                             "text's last few tokens earlier on; fast when the answer copies the prompt), a model "
-                             "SOURCE (as --model; same vocabulary, loaded with its defaults, e.g. smollm2-135m's "
-                             "4-bit file) drafts with that model. Same tokens (greedy), same distribution (sampling)")
-    parser.add_argument("--draft-tokens", metavar="K", type=int, default=None,
-                        help="with --draft: tokens drafted per round, checked in one pass (default 5)")
+    add_draft_arguments(parser)
     parser.add_argument("--stream", action="store_true", help="print text as it is generated")
     parser.add_argument("--json", action="store_true",
                         help='print one JSON object: text, token_ids (generated only), prompt_ids, finish_reason '
@@ -61,6 +55,17 @@ def register(subparsers: Any) -> None:
                              'tokens_per_second (and with --logprobs, logprobs and top_logprobs); with --stream, '
                              'first one {"text": piece} line per piece')
     parser.set_defaults(handler=run_generate)
+
+
+def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
+    """--draft and --draft-tokens (speculative decoding), for generate and chat."""
+    parser.add_argument("--draft", metavar="prompt|SOURCE", default=None,
+                        help="speculative decoding: 'prompt' drafts by prompt lookup (tokens that followed the "
+                             "text's last few tokens earlier on; fast when the answer copies the prompt), a model "
+                             "SOURCE (as --model; same vocabulary, loaded with its defaults, e.g. smollm2-135m's "
+                             "4-bit file) drafts with that model. Same tokens (greedy), same distribution (sampling)")
+    parser.add_argument("--draft-tokens", metavar="K", type=int, default=None,
+                        help="with --draft: tokens drafted per round, checked in one pass (default 5)")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, decodes: bool = True) -> None:
@@ -330,6 +335,28 @@ def check_draft_source(draft: Optional[str]) -> None:
                          f"(prompt lookup).")
 
 
+def check_draft_flags(args: argparse.Namespace) -> None:
+    if args.draft_tokens is not None and args.draft is None:
+        raise InputError(f"--draft-tokens {args.draft_tokens} needs --draft (prompt, or a draft model).")
+
+
+def load_model_and_draft(args: argparse.Namespace, kwargs: dict[str, Any]) -> Any:
+    """The model, as ``load_model_from_args`` loads it (``kwargs``, the generation options, checked
+    against it, with --bad-words as its tokenizer encodes them), and with --draft the draft in
+    ``kwargs``: "prompt", or the draft model, loaded once the model has."""
+    drafted = dict(draft=None if args.draft is None else "prompt", draft_tokens=args.draft_tokens)
+    options = {**kwargs, **drafted}  # a draft model: "prompt" here; its path is checked by check_draft_source
+    model = load_model_from_args(args, options, checks=lambda: check_draft_source(args.draft))
+    kwargs["bad_words_ids"] = options["bad_words_ids"]  # with --bad-words TEXT as the loaded tokenizer encodes it
+    if args.draft is not None:
+        kwargs.update(drafted)
+        if args.draft != "prompt":
+            import lucidlm
+
+            kwargs["draft"] = lucidlm.load(args.draft, device=args.device).eval()
+    return model
+
+
 def run_generate(args: argparse.Namespace) -> int:
     kwargs = dict(sampling_kwargs(args), num_beams=args.num_beams, length_penalty=args.length_penalty,
                   logprobs=args.logprobs)
@@ -345,19 +372,9 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.length_penalty != 1.0 and args.num_beams == 1:
         raise InputError(f"--length-penalty {args.length_penalty:g} scores beam search's hypotheses; add "
                          f"--num-beams N (N > 1), or drop --length-penalty.")
-    if args.draft_tokens is not None and args.draft is None:
-        raise InputError(f"--draft-tokens {args.draft_tokens} needs --draft (prompt, or a draft model).")
+    check_draft_flags(args)
     prompt = read_prompt(args.prompt)
-    drafted = dict(draft=None if args.draft is None else "prompt", draft_tokens=args.draft_tokens)
-    options = {**kwargs, **drafted}  # a draft model: "prompt" here; its path is checked by check_draft_source
-    model = load_model_from_args(args, options, checks=lambda: check_draft_source(args.draft))
-    kwargs["bad_words_ids"] = options["bad_words_ids"]  # with --bad-words TEXT as the loaded tokenizer encodes it
-    if args.draft is not None:
-        kwargs.update(drafted)
-        if args.draft != "prompt":
-            import lucidlm
-
-            kwargs["draft"] = lucidlm.load(args.draft, device=args.device).eval()
+    model = load_model_and_draft(args, kwargs)
     if model.tokenizer is None:
         raise GenerationError(f"model {args.model!r} has no tokenizer, so it cannot read a text prompt; "
                               f"use a model directory or GGUF file that includes one.")
