@@ -323,16 +323,20 @@ def check_draft_source(draft: Optional[str]) -> None:
     """--draft names prompt, a pretrained model or a path that exists: checked before the model
     loads (a missing draft failed only after the whole model had loaded, in words about loading
     that did not say which flag)."""
-    if draft is None or draft == "prompt":
-        return
+    if draft is not None and draft != "prompt":
+        check_second_model(draft, "--draft", "give a draft model's path, or --draft prompt (prompt lookup)")
+
+
+def check_second_model(source: str, flag: str, fix: str) -> None:
+    """A flag naming a model besides --model (a draft, a base to compare with) names a pretrained
+    model or a path that exists, checked before either loads."""
     from pathlib import Path
 
     from lucidlm.pretrained import PRETRAINED
 
-    if draft not in PRETRAINED and not Path(draft).expanduser().exists():
-        raise InputError(f"--draft {draft}: no such file or directory, and not a pretrained model "
-                         f"({', '.join(sorted(PRETRAINED))}); give a draft model's path, or --draft prompt "
-                         f"(prompt lookup).")
+    if source not in PRETRAINED and not Path(source).expanduser().exists():
+        raise InputError(f"{flag} {source}: no such file or directory, and not a pretrained model "
+                         f"({', '.join(sorted(PRETRAINED))}); {fix}.")
 
 
 def check_draft_flags(args: argparse.Namespace) -> None:

@@ -1,5 +1,6 @@
 """``lucidlm perplexity --data FILE``: a model's perplexity on a text, by Hugging Face's
-sliding-window recipe (``lucidlm/evaluation.py``)."""
+sliding-window recipe (``lucidlm/evaluation.py``); with ``--kl-base SOURCE``, also its KL
+divergence from that model, token by token (``lucidlm/divergence.py``)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def register(subparsers: Any) -> None:
         epilog="examples:\n"
                "  lucidlm perplexity --data ../shared/data/tinyshakespeare.txt --context 256 --stride 256\n"
                "  lucidlm perplexity --data notes.txt --model gemma3-270m --dtype float32 --json\n"
-               "  lucidlm perplexity --data corpus/ --model runs/char --batch-size 8",
+               "  lucidlm perplexity --data corpus/ --model runs/char --batch-size 8\n"
+               "  lucidlm perplexity --data notes.txt --quantize int4 --kl-base smollm2-135m   # int4 vs float32",
     )
     parser.add_argument("--data", metavar="PATH", required=True,
                         help="UTF-8 text file to score, or a folder: its .txt files, joined by blank lines")
@@ -37,9 +39,17 @@ def register(subparsers: Any) -> None:
                              "no overlap, fastest, each window's first token unscored)")
     parser.add_argument("--batch-size", type=int, default=1, metavar="B",
                         help="windows per forward pass (same figure; faster, B x context x vocab floats of logits)")
+    parser.add_argument("--kl-base", metavar="SOURCE", default=None,
+                        help="also compare the model with this one (as --model, loaded in float32: its exact float "
+                             "path) on the same windows, as llama.cpp's --kl-divergence: the KL divergence of the "
+                             "model's next-token distributions from its (mean, quantiles), how often their most "
+                             "likely tokens agree, and both perplexities")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object: ppl, nll (mean nats per token), tokens (scored), text_tokens, "
-                             "max_length, stride, windows (begin, end, tokens, nll each), load_seconds, seconds")
+                             "max_length, stride, windows (begin, end, tokens, nll each), load_seconds, seconds; "
+                             "with --kl-base: tokens, ppl, base_ppl, ln_ppl_ratio, kld_mean, kld_stderr, "
+                             "kld_quantiles, same_top, same_top_stderr, delta_p_mean, delta_p_rms, text_tokens, "
+                             "max_length, stride, load_seconds, seconds")
     parser.set_defaults(handler=run)
 
 
@@ -59,18 +69,22 @@ def check_window_flags(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lucidlm.commands.generate import _json_line, _json_number, load_model_from_args
+    from lucidlm.commands.generate import _json_line, _json_number, check_second_model, load_model_from_args
     from lucidlm.errors import InputError
     from lucidlm.training.corpus import corpus_files, read_corpus
 
     check_window_flags(args)  # a bad flag or file costs no model load
     text = "\n\n".join(read_corpus(corpus_files(args.data, "evaluation"), "evaluation"))
-    model = load_model_from_args(args)
+    base_checks = (lambda: check_second_model(args.kl_base, "--kl-base", "give the path of the model to compare "
+                                              "with")) if args.kl_base is not None else None
+    model = load_model_from_args(args, checks=base_checks)
     if model.tokenizer is None:
         raise InputError(f"model {args.model!r} has no tokenizer, so it cannot read text; use a model directory "
                          f"or GGUF file that includes one.")
     from lucidlm.evaluation import perplexity, window_settings
 
+    if args.kl_base is not None:
+        return _compare(args, model, text, _json_line, _json_number)
     max_length, stride = window_settings(model.config.max_seq_len, args.context, args.stride, ("--context", "--stride"))
     start = time.perf_counter()
     result = perplexity(model, text, max_length=max_length, stride=stride, batch_size=args.batch_size,
@@ -86,4 +100,41 @@ def run(args: argparse.Namespace) -> int:
         print(f"perplexity {result.ppl:.4f} (nll {result.nll:.4f} nats/token) over {result.tokens:,} tokens of "
               f"{args.data}: {len(result.windows)} window{'' if len(result.windows) == 1 else 's'} of {max_length}, "
               f"stride {stride}, {seconds:.1f} s")
+    return 0
+
+
+def _compare(args: argparse.Namespace, model: Any, text: str, json_line: Any, json_number: Any) -> int:
+    """--kl-base: the base model loaded (float32), both read on the same windows."""
+    import torch
+
+    import lucidlm
+    from lucidlm.divergence import kl_divergence
+    from lucidlm.evaluation import window_settings
+
+    from lucidlm.commands.loading_status import LoadingStatus
+
+    with LoadingStatus(f"loading {args.kl_base} (float32) to compare with", enabled=not args.quiet):
+        base = lucidlm.load(args.kl_base, dtype=torch.float32, device=args.device)
+    context = min(model.config.max_seq_len, base.config.max_seq_len)
+    max_length, stride = window_settings(context, args.context, args.stride, ("--context", "--stride"))
+    start = time.perf_counter()
+    result = kl_divergence(model, base, text, max_length=max_length, stride=stride, batch_size=args.batch_size,
+                           progress=not args.quiet and sys.stderr.isatty())
+    seconds = time.perf_counter() - start
+    if args.json:
+        data = {key: json_number(value) if isinstance(value, float) else value
+                for key, value in result.to_dict().items()}
+        data["kld_quantiles"] = {k: json_number(v) for k, v in result.kld_quantiles.items()}
+        print(json_line({**data, "load_seconds": round(getattr(args, "load_seconds", 0.0), 4),
+                         "seconds": round(seconds, 4)}))
+        return 0
+    q = result.kld_quantiles
+    print(f"perplexity {result.ppl:.4f}, base {result.base_ppl:.4f} (ln ratio {result.ln_ppl_ratio:+.5f}) over "
+          f"{result.tokens:,} tokens of {args.data}: windows of {max_length}, stride {stride}, {seconds:.1f} s\n"
+          f"KL divergence from {args.kl_base}: mean {result.kld_mean:.6f} +- {result.kld_stderr:.6f} nats; "
+          f"median {q['median']:.6f}, 90% {q['90%']:.6f}, 99% {q['99%']:.6f}, 99.9% {q['99.9%']:.6f}, "
+          f"max {q['max']:.6f}\n"
+          f"same most likely token: {100 * result.same_top:.2f} % +- {100 * result.same_top_stderr:.2f} %; "
+          f"p of the text's token, model - base: mean {100 * result.delta_p_mean:+.3f} %, "
+          f"RMS {100 * result.delta_p_rms:.3f} %")
     return 0
