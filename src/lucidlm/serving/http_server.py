@@ -1,0 +1,254 @@
+"""The HTTP side of ``lucidlm serve``: the stdlib's ``ThreadingHTTPServer`` (a thread per
+connection), JSON in and out, Server-Sent Events for ``"stream": true``.
+
+One model has one KV cache, so one generation runs at a time: a request holds the model
+(``FairLock``, first come, first served) from its first token to its last, and requests that
+arrive meanwhile wait. A streaming client that goes away is noticed at the next event written:
+its generation is closed there and the model passes to the next request.
+
+Routes: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/NAME``), ``POST /v1/completions``,
+``POST /v1/chat/completions``. Every error is OpenAI's error object with its status: 400 a bad
+field, 404 an unknown path, 405 a wrong method, 411 no Content-Length, 413 a body over 16 MiB,
+500 a bug (the server goes on).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Iterable, Optional
+from urllib.parse import unquote, urlsplit
+
+from lucidlm.errors import LucidLMError
+from lucidlm.serving.api_errors import RequestError, as_request_error, server_error
+from lucidlm.serving.fair_lock import FairLock
+from lucidlm.serving.openai_protocol import GenerationJob, parse_chat_request, parse_completion_request
+
+MAX_BODY = 16 * 2 ** 20  # bytes of JSON a request may send (a prompt that long is far past any context)
+# A refused body up to this size is still read to its end, so the client gets its 413 rather than
+# a connection reset while it sends; a larger one is not worth the reading.
+MAX_DRAINED = 64 * 2 ** 20
+ROUTES = {"/health": {"GET": "health"}, "/v1/models": {"GET": "models"},
+          "/v1/completions": {"POST": "completions"}, "/v1/chat/completions": {"POST": "chat_completions"}}
+MODEL_PATH = "/v1/models/"  # + a model's name: that model
+_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)  # the client closed its connection
+
+
+class OpenAIServer(ThreadingHTTPServer):
+    """``OpenAIServer(model, "smollm2-135m", port=0)`` listens at once; ``serve_forever()``
+    answers; ``url`` is the base URL a client takes (``http://127.0.0.1:PORT/v1``)."""
+
+    daemon_threads = True  # an open connection does not keep the process alive after Ctrl-C
+
+    def __init__(self, model: Any, model_name: str, host: str = "127.0.0.1", port: int = 8000,
+                 log_requests: bool = False) -> None:
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.model = model
+        self.model_name = model_name
+        self.log_requests = log_requests
+        self.created = int(time.time())
+        self.model_turn = FairLock()
+        super().__init__((host, port), OpenAIRequestHandler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+
+class OpenAIRequestHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the openai client sends its requests on one connection
+    server_version = "lucidlm-serve"
+    timeout = 600  # seconds a connection may sit idle, or a client stall reading, before its thread gives up
+    server: OpenAIServer
+
+    def do_GET(self) -> None:
+        self.respond("GET")
+
+    def do_POST(self) -> None:
+        self.respond("POST")
+
+    def do_PUT(self) -> None:
+        self.respond("PUT")
+
+    def do_DELETE(self) -> None:
+        self.respond("DELETE")
+
+    def do_PATCH(self) -> None:
+        self.respond("PATCH")
+
+    def respond(self, method: str) -> None:
+        self.streaming = False  # set once the 200 of an event stream is sent: errors go in the stream then
+        try:
+            self.body = self.read_body()
+            path = urlsplit(self.path).path
+            methods = ROUTES.get(path) or ({"GET": "model"} if path.startswith(MODEL_PATH) else None)
+            if methods is None:
+                raise RequestError(f"no such endpoint: {path}; this server has {', '.join(ROUTES)}.", status=404,
+                                   code="not_found")
+            if method not in methods:
+                allowed = ", ".join(methods)
+                self.allow = allowed
+                raise RequestError(f"{method} {path} is not allowed; use {allowed}.", status=405,
+                                   code="method_not_allowed")
+            getattr(self, methods[method])()
+        except RequestError as exc:
+            self.fail(exc)
+        except LucidLMError as exc:  # generate's checks past start(): still the request's fault
+            self.fail(as_request_error(exc))
+        except _GONE:
+            self.close_connection = True
+        except Exception as exc:  # noqa: BLE001 - a bug: say so, log it, keep serving
+            traceback.print_exc(file=sys.stderr)
+            self.fail(server_error(exc))
+
+    # ---------------------------------------------------------------- endpoints
+    def health(self) -> None:
+        self.send_json(200, {"status": "ok"})
+
+    def models(self) -> None:
+        self.send_json(200, {"object": "list", "data": [self.model_card()]})
+
+    def model(self) -> None:
+        name = unquote(urlsplit(self.path).path[len(MODEL_PATH):])
+        if name != self.server.model_name:
+            raise RequestError(f"model {name!r} is not served here; this server serves {self.server.model_name!r}.",
+                               status=404, param="model", code="model_not_found")
+        self.send_json(200, self.model_card())
+
+    def completions(self) -> None:
+        self.generate(parse_completion_request)
+
+    def chat_completions(self) -> None:
+        self.generate(parse_chat_request)
+
+    def model_card(self) -> dict[str, Any]:
+        return {"id": self.server.model_name, "object": "model", "created": self.server.created, "owned_by": "lucidlm"}
+
+    def generate(self, parse: Callable[[dict[str, Any]], GenerationJob]) -> None:
+        job = parse(self.json_body())  # a bad field is refused before the request waits for the model
+        with self.server.model_turn:
+            job.start(self.server.model, self.server.model_name)
+            try:
+                if job.stream:
+                    self.send_events(job.chunks())
+                else:
+                    self.send_json(200, job.response())
+            finally:
+                job.close()  # a client gone mid-stream: its generation stops here, before the next request's
+
+    # ---------------------------------------------------------------- reading
+    def read_body(self) -> bytes:
+        """The request's body, read in full (on a kept-alive connection, an unread body would be
+        taken for the next request)."""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            self.close_connection = True
+            raise RequestError("the body came in chunks (Transfer-Encoding: chunked); send it with a Content-Length "
+                               "header.", status=411, code="length_required")
+        length_header = self.headers.get("Content-Length", "0")
+        try:
+            length = int(length_header)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            raise RequestError(f"Content-Length {length_header!r} is not a length in bytes.")
+        if length > MAX_BODY:
+            self.close_connection = True
+            if length <= MAX_DRAINED:
+                while length > 0 and (data := self.rfile.read(min(length, 2 ** 20))):
+                    length -= len(data)
+            raise RequestError(f"the request body is {int(length_header)} bytes, more than the {MAX_BODY} bytes "
+                               f"(16 MiB) this server reads.", status=413, code="request_too_large")
+        return self.rfile.read(length) if length else b""
+
+    def json_body(self) -> dict[str, Any]:
+        if not self.body:
+            raise RequestError("the request has no body; send a JSON object (with a Content-Length header).")
+        try:
+            body = json.loads(self.body)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise RequestError(f"the request body is not JSON ({exc}); send a JSON object.") from None
+        except RecursionError:
+            raise RequestError("the request body is JSON nested too deeply to read; send a flat JSON object.") \
+                from None
+        if not isinstance(body, dict):
+            raise RequestError(f"the request body is a JSON {type(body).__name__}, not an object; send "
+                               f'{{"model": ..., ...}}.')
+        return body
+
+    # ---------------------------------------------------------------- writing
+    def send_json(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode("utf-8")  # ASCII with \u escapes: any text, even a lone surrogate
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if status == 405:
+            self.send_header("Allow", self.allow)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def send_events(self, chunks: Iterable[dict[str, Any]]) -> None:
+        """Server-Sent Events, ``data: {chunk}`` each, then ``data: [DONE]``; sent as HTTP/1.1
+        chunks, so the connection stays open for the client's next request."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.streaming = True
+        for chunk in chunks:
+            self.send_event(json.dumps(chunk))
+        self.send_event("[DONE]")
+        self.end_events()
+
+    def send_event(self, data: str) -> None:
+        event = f"data: {data}\n\n".encode("utf-8")
+        self.wfile.write(b"%x\r\n%b\r\n" % (len(event), event))  # one HTTP chunk: its length in hex, then it
+
+    def end_events(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")  # the chunk of length 0 ends the body
+        self.streaming = False
+
+    def fail(self, error: RequestError) -> None:
+        """The error as JSON with its status, or, inside an event stream already under way, as an
+        event (the openai client raises it) that ends the stream."""
+        try:
+            if self.streaming:
+                self.send_event(json.dumps(error.body()))
+                self.end_events()
+            else:
+                self.send_json(error.status, error.body())
+        except _GONE:
+            self.close_connection = True
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        if self.server.log_requests:
+            super().log_message(format, *args)
+
+
+def serve(server: OpenAIServer, on_stop: Optional[Callable[[], None]] = None) -> None:
+    """``server.serve_forever()`` until Ctrl-C (or SIGTERM, as ``kill`` and service managers send
+    it), then ``on_stop``; the caller closes the server."""
+    import signal
+    import threading
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    in_main = threading.current_thread() is threading.main_thread()  # signals can only be caught there
+    previous = signal.signal(signal.SIGTERM, interrupt) if in_main else None
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        if on_stop is not None:
+            on_stop()
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,369 @@
+"""``lucidlm serve``'s OpenAI API, driven by the official ``openai`` client.
+
+Two oracles: the openai package's own response models, which every response and stream chunk
+must validate against strictly (the client itself builds them leniently, so a malformed answer
+would slip through it), and lucidlm's ``generate()`` (tested against Hugging Face elsewhere)
+on a second copy of the same model, for the text, token counts, finish reasons and log-probs.
+The server runs in a thread of this process, on a free port, with the embedded model as
+``lucidlm.load()`` gives it (what ``lucidlm serve`` serves by default).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+import lucidlm
+from lucidlm.generation import generate
+from lucidlm.generation.chat_template import encode_chat
+from lucidlm.serving import OpenAIServer
+
+NAME = "smollm2-135m"
+PROMPT = "The capital of France is"
+QUESTION = "What is 2+2?"
+
+
+@pytest.fixture(scope="module")
+def server():
+    served = OpenAIServer(lucidlm.load(), NAME, port=0)
+    thread = threading.Thread(target=served.serve_forever, daemon=True)
+    thread.start()
+    yield served
+    served.shutdown()
+    served.server_close()
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    """Another copy of the served model, for generate(): never the server's own, whose KV
+    cache a request may be using."""
+    return lucidlm.load()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+
+def completion(client, **request) -> Completion:
+    raw = client.completions.with_raw_response.create(model=NAME, **request)
+    return Completion.model_validate(raw.http_response.json())  # strict: types, literals, required fields
+
+
+def chat(client, **request) -> ChatCompletion:
+    raw = client.chat.completions.with_raw_response.create(model=NAME, **request)
+    return ChatCompletion.model_validate(raw.http_response.json())
+
+
+def streamed(client, endpoint: str, **request) -> list:
+    """The chunks of a streamed answer, each validated strictly against the client's chunk model."""
+    if endpoint == "chat":
+        return [ChatCompletionChunk.model_validate(chunk.to_dict())
+                for chunk in client.chat.completions.create(model=NAME, stream=True, **request)]
+    return [completion_chunk(chunk.to_dict()) for chunk in client.completions.create(model=NAME, stream=True,
+                                                                                      **request)]
+
+
+def completion_chunk(data: dict) -> Completion:
+    """The client types a streamed completion chunk as a Completion, whose finish_reason is
+    required; OpenAI's own streams send null there until a choice ends, so null is let through
+    (and nothing else: a value must be one of the model's)."""
+    choices = [dict(c, finish_reason=c["finish_reason"] or "stop") for c in data["choices"]]
+    checked = Completion.model_validate(dict(data, choices=choices))
+    for choice, sent in zip(checked.choices, data["choices"]):
+        choice.finish_reason = sent["finish_reason"]
+    return checked
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def http(server, path: str, method: str = "GET", data: bytes | None = None) -> tuple[int, dict, dict]:
+    """(status, JSON body, headers) of a plain HTTP request, error statuses included."""
+    host, port = server.server_address[:2]
+    request = urllib.request.Request(f"http://{host}:{port}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read()), dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read()), dict(error.headers)
+
+
+# ---------------------------------------------------------------------------------- models, health
+
+def test_models_lists_the_one_served_model(client, server):
+    assert [m.id for m in client.models.list().data] == [NAME]
+    assert client.models.retrieve(NAME).id == NAME
+    with pytest.raises(openai.NotFoundError, match="model 'gpt-4' is not served here"):
+        client.models.retrieve("gpt-4")
+    assert http(server, "/health")[:2] == (200, {"status": "ok"})
+
+
+# ---------------------------------------------------------------------------------- completions
+
+def test_greedy_completion_is_generate(client, oracle):
+    want = generate(oracle, PROMPT, max_new_tokens=12, temperature=0)
+    got = completion(client, prompt=PROMPT, max_tokens=12, temperature=0)
+    assert got.choices[0].text == want.text
+    assert got.choices[0].finish_reason == "length" and want.finish_reason == "length"
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens, got.usage.total_tokens) == \
+        (len(want.prompt_ids), len(want.token_ids), len(want.prompt_ids) + len(want.token_ids))
+    assert got.id.startswith("cmpl-") and got.object == "text_completion" and got.model == NAME
+
+
+def test_left_out_options_are_the_model_defaults_and_max_tokens_16(client, oracle):
+    """No temperature, top_p or max_tokens: the model's sampling defaults (as generate's), 16 tokens."""
+    want = generate(oracle, "Once upon a time", max_new_tokens=16, seed=3)
+    got = completion(client, prompt="Once upon a time", seed=3)
+    assert len(want.token_ids) == 16 and got.usage.completion_tokens == 16
+    assert got.choices[0].text == want.text
+
+
+def test_token_ids_and_a_list_of_prompts(client, oracle):
+    ids = oracle.tokenizer.encode(PROMPT)
+    by_ids = completion(client, prompt=ids, max_tokens=6, temperature=0)
+    assert by_ids.choices[0].text == generate(oracle, PROMPT, max_new_tokens=6, temperature=0).text
+    prompts = [PROMPT, "Once upon a time"]
+    many = completion(client, prompt=prompts, max_tokens=5, temperature=0)
+    wants = [generate(oracle, p, max_new_tokens=5, temperature=0) for p in prompts]
+    assert [c.index for c in many.choices] == [0, 1]
+    assert [c.text for c in many.choices] == [w.text for w in wants]
+    assert many.usage.prompt_tokens == sum(len(w.prompt_ids) for w in wants)
+
+
+def test_echo_puts_the_prompt_first(client, oracle):
+    got = completion(client, prompt=PROMPT, max_tokens=4, temperature=0, echo=True)
+    assert got.choices[0].text == PROMPT + generate(oracle, PROMPT, max_new_tokens=4, temperature=0).text
+
+
+def test_stop_and_max_tokens_end_where_generate_ends(client, oracle):
+    full = generate(oracle, PROMPT, max_new_tokens=20, temperature=0).text
+    stop = full.split()[2]  # a word the greedy answer writes
+    want = generate(oracle, PROMPT, max_new_tokens=20, temperature=0, stop=[stop, "zzz"])
+    got = completion(client, prompt=PROMPT, max_tokens=20, temperature=0, stop=[stop, "zzz"])
+    assert want.finish_reason == "stop" and got.choices[0].finish_reason == "stop"
+    assert got.choices[0].text == want.text == full[:full.index(stop)]
+    short = completion(client, prompt=PROMPT, max_tokens=3, temperature=0)
+    assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 3
+    assert short.choices[0].text == generate(oracle, PROMPT, max_new_tokens=3, temperature=0).text
+
+
+def test_completion_logprobs_are_generates(client, oracle):
+    want = generate(oracle, PROMPT, max_new_tokens=6, temperature=0, logprobs=3)
+    got = completion(client, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3).choices[0].logprobs
+    decode = oracle.tokenizer.decode
+    assert got.tokens == [decode([t]) for t in want.token_ids]
+    assert got.token_logprobs == pytest.approx(want.logprobs, abs=1e-6)
+    assert got.text_offset == [len(decode(want.token_ids[:i])) for i in range(len(want.token_ids))]
+    assert len(got.top_logprobs) == 6
+    for top, step in zip(got.top_logprobs, want.top_logprobs):
+        assert top == pytest.approx({decode([token]): value for token, value in step}, abs=1e-6)
+
+
+def test_seed_reproduces_and_n_choices_take_seed_plus_j(client, oracle):
+    """n=2 samples twice, choice j with seed + j: each choice is generate() with that seed."""
+    request = dict(prompt=PROMPT, max_tokens=10, temperature=1.0, top_p=1.0)
+    wants = [generate(oracle, PROMPT, max_new_tokens=10, temperature=1.0, top_p=1.0, seed=s).text for s in (41, 42)]
+    got = completion(client, n=2, seed=41, **request)
+    assert [c.text for c in got.choices] == wants
+    assert [c.index for c in got.choices] == [0, 1]
+    assert completion(client, seed=42, **request).choices[0].text == wants[1]
+    assert got.usage.prompt_tokens == len(oracle.tokenizer.encode(PROMPT))  # the prompt counts once
+    greedy = completion(client, prompt=PROMPT, max_tokens=5, temperature=0, n=2)
+    assert greedy.choices[0].text == greedy.choices[1].text
+
+
+def test_logit_bias_forces_a_token(client, oracle):
+    [paris] = oracle.tokenizer.encode(" Paris")
+    got = completion(client, prompt="Hello", max_tokens=4, temperature=0, logit_bias={str(paris): 100})
+    assert got.choices[0].text == " Paris" * 4
+    assert got.choices[0].text == generate(oracle, "Hello", max_new_tokens=4, temperature=0,
+                                           logit_bias={paris: 100}).text
+
+
+def test_streamed_completion_joins_to_the_answer(client, oracle):
+    want = generate(oracle, PROMPT, max_new_tokens=12, temperature=0)
+    chunks = streamed(client, "completions", prompt=PROMPT, max_tokens=12, temperature=0,
+                      stream_options={"include_usage": True})
+    *answer, usage = chunks
+    assert "".join(c.choices[0].text for c in answer) == want.text
+    assert [c.choices[0].finish_reason for c in answer] == [None] * (len(answer) - 1) + ["length"]
+    assert usage.choices == [] and (usage.usage.prompt_tokens, usage.usage.completion_tokens) == \
+        (len(want.prompt_ids), len(want.token_ids))
+    assert len({c.id for c in chunks}) == 1
+
+
+# ---------------------------------------------------------------------------------- chat
+
+def test_chat_is_generate_with_the_chat_template(client, oracle):
+    """No max_tokens: the answer runs to the model's end of turn (finish_reason "stop")."""
+    want = generate(oracle, QUESTION, chat=True, temperature=0, max_new_tokens=oracle.config.max_seq_len)
+    got = chat(client, messages=user(QUESTION), temperature=0)
+    assert want.finish_reason == "eos" and got.choices[0].finish_reason == "stop"
+    assert got.choices[0].message.content == want.text and got.choices[0].message.role == "assistant"
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(want.prompt_ids), len(want.token_ids))
+    assert got.id.startswith("chatcmpl-") and got.object == "chat.completion"
+    capped = chat(client, messages=user(QUESTION), temperature=0, max_completion_tokens=3)
+    assert capped.choices[0].finish_reason == "length"
+    assert capped.choices[0].message.content == generate(oracle, QUESTION, chat=True, temperature=0,
+                                                         max_new_tokens=3).text
+
+
+def test_multi_turn_messages_render_as_the_chat_template(client, oracle):
+    """developer is system to the template; a content of text parts is their texts joined."""
+    sent = [{"role": "developer", "content": "Answer in one word."},
+            {"role": "user", "content": [{"type": "text", "text": "Capital of "}, {"type": "text", "text": "Italy?"}]},
+            {"role": "assistant", "content": "Rome."},
+            {"role": "user", "content": "And of France?"}]
+    rendered = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Capital of Italy?"},
+                {"role": "assistant", "content": "Rome."}, {"role": "user", "content": "And of France?"}]
+    ids = encode_chat(oracle.tokenizer, rendered)
+    want = generate(oracle, ids, temperature=0, max_new_tokens=10)
+    got = chat(client, messages=sent, temperature=0, max_tokens=10)
+    assert got.choices[0].message.content == want.text
+    assert got.usage.prompt_tokens == len(ids)
+
+
+def test_streamed_chat(client, oracle):
+    want = generate(oracle, QUESTION, chat=True, temperature=0, max_new_tokens=oracle.config.max_seq_len)
+    chunks = streamed(client, "chat", messages=user(QUESTION), temperature=0, stream_options={"include_usage": True})
+    first, *pieces, last, usage = chunks
+    assert first.choices[0].delta.role == "assistant" and first.choices[0].delta.content == ""
+    assert "".join(c.choices[0].delta.content for c in pieces) == want.text
+    assert all(c.choices[0].finish_reason is None for c in [first, *pieces])
+    assert last.choices[0].finish_reason == "stop" and last.choices[0].delta.content is None
+    assert usage.choices == [] and usage.usage.completion_tokens == len(want.token_ids)
+    assert {c.object for c in chunks} == {"chat.completion.chunk"}
+    plain = streamed(client, "chat", messages=user(QUESTION), temperature=0, max_tokens=4)
+    assert plain[-1].usage is None and plain[-1].choices[0].finish_reason == "length"  # no usage chunk unasked
+
+
+def test_chat_logprobs_are_generates(client, oracle):
+    want = generate(oracle, QUESTION, chat=True, temperature=0, max_new_tokens=5, logprobs=2)
+    got = chat(client, messages=user(QUESTION), temperature=0, max_tokens=5, logprobs=True, top_logprobs=2)
+    content = got.choices[0].logprobs.content
+    decode = oracle.tokenizer.decode
+    assert [t.token for t in content] == [decode([t]) for t in want.token_ids]
+    assert [bytes(t.bytes) for t in content] == [decode([t]).encode() for t in want.token_ids]
+    assert [t.logprob for t in content] == pytest.approx(want.logprobs, abs=1e-6)
+    for entry, step in zip(content, want.top_logprobs):
+        assert [(a.token, a.logprob) for a in entry.top_logprobs] == \
+            [(decode([token]), pytest.approx(value, abs=1e-6)) for token, value in step]
+    # an EOS is no token of the answer: the logprobs hold the text's tokens only
+    ended = chat(client, messages=user(QUESTION), temperature=0, logprobs=True).choices[0]
+    assert ended.finish_reason == "stop"
+    assert "".join(t.token for t in ended.logprobs.content) == ended.message.content
+
+
+# ---------------------------------------------------------------------------------- errors
+
+BAD_REQUESTS = [  # (endpoint, request, what the message says, param)
+    ("completions", dict(prompt="Hi", temperature=-1), ["temperature=-1 is invalid"], "temperature"),
+    ("completions", dict(prompt="Hi", max_tokens=-1), ["max_tokens=-1 is invalid", ">= 0"], "max_tokens"),
+    ("completions", dict(prompt="Hi", n=0), ["n=0 is invalid", "[1, 128]"], "n"),
+    ("completions", dict(prompt="Hi", stop=["a", "b", "c", "d", "e"]), ["stop has 5 strings", "at most 4"], "stop"),
+    ("completions", dict(prompt="Hi", logprobs=6), ["logprobs=6 is invalid", "[0, 5]"], "logprobs"),
+    ("completions", dict(prompt="Hi", suffix="end"), ['suffix="end" is not supported'], "suffix"),
+    ("completions", dict(prompt="Hi", best_of=2), ["best_of=2 is not supported", "n choices"], "best_of"),
+    ("completions", dict(prompt="Hi", echo=True, logprobs=1), ["echo with logprobs", "drop one"], "echo"),
+    ("completions", dict(prompt=list(range(9000))), ["the prompt is 9000 tokens", "context of 8192 tokens"], None),
+    ("completions", dict(prompt="Hi", logit_bias={"99999": 5}), ["logit_bias names token id 99999",
+                                                                 "vocabulary 0..49151"], "logit_bias"),
+    ("completions", dict(prompt="Hi", logit_bias={"13": 500}), ["logit_bias[13]=500 is invalid",
+                                                                "[-100, 100]"], "logit_bias"),
+    ("completions", dict(prompt="Hi", extra_body={"repeat_penalty": 0}), ["repeat_penalty=0 is invalid"],
+     "repeat_penalty"),
+    ("completions", dict(prompt="Hi", extra_body={"temperture": 0.5}),
+     ["unknown field 'temperture'", "did you mean 'temperature'?"], "temperture"),
+    ("completions", dict(prompt=[]), ["prompt=[] is invalid"], "prompt"),
+    ("chat", dict(messages=[]), ["messages=[] is invalid"], "messages"),
+    ("chat", dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+     ["messages[0].content[0] is a 'image_url' part", "text parts only"], "messages"),
+    ("chat", dict(messages=[{"role": "tool", "content": "4", "tool_call_id": "1"}]),
+     ["messages[0].tool_call_id is not supported", "tool calling"], "messages"),
+    ("chat", dict(messages=user("Hi"), tools=[{"type": "function", "function": {"name": "f"}}]),
+     ["tools=", "is not supported: tool calling"], "tools"),
+    ("chat", dict(messages=user("Hi"), response_format={"type": "json_object"}),
+     ["JSON mode and structured outputs are not supported"], "response_format"),
+    ("chat", dict(messages=user("Hi"), top_logprobs=2), ['top_logprobs=2 needs "logprobs": true'], "top_logprobs"),
+    ("chat", dict(messages=user("Hi"), max_tokens=0), ["max_tokens=0 is invalid", ">= 1"], "max_tokens"),
+    ("chat", dict(messages=user("Hi"), stream_options={"include_usage": True}),
+     ["stream_options is only for streamed answers"], "stream_options"),
+]
+
+
+@pytest.mark.parametrize("endpoint, request_fields, fragments, param", BAD_REQUESTS,
+                         ids=[f"{e}-{'-'.join(r)}" for e, r, _, _ in BAD_REQUESTS])
+def test_a_bad_request_is_a_400_naming_the_field(client, endpoint, request_fields, fragments, param):
+    create = client.completions.create if endpoint == "completions" else client.chat.completions.create
+    with pytest.raises(openai.BadRequestError) as caught:
+        create(model=NAME, **request_fields)
+    error = caught.value
+    assert error.status_code == 400 and error.type == "invalid_request_error" and error.param == param
+    for fragment in fragments:
+        assert fragment in error.message, error.message
+
+
+@pytest.mark.parametrize("body, fragment", [(b"{not json", "the request body is not JSON"),
+                                            (b"[1, 2]", "is a JSON list, not an object"),
+                                            (b"", "the request has no body")])
+def test_a_body_that_is_no_json_object_is_a_400(server, body, fragment):
+    status, answer, _ = http(server, "/v1/completions", "POST", body)
+    assert status == 400 and fragment in answer["error"]["message"]
+    assert answer["error"]["type"] == "invalid_request_error"
+
+
+def test_unknown_path_wrong_method_and_huge_body(server):
+    status, answer, _ = http(server, "/v2/completions")
+    assert status == 404 and "no such endpoint: /v2/completions" in answer["error"]["message"]
+    status, answer, headers = http(server, "/v1/completions")
+    assert status == 405 and headers["Allow"] == "POST" and "GET /v1/completions is not allowed" in \
+        answer["error"]["message"]
+    status, answer, _ = http(server, "/v1/completions", "POST", b" " * (16 * 2 ** 20 + 1))
+    assert status == 413 and "more than the 16777216 bytes" in answer["error"]["message"]
+    assert http(server, "/health")[0] == 200  # and it still answers
+
+
+def test_an_unexpected_exception_is_a_500_and_the_server_goes_on(client, oracle, monkeypatch, capsys):
+    from lucidlm.serving import openai_protocol
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the decode step fell over")
+
+    monkeypatch.setattr(openai_protocol, "stream", broken)
+    with pytest.raises(openai.InternalServerError, match="RuntimeError: the decode step fell over"):
+        completion(client, prompt=PROMPT, max_tokens=2)
+    assert "Traceback" in capsys.readouterr().err  # logged for whoever runs the server
+    monkeypatch.undo()
+    got = completion(client, prompt=PROMPT, max_tokens=2, temperature=0)
+    assert got.choices[0].text == generate(oracle, PROMPT, max_new_tokens=2, temperature=0).text
+
+
+# ---------------------------------------------------------------------------------- one model, shared
+
+def test_a_client_that_leaves_mid_stream_frees_the_model(client, server, oracle):
+    """The first request would write ~8,000 tokens (its end banned), minutes of work; its client
+    reads three chunks and hangs up. The next request is answered within seconds: the first
+    generation stopped when its client left, and let go of the model."""
+    from lucidlm.weights.hf_generation_config import end_token_ids
+
+    endless = client.completions.create(model=NAME, prompt="Count: 1, 2, 3,", stream=True, temperature=0,
+                                        max_tokens=8000, logit_bias={str(i): -100 for i in end_token_ids(oracle)})
+    for _, _ in zip(range(3), endless):
+        pass
+    endless.close()
+    start = time.perf_counter()
+    quick = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+    got = quick.completions.create(model=NAME, prompt=PROMPT, max_tokens=4, temperature=0)
+    assert got.choices[0].text == generate(oracle, PROMPT, max_new_tokens=4, temperature=0).text
+    assert time.perf_counter() - start < 30
