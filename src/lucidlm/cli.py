@@ -1,5 +1,5 @@
-"""The ``lucidlm`` command line: ``lucidlm generate | chat | train | finetune | merge | inspect | convert |
-perplexity``.
+"""The ``lucidlm`` command line: ``lucidlm generate | chat | serve | train | finetune | merge | inspect |
+convert | perplexity``.
 
 Each subcommand lives in ``lucidlm/commands/<name>.py`` with ``register(subparsers)``; its
 handler returns an exit code. Errors of lucidlm's own types print one clear line (no
@@ -27,10 +27,11 @@ from lucidlm.errors import InputError, LucidLMError, OutputError
 from lucidlm.suggest import did_you_mean
 from lucidlm.validation import printable
 
-COMMANDS = ("generate", "chat", "train", "finetune", "merge", "inspect", "convert", "perplexity")
+COMMANDS = ("generate", "chat", "serve", "train", "finetune", "merge", "inspect", "convert", "perplexity")
 SUMMARIES = {  # shown by `lucidlm --help`; tests check they match each command's own help
     "generate": "continue a prompt with a model (KV-cached sampling, beam search, streaming)",
     "chat": "chat with a model in the terminal (streams its answers)",
+    "serve": "serve a model over HTTP with OpenAI's API (completions, chat completions, streaming)",
     "train": "train a model from scratch on a text corpus",
     "finetune": "fine-tune a pretrained model with LoRA, adapters, prefix tuning or all weights",
     "merge": "merge a LoRA adapter into its base model and save the result",
@@ -39,8 +40,9 @@ SUMMARIES = {  # shown by `lucidlm --help`; tests check they match each command'
     "perplexity": "score a text file with a model: perplexity over sliding windows",
 }
 # Commands that write nothing but stdout/stderr: run as the program, they leave without the
-# interpreter's teardown (see _leave_now).
-FAST_EXIT = ("generate",)
+# interpreter's teardown (see _leave_now). serve too: a request's thread may still be inside torch
+# when Ctrl-C ends it, and tearing torch down under a running thread can crash.
+FAST_EXIT = ("generate", "serve")
 # Commands whose stdout is a log of work still under way (its product is files): a closed pipe
 # stops them unfinished, and must not exit 0.
 LOG_ON_STDOUT = ("train", "finetune")

@@ -257,10 +257,10 @@ def _load_float(source: str | Path, name: str, path: Path, dtype: torch.dtype, d
     if name in PRESETS:
         from lucidlm.tokenizers.presets import PRESET_TOKENIZERS
 
-        # generate, chat and perplexity need a tokenizer for their text, which only some presets come with
-        commands = ("generate, chat, perplexity and convert take --random-init" if name in PRESET_TOKENIZERS else
-                    f"convert takes --random-init; generate, chat and perplexity need a tokenizer, which {name} "
-                    f"has not")
+        # generate, chat, serve and perplexity need a tokenizer for their text, which only some presets come with
+        commands = ("generate, chat, serve, perplexity and convert take --random-init" if name in PRESET_TOKENIZERS
+                    else f"convert takes --random-init; generate, chat, serve and perplexity need a tokenizer, which "
+                         f"{name} has not")
         raise ConfigError(
             f"{name!r} is an architecture preset, not a pretrained model: it has no trained weights. For an "
             f"untrained {name} pass random_init=True (on the command line, {commands}); for a trained model "

@@ -53,7 +53,8 @@ def test_bad_model_device_and_dtype_are_one_line(args, fragments, capsys):
         assert fragment in err
 
 
-@pytest.mark.parametrize("command", ["generate", "chat", "convert", "inspect", "finetune", "merge", "perplexity"])
+@pytest.mark.parametrize("command", ["generate", "chat", "serve", "convert", "inspect", "finetune", "merge",
+                                     "perplexity"])
 def test_a_preset_as_model_names_only_flags_the_command_has(command, tmp_path, capsys):
     """A preset name where a trained model is needed: the advice names --random-init only to the
     commands that take it (inspect, finetune and merge once told the user a flag they lack)."""
@@ -63,6 +64,7 @@ def test_a_preset_as_model_names_only_flags_the_command_has(command, tmp_path, c
 
     (tmp_path / "d.txt").write_text("some text to train on\n" * 50)
     argv = {"generate": ["generate", "hi", "-q", "--model", "gpt2"], "chat": ["chat", "-q", "--model", "gpt2"],
+            "serve": ["serve", "-q", "--model", "gpt2", "--port", "0"],
             "convert": ["convert", "-q", "gpt2", str(tmp_path / "o"), "--to", "hf"],
             "inspect": ["inspect", "hi", "-q", "--model", "gpt2", "--out", str(tmp_path / "r.html")],
             "finetune": ["finetune", "--model", "gpt2", "--data", str(tmp_path / "d.txt"), "--out",
@@ -123,7 +125,7 @@ def test_quantize_flags_reach_the_loader(smollm2_default, monkeypatch, capsys):
     assert type(model.embed) is torch.nn.Embedding and isinstance(model.blocks[0].mlp.down_proj, Int4Linear)
 
 
-@pytest.mark.parametrize("command", ["generate", "train", "finetune", "inspect", "convert", "merge"])
+@pytest.mark.parametrize("command", ["generate", "serve", "train", "finetune", "inspect", "convert", "merge"])
 def test_help_examples_stay_one_command_per_line(command, capsys):
     """The examples at the end of each --help can be pasted as they are (generate's were
     rewrapped into one paragraph by the formatter that shows defaults)."""
@@ -175,7 +177,7 @@ def test_a_preset_without_a_tokenizer_is_not_sent_to_generate(tmp_path, capsys):
 
     assert main(["generate", "hi", "-q", "--model", "llama"]) == 1
     err = capsys.readouterr().err
-    assert "convert takes --random-init" in err and "generate, chat and perplexity need a tokenizer" in err, err
+    assert "convert takes --random-init" in err and "generate, chat, serve and perplexity need a tokenizer" in err, err
     assert main(["generate", "hi", "-q", "--model", "llama", "--random-init"]) == 1
     assert "tokenizer" in capsys.readouterr().err  # what the message warned of
     assert main(["convert", "llama", str(tmp_path / "o"), "--random-init", "--to", "lucidlm"]) == 0

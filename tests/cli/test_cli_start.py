@@ -1,4 +1,5 @@
-"""A fast start: ``lucidlm --help`` / ``--version`` and the generate/chat/inspect/perplexity help never import torch.
+"""A fast start: ``lucidlm --help`` / ``--version`` and the generate/chat/serve/inspect/perplexity help never
+import torch.
 
 Checked on the real command in a fresh process with ``python -X importtime``, which lists every
 module the process imports (the timing itself lives in benchmarks/bench_cli_start.py).
@@ -19,7 +20,7 @@ def imported_modules(importtime_stderr: str) -> set[str]:
 
 
 @pytest.mark.parametrize("args", [["--help"], ["--version"], ["generate", "--help"], ["chat", "--help"],
-                                  ["inspect", "--help"], ["perplexity", "--help"]])
+                                  ["serve", "--help"], ["inspect", "--help"], ["perplexity", "--help"]])
 def test_help_and_version_do_not_import_torch(args):
     done = run_cli(*args, python_flags=("-X", "importtime"))
     assert done.returncode == 0, done.stderr[-2000:]

@@ -93,6 +93,17 @@ def sequence_biases(value: str) -> list[list]:
     return [list(token_bias(part)) for part in value.split(";")]
 
 
+def port(value: str) -> int:
+    """A TCP port, 0 to 65535 (0: the system picks a free one)."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 65535:
+        raise BadValue(f"{shown(value)} is not a port: give a whole number from 1 to 65535, or 0 for a free one.")
+    return number
+
+
 def shown(value: str) -> str:
     from lucidlm.validation import printable
 

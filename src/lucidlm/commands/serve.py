@@ -1,0 +1,57 @@
+"""``lucidlm serve``: the model behind OpenAI's HTTP API (``lucidlm/serving/``), for any
+OpenAI client: ``OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from lucidlm.commands import arg_types
+from lucidlm.commands.generate import add_model_arguments, load_model_from_args
+from lucidlm.errors import GenerationError, InputError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a model over HTTP with OpenAI's API (completions, chat completions, streaming)",
+        description="Serve the model over HTTP with OpenAI's API: POST /v1/completions and /v1/chat/completions "
+                    "(streaming too), GET /v1/models and /health. One generation runs at a time; other requests "
+                    "wait their turn. Sampling options a request leaves out take the model's defaults (as "
+                    "`lucidlm generate`). Each request is logged on stderr (-q: none). With no --model, serves the "
+                    "embedded SmolLM2-135M-Instruct. Ctrl-C stops it.",
+        formatter_class=arg_types.HelpFormatter,
+        epilog="examples:\n"
+               "  lucidlm serve\n"
+               "  lucidlm serve --model gemma3-270m --port 8080 --served-model-name gemma\n"
+               "  lucidlm serve --port 0 -q   # a free port, no log; the URL is the line on stdout",
+    )
+    add_model_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (0.0.0.0: every network interface, reachable from other machines)")
+    parser.add_argument("--port", type=arg_types.port, default=8000, help="port to listen on (0: a free one)")
+    parser.add_argument("--served-model-name", metavar="NAME", default=None, type=arg_types.text,
+                        help="the model's id in /v1/models and in responses (default: --model as given)")
+    parser.set_defaults(handler=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from lucidlm.serving.http_server import OpenAIServer, serve
+
+    name = args.served_model_name if args.served_model_name is not None else args.model
+    try:  # listen first: a port in use is refused before the model loads
+        server = OpenAIServer(None, name, args.host, args.port, log_requests=not args.quiet)
+    except OSError as exc:
+        raise InputError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; choose another --port "
+                         f"(0 picks a free one) or --host.") from None
+    try:
+        server.model = load_model_from_args(args)
+        if server.model.tokenizer is None:
+            raise GenerationError(f"model {args.model!r} has no tokenizer, so it cannot read text prompts; use a "
+                                  f"model directory or GGUF file that includes one.")
+        print(f"lucidlm serve: {server.url} (model {name})", flush=True)
+        serve(server, on_stop=lambda: print("lucidlm serve: stopped", file=sys.stderr, flush=True))
+    finally:
+        server.server_close()
+    return 0
