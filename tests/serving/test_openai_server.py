@@ -142,8 +142,10 @@ def test_token_ids_and_a_list_of_prompts(client, oracle):
 
 
 def test_echo_puts_the_prompt_first(client, oracle):
-    got = completion(client, prompt=PROMPT, max_tokens=4, temperature=0, echo=True)
-    assert got.choices[0].text == PROMPT + generate(oracle, PROMPT, max_new_tokens=4, temperature=0).text
+    want = PROMPT + generate(oracle, PROMPT, max_new_tokens=4, temperature=0).text
+    assert completion(client, prompt=PROMPT, max_tokens=4, temperature=0, echo=True).choices[0].text == want
+    chunks = streamed(client, "completions", prompt=PROMPT, max_tokens=4, temperature=0, echo=True)
+    assert chunks[0].choices[0].text == PROMPT and "".join(c.choices[0].text for c in chunks) == want
 
 
 def test_stop_and_max_tokens_end_where_generate_ends(client, oracle):
@@ -350,6 +352,30 @@ def test_an_unexpected_exception_is_a_500_and_the_server_goes_on(client, oracle,
 
 
 # ---------------------------------------------------------------------------------- one model, shared
+
+def test_requests_at_once_take_turns_on_the_model(server, oracle):
+    """Four clients at once (two streaming): one KV cache, so they must run one after the other;
+    each answer is still its own prompt's."""
+    prompts = [PROMPT, "Once upon a time", "The capital of Italy is", "1, 2, 3,"]
+    wants = [generate(oracle, p, max_new_tokens=8, temperature=0).text for p in prompts]
+    answers = [None] * len(prompts)
+
+    def ask(i: int) -> None:
+        own = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)  # own connection
+        if i % 2:
+            answers[i] = "".join(c.choices[0].text for c in own.completions.create(
+                model=NAME, prompt=prompts[i], max_tokens=8, temperature=0, stream=True))
+        else:
+            answers[i] = own.completions.create(model=NAME, prompt=prompts[i], max_tokens=8,
+                                                temperature=0).choices[0].text
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert answers == wants
+
 
 def test_a_client_that_leaves_mid_stream_frees_the_model(client, server, oracle):
     """The first request would write ~8,000 tokens (its end banned), minutes of work; its client

@@ -1,0 +1,39 @@
+"""The server's model lock hands itself to its waiters in the order they came."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from lucidlm.serving.fair_lock import FairLock
+
+
+def queued(lock: FairLock, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while lock.waiting < count:
+        assert time.monotonic() < deadline, f"{lock.waiting} waiting, expected {count}"
+        time.sleep(0.001)
+
+
+def test_waiters_get_the_lock_first_come_first_served():
+    lock = FairLock()
+    order: list[int] = []
+
+    def take(i: int) -> None:
+        with lock:
+            order.append(i)
+
+    lock.acquire()
+    threads = []
+    for i in range(5):  # each queued before the next starts: their order of arrival is 0..4
+        threads.append(threading.Thread(target=take, args=(i,)))
+        threads[-1].start()
+        queued(lock, i + 1)
+    order.append(-1)  # the holder's own work, before it lets go
+    lock.release()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert order == [-1, 0, 1, 2, 3, 4]
+    assert lock.waiting == 0
+    lock.acquire()  # free again: taken at once
+    lock.release()
