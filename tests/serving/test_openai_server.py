@@ -265,6 +265,10 @@ def test_chat_logprobs_are_generates(client, oracle):
     ended = chat(client, messages=user(QUESTION), temperature=0, logprobs=True).choices[0]
     assert ended.finish_reason == "stop"
     assert "".join(t.token for t in ended.logprobs.content) == ended.message.content
+    # streamed: the choice's log-probs come with its finish reason, all at once
+    chunks = streamed(client, "chat", messages=user(QUESTION), temperature=0, logprobs=True)
+    assert [c.choices[0].logprobs is None for c in chunks] == [True] * (len(chunks) - 1) + [False]
+    assert chunks[-1].choices[0].logprobs.model_dump() == ended.logprobs.model_dump()
 
 
 # ---------------------------------------------------------------------------------- errors

@@ -40,7 +40,8 @@ _GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)  # the c
 
 class OpenAIServer(ThreadingHTTPServer):
     """``OpenAIServer(model, "smollm2-135m", port=0)`` listens at once; ``serve_forever()``
-    answers; ``url`` is the base URL a client takes (``http://127.0.0.1:PORT/v1``)."""
+    answers; ``url`` is the base URL a client takes (``http://127.0.0.1:PORT/v1``). ``model``
+    may be set after (``lucidlm serve`` binds its port before it loads the model)."""
 
     daemon_threads = True  # an open connection does not keep the process alive after Ctrl-C
 

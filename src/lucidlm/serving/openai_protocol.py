@@ -50,9 +50,9 @@ class GenerationJob:
     object_name = chunk_object_name = id_prefix = ""
 
     def __init__(self, prompts: list[Any], n: int, options: dict[str, Any], names: dict[str, str],
-                 seed: Optional[int], stream: bool, include_usage: bool, logprobs: Optional[int]) -> None:
+                 seed: Optional[int], streaming: bool, include_usage: bool, logprobs: Optional[int]) -> None:
         self.prompts, self.n, self.options, self.names, self.seed = prompts, n, options, names, seed
-        self.stream, self.include_usage, self.logprobs = stream, include_usage, logprobs
+        self.stream, self.include_usage, self.logprobs = streaming, include_usage, logprobs
         self.choices: list[Choice] = []
 
     def start(self, model: Any, model_name: str) -> None:
