@@ -41,9 +41,9 @@ def register(subparsers: Any) -> None:
                         help="windows per forward pass (same figure; faster, B x context x vocab floats of logits)")
     parser.add_argument("--kl-base", metavar="SOURCE", default=None,
                         help="also compare the model with this one (as --model, loaded in float32: its exact float "
-                             "path) on the same windows, as llama.cpp's --kl-divergence: the KL divergence of the "
-                             "model's next-token distributions from its (mean, quantiles), how often their most "
-                             "likely tokens agree, and both perplexities")
+                             "path) on the same windows, as llama.cpp's llama-perplexity KL-divergence mode: the KL "
+                             "divergence of the model's next-token distributions from its (mean, quantiles), how "
+                             "often their most likely tokens agree, and both perplexities")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object: ppl, nll (mean nats per token), tokens (scored), text_tokens, "
                              "max_length, stride, windows (begin, end, tokens, nll each), load_seconds, seconds; "
