@@ -74,3 +74,14 @@ def test_a_port_that_is_no_port_is_refused_by_argparse(port, capsys):
     assert exited.value.code == 2
     assert f"argument --port: '{port}' is not a port: give a whole number from 1 to 65535, or 0 for a free one." \
         in capsys.readouterr().err
+
+
+def test_draft_flags_are_checked_before_the_model_loads(capsys, monkeypatch, tmp_path):
+    import lucidlm
+    from lucidlm.cli import main
+
+    monkeypatch.setattr(lucidlm, "load", lambda *a, **k: pytest.fail("loaded a model for flags it refuses"))
+    assert main(["serve", "-q", "--port", "0", "--draft-tokens", "3"]) == 1
+    assert "--draft-tokens 3 needs --draft" in capsys.readouterr().err
+    assert main(["serve", "-q", "--port", "0", "--draft", str(tmp_path / "nowhere")]) == 1
+    assert f"--draft {tmp_path / 'nowhere'}: no such file or directory" in capsys.readouterr().err

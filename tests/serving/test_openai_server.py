@@ -397,3 +397,36 @@ def test_a_client_that_leaves_mid_stream_frees_the_model(client, server, oracle)
     got = quick.completions.create(model=NAME, prompt=PROMPT, max_tokens=4, temperature=0)
     assert got.choices[0].text == generate(oracle, PROMPT, max_new_tokens=4, temperature=0).text
     assert time.perf_counter() - start < 30
+
+
+def test_a_server_that_drafts_gives_the_same_answers(oracle, monkeypatch):
+    """``lucidlm serve --draft prompt``: every request decodes speculatively (no OpenAI field asks
+    for it), with plain greedy's text, streamed or not, and the server's draft_tokens."""
+    import lucidlm.serving.openai_protocol as protocol
+
+    paragraph = "The quick brown fox jumps over the lazy dog, and the lazy dog sleeps on under the old tree."
+    messages = [{"role": "user", "content": f"Repeat exactly: {paragraph}"}]
+    opened = []  # every generation the server opens, to read its speculation counts after
+
+    def recorded_stream(*args, **kwargs):
+        opened.append(protocol.stream.__wrapped__(*args, **kwargs))
+        return opened[-1]
+
+    recorded_stream.__wrapped__ = protocol.stream
+    monkeypatch.setattr(protocol, "stream", recorded_stream)
+    served = OpenAIServer(lucidlm.load(), NAME, port=0, generation_options={"draft": "prompt", "draft_tokens": 4})
+    threading.Thread(target=served.serve_forever, daemon=True).start()
+    try:
+        client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=120)
+        want = generate(oracle, encode_chat(oracle.tokenizer, messages), temperature=0, max_new_tokens=40)
+        answer = chat(client, messages=messages, temperature=0, max_tokens=40)
+        assert answer.choices[0].message.content == want.text
+        assert answer.usage.completion_tokens == len(want.token_ids)
+        chunks = streamed(client, "chat", messages=messages, temperature=0, max_tokens=40)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
+        stats = [pieces.result.speculation for pieces in opened]
+        assert len(stats) == 2 and all(s is not None and s.accepted > 0 for s in stats), stats
+        assert all(s.drafted <= 4 * s.rounds for s in stats)  # the server's draft_tokens
+    finally:
+        served.shutdown()
+        served.server_close()

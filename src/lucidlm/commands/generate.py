@@ -351,7 +351,8 @@ def load_model_and_draft(args: argparse.Namespace, kwargs: dict[str, Any]) -> An
     drafted = dict(draft=None if args.draft is None else "prompt", draft_tokens=args.draft_tokens)
     options = {**kwargs, **drafted}  # a draft model: "prompt" here; its path is checked by check_draft_source
     model = load_model_from_args(args, options, checks=lambda: check_draft_source(args.draft))
-    kwargs["bad_words_ids"] = options["bad_words_ids"]  # with --bad-words TEXT as the loaded tokenizer encodes it
+    if "bad_words_ids" in options:  # with --bad-words TEXT as the loaded tokenizer encodes it
+        kwargs["bad_words_ids"] = options["bad_words_ids"]
     if args.draft is not None:
         kwargs.update(drafted)
         if args.draft != "prompt":

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from lucidlm.commands import arg_types
-from lucidlm.commands.generate import add_model_arguments, load_model_from_args
+from lucidlm.commands.generate import add_draft_arguments, add_model_arguments, check_draft_flags, load_model_and_draft
 from lucidlm.errors import GenerationError, InputError
 
 
@@ -25,7 +25,8 @@ def register(subparsers: Any) -> None:
         epilog="examples:\n"
                "  lucidlm serve\n"
                "  lucidlm serve --model gemma3-270m --port 8080 --served-model-name gemma\n"
-               "  lucidlm serve --port 0 -q   # a free port, no log; the URL is the line on stdout",
+               "  lucidlm serve --port 0 -q   # a free port, no log; the URL is the line on stdout\n"
+               "  lucidlm serve --draft prompt   # speculative decoding: the same answers, faster where they copy",
     )
     add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1",
@@ -33,12 +34,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--port", type=arg_types.port, default=8000, help="port to listen on (0: a free one)")
     parser.add_argument("--served-model-name", metavar="NAME", default=None, type=arg_types.text,
                         help="the model's id in /v1/models and in responses (default: --model as given)")
+    add_draft_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
 
 def run_serve(args: argparse.Namespace) -> int:
     from lucidlm.serving.http_server import OpenAIServer, serve
 
+    check_draft_flags(args)
     name = args.served_model_name if args.served_model_name is not None else args.model
     try:  # listen first: a port in use is refused before the model loads
         server = OpenAIServer(None, name, args.host, args.port, log_requests=not args.quiet)
@@ -46,7 +49,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise InputError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; choose another --port "
                          f"(0 picks a free one) or --host.") from None
     try:
-        server.model = load_model_from_args(args)
+        server.model = load_model_and_draft(args, server.generation_options)  # with --draft, the draft in it
         if server.model.tokenizer is None:
             raise GenerationError(f"model {args.model!r} has no tokenizer, so it cannot read text prompts; use a "
                                   f"model directory or GGUF file that includes one.")

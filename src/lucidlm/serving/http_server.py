@@ -41,14 +41,17 @@ _GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)  # the c
 class OpenAIServer(ThreadingHTTPServer):
     """``OpenAIServer(model, "smollm2-135m", port=0)`` listens at once; ``serve_forever()``
     answers; ``url`` is the base URL a client takes (``http://127.0.0.1:PORT/v1``). ``model``
-    may be set after (``lucidlm serve`` binds its port before it loads the model)."""
+    may be set after (``lucidlm serve`` binds its port before it loads the model), as may
+    ``generation_options``: ``generate`` options every request runs with, its own fields on top
+    (``{"draft": "prompt"}``: speculative decoding by prompt lookup, which no OpenAI field asks for)."""
 
     daemon_threads = True  # an open connection does not keep the process alive after Ctrl-C
 
     def __init__(self, model: Any, model_name: str, host: str = "127.0.0.1", port: int = 8000,
-                 log_requests: bool = False) -> None:
+                 log_requests: bool = False, generation_options: Optional[dict[str, Any]] = None) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.model = model
+        self.generation_options = dict(generation_options or {})  # under every request's (e.g. draft="prompt")
         self.model_name = model_name
         self.log_requests = log_requests
         self.created = int(time.time())
@@ -133,7 +136,7 @@ class OpenAIRequestHandler(BaseHTTPRequestHandler):
     def generate(self, parse: Callable[[dict[str, Any]], GenerationJob]) -> None:
         job = parse(self.json_body())  # a bad field is refused before the request waits for the model
         with self.server.model_turn:
-            job.start(self.server.model, self.server.model_name)
+            job.start(self.server.model, self.server.model_name, self.server.generation_options)
             try:
                 if job.stream:
                     self.send_events(job.chunks())

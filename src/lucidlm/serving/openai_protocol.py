@@ -55,15 +55,18 @@ class GenerationJob:
         self.stream, self.include_usage, self.logprobs = streaming, include_usage, logprobs
         self.choices: list[Choice] = []
 
-    def start(self, model: Any, model_name: str) -> None:
-        """Open every choice's generation on ``model`` (the caller holds it until ``close``)."""
+    def start(self, model: Any, model_name: str, server_options: Optional[dict[str, Any]] = None) -> None:
+        """Open every choice's generation on ``model`` (the caller holds it until ``close``);
+        ``server_options``: generation options of the server's own, under every request's
+        (``lucidlm serve --draft``: speculative decoding, which no OpenAI field names)."""
         self.model, self.model_name = model, model_name
+        options = {**(server_options or {}), **self.options}
         self.id = f"{self.id_prefix}{uuid.uuid4().hex}"
         self.created = int(time.time())
         try:
             prompts = [self.prompt_for_model(prompt) for prompt in self.prompts]
             self.choices = [Choice(i * self.n + j, j == 0,
-                                   stream(model, prompt, steady=True, seed=choice_seed(self.seed, j), **self.options))
+                                   stream(model, prompt, steady=True, seed=choice_seed(self.seed, j), **options))
                             for i, prompt in enumerate(prompts) for j in range(self.n)]
         except LucidLMError as exc:  # generate's checks that need the model: name the request's field
             raise as_request_error(exc, self.names) from None
@@ -169,10 +172,10 @@ class ChatJob(GenerationJob):
 
         return encode_chat(self.model.tokenizer, messages, context=self.model.config.max_seq_len)
 
-    def start(self, model: Any, model_name: str) -> None:
+    def start(self, model: Any, model_name: str, server_options: Optional[dict[str, Any]] = None) -> None:
         # no max_tokens: until the end of the answer, or of the context (generate stops there)
         self.options.setdefault("max_new_tokens", model.config.max_seq_len)
-        super().start(model, model_name)
+        super().start(model, model_name, server_options)
 
     def answer(self, index: int, result: Any) -> dict[str, Any]:
         return {"index": index, "message": {"role": "assistant", "content": result.text},
