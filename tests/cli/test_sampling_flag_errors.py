@@ -75,3 +75,27 @@ def test_chat_set_names_what_was_typed(line, shown):
     assert said.startswith(shown), said
     assert "=" not in said.split(" is invalid")[0] and "literal" not in said, said
     assert session.settings == {"temperature": 0.2, "top_k": None}  # refused: nothing changed
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--suppress-tokens", "99999"], "--suppress-tokens names token id 99999, outside this model's vocabulary "
+                                     "0..49151"),
+    (["--logit-bias", "99999=1"], "--logit-bias names token id 99999, outside this model's vocabulary"),
+    (["--sequence-bias", "5,99999=1"], "--sequence-bias names token id 99999, outside this model's vocabulary"),
+    (["--bad-words-ids", "2"], "--bad-words-ids bans the end token 2 alone, which transformers leaves possible "
+                               "(it drops EOS from its bans); to forbid it, use --suppress-tokens 2 (or "
+                               "--min-new-tokens to delay it)."),
+    (["--bad-words", "<|im_end|>"], "--bad-words '<|im_end|>' is the end token 2 alone, which transformers' word "
+                                    "ban silently leaves possible, so lucidlm refuses it; to forbid it, use "
+                                    "--suppress-tokens 2 (or --min-new-tokens to delay it)."),
+])
+def test_token_ids_the_model_refuses_are_named_by_their_flags(argv, message, capsys):
+    """Checked once the model has loaded (the vocabulary and the end token are its own), and said
+    in the command line's words, not the Python keywords (suppress_tokens=[2]) behind them.
+    SmolLM2: 49152 tokens, <|im_end|> = 2 ends an answer."""
+    for command in (["generate", "hi"], ["chat"]):
+        assert cli.main([*command, "-q", *argv]) == 1
+        err = capsys.readouterr().err
+        assert message in err, err
+        assert not any(keyword in err for keyword in ("suppress_tokens", "bad_words_ids", "logit_bias", "sequence_bias",
+                                                      "min_new_tokens")), err

@@ -394,7 +394,7 @@ def test_bad_values_are_refused_by_name(options, fragment):
     (dict(logit_bias={3: 1.0, 300: -100}), "logit_bias names token id 300, outside this model's vocabulary 0..256"),
     (dict(sequence_bias=[[[400, 3], -1.0]]), "sequence_bias names token id 400, outside this model's vocabulary"),
     (dict(bad_words_ids=[[EOS]]), f"bad_words_ids bans the end token {EOS} alone, which transformers leaves possible"
-                                  f" (it drops EOS from bad_words_ids); to forbid it, use suppress_tokens=[{EOS}]"),
+                                  f" (it drops EOS from its bans); to forbid it, use suppress_tokens=[{EOS}]"),
 ])
 def test_token_ids_outside_the_model_are_refused_before_decoding(options, fragment):
     model = toy_model(seed=0)
@@ -434,7 +434,7 @@ def test_cli_flags_reach_the_processors(model_dir, only_generate_and_chat, capsy
 @pytest.mark.parametrize("command", ["generate", "chat"])
 @pytest.mark.parametrize("flags, fragment", [
     (["--no-repeat-ngram-size", "-2"], "--no-repeat-ngram-size -2 is invalid: use a whole number >= 0"),
-    (["--logit-bias", "300=1"], "logit_bias names token id 300, outside this model's vocabulary 0..256"),
+    (["--logit-bias", "300=1"], "--logit-bias names token id 300, outside this model's vocabulary 0..256"),
     (["--frequency-penalty", "inf"], "--frequency-penalty inf is invalid: expected a finite number"),
     (["--bad-words", ""], "--bad-words '' encodes to no token; give a non-empty text."),
 ])

@@ -214,7 +214,10 @@ def load_model_from_args(args: argparse.Namespace, options: Optional[dict[str, A
                                         *(_bad_word_ids(model, text) for text in args.bad_words)]
         if options is not None:  # the token ids the flags name are the model's, before chat waits for a line
             from lucidlm.generation.request import make_request
-            make_request(dict(options)).use_model(model)
+            try:
+                make_request(dict(options)).use_model(model)
+            except GenerationError as exc:
+                raise GenerationError(flags_for_keywords(str(exc), options)) from None
     args.load_seconds = status.seconds
     return model
 
@@ -237,6 +240,22 @@ def flags_named(exc: GenerationError, options: dict[str, Any]) -> GenerationErro
     if name not in options:
         return exc
     return GenerationError(as_typed(str(exc), name, options[name], _flag_typed(name, options[name])))
+
+
+def flags_for_keywords(message: str, options: dict[str, Any]) -> str:
+    """The Python API's message about the flags' options and the model (``suppress_tokens names
+    token id 99999``, ``use suppress_tokens=[2]``) in the command line's words: each option it
+    names, with its value where it gives one, as the flag (``--suppress-tokens``,
+    ``--suppress-tokens 2``). Only the names with an underscore: a one-word name (stop, seed,
+    draft) is also an English word the message may use."""
+    import re
+
+    for name in (n for n in options if "_" in n):
+        flag = "--" + name.replace("_", "-")  # every generation flag is its option's name
+        message = re.sub(rf"(?<![\w-]){name}=\[([\d, ]+)\]", lambda m: f"{flag} {m.group(1).replace(' ', '')}",
+                         message)
+        message = re.sub(rf"(?<![\w-]){name}(?![\w=])", flag, message)
+    return message
 
 
 def as_typed(message: str, name: str, value: Any, typed: str) -> str:
@@ -273,6 +292,12 @@ def _bad_word_ids(model: Any, text: str) -> list[int]:
         ids = ids[1:]
     if not ids:
         raise InputError(f"--bad-words {text!r} encodes to no token; give a non-empty text.")
+    from lucidlm.weights.hf_generation_config import end_token_ids
+
+    if len(ids) == 1 and ids[0] in end_token_ids(model):  # what the API refuses in bad_words_ids, in these words
+        raise InputError(f"--bad-words {text!r} is the end token {ids[0]} alone, which transformers' word ban "
+                         f"silently leaves possible, so lucidlm refuses it; to forbid it, use --suppress-tokens "
+                         f"{ids[0]} (or --min-new-tokens to delay it).")
     return ids
 
 

@@ -152,7 +152,7 @@ class SamplingSettings:
         for ids in self.bad_words_ids or ():
             if len(ids) == 1 and ids[0] in eos_ids:
                 raise GenerationError(f"bad_words_ids bans the end token {ids[0]} alone, which transformers leaves "
-                                      f"possible (it drops EOS from bad_words_ids); to forbid it, use "
+                                      f"possible (it drops EOS from its bans); to forbid it, use "
                                       f"suppress_tokens=[{ids[0]}] (or min_new_tokens to delay it).")
 
 
