@@ -305,6 +305,8 @@ BAD_REQUESTS = [  # (endpoint, request, what the message says, param)
     ("chat", dict(messages=user("Hi"), max_tokens=0), ["max_tokens=0 is invalid", ">= 1"], "max_tokens"),
     ("chat", dict(messages=user("Hi"), stream_options={"include_usage": True}),
      ["stream_options is only for streamed answers"], "stream_options"),
+    ("chat", dict(messages=user("Hi"), extra_body={"cache_prompt": "yes"}),
+     ['cache_prompt="yes" is invalid: expected true or false'], "cache_prompt"),
 ]
 
 
@@ -430,3 +432,31 @@ def test_a_server_that_drafts_gives_the_same_answers(oracle, monkeypatch):
     finally:
         served.shutdown()
         served.server_close()
+
+
+def test_cache_prompt_runs_only_the_new_turn_with_the_same_answers(server, client, oracle, monkeypatch):
+    """llama.cpp's ``cache_prompt``: a chat's second turn (the first turn, its answer and a new
+    message) reuses the first request's KV cache, here asked per request; the answers stay
+    plain greedy's (generate() on the oracle, each turn's prompt run whole)."""
+    import lucidlm.serving.openai_protocol as protocol
+
+    opened = []
+
+    def recorded_stream(*args, **kwargs):
+        opened.append(protocol.stream.__wrapped__(*args, **kwargs))
+        return opened[-1]
+
+    recorded_stream.__wrapped__ = protocol.stream
+    monkeypatch.setattr(protocol, "stream", recorded_stream)
+    turns = [user("Name a colour of the sky.")]
+    first = chat(client, messages=turns[0], temperature=0, max_tokens=24, extra_body={"cache_prompt": True})
+    second_turn = [*turns[0], {"role": "assistant", "content": first.choices[0].message.content},
+                   *user("And of grass?")]
+    second = chat(client, messages=second_turn, temperature=0, max_tokens=24, extra_body={"cache_prompt": True})
+    for messages, answer in ((turns[0], first), (second_turn, second)):
+        want = generate(oracle, encode_chat(oracle.tokenizer, messages), temperature=0, max_new_tokens=24)
+        assert answer.choices[0].message.content == want.text
+    assert opened[0].result.cached_tokens == 0
+    # all of the first prompt and answer but its end token's slot, which the template's own
+    # end-of-turn token may or may not match: at least the first prompt
+    assert opened[1].result.cached_tokens >= len(opened[0].result.prompt_ids)

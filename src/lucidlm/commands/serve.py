@@ -34,6 +34,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--port", type=arg_types.port, default=8000, help="port to listen on (0: a free one)")
     parser.add_argument("--served-model-name", metavar="NAME", default=None, type=arg_types.text,
                         help="the model's id in /v1/models and in responses (default: --model as given)")
+    parser.add_argument("--cache-prompt", action="store_true",
+                        help="keep each answer's KV cache for the next request (llama.cpp's cache_prompt; a request's "
+                             "\"cache_prompt\" field decides for itself): a chat's next turn, whose prompt is the "
+                             "conversation so far, then runs only its new message. Greedy answers stay the same; "
+                             "the new tokens' logits round a little otherwise (a shorter pass)")
     add_draft_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
@@ -50,6 +55,8 @@ def run_serve(args: argparse.Namespace) -> int:
                          f"(0 picks a free one) or --host.") from None
     try:
         server.model = load_model_and_draft(args, server.generation_options)  # with --draft, the draft in it
+        if args.cache_prompt:
+            server.generation_options["reuse_cache"] = True
         if server.model.tokenizer is None:
             raise GenerationError(f"model {args.model!r} has no tokenizer, so it cannot read text prompts; use a "
                                   f"model directory or GGUF file that includes one.")

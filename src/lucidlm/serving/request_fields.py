@@ -20,7 +20,7 @@ from lucidlm.validation import check_int, check_seed
 SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "presence_penalty": "presence_penalty",
                    "frequency_penalty": "frequency_penalty", "stop": "stop", "top_k": "top_k", "min_p": "min_p",
                    "repeat_penalty": "repetition_penalty", "repetition_penalty": "repetition_penalty"}
-COMMON_FIELDS = ("model", "n", "stream", "stream_options", "seed", "logit_bias", *SAMPLING_FIELDS)
+COMMON_FIELDS = ("model", "n", "stream", "stream_options", "seed", "logit_bias", "cache_prompt", *SAMPLING_FIELDS)
 # OpenAI's bookkeeping (its logs, storage, tiers, caching keys): nothing in the answer depends on them
 IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
 MAX_N = 128  # OpenAI's bound on n
@@ -122,6 +122,8 @@ def sampling_options(fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
         options["logit_bias"], names["logit_bias"] = token_biases(fields["logit_bias"]), "logit_bias"
     if "seed" in fields:
         check_seed(fields["seed"], "seed", partial(RequestError, param="seed"))
+    if "cache_prompt" in fields:  # llama.cpp's server's name for generate's reuse_cache
+        options["reuse_cache"], names["reuse_cache"] = flag(fields, "cache_prompt"), "cache_prompt"
     try:
         check_options(options)
     except GenerationError as exc:
