@@ -58,7 +58,7 @@ def register(subparsers: Any) -> None:
 
 
 def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
-    """--draft and --draft-tokens (speculative decoding), for generate and chat."""
+    """--draft and --draft-tokens (speculative decoding), for generate, chat and serve."""
     parser.add_argument("--draft", metavar="prompt|SOURCE", default=None,
                         help="speculative decoding: 'prompt' drafts by prompt lookup (tokens that followed the "
                              "text's last few tokens earlier on; fast when the answer copies the prompt), a model "
