@@ -11,6 +11,7 @@ The server runs in a thread of this process, on a free port, with the embedded m
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import urllib.error
@@ -399,6 +400,54 @@ def test_a_client_that_leaves_mid_stream_frees_the_model(client, server, oracle)
     got = quick.completions.create(model=NAME, prompt=PROMPT, max_tokens=4, temperature=0)
     assert got.choices[0].text == generate(oracle, PROMPT, max_new_tokens=4, temperature=0).text
     assert time.perf_counter() - start < 30
+
+
+def wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, f"waited 60 s for {what}"
+        time.sleep(0.01)
+
+
+def test_a_client_that_leaves_before_its_answer_frees_the_model(client, server, oracle, monkeypatch):
+    """Clients that give up on an answer (their timeout, Ctrl-C) and close their connection:
+    one still waiting its turn gets no generation at all, one whose answer is being generated
+    (not streamed) stops it at the next piece. The request behind them does not wait for
+    answers nobody will read."""
+    import lucidlm.serving.openai_protocol as protocol
+    from lucidlm.weights.hf_generation_config import end_token_ids
+
+    opened = []  # (prompt, its generation) of every generation the server opens
+
+    def recorded_stream(model, prompt, **kwargs):
+        opened.append((prompt, protocol.stream.__wrapped__(model, prompt, **kwargs)))
+        return opened[-1][1]
+
+    recorded_stream.__wrapped__ = protocol.stream
+    monkeypatch.setattr(protocol, "stream", recorded_stream)
+    endless = dict(max_tokens=2000, temperature=0, logit_bias={str(i): -100 for i in end_token_ids(oracle)})
+
+    def leaving_client(prompt: str) -> socket.socket:
+        """A connection that sends its request and will read nothing."""
+        body = json.dumps(dict(model=NAME, prompt=prompt, **endless)).encode()
+        connection = socket.create_connection(server.server_address[:2])
+        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+        return connection
+
+    holding = client.completions.create(model=NAME, prompt=PROMPT, stream=True, **endless)
+    next(iter(holding))  # its generation holds the model
+    queued = leaving_client("Queued: 1, 2, 3,")
+    wait_until(lambda: server.model_turn.waiting == 1, "the second request to queue")
+    queued.close()
+    holding.close()
+    started = leaving_client("Started: 1, 2, 3,")
+    wait_until(lambda: opened[-1][0] == "Started: 1, 2, 3,", "the third request's generation")
+    started.close()
+    got = completion(client, prompt=PROMPT, max_tokens=4, temperature=0)
+    assert got.choices[0].text == generate(oracle, PROMPT, max_new_tokens=4, temperature=0).text
+    assert [prompt for prompt, _ in opened] == [PROMPT, "Started: 1, 2, 3,", PROMPT]  # none for the queued one
+    assert [pieces.result is None for _, pieces in opened] == [True, True, False]  # the first two closed unfinished
 
 
 def test_a_server_that_drafts_gives_the_same_answers(oracle, monkeypatch):

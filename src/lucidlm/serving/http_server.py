@@ -3,8 +3,10 @@ connection), JSON in and out, Server-Sent Events for ``"stream": true``.
 
 One model has one KV cache, so one generation runs at a time: a request holds the model
 (``FairLock``, first come, first served) from its first token to its last, and requests that
-arrive meanwhile wait. A streaming client that goes away is noticed at the next event written:
-its generation is closed there and the model passes to the next request.
+arrive meanwhile wait. A client that goes away is noticed when its turn comes (it ran out of
+patience in the queue: nothing runs for it), at the next event written (streaming) or at the
+next piece of text (not streaming): its generation is closed there and the model passes to the
+next request.
 
 Routes: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/NAME``), ``POST /v1/completions``,
 ``POST /v1/chat/completions``. Every error is OpenAI's error object with its status: 400 a bad
@@ -15,6 +17,7 @@ field, 404 an unknown path, 405 a wrong method, 411 no Content-Length, 413 a bod
 from __future__ import annotations
 
 import json
+import select
 import socket
 import sys
 import time
@@ -136,14 +139,25 @@ class OpenAIRequestHandler(BaseHTTPRequestHandler):
     def generate(self, parse: Callable[[dict[str, Any]], GenerationJob]) -> None:
         job = parse(self.json_body())  # a bad field is refused before the request waits for the model
         with self.server.model_turn:
+            if self.client_gone():  # it gave up while it waited (a client's timeout, Ctrl-C): run nothing for nobody
+                raise ConnectionAbortedError("the client closed its connection")
             job.start(self.server.model, self.server.model_name, self.server.generation_options)
             try:
                 if job.stream:
                     self.send_events(job.chunks())
                 else:
-                    self.send_json(200, job.response())
+                    self.send_json(200, job.response(abandoned=self.client_gone))
             finally:
                 job.close()  # a client gone mid-stream: its generation stops here, before the next request's
+
+    def client_gone(self) -> bool:
+        """Whether the client has closed its connection: an end of file waits on the socket (a
+        request it sent on behind this one would be data, not an end)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:  # reset by the client
+            return True
 
     # ---------------------------------------------------------------- reading
     def read_body(self) -> bytes:

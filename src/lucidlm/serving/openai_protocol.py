@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 from lucidlm.errors import LucidLMError
 from lucidlm.generation import TextStream, stream
@@ -76,11 +76,14 @@ class GenerationJob:
         for choice in self.choices:
             choice.pieces.close()
 
-    def response(self) -> dict[str, Any]:
+    def response(self, abandoned: Callable[[], bool] = lambda: False) -> dict[str, Any]:
+        """The whole answer; ``abandoned`` is asked at each piece of text whether the client
+        left, and then the generation ends there (``ConnectionAbortedError``)."""
         answers = []
         for choice in self.choices:
             for _ in choice.pieces:  # generate() is this loop
-                pass
+                if abandoned():
+                    raise ConnectionAbortedError("the client closed its connection")
             answers.append(self.answer(choice.index, choice.pieces.result))
         return self.envelope(self.object_name, choices=answers, usage=self.usage())
 
