@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from http.client import HTTPConnection
 
 import openai
 import pytest
@@ -341,6 +342,39 @@ def test_unknown_path_wrong_method_and_huge_body(server):
     status, answer, _ = http(server, "/v1/completions", "POST", b" " * (16 * 2 ** 20 + 1))
     assert status == 413 and "more than the 16777216 bytes" in answer["error"]["message"]
     assert http(server, "/health")[0] == 200  # and it still answers
+
+
+def test_head_options_and_a_method_no_route_takes(server, oracle):
+    """HEAD is a GET without its body; OPTIONS answers a browser's CORS preflight, and every
+    answer lets a page of any origin read it; a method the server has no handler for is an
+    error object too, not the stdlib's HTML page. All on one kept-alive connection."""
+    connection = HTTPConnection(*server.server_address[:2], timeout=60)
+    connection.request("HEAD", "/health")
+    head = connection.getresponse()
+    assert (head.status, head.read(), head.headers["Content-Length"]) == (200, b"", str(len('{"status": "ok"}')))
+    connection.request("HEAD", "/v1/completions")
+    head = connection.getresponse()
+    assert (head.status, head.read(), head.headers["Allow"]) == (405, b"", "POST")
+    page = {"Origin": "http://localhost:3000"}
+    connection.request("OPTIONS", "/v1/chat/completions", headers={
+        **page, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type"})
+    preflight = connection.getresponse()
+    assert (preflight.status, preflight.read()) == (204, b"")
+    assert (preflight.headers["Access-Control-Allow-Origin"], preflight.headers["Access-Control-Allow-Methods"],
+            preflight.headers["Access-Control-Allow-Headers"]) == ("*", "POST", "authorization, content-type")
+    connection.request("POST", "/v1/completions", headers={**page, "Content-Type": "application/json"},
+                       body=json.dumps({"model": NAME, "prompt": PROMPT, "max_tokens": 2, "temperature": 0}))
+    answer = connection.getresponse()
+    assert answer.status == 200 and answer.headers["Access-Control-Allow-Origin"] == "*"
+    assert json.loads(answer.read())["choices"][0]["text"] == \
+        generate(oracle, PROMPT, max_new_tokens=2, temperature=0).text
+    connection.request("FOO", "/v1/models")
+    refused = connection.getresponse()
+    assert (refused.status, refused.headers["Content-Type"]) == (501, "application/json")
+    assert json.loads(refused.read()) == {"error": {
+        "message": "Unsupported method ('FOO'); use GET or POST (HEAD and OPTIONS too).",
+        "type": "invalid_request_error", "param": None, "code": None}}
+    connection.close()
 
 
 def test_an_unexpected_exception_is_a_500_and_the_server_goes_on(client, oracle, monkeypatch, capsys):

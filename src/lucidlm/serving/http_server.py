@@ -9,9 +9,11 @@ next piece of text (not streaming): its generation is closed there and the model
 next request.
 
 Routes: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/NAME``), ``POST /v1/completions``,
-``POST /v1/chat/completions``. Every error is OpenAI's error object with its status: 400 a bad
-field, 404 an unknown path, 405 a wrong method, 411 no Content-Length, 413 a body over 16 MiB,
-500 a bug (the server goes on).
+``POST /v1/chat/completions``; ``HEAD`` of a GET route, and ``OPTIONS`` of any (a browser's CORS
+preflight: a page of any origin may call the API, as llama-server's and vLLM's defaults allow).
+Every error is OpenAI's error object with its status: 400 a bad field, 404 an unknown path, 405
+a wrong method, 411 no Content-Length, 413 a body over 16 MiB, 500 a bug (the server goes on),
+and the stdlib's own refusals (501 an unknown method, 400 a request line it cannot read).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import socket
 import sys
 import time
 import traceback
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable, Optional
 from urllib.parse import unquote, urlsplit
@@ -76,6 +79,12 @@ class OpenAIRequestHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.respond("GET")
 
+    def do_HEAD(self) -> None:  # a GET without its body (uptime monitors, curl -I)
+        self.respond("HEAD")
+
+    def do_OPTIONS(self) -> None:
+        self.respond("OPTIONS")
+
     def do_POST(self) -> None:
         self.respond("POST")
 
@@ -97,6 +106,10 @@ class OpenAIRequestHandler(BaseHTTPRequestHandler):
             if methods is None:
                 raise RequestError(f"no such endpoint: {path}; this server has {', '.join(ROUTES)}.", status=404,
                                    code="not_found")
+            if method == "OPTIONS":
+                return self.preflight(methods)
+            if method == "HEAD" and "GET" in methods:
+                method = "GET"  # send_json leaves the body out
             if method not in methods:
                 allowed = ", ".join(methods)
                 self.allow = allowed
@@ -199,7 +212,32 @@ class OpenAIRequestHandler(BaseHTTPRequestHandler):
                                f'{{"model": ..., ...}}.')
         return body
 
+    def preflight(self, methods: dict[str, str]) -> None:
+        """OPTIONS: the methods the path takes; to a browser's CORS preflight, that its page may
+        send them with the headers it asks for (the openai package sends Authorization and
+        X-Stainless-* headers of its own)."""
+        self.send_response(204)
+        self.send_header("Allow", ", ".join(methods))
+        self.send_header("Access-Control-Allow-Methods", ", ".join(methods))
+        if "Access-Control-Request-Headers" in self.headers:
+            self.send_header("Access-Control-Allow-Headers", self.headers["Access-Control-Request-Headers"])
+        self.send_header("Access-Control-Max-Age", "86400")  # a day before the browser asks again
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     # ---------------------------------------------------------------- writing
+    def send_response(self, code: int, message: Optional[str] = None) -> None:
+        super().send_response(code, message)
+        self.send_header("Access-Control-Allow-Origin", "*")  # a web page may read the answers (see preflight)
+
+    def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
+        """The stdlib's own refusals, before any route (``FOO /v1/models``, a request line it
+        cannot read, headers too long), as OpenAI's error object rather than an HTML page."""
+        self.close_connection = True  # what follows on the connection cannot be read as a request
+        self.streaming = False
+        fix = "use GET or POST (HEAD and OPTIONS too)" if code == 501 else "send a well-formed HTTP/1.1 request"
+        self.fail(RequestError(f"{message or HTTPStatus(code).phrase}; {fix}.", status=code))
+
     def send_json(self, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode("utf-8")  # ASCII with \u escapes: any text, even a lone surrogate
         self.send_response(status)
@@ -210,7 +248,8 @@ class OpenAIRequestHandler(BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
     def send_events(self, chunks: Iterable[dict[str, Any]]) -> None:
         """Server-Sent Events, ``data: {chunk}`` each, then ``data: [DONE]``; sent as HTTP/1.1
