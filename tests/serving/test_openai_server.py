@@ -207,6 +207,26 @@ def test_streamed_completion_joins_to_the_answer(client, oracle):
     assert len({c.id for c in chunks}) == 1
 
 
+def test_a_stream_to_an_http_1_0_client_is_not_chunked(server, oracle):
+    """HTTP/1.0 (nginx's proxy_pass by default) has no chunked bodies: the events come as they
+    are and the connection's end ends them, as the HTTP spec requires."""
+    body = json.dumps({"model": NAME, "prompt": PROMPT, "max_tokens": 5, "temperature": 0, "stream": True}).encode()
+    with socket.create_connection(server.server_address[:2], timeout=60) as connection:
+        connection.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+        received = b""
+        while data := connection.recv(65536):
+            received += data
+    head, events = received.split(b"\r\n\r\n", 1)
+    headers = dict(line.split(": ", 1) for line in head.decode().split("\r\n")[1:])
+    assert head.startswith(b"HTTP/1.1 200 ") and "Transfer-Encoding" not in headers
+    assert headers["Connection"] == "close" and headers["Content-Type"] == "text/event-stream"
+    *chunks, done = events.decode().split("\n\n")[:-1]
+    assert done == "data: [DONE]" and all(chunk.startswith("data: {") for chunk in chunks)
+    text = "".join(completion_chunk(json.loads(chunk[len("data: "):])).choices[0].text for chunk in chunks)
+    assert text == generate(oracle, PROMPT, max_new_tokens=5, temperature=0).text
+
+
 # ---------------------------------------------------------------------------------- chat
 
 def test_chat_is_generate_with_the_chat_template(client, oracle):

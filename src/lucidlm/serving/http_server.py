@@ -253,11 +253,18 @@ class OpenAIRequestHandler(BaseHTTPRequestHandler):
 
     def send_events(self, chunks: Iterable[dict[str, Any]]) -> None:
         """Server-Sent Events, ``data: {chunk}`` each, then ``data: [DONE]``; sent as HTTP/1.1
-        chunks, so the connection stays open for the client's next request."""
+        chunks, so the connection stays open for the client's next request. An HTTP/1.0 client
+        (nginx's proxy_pass unless told otherwise) knows no chunks: its stream ends with the
+        connection."""
+        self.chunked = self.request_version != "HTTP/1.0"
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
+        if self.chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.close_connection = True
+            self.send_header("Connection", "close")
         self.end_headers()
         self.streaming = True
         for chunk in chunks:
@@ -267,10 +274,12 @@ class OpenAIRequestHandler(BaseHTTPRequestHandler):
 
     def send_event(self, data: str) -> None:
         event = f"data: {data}\n\n".encode("utf-8")
-        self.wfile.write(b"%x\r\n%b\r\n" % (len(event), event))  # one HTTP chunk: its length in hex, then it
+        # one HTTP chunk: its length in hex, then it
+        self.wfile.write(b"%x\r\n%b\r\n" % (len(event), event) if self.chunked else event)
 
     def end_events(self) -> None:
-        self.wfile.write(b"0\r\n\r\n")  # the chunk of length 0 ends the body
+        if self.chunked:
+            self.wfile.write(b"0\r\n\r\n")  # the chunk of length 0 ends the body
         self.streaming = False
 
     def fail(self, error: RequestError) -> None:
