@@ -504,6 +504,42 @@ def test_a_client_that_leaves_before_its_answer_frees_the_model(client, server, 
     assert [pieces.result is None for _, pieces in opened] == [True, True, False]  # the first two closed unfinished
 
 
+def test_a_client_that_stops_reading_its_stream_is_let_go(server, oracle, monkeypatch, capsys):
+    """A streaming client that reads nothing more (stalled, not gone): once a write has waited
+    the handler's timeout (600 s; 1 s here, with small socket buffers to fill) the server gives
+    it up as a client gone, closes its connection and passes the model on; no traceback that
+    calls it a bug, and no error event written to a connection that takes nothing."""
+    from lucidlm.serving.http_server import OpenAIRequestHandler
+    from lucidlm.weights.hf_generation_config import end_token_ids
+
+    plain_setup = OpenAIRequestHandler.setup
+
+    def small_buffers(handler):
+        plain_setup(handler)
+        handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+    monkeypatch.setattr(OpenAIRequestHandler, "timeout", 1)
+    monkeypatch.setattr(OpenAIRequestHandler, "setup", small_buffers)
+    body = json.dumps({"model": NAME, "prompt": PROMPT, "max_tokens": 4000, "temperature": 0, "stream": True,
+                       "logit_bias": {str(i): -100 for i in end_token_ids(oracle)}}).encode()
+    with socket.socket() as stalled:
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(server.server_address[:2])
+        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+        quick = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+        got = quick.completions.create(model=NAME, prompt=PROMPT, max_tokens=3, temperature=0)  # after the stall
+        quick.close()
+        stalled.settimeout(60)
+        received = b""
+        while data := stalled.recv(65536):  # what the server sent, up to its closing the connection
+            received += data
+    assert got.choices[0].text == generate(oracle, PROMPT, max_new_tokens=3, temperature=0).text
+    assert received.startswith(b"HTTP/1.1 200 OK") and b'"error"' not in received
+    assert not received.endswith(b"0\r\n\r\n")  # cut off: no end of the chunked body
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_a_server_that_drafts_gives_the_same_answers(oracle, monkeypatch):
     """``lucidlm serve --draft prompt``: every request decodes speculatively (no OpenAI field asks
     for it), with plain greedy's text, streamed or not, and the server's draft_tokens."""

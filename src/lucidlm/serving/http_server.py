@@ -40,7 +40,8 @@ MAX_DRAINED = 64 * 2 ** 20
 ROUTES = {"/health": {"GET": "health"}, "/v1/models": {"GET": "models"},
           "/v1/completions": {"POST": "completions"}, "/v1/chat/completions": {"POST": "chat_completions"}}
 MODEL_PATH = "/v1/models/"  # + a model's name: that model
-_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)  # the client closed its connection
+# the client closed its connection, or stalled a read or write past the handler's timeout
+_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)
 
 
 class OpenAIServer(ThreadingHTTPServer):
