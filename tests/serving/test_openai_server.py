@@ -304,7 +304,9 @@ BAD_REQUESTS = [  # (endpoint, request, what the message says, param)
     ("completions", dict(prompt="Hi", suffix="end"), ['suffix="end" is not supported'], "suffix"),
     ("completions", dict(prompt="Hi", best_of=2), ["best_of=2 is not supported", "n choices"], "best_of"),
     ("completions", dict(prompt="Hi", echo=True, logprobs=1), ["echo with logprobs", "drop one"], "echo"),
-    ("completions", dict(prompt=list(range(9000))), ["the prompt is 9000 tokens", "context of 8192 tokens"], None),
+    ("completions", dict(prompt=list(range(9000))), ["the prompt is 9000 tokens", "context of 8192 tokens"],
+     "prompt"),
+    ("completions", dict(prompt=[5, 99999]), ["prompt token id 99999 is outside", "vocabulary 0..49151"], "prompt"),
     ("completions", dict(prompt="Hi", logit_bias={"99999": 5}), ["logit_bias names token id 99999",
                                                                  "vocabulary 0..49151"], "logit_bias"),
     ("completions", dict(prompt="Hi", logit_bias={"13": 500}), ["logit_bias[13]=500 is invalid",
@@ -342,6 +344,22 @@ def test_a_bad_request_is_a_400_naming_the_field(client, endpoint, request_field
     assert error.status_code == 400 and error.type == "invalid_request_error" and error.param == param
     for fragment in fragments:
         assert fragment in error.message, error.message
+
+
+@pytest.mark.parametrize("endpoint, request_fields, param", [
+    ("completions", dict(prompt=list(range(9000))), "prompt"),
+    ("completions", dict(prompt=[[1, 2], list(range(9000))]), "prompt"),
+    ("chat", dict(messages=user("Hello " * 9000)), "messages"),
+    ("chat", dict(messages=user("Hello " * 4100 + "Hi " * 4100)), "messages"),  # refused by its exact length
+])
+def test_a_prompt_past_the_context_is_openais_context_length_exceeded(client, endpoint, request_fields, param):
+    """The code clients look for to shorten a conversation (LiteLLM's ContextWindowExceededError)."""
+    create = client.completions.create if endpoint == "completions" else client.chat.completions.create
+    with pytest.raises(openai.BadRequestError) as caught:
+        create(model=NAME, max_tokens=1, **request_fields)
+    error = caught.value
+    assert (error.status_code, error.param, error.code) == (400, param, "context_length_exceeded")
+    assert "longer than the model's context of 8192 tokens" in error.message, error.message
 
 
 @pytest.mark.parametrize("body, fragment", [(b"{not json", "the request body is not JSON"),

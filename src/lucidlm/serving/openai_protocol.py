@@ -15,6 +15,7 @@ does (SmolLM2: temperature 0.2, top-p 0.5), else temperature 1, OpenAI's default
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,6 +34,9 @@ CHAT_FIELDS = (*COMMON_FIELDS, "messages", "max_tokens", "max_completion_tokens"
                "response_format", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
                "audio", "modalities", "prediction", "reasoning_effort", "verbosity", "web_search_options")
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # generate's -> OpenAI's
+# generate's refusals of the prompt itself: past the context ("the prompt is 9000 tokens, longer than the
+# model's context ..."), empty with no BOS, a token id past the vocabulary
+_PROMPT_REFUSED = re.compile(r"^(the (chat )?prompt is |prompt token id )")
 
 Prompt = Union[str, list[int]]
 
@@ -47,7 +51,7 @@ class Choice:
 class GenerationJob:
     """One request's choices: its prompts, each generated ``n`` times with ``options``."""
 
-    object_name = chunk_object_name = id_prefix = ""
+    object_name = chunk_object_name = id_prefix = prompt_field = ""
 
     def __init__(self, prompts: list[Any], n: int, options: dict[str, Any], names: dict[str, str],
                  seed: Optional[int], streaming: bool, include_usage: bool, logprobs: Optional[int]) -> None:
@@ -69,6 +73,9 @@ class GenerationJob:
                                    stream(model, prompt, steady=True, seed=choice_seed(self.seed, j), **options))
                             for i, prompt in enumerate(prompts) for j in range(self.n)]
         except LucidLMError as exc:  # generate's checks that need the model: name the request's field
+            if _PROMPT_REFUSED.match(str(exc)):  # OpenAI's code for a prompt too long, which clients look for
+                code = "context_length_exceeded" if "context" in str(exc) else None
+                raise RequestError(str(exc), param=self.prompt_field, code=code) from None
             raise as_request_error(exc, self.names) from None
 
     def close(self) -> None:
@@ -126,7 +133,7 @@ class GenerationJob:
 
 class CompletionJob(GenerationJob):
     object_name = chunk_object_name = "text_completion"
-    id_prefix = "cmpl-"
+    id_prefix, prompt_field = "cmpl-", "prompt"
 
     def __init__(self, *args: Any, echo: bool, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -166,7 +173,7 @@ class CompletionJob(GenerationJob):
 
 class ChatJob(GenerationJob):
     object_name, chunk_object_name = "chat.completion", "chat.completion.chunk"
-    id_prefix = "chatcmpl-"
+    id_prefix, prompt_field = "chatcmpl-", "messages"
 
     def prompt_for_model(self, messages: list[dict[str, str]]) -> Prompt:
         """The conversation in the model's chat template, as ids (what ``Conversation.reply`` runs;
