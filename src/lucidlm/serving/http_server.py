@@ -279,7 +279,7 @@ class OpenAIRequestHandler(BaseHTTPRequestHandler):
 
     def send_event(self, data: str) -> None:
         event = f"data: {data}\n\n".encode("utf-8")
-        # one HTTP chunk: its length in hex, then it
+        # one HTTP chunk (its length in hex, then it); to HTTP/1.0, the event as it is
         self.wfile.write(b"%x\r\n%b\r\n" % (len(event), event) if self.chunked else event)
 
     def end_events(self) -> None:
