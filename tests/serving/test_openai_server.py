@@ -415,6 +415,34 @@ def test_head_options_and_a_method_no_route_takes(server, oracle):
     connection.close()
 
 
+def test_a_burst_of_connections_waits_to_be_accepted_not_dropped():
+    """Connections that come together (an async client's fan-out; a UI that polls while
+    ``lucidlm serve`` loads its model, listening but not accepting yet) wait in the listen
+    backlog. socketserver's backlog of 5 dropped the others, which retried after 1, 3, 7 s:
+    past the openai client's 5 s to connect for many of a few hundred."""
+    served = OpenAIServer(None, NAME, port=0)  # listening, not accepting: as while the model loads
+    connections = []
+    try:
+        for _ in range(64):
+            connections.append(socket.create_connection(served.server_address[:2], timeout=0.5))
+        threading.Thread(target=served.serve_forever, daemon=True).start()
+        answers = []
+        for connection in connections:
+            connection.settimeout(60)
+            connection.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+            received = b""
+            while data := connection.recv(4096):
+                received += data
+            answers.append(received)
+        assert all(a.startswith(b"HTTP/1.1 200 ") and a.endswith(b'{"status": "ok"}') for a in answers)
+    finally:
+        for connection in connections:
+            connection.close()
+        if len(connections) == 64:  # serve_forever runs: stop it
+            served.shutdown()
+        served.server_close()
+
+
 def test_an_unexpected_exception_is_a_500_and_the_server_goes_on(client, oracle, monkeypatch, capsys):
     from lucidlm.serving import openai_protocol
 

@@ -52,6 +52,9 @@ class OpenAIServer(ThreadingHTTPServer):
     (``{"draft": "prompt"}``: speculative decoding by prompt lookup, which no OpenAI field asks for)."""
 
     daemon_threads = True  # an open connection does not keep the process alive after Ctrl-C
+    # connections the kernel holds until they are accepted: socketserver's 5 drops a burst's others,
+    # which retry after 1, 3, 7 s... (300 at once: half missed the openai client's 5 s to connect)
+    request_queue_size = 1024
 
     def __init__(self, model: Any, model_name: str, host: str = "127.0.0.1", port: int = 8000,
                  log_requests: bool = False, generation_options: Optional[dict[str, Any]] = None) -> None:
