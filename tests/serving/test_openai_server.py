@@ -395,7 +395,8 @@ def test_head_options_and_a_method_no_route_takes(server, oracle):
     assert (head.status, head.read(), head.headers["Allow"]) == (405, b"", "POST")
     page = {"Origin": "http://localhost:3000"}
     connection.request("OPTIONS", "/v1/chat/completions", headers={
-        **page, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type"})
+        **page, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type"})
     preflight = connection.getresponse()
     assert (preflight.status, preflight.read()) == (204, b"")
     assert (preflight.headers["Access-Control-Allow-Origin"], preflight.headers["Access-Control-Allow-Methods"],
