@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import lucidlm
-from lucidlm.divergence import kl_divergence
+from lucidlm.divergence import QUANTILES, kl_divergence
 from lucidlm.errors import InputError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -140,6 +140,35 @@ def test_another_model_moves_every_figure():
     assert got.same_top == pytest.approx((lp.argmax(-1) == lq.argmax(-1)).double().mean().item())
     assert got.kld_quantiles["min"] >= -1e-6 and got.kld_quantiles["max"] == pytest.approx(kld.max().item(), rel=1e-5)
     assert got.ppl == pytest.approx(lucidlm.perplexity(model, ids, max_length=100, stride=100).ppl, rel=1e-6)
+
+
+def test_a_small_divergence_over_a_large_vocabulary_is_held_to_float64(monkeypatch):
+    """A good quantization's KL divergences are ~1e-6..1e-4 nats, and a float32 log-softmax over
+    a large vocabulary rounds log p by ~1e-6 (its log-sum-exp is ~10-20 nats): each token's
+    figure is computed in float64, equal to a float64 computation on the same logits; a few
+    positions at a time (the same figures), not a window's (T, V) temporaries at once."""
+    import copy
+
+    model = tiny(vocab=32768, context=128)
+    base = copy.deepcopy(model)
+    with torch.no_grad():  # a base a little off the model: KL divergences of ~5e-6 nats
+        for p in base.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 1e-3 * p.abs().mean())
+    ids = torch.randint(0, 32768, (120,), generator=torch.Generator().manual_seed(2))
+    got = kl_divergence(model, base, ids, max_length=120, stride=120)
+    with torch.no_grad():
+        lp = torch.log_softmax(model(ids[None])[0, :-1].double(), -1)
+        lq = torch.log_softmax(base(ids[None])[0, :-1].double(), -1)
+    kld = (lq.exp() * (lq - lp)).sum(-1).numpy()
+    assert 1e-6 < np.quantile(kld, 0.1) < kld.mean() < 1e-5
+    assert got.kld_mean == pytest.approx(kld.mean(), rel=1e-9)
+    for name, q in QUANTILES:
+        assert got.kld_quantiles[name] == pytest.approx(float(np.quantile(kld, q)), rel=1e-9), name
+    assert got.ppl == pytest.approx(math.exp(-lp.gather(1, ids[1:, None]).mean().item()), rel=1e-12)
+    import lucidlm.divergence
+
+    monkeypatch.setattr(lucidlm.divergence, "CHUNK_ELEMENTS", 7 * 32768)  # 7 positions at a time
+    assert kl_divergence(model, base, ids, max_length=120, stride=120) == got
 
 
 def test_bad_inputs_are_refused_by_name():
