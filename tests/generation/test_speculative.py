@@ -370,6 +370,36 @@ def test_chat_with_a_draft_answers_as_without(smollm2, smollm2_default, tmp_path
                                                                "draft_tokens": 3}
 
 
+def test_a_chat_saved_with_a_draft_loads_into_a_chat_without_one(tmp_path):
+    """/save keeps draft_tokens (the draft itself is the session's, as --model). A chat started
+    without --draft loads that file all the same: the messages and the other settings, with
+    draft_tokens left out and said so (refused, it kept the whole conversation out, in the
+    API's words: 'draft_tokens=3 needs a draft: add draft=...'); a drafting chat keeps it."""
+    import io
+    import json
+
+    from lucidlm.commands.chat import ChatSession
+
+    model, path = toy_model(seed=0), tmp_path / "drafted.json"
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    out = io.StringIO()
+    drafting = ChatSession(model, {"temperature": 0.2, "draft": "prompt", "draft_tokens": 3}, None, out, False)
+    drafting.convo.history.extend(messages)
+    drafting.save(str(path))
+    assert json.loads(path.read_text())["settings"] == {"temperature": 0.2, "draft_tokens": 3}
+
+    plain = ChatSession(model, {"temperature": 0.7, "seed": 1}, None, out, False)
+    plain.load(str(path))
+    assert out.getvalue().splitlines()[-1] == \
+        f"(loaded 2 messages from {path}; draft_tokens 3 left out: this chat has no --draft)"
+    assert plain.convo.history == messages
+    assert plain.settings == {"temperature": 0.2, "seed": 1}
+    again = ChatSession(model, {"draft": "prompt", "draft_tokens": 5}, None, out, False)
+    again.load(str(path))
+    assert out.getvalue().splitlines()[-1] == f"(loaded 2 messages from {path})"
+    assert again.settings == {"temperature": 0.2, "draft": "prompt", "draft_tokens": 3}
+
+
 def test_cli_draft_flags(tmp_path, capsys, monkeypatch):
     import json
 

@@ -233,6 +233,12 @@ class ChatSession:
             check_messages(messages)
             system = fields.str("system", default=None)
             settings = fields.object("settings", default={}).data
+            # a chat saved with --draft keeps its draft_tokens (the draft is the session's, as --model):
+            # meaningless without one, and refused (draft_tokens needs a draft), it would keep the
+            # whole conversation from loading into a chat started without --draft
+            unused = settings.get("draft_tokens") if {**self.settings, **settings}.get("draft") is None else None
+            if unused is not None:
+                settings = {k: v for k, v in settings.items() if k != "draft_tokens"}
             self.check_settings({**self.settings, **settings})  # unknown names and bad values refused by name
         except (LucidLMError, ValueError) as exc:  # GenerationError is a ValueError too
             self.say(f"cannot load {path}: {exc}")
@@ -241,7 +247,8 @@ class ChatSession:
         self.convo.reset(system=system, keep_system=False)
         self.convo.history.extend(turns)
         self.settings.update(settings)
-        self.say(f"(loaded {len(turns)} messages from {path}{'; system prompt set' if system else ''})")
+        left_out = f"; draft_tokens {unused} left out: this chat has no --draft" if unused is not None else ""
+        self.say(f"(loaded {len(turns)} messages from {path}{'; system prompt set' if system else ''}{left_out})")
 
     def answer(self, text: str) -> None:
         convo, out = self.convo, self.out
