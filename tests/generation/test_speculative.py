@@ -6,6 +6,7 @@ the probabilities enumerated from the model, with a broken acceptance rule as th
 
 from __future__ import annotations
 
+import io
 import itertools
 
 import pytest
@@ -440,6 +441,56 @@ def test_cli_missing_draft_is_refused_before_the_model_loads(tmp_path, capsys, m
     assert cli.main(["generate", "Hi", "--model", str(tmp_path / "target"), "--draft", missing, "-q"]) == 1
     assert f"--draft {missing}: no such file" in capsys.readouterr().err
     assert loaded == []  # the target did not load first
+
+
+@pytest.mark.parametrize("command, flags, message", [
+    ("generate", ["--draft", "prompt", "--num-beams", "2"],
+     "--draft (speculative decoding) does not work with beam search (--num-beams 2); drop one of them."),
+    ("generate", ["--draft", "prompt", "--context-overflow", "crop"],
+     "--draft (speculative decoding) does not work with --context-overflow crop; drop one of them"),
+    ("chat", ["--draft", "prompt", "--context-overflow", "crop"],  # every turn failed, the session open
+     "--draft (speculative decoding) does not work with --context-overflow crop; drop one of them"),
+    ("generate", ["--context-overflow", "crop", "--num-beams", "3"],
+     "--context-overflow crop works with sampling and greedy decoding, not beam search (--num-beams 3); drop one"),
+])
+def test_cli_flags_generate_refuses_together_are_refused_before_the_model_loads(command, flags, message, tmp_path,
+                                                                                capsys, monkeypatch):
+    """Said in the flags' words before anything loads: they were refused only once the model had
+    loaded, in generate()'s keywords (draft=..., num_beams=1, context_overflow='stop'), and by
+    chat at every turn."""
+    import lucidlm
+    from lucidlm import cli
+    from lucidlm.weights.checkpoint import save_model
+
+    monkeypatch.setattr(cli, "COMMANDS", (command,))
+    save_model(toy_model(seed=0), tmp_path / "target")
+    loaded = []
+    monkeypatch.setattr(lucidlm, "load", lambda *a, **k: loaded.append(a))
+    prompt = ["Hi"] if command == "generate" else []
+    assert cli.main([command, *prompt, "--model", str(tmp_path / "target"), *flags, "-q"]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "=" not in err, err
+    assert loaded == []
+
+
+def test_cli_a_draft_of_another_vocabulary_is_refused_as_it_loads(tmp_path, capsys, monkeypatch):
+    """Once both have loaded, before any prompt (chat took the session and failed every turn),
+    and in the flags' words (draft='prompt' was the API's)."""
+    from lucidlm import cli
+    from lucidlm.weights.checkpoint import save_model
+
+    save_model(toy_model(seed=0), tmp_path / "target")
+    save_model(toy_model(tokenizer=byte_tokenizer(with_eos=False)), tmp_path / "other")
+    for command in ("generate", "chat"):
+        monkeypatch.setattr(cli, "COMMANDS", (command,))
+        monkeypatch.setattr("sys.stdin", io.StringIO("Hi\n"))
+        prompt = ["Hi"] if command == "generate" else []
+        assert cli.main([command, *prompt, "--model", str(tmp_path / "target"), "--draft", str(tmp_path / "other"),
+                         "-q"]) == 1
+        err = capsys.readouterr().err
+        assert f"--draft {tmp_path / 'other'}: the draft model's vocabulary differs from the model's (256 tokens " \
+               f"against 257, or other token texts): its ids would mean other tokens. Use a draft of the same " \
+               f"family and tokenizer, or --draft prompt." in err, err
 
 
 def test_accepted_counts_only_the_tokens_handed_out():

@@ -365,8 +365,16 @@ def check_second_model(source: str, flag: str, fix: str) -> None:
 
 
 def check_draft_flags(args: argparse.Namespace) -> None:
+    """--draft's companions, before the model loads: generate() refuses a draft with beams or with
+    crop only once the model has (in its keywords: draft=..., num_beams=1), and chat every turn."""
     if args.draft_tokens is not None and args.draft is None:
         raise InputError(f"--draft-tokens {args.draft_tokens} needs --draft (prompt, or a draft model).")
+    if args.draft is not None and getattr(args, "num_beams", 1) > 1:
+        raise InputError(f"--draft (speculative decoding) does not work with beam search (--num-beams "
+                         f"{args.num_beams}); drop one of them.")
+    if args.draft is not None and getattr(args, "context_overflow", "stop") == "crop":
+        raise InputError("--draft (speculative decoding) does not work with --context-overflow crop; drop one of "
+                         "them (--context-overflow stop is the default).")
 
 
 def load_model_and_draft(args: argparse.Namespace, kwargs: dict[str, Any]) -> Any:
@@ -383,7 +391,14 @@ def load_model_and_draft(args: argparse.Namespace, kwargs: dict[str, Any]) -> An
         if args.draft != "prompt":
             import lucidlm
 
-            kwargs["draft"] = lucidlm.load(args.draft, device=args.device).eval()
+            from lucidlm.generation.speculative import check_draft
+
+            kwargs["draft"] = draft = lucidlm.load(args.draft, device=args.device).eval()
+            try:  # a draft of another vocabulary: said now, not at generate's (chat's every turn's) first token
+                check_draft(model, draft)
+            except GenerationError as exc:
+                reason = str(exc).replace("draft='prompt'", "--draft prompt")
+                raise InputError(f"--draft {args.draft}: {reason}") from None
     return model
 
 
@@ -399,6 +414,9 @@ def run_generate(args: argparse.Namespace) -> int:
                   fix="0 adds each token's log-prob, N also the N most likely tokens at each step")
     if args.system is not None and not args.chat:
         raise InputError("--system needs --chat (a system prompt is part of the chat template).")
+    if args.context_overflow == "crop" and args.num_beams > 1:  # generate() says so only once the model has loaded
+        raise InputError(f"--context-overflow crop works with sampling and greedy decoding, not beam search "
+                         f"(--num-beams {args.num_beams}); drop one of them.")
     if args.length_penalty != 1.0 and args.num_beams == 1:
         raise InputError(f"--length-penalty {args.length_penalty:g} scores beam search's hypotheses; add "
                          f"--num-beams N (N > 1), or drop --length-penalty.")
