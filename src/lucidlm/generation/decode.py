@@ -239,7 +239,8 @@ class DecodeSession:
         token after each (speculative decoding checks its drafted tokens so, ``speculative.py``).
         The ordinary forward pass over the kept cache, as ``prefill`` runs a continued prompt
         (on lucidlm's CPU kernels, a few tokens take the one-call decode step: the plain
-        step's logits to the bit, ~3x faster than the modules' pass; model/decode_block.py):
+        step's stream to the bit, and its logits where the unembedding is quantized too, ~3x
+        faster than the modules' pass; model/decode_block.py):
         each query sees the slots up to its own, so slots past it that hold rejected drafts
         of an earlier round are hidden, then overwritten."""
         if self.next_slot == 0:

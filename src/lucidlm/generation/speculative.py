@@ -12,10 +12,12 @@ overwritten by the next round (``DecodeSession.rewind``).
 Exact, not approximate:
 
 - greedy: a draft is kept only if it is the argmax the model gives there, so the tokens are
-  plain greedy decoding's. On lucidlm's CPU kernels (the embedded default) the check runs in
-  the one-call decode step, which gives each token the plain step's logits to the bit
-  (model/decode_block.py); elsewhere it is the ordinary multi-token forward pass, equal up to
-  float rounding;
+  plain greedy decoding's: to the bit where the check runs in the one-call decode step of
+  lucidlm's CPU kernels (model/decode_block.py) and the unembedding is quantized too (the
+  embedded default's int8). A float32 unembedding (quantize_embeddings=False) multiplies the
+  T rows at once, ~3e-5 off the one-row product on SmolLM2, and elsewhere the check is the
+  ordinary multi-token forward pass: equal up to float rounding (a near tie may fall the
+  other way);
 - sampling: the rule of Leviathan et al. 2023 / Chen et al. 2023 (gpt-fast's): draft x drawn
   from q is kept with probability min(1, p(x) / q(x)), else the token is drawn from
   normalize(max(p - q, 0)); p and q are the *processed* distributions (repetition penalty,

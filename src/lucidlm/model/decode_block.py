@@ -16,8 +16,8 @@ the difference; anything else returns None and the modules run:
   cache and the rotation given, no prefix, no autograd, not inside a compiled graph. T tokens
   in one call give each token exactly what T one-token steps give (each row of the kernel is
   computed on its own, each query reads only the slots up to its own), so a speculative
-  check agrees with plain decoding to the bit, where the modules' T-token pass (SDPA) differs
-  in the last bits;
+  check agrees with plain decoding to the bit (up to the unembedding: a float32 one multiplies
+  the T rows at once), where the modules' T-token pass (SDPA) differs in the last bits;
 - a pre-norm block of the LLaMA kind: RMSNorm (with Gemma's sandwich norms or without),
   RoPE (with Qwen 3 / Gemma 3's q/k norms or without), a SwiGLU or GeGLU MLP, every matmul on
   lucidlm's blocks kernel without a bias (q/k/v and gate/up fused by ``model/fused.py`` where
