@@ -399,6 +399,9 @@ def test_a_chat_saved_with_a_draft_loads_into_a_chat_without_one(tmp_path):
     again.load(str(path))
     assert out.getvalue().splitlines()[-1] == f"(loaded 2 messages from {path})"
     assert again.settings == {"temperature": 0.2, "draft": "prompt", "draft_tokens": 3}
+    again.set("draft_tokens default")  # lucidlm's 5, which no model's files set (it said "the model default")
+    assert out.getvalue().splitlines()[-1] == "(draft_tokens = 5, the default)"
+    assert again.settings["draft_tokens"] is None
 
 
 def test_cli_draft_flags(tmp_path, capsys, monkeypatch):

@@ -187,6 +187,10 @@ class ChatSession:
             return
         self.settings[name] = value
         shown = "the model default" if value is None else f"{value}, the session's default" if default else value
+        if name == "draft_tokens" and value is None:  # lucidlm's own default, not one a model's files give
+            from lucidlm.generation.speculative import DEFAULT_DRAFT_TOKENS
+
+            shown = f"{DEFAULT_DRAFT_TOKENS}, the default"
         self.say(f"({name} = {shown})")
 
     def check_settings(self, settings: dict[str, Any]) -> None:
