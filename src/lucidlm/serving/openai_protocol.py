@@ -212,11 +212,8 @@ class ChatJob(GenerationJob):
 
 
 def parse_completion_request(body: dict[str, Any]) -> CompletionJob:
-    fields = given_fields(body, COMPLETION_FIELDS, "/v1/completions")
-    _check_model_field(fields)
-    if "prompt" not in fields:
-        raise RequestError("prompt is missing: give the text to continue (or token ids, or a list of prompts).",
-                           param="prompt")
+    fields = _request_fields(body, COMPLETION_FIELDS, "/v1/completions", "prompt",
+                             "give the text to continue (or token ids, or a list of prompts)")
     prompts = _prompts(fields["prompt"])
     options, names = sampling_options(fields)
     options["max_new_tokens"] = whole_number(fields, "max_tokens", 16, low=0)  # OpenAI's default for completions
@@ -237,11 +234,8 @@ def parse_completion_request(body: dict[str, Any]) -> CompletionJob:
 
 
 def parse_chat_request(body: dict[str, Any]) -> ChatJob:
-    fields = given_fields(body, CHAT_FIELDS, "/v1/chat/completions")
-    _check_model_field(fields)
-    if "messages" not in fields:
-        raise RequestError('messages is missing: give the conversation, e.g. [{"role": "user", "content": "Hello"}].',
-                           param="messages")
+    fields = _request_fields(body, CHAT_FIELDS, "/v1/chat/completions", "messages",
+                             'give the conversation, e.g. [{"role": "user", "content": "Hello"}]')
     messages = template_messages(fields["messages"])
     options, names = sampling_options(fields)
     limits = {name: whole_number(fields, name, None, low=1) for name in ("max_completion_tokens", "max_tokens")}
@@ -268,12 +262,18 @@ def parse_chat_request(body: dict[str, Any]) -> ChatJob:
     return ChatJob([messages], n, options, names, fields.get("seed"), stream, include_usage, logprobs)
 
 
-def _check_model_field(fields: dict[str, Any]) -> None:
-    """The served model answers whatever ``model`` names (one model per server, as llama.cpp's);
+def _request_fields(body: dict[str, Any], known: tuple[str, ...], endpoint: str, required: str,
+                    fix: str) -> dict[str, Any]:
+    """The fields an endpoint's request gives (``given_fields``), its ``required`` one among them.
+    The served model answers whatever ``model`` names (one model per server, as llama.cpp's);
     the response's ``model`` says which it is."""
+    fields = given_fields(body, known, endpoint)
     if "model" in fields and not isinstance(fields["model"], str):
         raise RequestError(f"model={shown(fields['model'])} is invalid: expected the model's name (a string).",
                            param="model")
+    if required not in fields:
+        raise RequestError(f"{required} is missing: {fix}.", param=required)
+    return fields
 
 
 def _prompts(prompt: Any) -> list[Prompt]:
