@@ -402,6 +402,20 @@ def test_a_chat_saved_with_a_draft_loads_into_a_chat_without_one(tmp_path):
     again.set("draft_tokens default")  # lucidlm's 5, which no model's files set (it said "the model default")
     assert out.getvalue().splitlines()[-1] == "(draft_tokens = 5, the default)"
     assert again.settings["draft_tokens"] is None
+    again.set("seed default")  # no model's files set a seed either
+    assert out.getvalue().splitlines()[-1] == "(seed = none: each answer draws afresh)"
+
+    # a file naming a draft (written by hand: /save leaves it out) turns no drafting on, and says so
+    named = tmp_path / "named.json"
+    named.write_text(json.dumps({"messages": messages, "settings": {"draft": "prompt", "draft_tokens": 4}}))
+    plain = ChatSession(model, {"temperature": 0.7}, None, out, False)
+    plain.load(str(named))
+    assert out.getvalue().splitlines()[-1] == (f"(loaded 2 messages from {named}; draft_tokens 4 left out: this chat "
+                                               f"has no --draft; its draft left out: a chat drafts with its own --draft)")
+    assert plain.settings == {"temperature": 0.7}
+    drafting = ChatSession(model, {"draft": "prompt"}, None, out, False)
+    drafting.load(str(named))
+    assert drafting.settings == {"draft": "prompt", "draft_tokens": 4}
 
 
 def test_cli_draft_flags(tmp_path, capsys, monkeypatch):

@@ -187,6 +187,8 @@ class ChatSession:
             return
         self.settings[name] = value
         shown = "the model default" if value is None else f"{value}, the session's default" if default else value
+        if name == "seed" and value is None:  # no model sets a seed: unset is fresh randomness
+            shown = "none: each answer draws afresh"
         if name == "draft_tokens" and value is None:  # lucidlm's own default, not one a model's files give
             from lucidlm.generation.speculative import DEFAULT_DRAFT_TOKENS
 
@@ -237,12 +239,14 @@ class ChatSession:
             check_messages(messages)
             system = fields.str("system", default=None)
             settings = fields.object("settings", default={}).data
-            # a chat saved with --draft keeps its draft_tokens (the draft is the session's, as --model):
-            # meaningless without one, and refused (draft_tokens needs a draft), it would keep the
-            # whole conversation from loading into a chat started without --draft
-            unused = settings.get("draft_tokens") if {**self.settings, **settings}.get("draft") is None else None
-            if unused is not None:
-                settings = {k: v for k, v in settings.items() if k != "draft_tokens"}
+            # The draft is the session's, as the model is (/save leaves it out): a "draft" a file
+            # names is left out. A chat saved with --draft keeps its draft_tokens: meaningless
+            # without one, and refused (draft_tokens needs a draft), it would keep the whole
+            # conversation from loading into a chat started without --draft.
+            named_draft = "draft" in settings
+            unused = settings.get("draft_tokens") if self.settings.get("draft") is None else None
+            settings = {k: v for k, v in settings.items()
+                        if k != "draft" and not (k == "draft_tokens" and unused is not None)}
             self.check_settings({**self.settings, **settings})  # unknown names and bad values refused by name
         except (LucidLMError, ValueError) as exc:  # GenerationError is a ValueError too
             self.say(f"cannot load {path}: {exc}")
@@ -252,6 +256,8 @@ class ChatSession:
         self.convo.history.extend(turns)
         self.settings.update(settings)
         left_out = f"; draft_tokens {unused} left out: this chat has no --draft" if unused is not None else ""
+        if named_draft:
+            left_out += "; its draft left out: a chat drafts with its own --draft"
         self.say(f"(loaded {len(turns)} messages from {path}{'; system prompt set' if system else ''}{left_out})")
 
     def answer(self, text: str) -> None:
