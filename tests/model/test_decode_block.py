@@ -197,6 +197,25 @@ def test_more_tokens_than_one_call_takes_get_the_modules(monkeypatch):
     assert_same_bits(got, decode_chunks(model, PROMPTS[:1], [1] * MAX_TOKENS))
 
 
+def test_fewer_rows_than_the_cache_holds_get_the_modules(monkeypatch):
+    """A pass of 1 row on a cache set up for 3 (``KVCache.update`` writes its first rows, as
+    beam search's prompt does): the modules run, with their result, where the C++ call would
+    refuse the shapes."""
+    model = int4_model()
+    calls = counted(monkeypatch)
+
+    def run() -> torch.Tensor:
+        model.setup_kv_cache(3, 32)
+        with torch.no_grad():
+            model.step(torch.tensor([[1, 5, 9]]), torch.arange(3), new_cache=True)
+            return model.step(torch.tensor([[7, 2]]), torch.arange(3, 5))
+
+    got = run()
+    assert calls == []
+    switch(model, False)
+    assert torch.equal(got, run())
+
+
 def test_generate_and_the_embedded_default_give_the_same_tokens(monkeypatch):
     import lucidlm
     from lucidlm.generation import generate_batch

@@ -59,6 +59,8 @@ def one_call_step(block: nn.Module, x: torch.Tensor, rope: Optional[RopeCosSin],
     if operands is None:
         return None
     (attn, ln1, q_norm, k_norm, ln1_post, ln2, ln2_post, qkv, o, gate_up, activation, down), k_cache, v_cache = operands
+    if k_cache.shape[0] != x.shape[0]:  # fewer rows than the cache holds (KVCache.update's first rows)
+        return None
     cos, sin = rope
     return torch.ops.lucidlm.decode_block(
         x, ln1.weight, ln1.eps, qkv, _weight(q_norm), _weight(k_norm), _eps(q_norm if q_norm is not None else k_norm),
@@ -99,6 +101,8 @@ def one_call_stack(blocks: Sequence[nn.Module], block_class: type, x: torch.Tens
     if plan is None:
         return None
     norms, optional_norms, matmuls, counts, k_caches, v_caches, floats, ints, local = plan
+    if k_caches[0].shape[0] != x.shape[0]:  # fewer rows than the caches hold: the modules write their first rows
+        return None
     ropes = [rope_local if is_local else rope for is_local in local]
     cos, sin = [r[0] for r in ropes], [r[1] for r in ropes]
     masks = [local_mask if is_local else mask for is_local in local]
