@@ -103,6 +103,21 @@ def http(server, path: str, method: str = "GET", data: bytes | None = None) -> t
 
 # ---------------------------------------------------------------------------------- models, health
 
+def test_the_paths_without_v1_answer_as_llama_server_does(server, oracle):
+    """A client given the base URL without /v1 (llama-server answers /completions,
+    /chat/completions and /models too): the same answers as under /v1."""
+    base_url = server.url.removesuffix("/v1")
+    bare = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+    assert [m.id for m in bare.models.list().data] == [NAME]
+    assert bare.models.retrieve(NAME).id == NAME
+    want = generate(oracle, PROMPT, temperature=0, max_new_tokens=8)
+    assert bare.completions.create(model=NAME, prompt=PROMPT, temperature=0, max_tokens=8).choices[0].text == want.text
+    chat_want = generate(oracle, QUESTION, chat=True, temperature=0, max_new_tokens=8)
+    answer = bare.chat.completions.create(model=NAME, messages=user(QUESTION), temperature=0, max_tokens=8)
+    assert answer.choices[0].message.content == chat_want.text
+    assert http(server, "/v2/models")[0] == 404
+
+
 def test_models_lists_the_one_served_model(client, server):
     assert [m.id for m in client.models.list().data] == [NAME]
     assert client.models.retrieve(NAME).id == NAME

@@ -9,7 +9,7 @@ next piece of text (not streaming): its generation is closed there and the model
 next request.
 
 Routes: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/NAME``), ``POST /v1/completions``,
-``POST /v1/chat/completions``; ``HEAD`` of a GET route, and ``OPTIONS`` of any (a browser's CORS
+``POST /v1/chat/completions``, each but /health also without ``/v1`` as llama-server has them; ``HEAD`` of a GET route, and ``OPTIONS`` of any (a browser's CORS
 preflight: a page of any origin may call the API, as llama-server's and vLLM's defaults allow).
 Every error is OpenAI's error object with its status: 400 a bad field, 404 an unknown path, 405
 a wrong method, 411 no Content-Length, 413 a body over 16 MiB, 500 a bug (the server goes on),
@@ -40,6 +40,8 @@ MAX_DRAINED = 64 * 2 ** 20
 ROUTES = {"/health": {"GET": "health"}, "/v1/models": {"GET": "models"},
           "/v1/completions": {"POST": "completions"}, "/v1/chat/completions": {"POST": "chat_completions"}}
 MODEL_PATH = "/v1/models/"  # + a model's name: that model
+# llama-server also answers these without /v1 (clients given a base URL without it)
+UNVERSIONED = ("/completions", "/chat/completions", "/models")
 # the client closed its connection, or stalled a read or write past the handler's timeout
 _GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)
 
@@ -104,7 +106,7 @@ class OpenAIRequestHandler(BaseHTTPRequestHandler):
         self.streaming = False  # set once the 200 of an event stream is sent: errors go in the stream then
         try:
             self.body = self.read_body()
-            path = urlsplit(self.path).path
+            path = self.route = self.route_of(urlsplit(self.path).path)
             methods = ROUTES.get(path) or ({"GET": "model"} if path.startswith(MODEL_PATH) else None)
             if methods is None:
                 raise RequestError(f"no such endpoint: {path}; this server has {', '.join(ROUTES)}.", status=404,
@@ -136,8 +138,13 @@ class OpenAIRequestHandler(BaseHTTPRequestHandler):
     def models(self) -> None:
         self.send_json(200, {"object": "list", "data": [self.model_card()]})
 
+    @staticmethod
+    def route_of(path: str) -> str:
+        """The route a path asks for: itself, or the /v1 path llama-server's unversioned alias names."""
+        return "/v1" + path if path in UNVERSIONED or path.startswith("/models/") else path
+
     def model(self) -> None:
-        name = unquote(urlsplit(self.path).path[len(MODEL_PATH):])
+        name = unquote(self.route[len(MODEL_PATH):])
         if name != self.server.model_name:
             raise RequestError(f"model {name!r} is not served here; this server serves {self.server.model_name!r}.",
                                status=404, param="model", code="model_not_found")
