@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
                "  lucidlm serve\n"
                "  lucidlm serve --model gemma3-270m --port 8080 --served-model-name gemma\n"
                "  lucidlm serve --port 0 -q   # a free port, no log; the URL is the line on stdout\n"
-               "  lucidlm serve --draft prompt   # speculative decoding: greedy answers the same, faster where they copy",
+               "  lucidlm serve --draft prompt   # speculative: greedy answers the same, faster where they copy",
     )
     add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1",

@@ -229,7 +229,8 @@ def generate(model: Transformer, prompt: Prompts, *, max_new_tokens: int = 64,
     differs (``GenerationResult.speculation`` says how many drafts were kept)."""
     options = {k: v for k, v in locals().items() if k not in ("model", "prompt", "unknown")}
     if unknown:
-        make_request({k: v for k, v in {**options, **unknown}.items() if k != "chat"})  # refuses them by name, with the closest known option
+        # refuses them by name, with the closest known option
+        make_request({k: v for k, v in {**options, **unknown}.items() if k != "chat"})
         options.update(unknown)  # options make_request knows beyond this signature (a new sampler's field)
     rows = batch_rows(prompt)
     one_prompt_only = num_beams > 1 or context_overflow != "stop" or reuse_cache or draft is not None \
@@ -275,7 +276,8 @@ def stream(model: Transformer, prompt: Prompt, *, steady: bool = False, max_new_
            frequency_penalty: Optional[float] = None,
            stop_on_eos: bool = True, num_beams: int = 1, length_penalty: float = 1.0, min_new_tokens: int = 0,
            context_overflow: str = "stop", logprobs: Union[bool, int, None] = None, chat: bool = False,
-           reuse_cache: bool = False, draft: Optional[Union[str, Transformer]] = None, draft_tokens: Optional[int] = None,
+           reuse_cache: bool = False, draft: Optional[Union[str, Transformer]] = None,
+           draft_tokens: Optional[int] = None,
            **unknown: Any) -> "TextStream":
     """Like ``generate`` but yields text pieces as they are decoded. The pieces join to
     exactly ``generate(...).text``: never half a UTF-8 character, never a stop string.

@@ -249,7 +249,8 @@ class DecodeSession:
         T = ids.shape[1]
         if self.next_slot + T > self.capacity:
             raise GenerationError(f"the session's KV cache is full: it holds {self.capacity} tokens, and {T} more "
-                                  f"from slot {self.next_slot} do not fit; open the DecodeSession with a larger capacity")
+                                  f"from slot {self.next_slot} do not fit; open the DecodeSession with a larger "
+                                  f"capacity")
         slots = torch.arange(self.next_slot, self.next_slot + T, device=self.input_pos.device)  # (T,)
         logits = self.model.step(ids, input_pos=slots, attention_mask=self.attention_mask)
         self.next_slot += T

@@ -140,8 +140,8 @@ def _stack_plan(blocks: Sequence[nn.Module], block_class: type, kv_caches: Seque
 def nothing_listens(model: nn.Module) -> bool:
     """No function on any hook point of ``model`` and no torch hook on any of its modules or
     global: running it calls no code but its own (``Transformer.steady_decode`` asks)."""
-    return not global_module_hooks() and not any(m.active if isinstance(m, HookPoint) else (m._forward_hooks or m._forward_pre_hooks)
-                   for m in model.modules())
+    return not global_module_hooks() and not any(
+        m.active if isinstance(m, HookPoint) else (m._forward_hooks or m._forward_pre_hooks) for m in model.modules())
 
 
 def _a_decode_step(x: torch.Tensor, rope: Optional[RopeCosSin], mask: Optional[torch.Tensor],

@@ -9,8 +9,9 @@ next piece of text (not streaming): its generation is closed there and the model
 next request.
 
 Routes: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/NAME``), ``POST /v1/completions``,
-``POST /v1/chat/completions``, each but /health also without ``/v1`` as llama-server has them; ``HEAD`` of a GET route, and ``OPTIONS`` of any (a browser's CORS
-preflight: a page of any origin may call the API, as llama-server's and vLLM's defaults allow).
+``POST /v1/chat/completions``, each but /health also without ``/v1`` as llama-server has them;
+``HEAD`` of a GET route, and ``OPTIONS`` of any (a browser's CORS preflight: a page of any origin
+may call the API, as llama-server's and vLLM's defaults allow).
 Every error is OpenAI's error object with its status: 400 a bad field, 404 an unknown path, 405
 a wrong method, 411 no Content-Length, 413 a body over 16 MiB, 500 a bug (the server goes on),
 and the stdlib's own refusals (501 an unknown method, 400 a request line it cannot read).

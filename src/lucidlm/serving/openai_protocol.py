@@ -26,8 +26,8 @@ from lucidlm.generation import TextStream, stream
 from lucidlm.serving.api_errors import RequestError, as_request_error
 from lucidlm.serving.chat_messages import template_messages
 from lucidlm.serving.logprob_objects import chat_logprobs, completion_logprobs, scored_tokens
-from lucidlm.serving.request_fields import (COMMON_FIELDS, MAX_N, choice_seed, given_fields, sampling_options,
-                                            shown, stream_flags, whole_number)
+from lucidlm.serving.request_fields import (COMMON_FIELDS, MAX_N, choice_seed, flag, given_fields,
+                                            sampling_options, shown, stream_flags, whole_number)
 
 COMPLETION_FIELDS = (*COMMON_FIELDS, "prompt", "max_tokens", "logprobs", "echo", "suffix", "best_of")
 CHAT_FIELDS = (*COMMON_FIELDS, "messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs",
@@ -219,9 +219,7 @@ def parse_completion_request(body: dict[str, Any]) -> CompletionJob:
     options["max_new_tokens"] = whole_number(fields, "max_tokens", 16, low=0)  # OpenAI's default for completions
     logprobs = whole_number(fields, "logprobs", None, low=0, high=5,
                             fix="the number of likeliest tokens listed at each step (OpenAI's bound is 5)")
-    echo = fields.get("echo", False)
-    if not isinstance(echo, bool):
-        raise RequestError(f"echo={shown(echo)} is invalid: expected true or false.", param="echo")
+    echo = flag(fields, "echo")
     if echo and logprobs is not None:
         raise RequestError("echo with logprobs would need the prompt's own log-probs, which lucidlm serve does not "
                            "compute; drop one of them.", param="echo")
@@ -246,10 +244,7 @@ def parse_chat_request(body: dict[str, Any]) -> ChatJob:
     if given:
         name, options["max_new_tokens"] = next(iter(given.items()))
         names["max_new_tokens"] = name
-    wants_logprobs = fields.get("logprobs", False)
-    if not isinstance(wants_logprobs, bool):
-        raise RequestError(f"logprobs={shown(wants_logprobs)} is invalid: expected true or false (the number of "
-                           f"alternatives is top_logprobs).", param="logprobs")
+    wants_logprobs = flag(fields, "logprobs", note=" (the number of alternatives is top_logprobs)")
     top = whole_number(fields, "top_logprobs", None, low=0, high=20,
                        fix="the number of likeliest tokens listed at each step (OpenAI's bound is 20)")
     if top is not None and not wants_logprobs:

@@ -75,11 +75,13 @@ def whole_number(fields: dict[str, Any], name: str, default: Optional[int], low:
     return check_int(fields[name], name, partial(RequestError, param=name), low=low, high=high, fix=fix)
 
 
-def flag(fields: dict[str, Any], name: str, label: Optional[str] = None) -> bool:
-    """A true/false field (false when absent); ``label`` names it in the message (a nested field)."""
+def flag(fields: dict[str, Any], name: str, label: Optional[str] = None, note: str = "") -> bool:
+    """A true/false field (false when absent); ``label`` names it in the message (a nested field),
+    ``note`` adds to it (`` (the number of alternatives is top_logprobs)``)."""
     value = fields.get(name, False)
     if not isinstance(value, bool):
-        raise RequestError(f"{label or name}={shown(value)} is invalid: expected true or false.", param=label or name)
+        raise RequestError(f"{label or name}={shown(value)} is invalid: expected true or false{note}.",
+                           param=label or name)
     return value
 
 
