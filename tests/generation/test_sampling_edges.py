@@ -127,6 +127,40 @@ def test_values_float32_cannot_hold_are_refused_by_name(pair, options, fragment)
                  **options)
 
 
+def test_options_that_ban_every_token_are_refused_before_generating(pair):
+    """Every logit -inf used to give token 0 when greedy (banned, yet chosen; transformers does the
+    same) and a torch error mid-generation when sampling ("probability tensor contains either inf,
+    nan or element < 0"). The four ways to ban count together; one token left is allowed, and it is
+    the one transformers' generate picks with that token alone unsuppressed."""
+    hf, ours = pair
+    vocab = ours.config.vocab_size
+    third = vocab // 3
+    everything = dict(suppress_tokens=list(range(third)), bad_words_ids=[[i] for i in range(third, 2 * third)],
+                      logit_bias={i: float("-inf") for i in range(2 * third, vocab - 1)},
+                      sequence_bias=[[[vocab - 1], float("-inf")]])
+    fragment = f"the options ban every one of the model's {vocab} tokens"
+    calls = [lambda: generate(ours, [5, 6, 7], max_new_tokens=2, temperature=0, **everything),
+             lambda: generate(ours, [5, 6, 7], max_new_tokens=2, temperature=0.8, seed=0, **everything),
+             lambda: list(stream(ours, [5, 6, 7], max_new_tokens=2, **everything)),
+             lambda: generate_batch(ours, [[5, 6, 7], [1, 2]], max_new_tokens=2, **everything)]
+    for call in calls:
+        with pytest.raises(GenerationError, match=re.escape(fragment)):
+            call()
+    # the end token alone left, while min_new_tokens holds it back: nothing is possible either
+    only_eos = [i for i in range(vocab) if i != EOS]
+    with pytest.raises(GenerationError, match=re.escape(fragment + " (with the end tokens")):
+        generate(ours, [5, 6, 7], max_new_tokens=4, min_new_tokens=1, suppress_tokens=only_eos)
+    assert generate(ours, [5, 6, 7], max_new_tokens=4, suppress_tokens=only_eos).finish_reason == "eos"
+
+    kept = 42  # one token left: every step takes it, as in transformers
+    others = [i for i in range(vocab) if i != kept]
+    expected = hf.generate(torch.tensor([[5, 6, 7]]), do_sample=False, max_new_tokens=4, suppress_tokens=others,
+                           eos_token_id=EOS, pad_token_id=EOS)[0, 3:].tolist()
+    assert expected == [kept] * 4
+    assert generate(ours, [5, 6, 7], max_new_tokens=4, temperature=0.8, seed=1,
+                    suppress_tokens=others).token_ids == expected
+
+
 def test_the_extreme_values_still_allowed_compute_what_transformers_does():
     logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(0)) * 4
     logits[:, 7] = float("-inf")  # a banned token (min_new_tokens' EOS ban does this)

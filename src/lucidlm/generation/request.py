@@ -54,7 +54,7 @@ class Request:
         """Stop on the model's end tokens: its tokenizer's, else those its files declare; the
         token ids the sampling options name must be the model's."""
         self.eos_ids = end_token_ids(model) if self.stop_on_eos else []
-        self.settings.check_token_ids(model.config.vocab_size, self.eos_ids)
+        self.settings.check_token_ids(model.config.vocab_size, self.eos_ids, self.min_new_tokens)
 
 
 

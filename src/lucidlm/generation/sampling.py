@@ -135,10 +135,11 @@ class SamplingSettings:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def check_token_ids(self, vocab_size: int, eos_ids: Sequence[int] = ()) -> None:
+    def check_token_ids(self, vocab_size: int, eos_ids: Sequence[int] = (), min_new_tokens: int = 0) -> None:
         """Every token id the options name is one of the model's (an id past the logits would be
         an index error deep in a decode step, or a ban that bans nothing); a bad word that is a
-        lone end token is refused, as transformers would silently drop it from its ban."""
+        lone end token is refused, as transformers would silently drop it from its ban; and some
+        token must stay possible (``min_new_tokens`` > 0 bans the end tokens too, at first)."""
         named = {"suppress_tokens": [self.suppress_tokens or ()], "bad_words_ids": self.bad_words_ids or (),
                  "sequence_bias": [ids for ids, _ in self.sequence_bias or ()],
                  "logit_bias": [[i for i, _ in self.logit_bias or ()]]}
@@ -149,11 +150,27 @@ class SamplingSettings:
                     raise GenerationError(f"{name} names token id {bad[0]}, outside this model's vocabulary "
                                           f"0..{vocab_size - 1}; use ids below {vocab_size} (the model's "
                                           f"tokenizer.encode gives them).")
+        banned = self.banned_ids() | (set(eos_ids) if min_new_tokens > 0 else set())
+        if len(banned) >= vocab_size:  # every logit -inf: greedy took token 0 anyway, sampling died in multinomial
+            reason = " (with the end tokens, which min_new_tokens holds back)" if min_new_tokens > 0 else ""
+            raise GenerationError(f"the options ban every one of the model's {vocab_size} tokens{reason}: "
+                                  f"suppress_tokens, one-token bad_words_ids and -inf logit_bias / sequence_bias "
+                                  f"entries; leave at least one token possible.")
         for ids in self.bad_words_ids or ():
             if len(ids) == 1 and ids[0] in eos_ids:
                 raise GenerationError(f"bad_words_ids bans the end token {ids[0]} alone, which transformers leaves "
                                       f"possible (it drops EOS from its bans); to forbid it, use "
                                       f"suppress_tokens=[{ids[0]}] (or min_new_tokens to delay it).")
+
+
+    def banned_ids(self) -> set[int]:
+        """The token ids no step may choose, whatever came before: suppressed, one-token bad
+        words, and -inf biases of single tokens."""
+        banned = set(self.suppress_tokens or ())
+        banned.update(ids[0] for ids in self.bad_words_ids or () if len(ids) == 1)
+        banned.update(ids[0] for ids, bias in self.sequence_bias or () if len(ids) == 1 and bias == float("-inf"))
+        banned.update(i for i, bias in self.logit_bias or () if bias == float("-inf"))
+        return banned
 
 
 def _token_ids(name: str, value: Any) -> tuple[int, ...]:
