@@ -26,6 +26,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 import lucidlm
 from lucidlm.generation import generate
 from lucidlm.generation.chat_template import encode_chat
+from lucidlm.generation.prompt_logprobs import prompt_logprobs
 from lucidlm.serving import OpenAIServer
 
 NAME = "smollm2-135m"
@@ -163,6 +164,53 @@ def test_echo_puts_the_prompt_first(client, oracle):
     assert completion(client, prompt=PROMPT, max_tokens=4, temperature=0, echo=True).choices[0].text == want
     chunks = streamed(client, "completions", prompt=PROMPT, max_tokens=4, temperature=0, echo=True)
     assert chunks[0].choices[0].text == PROMPT and "".join(c.choices[0].text for c in chunks) == want
+
+
+def test_echo_with_logprobs_scores_the_prompt_first(server, client, oracle):
+    """OpenAI's (and vLLM's) prompt log-probs, as evaluation harnesses ask for them: the prompt's
+    tokens, the first with null (no context), then the answer's, offsets counted in the whole
+    text; the values are prompt_logprobs' and generate's on a second copy of the model."""
+    want = generate(oracle, PROMPT, max_new_tokens=3, temperature=0, logprobs=2)
+    scores = prompt_logprobs(oracle, PROMPT, top=2)
+    body = http(server, "/v1/completions", "POST", json.dumps(dict(model=NAME, prompt=PROMPT, max_tokens=3,
+                                                                    temperature=0, echo=True, logprobs=2)).encode())[1]
+    choice = body["choices"][0]
+    logprobs = choice["logprobs"]
+    decode = oracle.tokenizer.decode
+    ids = scores.token_ids + want.token_ids
+    assert choice["text"] == PROMPT + want.text == decode(ids)
+    assert logprobs["tokens"] == [decode([t]) for t in ids]
+    assert logprobs["text_offset"] == [len(decode(ids[:i])) for i in range(len(ids))]
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    assert logprobs["token_logprobs"][1:] == pytest.approx(scores.logprobs[1:] + want.logprobs, abs=1e-6)
+    for top, step in zip(logprobs["top_logprobs"][1:], scores.top_logprobs[1:] + want.top_logprobs):
+        assert top == pytest.approx({decode([token]): value for token, value in step}, abs=1e-6)
+    # max_tokens 0: the prompt alone, scored (what a harness sends to score a given answer)
+    scored = http(server, "/v1/completions", "POST", json.dumps(dict(model=NAME, prompt=scores.token_ids, max_tokens=0,
+                                                                      echo=True, logprobs=0)).encode())[1]
+    only = scored["choices"][0]["logprobs"]
+    assert scored["choices"][0]["text"] == PROMPT and only["top_logprobs"] is None  # logprobs 0: no alternatives
+    assert only["token_logprobs"][1:] == pytest.approx(scores.logprobs[1:], abs=1e-6)
+    # streamed: the echoed prompt's chunk carries its log-probs, the closing chunk the answer's
+    chunks = [json.loads(line[6:]) for line in raw_stream(server, dict(model=NAME, prompt=PROMPT, max_tokens=3,
+                                                                        temperature=0, echo=True, logprobs=2))]
+    first, last = chunks[0]["choices"][0], chunks[-1]["choices"][0]
+    assert first["text"] == PROMPT and first["logprobs"]["tokens"] == logprobs["tokens"][:len(scores.token_ids)]
+    assert first["logprobs"]["token_logprobs"] == logprobs["token_logprobs"][:len(scores.token_ids)]
+    assert last["logprobs"]["text_offset"] == logprobs["text_offset"][len(scores.token_ids):]
+    assert last["logprobs"]["token_logprobs"] == logprobs["token_logprobs"][len(scores.token_ids):]
+
+
+def raw_stream(server, request: dict) -> list[str]:
+    """The ``data: {...}`` lines of a streamed answer, as sent (before [DONE])."""
+    host, port = server.server_address[:2]
+    connection = HTTPConnection(host, port, timeout=60)
+    connection.request("POST", "/v1/completions", json.dumps(dict(request, stream=True)),
+                       {"Content-Type": "application/json"})
+    lines = [line for line in connection.getresponse().read().decode().splitlines() if line.startswith("data: ")]
+    connection.close()
+    assert lines[-1] == "data: [DONE]"
+    return lines[:-1]
 
 
 def test_stop_and_max_tokens_end_where_generate_ends(client, oracle):
@@ -318,7 +366,6 @@ BAD_REQUESTS = [  # (endpoint, request, what the message says, param)
     ("completions", dict(prompt="Hi", logprobs=6), ["logprobs=6 is invalid", "[0, 5]"], "logprobs"),
     ("completions", dict(prompt="Hi", suffix="end"), ['suffix="end" is not supported'], "suffix"),
     ("completions", dict(prompt="Hi", best_of=2), ["best_of=2 is not supported", "n choices"], "best_of"),
-    ("completions", dict(prompt="Hi", echo=True, logprobs=1), ["echo with logprobs", "drop one"], "echo"),
     ("completions", dict(prompt=list(range(9000))), ["the prompt is 9000 tokens", "context of 8192 tokens"],
      "prompt"),
     ("completions", dict(prompt=[5, 99999]), ["prompt token id 99999 is outside", "vocabulary 0..49151"], "prompt"),

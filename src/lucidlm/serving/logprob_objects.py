@@ -26,8 +26,8 @@ FLOOR = -9999.0
 class ScoredToken:
     data: bytes  # what the token adds to the text
     offset: int  # where its text begins in the answer (characters)
-    logprob: float
-    top: list[tuple[bytes, float]]  # the likeliest tokens at its step, each with the bytes it would have added
+    logprob: Optional[float]  # None: a prompt's first token, which has no context
+    top: Optional[list[tuple[bytes, float]]]  # the likeliest tokens at its step, each with the bytes it would add
 
 
 def scored_tokens(tokenizer: Any, result: Any) -> list[ScoredToken]:
@@ -48,18 +48,45 @@ def scored_tokens(tokenizer: Any, result: Any) -> list[ScoredToken]:
     return scored
 
 
+def scored_prompt(tokenizer: Any, scores: Any) -> list[ScoredToken]:
+    """A prompt's tokens with ``generation.prompt_logprobs``' values (echo with logprobs): the
+    first token's log-prob and alternatives are None, as it has no context."""
+    previous: Optional[int] = None
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    characters = 0
+    scored = []
+    for token, logprob, top in zip(scores.token_ids, scores.logprobs, scores.top_logprobs):
+        data = continuation_bytes(tokenizer, previous, token)
+        alternatives = None if top is None else [(continuation_bytes(tokenizer, previous, alt), value)
+                                                 for alt, value in top]
+        scored.append(ScoredToken(data, characters, logprob, alternatives))
+        characters += len(decoder.decode(data))
+        previous = token
+    return scored
+
+
+def shifted(tokens: list[ScoredToken], characters: int) -> list[ScoredToken]:
+    """``tokens`` with their offsets moved on by ``characters`` (the answer after an echoed prompt)."""
+    return [ScoredToken(t.data, t.offset + characters, t.logprob, t.top) for t in tokens]
+
+
 def completion_logprobs(tokens: list[ScoredToken], with_top: bool) -> dict[str, Any]:
     """/v1/completions' logprobs; ``top_logprobs`` maps each alternative's text to its log-prob
-    (two tokens of the same text: the likelier one's); null when none were asked for."""
+    (two tokens of the same text: the likelier one's); null when none were asked for. A prompt's
+    first token (echo) has null for both, as OpenAI's and vLLM's."""
     tops = None
     if with_top:
         tops = []
         for token in tokens:
+            if token.top is None:
+                tops.append(None)
+                continue
             alternatives: dict[str, float] = {}
             for data, value in token.top:
                 alternatives.setdefault(token_text(data), finite(value))
             tops.append(alternatives)
-    return {"tokens": [token_text(t.data) for t in tokens], "token_logprobs": [finite(t.logprob) for t in tokens],
+    return {"tokens": [token_text(t.data) for t in tokens],
+            "token_logprobs": [None if t.logprob is None else finite(t.logprob) for t in tokens],
             "top_logprobs": tops, "text_offset": [t.offset for t in tokens]}
 
 

@@ -25,7 +25,9 @@ from lucidlm.errors import LucidLMError
 from lucidlm.generation import TextStream, stream
 from lucidlm.serving.api_errors import RequestError, as_request_error
 from lucidlm.serving.chat_messages import template_messages
-from lucidlm.serving.logprob_objects import chat_logprobs, completion_logprobs, scored_tokens
+from lucidlm.generation.prompt_logprobs import prompt_logprobs
+from lucidlm.serving.logprob_objects import (ScoredToken, chat_logprobs, completion_logprobs, scored_prompt,
+                                             scored_tokens, shifted)
 from lucidlm.serving.request_fields import (COMMON_FIELDS, MAX_N, choice_seed, flag, given_fields,
                                             sampling_options, shown, stream_flags, whole_number)
 
@@ -138,6 +140,12 @@ class CompletionJob(GenerationJob):
     def __init__(self, *args: Any, echo: bool, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.echo = echo
+        self.prompt_scores: list[Any] = []  # per prompt, with echo and logprobs: generation.prompt_logprobs'
+
+    def start(self, model: Any, model_name: str, server_options: Optional[dict[str, Any]] = None) -> None:
+        super().start(model, model_name, server_options)  # the prompts checked, no token generated yet
+        if self.echo and self.logprobs is not None:  # one more pass over each prompt, while the model is held
+            self.prompt_scores = [prompt_logprobs(model, prompt, top=self.logprobs) for prompt in self.prompts]
 
     def prompt_for_model(self, prompt: Prompt) -> Prompt:
         return prompt
@@ -149,16 +157,29 @@ class CompletionJob(GenerationJob):
 
     def answer(self, index: int, result: Any) -> dict[str, Any]:
         text = (self.prompt_text(index) if self.echo else "") + result.text
-        return {"index": index, "text": text, "logprobs": self.completion_logprobs(result),
+        return {"index": index, "text": text, "logprobs": self.completion_logprobs(result, index),
                 "finish_reason": FINISH_REASONS[result.finish_reason]}
 
-    def completion_logprobs(self, result: Any) -> Optional[dict[str, Any]]:
+    def completion_logprobs(self, result: Any, index: int, with_prompt: bool = True) -> Optional[dict[str, Any]]:
+        """The answer's log-probs; after an echoed prompt (echo with logprobs), its offsets count
+        from the start of the prompt's text, and ``with_prompt`` puts the prompt's tokens first."""
         tokens = self.logprobs_of(result)
-        return None if tokens is None else completion_logprobs(tokens, with_top=bool(self.logprobs))
+        if tokens is None:
+            return None
+        if self.prompt_scores:
+            tokens = shifted(tokens, len(self.prompt_text(index)))
+            if with_prompt:
+                tokens = self.prompt_tokens(index) + tokens
+        return completion_logprobs(tokens, with_top=bool(self.logprobs))
+
+    def prompt_tokens(self, index: int) -> list[ScoredToken]:
+        return scored_prompt(self.model.tokenizer, self.prompt_scores[index // self.n])
 
     def opening_chunks(self, index: int) -> Iterator[dict[str, Any]]:
-        if self.echo:
-            yield self.piece_chunk(index, self.prompt_text(index))
+        if self.echo:  # the prompt's log-probs with it (the answer's come in the closing chunk)
+            logprobs = completion_logprobs(self.prompt_tokens(index), bool(self.logprobs)) \
+                if self.prompt_scores else None
+            yield self.piece_chunk(index, self.prompt_text(index), logprobs=logprobs)
 
     def piece_chunk(self, index: int, piece: str, finish_reason: Optional[str] = None,
                     logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
@@ -168,7 +189,8 @@ class CompletionJob(GenerationJob):
     def closing_chunk(self, index: int, result: Any) -> dict[str, Any]:
         """No text: the finish reason, and the log-probs of every token of the choice at once
         (a piece of text is not always whole tokens: a stop string's start is held back)."""
-        return self.piece_chunk(index, "", FINISH_REASONS[result.finish_reason], self.completion_logprobs(result))
+        return self.piece_chunk(index, "", FINISH_REASONS[result.finish_reason],
+                                self.completion_logprobs(result, index, with_prompt=False))  # the prompt's came first
 
 
 class ChatJob(GenerationJob):
@@ -220,9 +242,6 @@ def parse_completion_request(body: dict[str, Any]) -> CompletionJob:
     logprobs = whole_number(fields, "logprobs", None, low=0, high=5,
                             fix="the number of likeliest tokens listed at each step (OpenAI's bound is 5)")
     echo = flag(fields, "echo")
-    if echo and logprobs is not None:
-        raise RequestError("echo with logprobs would need the prompt's own log-probs, which lucidlm serve does not "
-                           "compute; drop one of them.", param="echo")
     if logprobs is not None:
         options["logprobs"] = logprobs
     names.update(max_new_tokens="max_tokens", logprobs="logprobs")
