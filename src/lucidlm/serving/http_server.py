@@ -10,6 +10,7 @@ next request.
 
 Routes: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/NAME``), ``POST /v1/completions``,
 ``POST /v1/chat/completions``, each but /health also without ``/v1`` as llama-server has them;
+``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info`` (``tokenizer_routes.py``);
 ``HEAD`` of a GET route, and ``OPTIONS`` of any (a browser's CORS preflight: a page of any origin
 may call the API, as llama-server's and vLLM's defaults allow).
 Every error is OpenAI's error object with its status: 400 a bad field, 404 an unknown path, 405
@@ -30,6 +31,7 @@ from typing import Any, Callable, Iterable, Optional
 from urllib.parse import unquote, urlsplit
 
 from lucidlm.errors import LucidLMError
+from lucidlm.serving import tokenizer_routes
 from lucidlm.serving.api_errors import RequestError, as_request_error, server_error
 from lucidlm.serving.fair_lock import FairLock
 from lucidlm.serving.openai_protocol import GenerationJob, parse_chat_request, parse_completion_request
@@ -39,7 +41,9 @@ MAX_BODY = 16 * 2 ** 20  # bytes of JSON a request may send (a prompt that long 
 # a connection reset while it sends; a larger one is not worth the reading.
 MAX_DRAINED = 64 * 2 ** 20
 ROUTES = {"/health": {"GET": "health"}, "/v1/models": {"GET": "models"},
-          "/v1/completions": {"POST": "completions"}, "/v1/chat/completions": {"POST": "chat_completions"}}
+          "/v1/completions": {"POST": "completions"}, "/v1/chat/completions": {"POST": "chat_completions"},
+          "/tokenize": {"POST": "tokenize"}, "/detokenize": {"POST": "detokenize"},
+          "/tokenizer_info": {"GET": "tokenizer_info"}}  # the last three: vLLM's and llama-server's
 MODEL_PATH = "/v1/models/"  # + a model's name: that model
 # llama-server also answers these without /v1 (clients given a base URL without it)
 UNVERSIONED = ("/completions", "/chat/completions", "/models")
@@ -150,6 +154,15 @@ class OpenAIRequestHandler(BaseHTTPRequestHandler):
             raise RequestError(f"model {name!r} is not served here; this server serves {self.server.model_name!r}.",
                                status=404, param="model", code="model_not_found")
         self.send_json(200, self.model_card())
+
+    def tokenize(self) -> None:  # tokenizing needs no turn of the model: the tokenizer is thread-safe
+        self.send_json(200, tokenizer_routes.tokenize(self.server.model, self.json_body()))
+
+    def detokenize(self) -> None:
+        self.send_json(200, tokenizer_routes.detokenize(self.server.model, self.json_body()))
+
+    def tokenizer_info(self) -> None:
+        self.send_json(200, tokenizer_routes.tokenizer_info(self.server.model))
 
     def completions(self) -> None:
         self.generate(parse_completion_request)
