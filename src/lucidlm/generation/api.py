@@ -38,6 +38,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import torch
 
 from lucidlm.errors import GenerationError
+from lucidlm.generation.batch_run import BatchRun
 from lucidlm.generation.beam_search import beam_search
 from lucidlm.generation.decode import sample_rows
 from lucidlm.generation.defaults import apply_sampling_defaults
@@ -360,48 +361,11 @@ def generate_batch(model: Transformer, prompts: Sequence[str | Sequence[int]], *
     request = make_request(apply_sampling_defaults(model, kwargs))
     request.use_model(model)
     rows = [prompt_ids(model, p.tolist() if isinstance(p, torch.Tensor) else p, chat) for p in prompts]
-    max_new = fit_to_context(model, rows, request.max_new_tokens)
-    tokenizer = model.tokenizer
-    assemblers = [TextAssembler(tokenizer, request.stop, request.eos_ids, row) if tokenizer is not None else None
-                  for row in rows]
-    outputs: list[list[int]] = [[] for _ in rows]
-    reasons = ["length"] * len(rows)
-    finished = torch.zeros(len(rows), dtype=torch.bool)
-    pad_id = padding_id(tokenizer)
-    start = time.perf_counter()
-    first: Optional[float] = None  # the first step gives every row its first token
-    ends: list[Optional[float]] = [None] * len(rows)  # when each row finished
-    recorder = None if request.logprobs is None else LogprobRecorder(request.logprobs)
-    with closing(sample_rows(model, rows, max_new, request.settings, private_generator(model, request.seed),
-                             finished, pad_id, request.min_new_tokens, request.eos_ids, lookahead=True,
-                             recorder=recorder)) as steps:
-        for next_ids in steps:
-            tokens = next_ids.tolist()
-            now = time.perf_counter() - start
-            first = now if first is None else first
-            for i, token in enumerate(tokens):
-                if finished[i]:
-                    continue
-                outputs[i].append(token)
-                if assemblers[i] is not None:
-                    assemblers[i].add(token)
-                    if assemblers[i].stopped:
-                        reasons[i], finished[i] = "stop", True
-                if token in request.eos_ids:
-                    reasons[i], finished[i] = "eos", True
-                if finished[i]:
-                    ends[i] = now
-    total = time.perf_counter() - start
-    scores = recorder.rows([len(out) for out in outputs]) if recorder is not None else [(None, None)] * len(rows)
-    results = []
-    for row, out, reason, assembler, end, (chosen, tops) in zip(rows, outputs, reasons, assemblers, ends, scores):
-        if assembler is not None:
-            assembler.finish()
-        results.append(_built(GenerationResult(out, assembler.text if assembler else "", list(row), reason,
-                                               prompt_seconds=first if out else None,
-                                               seconds=total if end is None else end,
-                                               logprobs=chosen, top_logprobs=tops), tokenizer))
-    return results
+    run = BatchRun(model, rows, request, [request.max_new_tokens] * len(rows), [request.stop] * len(rows),
+                   lookahead=True)
+    for _ in run.pieces():  # the text comes whole in the results
+        pass
+    return run.results
 
 
 def _built(result: GenerationResult, tokenizer: Any) -> GenerationResult:
