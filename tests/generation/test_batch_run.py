@@ -4,8 +4,6 @@ embedded SmolLM2 (``lucidlm.load()``, what ``lucidlm serve`` batches), each row 
 
 from __future__ import annotations
 
-import pytest
-
 from generation_toys import one_torch_thread  # noqa: F401 (autouse fixture)
 
 from lucidlm.generation import generate

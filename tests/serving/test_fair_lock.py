@@ -37,3 +37,38 @@ def test_waiters_get_the_lock_first_come_first_served():
     assert lock.waiting == 0
     lock.acquire()  # free again: taken at once
     lock.release()
+
+
+def test_the_holder_takes_along_the_waiters_it_wants_and_the_rest_keep_their_order():
+    lock = FairLock()
+    outcome: dict[str, bool] = {}
+    order: list[str] = []
+
+    def wait(name: str, item) -> None:
+        outcome[name] = lock.acquire(item)
+        if outcome[name]:
+            order.append(name)
+            lock.release()
+
+    lock.acquire()
+    threads = []
+    for count, (name, item) in enumerate([("plain", None), ("a", "batchable"), ("b", "other"), ("c", "batchable"),
+                                          ("d", "batchable")], 1):
+        threads.append(threading.Thread(target=wait, args=(name, item)))
+        threads[-1].start()
+        queued(lock, count)
+    accepted = []
+
+    def wanted(item) -> bool:  # at most two, as --parallel 3 with the holder's own row would
+        if item == "batchable" and len(accepted) < 2:
+            accepted.append(item)
+            return True
+        return False
+
+    assert lock.take_along(wanted) == ["batchable", "batchable"]
+    assert lock.waiting == 3  # plain, b, d
+    lock.release()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert outcome == {"plain": True, "a": False, "b": True, "c": False, "d": True}
+    assert order == ["plain", "b", "d"]  # the ones left behind, in the order they came

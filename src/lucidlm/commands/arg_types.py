@@ -104,6 +104,18 @@ def port(value: str) -> int:
     return number
 
 
+def parallel_rows(value: str) -> int:
+    """``serve --parallel``: how many rows a batch may hold, 1 or more."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise BadValue(f"{shown(value)} is not a number of rows: give a whole number >= 1, the most requests' rows "
+                       f"decoded as one batch (1: one request at a time).")
+    return number
+
+
 def shown(value: str) -> str:
     from lucidlm.validation import printable
 

@@ -11,14 +11,18 @@ from lucidlm.commands import arg_types
 from lucidlm.commands.generate import add_draft_arguments, add_model_arguments, check_draft_flags, load_model_and_draft
 from lucidlm.errors import GenerationError, InputError
 
+DEFAULT_PARALLEL = 4  # serving.http_server's, spelled out: --help must not import torch (a test keeps them equal)
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="serve a model over HTTP with OpenAI's API (completions, chat completions, streaming)",
         description="Serve the model over HTTP with OpenAI's API: POST /v1/completions and /v1/chat/completions "
-                    "(streaming too), GET /v1/models and /health. One generation runs at a time; other requests "
-                    "wait their turn. Sampling options a request leaves out take the model's defaults (as "
+                    "(streaming too), GET /v1/models and /health. One batch runs at a time: when the model is "
+                    "free, the first request waiting takes along the waiting requests it can decode with, up to "
+                    "--parallel rows (static batching; a request arriving while a batch runs waits for the next). "
+                    "Sampling options a request leaves out take the model's defaults (as "
                     "`lucidlm generate`). Each request is logged on stderr (-q: none). With no --model, serves the "
                     "embedded SmolLM2-135M-Instruct. Ctrl-C stops it.",
         formatter_class=arg_types.HelpFormatter,
@@ -39,6 +43,13 @@ def register(subparsers: Any) -> None:
                              "\"cache_prompt\" field decides for itself): a chat's next turn, whose prompt is the "
                              "conversation so far, then runs only its new message. Greedy answers stay the same; "
                              "the new tokens' logits round a little otherwise (a shorter pass)")
+    parser.add_argument("--parallel", "-np", metavar="N", type=arg_types.parallel_rows, default=DEFAULT_PARALLEL,
+                        help=f"decode up to N rows of waiting requests as one batch (llama-server's --parallel): "
+                             f"each answer stays what it is alone (greedy: the same tokens; seeded sampling, "
+                             f"log-probs, --cache-prompt and --draft run alone). Default {DEFAULT_PARALLEL}, "
+                             f"llama-server's: on a CPU 4 rows give most of the batch gain (a row's tokens come "
+                             f"a little slower in a batch), and 4 clients at once is a common burst; 1 serves one "
+                             f"request at a time")
     add_draft_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
@@ -49,7 +60,7 @@ def run_serve(args: argparse.Namespace) -> int:
     check_draft_flags(args)
     name = args.served_model_name if args.served_model_name is not None else args.model
     try:  # listen first: a port in use is refused before the model loads
-        server = OpenAIServer(None, name, args.host, args.port, log_requests=not args.quiet)
+        server = OpenAIServer(None, name, args.host, args.port, log_requests=not args.quiet, parallel=args.parallel)
     except OSError as exc:
         raise InputError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; choose another --port "
                          f"(0 picks a free one) or --host.") from None

@@ -18,11 +18,13 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Union
 
 from lucidlm.errors import LucidLMError
 from lucidlm.generation import TextStream, stream
+from lucidlm.generation.request import prompt_ids
 from lucidlm.serving.api_errors import RequestError, as_request_error
 from lucidlm.serving.chat_messages import template_messages
 from lucidlm.generation.prompt_logprobs import prompt_logprobs
@@ -47,7 +49,7 @@ Prompt = Union[str, list[int]]
 class Choice:
     index: int  # its place in the response's choices
     first: bool  # the first choice of its prompt (whose prompt tokens usage counts)
-    pieces: TextStream
+    pieces: TextStream  # or, in a batch (--parallel), a RowFeed: the same three calls
 
 
 class GenerationJob:
@@ -65,20 +67,36 @@ class GenerationJob:
         """Open every choice's generation on ``model`` (the caller holds it until ``close``);
         ``server_options``: generation options of the server's own, under every request's
         (``lucidlm serve --draft``: speculative decoding, which no OpenAI field names)."""
-        self.model, self.model_name = model, model_name
-        options = {**(server_options or {}), **self.options}
-        self.id = f"{self.id_prefix}{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        try:
+        options = self.options_for(model, server_options)
+        self.begin(model, model_name)
+        with model_refusals(self):
             prompts = [self.prompt_for_model(prompt) for prompt in self.prompts]
             self.choices = [Choice(i * self.n + j, j == 0,
                                    stream(model, prompt, steady=True, seed=choice_seed(self.seed, j), **options))
                             for i, prompt in enumerate(prompts) for j in range(self.n)]
-        except LucidLMError as exc:  # generate's checks that need the model: name the request's field
-            if _PROMPT_REFUSED.match(str(exc)):  # OpenAI's code for a prompt too long, which clients look for
-                code = "context_length_exceeded" if "context" in str(exc) else None
-                raise RequestError(str(exc), param=self.prompt_field, code=code) from None
-            raise as_request_error(exc, self.names) from None
+
+    def start_in_batch(self, model: Any, model_name: str, rows: list[Any]) -> None:
+        """Answer from ``rows``, one per choice in ``batch_rows``' order: each a ``TextStream``
+        alike (pieces, ``result``, ``close``) fed by a batch another thread decodes."""
+        self.begin(model, model_name)
+        self.choices = [Choice(index, index % self.n == 0, row) for index, row in enumerate(rows)]
+
+    def begin(self, model: Any, model_name: str) -> None:
+        self.model, self.model_name = model, model_name
+        self.id = f"{self.id_prefix}{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def options_for(self, model: Any, server_options: Optional[dict[str, Any]]) -> dict[str, Any]:
+        """The generation options of every choice: the server's, the request's on top."""
+        return {**(server_options or {}), **self.options}
+
+    def batch_rows(self, model: Any) -> list[list[int]]:
+        """Every choice's prompt as checked token ids (choice i * n + j is prompt i), for a
+        batch; a prompt the model refuses is the request's 400, as in ``start``."""
+        self.model = model
+        with model_refusals(self):
+            rows = [prompt_ids(model, self.prompt_for_model(prompt), chat=False) for prompt in self.prompts]
+        return [row for row in rows for _ in range(self.n)]
 
     def close(self) -> None:
         """End every generation (a client gone mid-stream: its tokens stop here)."""
@@ -204,10 +222,9 @@ class ChatJob(GenerationJob):
 
         return encode_chat(self.model.tokenizer, messages, context=self.model.config.max_seq_len)
 
-    def start(self, model: Any, model_name: str, server_options: Optional[dict[str, Any]] = None) -> None:
+    def options_for(self, model: Any, server_options: Optional[dict[str, Any]]) -> dict[str, Any]:
         # no max_tokens: until the end of the answer, or of the context (generate stops there)
-        self.options.setdefault("max_new_tokens", model.config.max_seq_len)
-        super().start(model, model_name, server_options)
+        return {"max_new_tokens": model.config.max_seq_len, **super().options_for(model, server_options)}
 
     def answer(self, index: int, result: Any) -> dict[str, Any]:
         return {"index": index, "message": {"role": "assistant", "content": result.text},
@@ -231,6 +248,18 @@ class ChatJob(GenerationJob):
                     logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         return self.envelope(self.chunk_object_name, choices=[
             {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}])
+
+
+@contextmanager
+def model_refusals(job: GenerationJob) -> Iterator[None]:
+    """generate's checks that need the model, as the request's 400 naming its field."""
+    try:
+        yield
+    except LucidLMError as exc:
+        if _PROMPT_REFUSED.match(str(exc)):  # OpenAI's code for a prompt too long, which clients look for
+            code = "context_length_exceeded" if "context" in str(exc) else None
+            raise RequestError(str(exc), param=job.prompt_field, code=code) from None
+        raise as_request_error(exc, job.names) from None
 
 
 def parse_completion_request(body: dict[str, Any]) -> CompletionJob:

@@ -1,0 +1,120 @@
+"""``lucidlm serve --parallel N``: requests that wait for the model together decode as one batch.
+
+Static batching, as llama-server's parallel slots fill up: when the model becomes free, the
+request at the head of the queue takes along the waiting requests that can share its batch, up
+to N rows in all, and their rows decode as one left-padded batch (``generation/batch_run.py``).
+A request that arrives while a batch runs waits for the next one: rows do not join a batch
+under way (that is continuous batching, which this is not). The head of the queue always leads
+the next batch, so nothing waits behind requests that came after it.
+
+Each response is what the request alone would get, so only what can promise that batches:
+
+- greedy requests (greedy batched tokens equal one-at-a-time ``generate``'s), and unseeded
+  sampling ones (random anyway; the batch shares one generator). A seeded sampling request
+  promises ``generate(seed=...)``'s answer, so it runs alone;
+- not with log-probs: a left-padded row's prompt pass rounds differently (SmolLM2, int4
+  kernels: log-probs off by up to ~1e-3), so they would not be alone's to the digit;
+- not with ``cache_prompt`` or a server ``--draft``: prompt reuse and speculative decoding
+  are one-row techniques;
+- only rows that fit the context after the batch's longest prompt (``fits_together``).
+
+Requests share a batch when every option that is not per row is equal (the sampling settings
+after the model's defaults, ``min_new_tokens``, EOS handling); per row are the prompt (chat or
+completion), ``max_tokens``, ``stop``, streaming or not, and ``n`` (each choice is a row).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional
+
+from lucidlm.generation.batch_run import BatchRun, fits_together
+from lucidlm.generation.defaults import apply_sampling_defaults
+from lucidlm.generation.request import Request, make_request, stop_strings
+from lucidlm.serving.openai_protocol import GenerationJob, model_refusals
+from lucidlm.serving.row_feed import RowFeed
+
+PER_ROW = ("max_new_tokens", "stop")  # the options rows of one batch may differ in
+
+
+class BatchMember:
+    """A request that may share a batch: its rows (one per choice), their budgets and stop
+    strings, the options its batch must share, and, once in a batch, one ``RowFeed`` a row."""
+
+    def __init__(self, job: GenerationJob, rows: list[list[int]], options: dict[str, Any], request: Request) -> None:
+        self.job, self.rows, self.request = job, rows, request
+        self.shared = {k: v for k, v in options.items() if k not in PER_ROW}
+        self.max_new = [options["max_new_tokens"]] * len(rows)
+        self.stops = [stop_strings(options.get("stop"))] * len(rows)
+        self.feeds: list[RowFeed] = []
+
+
+def batch_member(job: GenerationJob, model: Any, server_options: dict[str, Any], parallel: int) -> \
+        Optional[BatchMember]:
+    """``job`` ready to share a batch, or None where it must run alone (see the module docstring).
+    Its prompts are checked here, before it waits: a prompt the model refuses is its 400."""
+    if parallel < 2:
+        return None
+    options = apply_sampling_defaults(model, job.options_for(model, server_options))
+    alone = options.get("reuse_cache") or options.get("draft") is not None or options.get("logprobs") is not None \
+        or (job.seed is not None and options.get("temperature") != 0)
+    if alone or len(job.prompts) * job.n > parallel:
+        return None
+    rows = job.batch_rows(model)
+    with model_refusals(job):  # a token id the options name past the vocabulary
+        request = make_request(options)
+        request.use_model(model)
+    return BatchMember(job, rows, options, request)
+
+
+def joiner(model: Any, leader: BatchMember, parallel: int) -> Callable[[Any], bool]:
+    """``FairLock.take_along``'s test for the waiters behind ``leader``: same shared options,
+    room for all its rows within ``parallel``, and every row still fitting the context."""
+    rows, max_new = list(leader.rows), list(leader.max_new)
+
+    def wanted(member: Any) -> bool:
+        if not isinstance(member, BatchMember) or member.shared != leader.shared:
+            return False
+        if len(rows) + len(member.rows) > parallel or not fits_together(model, rows + member.rows,
+                                                                           max_new + member.max_new):
+            return False
+        rows.extend(member.rows)
+        max_new.extend(member.max_new)
+        member.feeds = [RowFeed() for _ in member.rows]  # before its thread wakes and reads them
+        return True
+
+    return wanted
+
+
+def start_batch(model: Any, members: list[BatchMember], on_end: Callable[[], None]) -> threading.Thread:
+    """Decode every member's rows as one batch in a thread of its own, which calls ``on_end``
+    (the server's release of the model) when the batch is over, whatever happened."""
+    leader = members[0]
+    leader.feeds = [RowFeed() for _ in leader.rows]
+    thread = threading.Thread(target=_run, args=(model, members, on_end), name="lucidlm-batch", daemon=True)
+    try:
+        thread.start()
+    except BaseException:
+        on_end()
+        raise
+    return thread
+
+
+def _run(model: Any, members: list[BatchMember], on_end: Callable[[], None]) -> None:
+    feeds = [feed for member in members for feed in member.feeds]
+    try:
+        run = BatchRun(model, [row for m in members for row in m.rows], members[0].request,
+                       [n for m in members for n in m.max_new], [s for m in members for s in m.stops])
+        for pieces in run.pieces():
+            for piece in pieces:
+                feeds[piece.row].put(piece.text, piece.result)
+            for i, feed in enumerate(feeds):
+                if feed.gone and run.results[i] is None:  # its client went away: end its row, the others go on
+                    run.end_row(i)
+    except BaseException as exc:  # each request's thread answers it (a bug: its 500); none waits for ever
+        for feed in feeds:
+            feed.fail(exc)
+        if not isinstance(exc, Exception):
+            raise
+    finally:
+        on_end()
