@@ -85,3 +85,34 @@ def test_draft_flags_are_checked_before_the_model_loads(capsys, monkeypatch, tmp
     assert "--draft-tokens 3 needs --draft" in capsys.readouterr().err
     assert main(["serve", "-q", "--port", "0", "--draft", str(tmp_path / "nowhere")]) == 1
     assert f"--draft {tmp_path / 'nowhere'}: no such file or directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rows", ["0", "-2", "2.5", "four"])
+def test_parallel_that_is_no_number_of_rows_is_refused_by_argparse(rows, capsys):
+    from lucidlm.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--parallel", rows])
+    assert exited.value.code == 2
+    assert f"argument --parallel/-np: '{rows}' is not a number of rows: give a whole number >= 1, the most " \
+           f"requests' rows decoded as one batch (1: one request at a time)." in capsys.readouterr().err
+
+
+def test_parallel_reaches_the_server_and_its_default_is_the_servers(monkeypatch):
+    """The default is spelled out in the command (its --help imports no torch): it must be the server's."""
+    from lucidlm.cli import main
+    from lucidlm.commands.serve import DEFAULT_PARALLEL
+    from lucidlm.serving import http_server
+
+    assert DEFAULT_PARALLEL == http_server.DEFAULT_PARALLEL
+    seen = []
+
+
+    def not_listening(self, *args, parallel, **kwargs):
+        seen.append(parallel)
+        raise OSError(98, "stop here")
+
+    monkeypatch.setattr(http_server.OpenAIServer, "__init__", not_listening)
+    assert main(["serve", "-q", "--port", "0", "-np", "8"]) == 1
+    assert main(["serve", "-q", "--port", "0"]) == 1
+    assert seen == [8, DEFAULT_PARALLEL]

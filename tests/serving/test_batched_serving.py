@@ -1,0 +1,201 @@
+"""``lucidlm serve --parallel``: requests that wait together decode as one batch, and each answer
+is still ``generate()``'s on that request alone.
+
+A batch is forced the way it forms in production: the test holds the server's model lock while
+the requests queue behind it (``waiting`` shows each one), then lets go; the first in line takes
+the others along. ``server.batches`` (rows in a batch -> batches run) shows that they ran as one.
+The oracle is ``generate()`` on a second copy of the model, as in test_openai_server.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable
+
+import pytest
+
+import lucidlm
+from lucidlm.generation import generate
+from lucidlm.serving import OpenAIServer
+
+NAME = "smollm2-135m"
+
+
+@pytest.fixture(scope="module")
+def server():
+    served = OpenAIServer(lucidlm.load(), NAME, port=0, parallel=8)
+    thread = threading.Thread(target=served.serve_forever, daemon=True)
+    thread.start()
+    yield served
+    served.shutdown()
+    served.server_close()
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    return lucidlm.load()
+
+
+def post(server, path: str, body: dict) -> tuple[int, Any]:
+    """(status, JSON body) of a POST; a streamed answer as the list of its events' JSON."""
+    host, port = server.server_address[:2]
+    request = urllib.request.Request(f"http://{host}:{port}{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            data = response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+    if not body.get("stream"):
+        return 200, json.loads(data)
+    events = [line[len("data: "):] for line in data.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return 200, [json.loads(event) for event in events[:-1]]
+
+
+def queued_behind_the_lock(server, calls: list[Callable[[], Any]]) -> list[Any]:
+    """Run ``calls`` (each a request) while the test holds the model, each queued before the next
+    starts; then let go and return their answers, in order."""
+    answers: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        answers[i] = calls[i]()
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    with server.model_turn:
+        for count, thread in enumerate(threads, 1):
+            thread.start()
+            wait_for(lambda: server.model_turn.waiting >= count, f"request {count} to queue")
+    for thread in threads:
+        thread.join(timeout=300)
+    return answers
+
+
+def wait_for(condition: Callable[[], bool], what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
+        time.sleep(0.002)
+
+
+def streamed_text(chunks: list[dict], index: int = 0) -> tuple[str, str]:
+    """(text, finish reason) of choice ``index`` of a streamed answer, chat or completion."""
+    mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == index]
+    text = "".join(c["delta"].get("content", "") if "delta" in c else c["text"] for c in mine)
+    return text, mine[-1]["finish_reason"]
+
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+def test_waiting_requests_run_as_one_batch_and_each_answer_is_its_own(server, oracle):
+    """Chat and completion, streamed and not, different prompts, max_tokens, stop strings and n:
+    five rows in one batch, each answer what generate() gives that request alone."""
+    cases = [  # (endpoint, body, generate's prompt and options)
+        ("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 12, "stop": [" Paris"]},
+         dict(prompt="The capital of France is", max_new_tokens=12, stop=[" Paris"])),
+        ("/v1/completions", {"prompt": "Once upon a time, in a small village,", "max_tokens": 20, "stream": True,
+                             "n": 2},
+         dict(prompt="Once upon a time, in a small village,", max_new_tokens=20)),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "What is 2+2?"}], "max_tokens": 16},
+         dict(prompt="What is 2+2?", chat=True, max_new_tokens=16)),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Write a haiku about the sea."}],
+                                  "max_tokens": 30, "stop": "\n", "stream": True},
+         dict(prompt="Write a haiku about the sea.", chat=True, max_new_tokens=30, stop="\n")),
+    ]
+    before = server.batches.copy()
+    answers = queued_behind_the_lock(server, [
+        lambda path=path, body=body: post(server, path, {"model": NAME, "temperature": 0, **body})
+        for path, body, _ in cases])
+    assert server.batches - before == {5: 1}  # 1 + 2 (n=2) + 1 + 1 rows, one batch
+    wants = [generate(oracle, temperature=0, **options) for _, _, options in cases]
+    assert [w.finish_reason for w in wants] == ["stop", "length", "eos", "stop"]  # the ends this test means
+    for (path, body, _), (status, answer), want in zip(cases, answers, wants):
+        assert status == 200, answer
+        n = body.get("n", 1)
+        for index in range(n):
+            if body.get("stream"):
+                text, finish = streamed_text(answer, index)
+            elif "messages" in body:
+                text, finish = answer["choices"][index]["message"]["content"], answer["choices"][index]["finish_reason"]
+            else:
+                text, finish = answer["choices"][index]["text"], answer["choices"][index]["finish_reason"]
+            assert (text, finish) == (want.text, FINISH[want.finish_reason]), path
+        if not body.get("stream"):
+            assert answer["usage"] == {"prompt_tokens": len(want.prompt_ids), "completion_tokens": len(want.token_ids),
+                                       "total_tokens": len(want.prompt_ids) + len(want.token_ids)}
+
+
+def test_seeded_sampling_and_logprobs_run_alone_and_the_greedy_ones_batch(server, oracle):
+    """A seeded sampling request promises generate(seed=...)'s answer, and log-probs from a padded
+    row would differ in the last digits: both run alone; the two greedy requests batch."""
+    prompt = "My favourite food is"
+    seeded = {"prompt": prompt, "max_tokens": 16, "temperature": 0.9, "seed": 7}
+    scored = {"prompt": "The sky is", "max_tokens": 6, "temperature": 0, "logprobs": 2}
+    greedy = [{"prompt": "Water boils at", "max_tokens": 10, "temperature": 0},
+              {"prompt": "The first president of the United States was", "max_tokens": 8, "temperature": 0}]
+    before = server.batches.copy()
+    answers = queued_behind_the_lock(server, [lambda b=b: post(server, "/v1/completions", {"model": NAME, **b})
+                                              for b in [seeded, greedy[0], scored, greedy[1]]])
+    assert server.batches - before == {2: 1}  # the greedy pair only
+    want = generate(oracle, prompt, max_new_tokens=16, temperature=0.9, seed=7)
+    assert answers[0][1]["choices"][0]["text"] == want.text
+    for body, (status, answer) in zip(greedy, [answers[1], answers[3]]):
+        assert answer["choices"][0]["text"] == generate(oracle, body["prompt"], max_new_tokens=body["max_tokens"],
+                                                        temperature=0).text
+    alone = generate(oracle, "The sky is", max_new_tokens=6, temperature=0, logprobs=2)
+    assert answers[2][1]["choices"][0]["logprobs"]["token_logprobs"] == alone.logprobs  # to the digit
+
+
+def test_a_client_gone_mid_batch_leaves_the_others_answers_alone(server, oracle):
+    """A streaming client that reads its first event and hangs up: its row ends, the batch goes
+    on for the others, whose answers are generate()'s, and the model is free again after."""
+    host, port = server.server_address[:2]
+    leaving = {"model": NAME, "prompt": "1, 2, 3, 4, 5,", "max_tokens": 400, "temperature": 0, "stream": True}
+    staying = [{"prompt": "The capital of France is", "max_tokens": 24},
+               {"prompt": "def fibonacci(n):", "max_tokens": 30, "stream": True}]
+
+    def hang_up() -> bytes:
+        data = json.dumps(leaving).encode()
+        with socket.create_connection((host, port), timeout=120) as connection:
+            connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               b"Content-Length: %d\r\n\r\n%b" % (len(data), data))
+            first = connection.recv(4096)  # the headers, and perhaps the first event
+        return first
+
+    left_alone = generate(oracle, leaving["prompt"], max_new_tokens=400, temperature=0)
+    assert left_alone.finish_reason == "length"  # not ended by EOS: only the hang-up can end it early
+    before = server.batches.copy()
+    started = time.perf_counter()
+    answers = queued_behind_the_lock(server, [hang_up] + [
+        lambda b=b: post(server, "/v1/completions", {"model": NAME, "temperature": 0, **b}) for b in staying])
+    assert answers[0].startswith(b"HTTP/1.1 200 ")
+    assert server.batches - before == {3: 1}
+    for body, (status, answer) in zip(staying, answers[1:]):
+        want = generate(oracle, body["prompt"], max_new_tokens=body["max_tokens"], temperature=0)
+        text = streamed_text(answer)[0] if body.get("stream") else answer["choices"][0]["text"]
+        assert (status, text) == (200, want.text)
+    # the gone row ended: the model is passed on well before its 400 tokens (in a batch of 3, slower
+    # than alone) would have been decoded
+    assert post(server, "/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 2})[0] == 200
+    assert time.perf_counter() - started < left_alone.seconds
+
+
+def test_a_prompt_the_model_refuses_gets_its_400_before_it_waits(server):
+    """Token ids past the vocabulary: refused while the model is busy (it never queues), and
+    the requests that do queue batch without it."""
+    with server.model_turn:
+        status, answer = post(server, "/v1/completions", {"model": NAME, "prompt": [1, 10 ** 9], "temperature": 0})
+    assert status == 400 and answer["error"]["param"] == "prompt"
+    assert "outside this model's vocabulary" in answer["error"]["message"]
+
+
+def test_parallel_must_be_a_whole_number_of_rows():
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=f"parallel={bad!r} is invalid: use a whole number >= 1"):
+            OpenAIServer(None, NAME, port=0, parallel=bad)
