@@ -107,7 +107,6 @@ def test_parallel_reaches_the_server_and_its_default_is_the_servers(monkeypatch)
     assert DEFAULT_PARALLEL == http_server.DEFAULT_PARALLEL
     seen = []
 
-
     def not_listening(self, *args, parallel, **kwargs):
         seen.append(parallel)
         raise OSError(98, "stop here")
