@@ -5,7 +5,8 @@ Where things are: ``openai_protocol.py`` a request's JSON, checked, run with
 ``generation.stream`` and answered as OpenAI's objects (``request_fields.py`` the fields every
 endpoint shares, ``chat_messages.py`` the chat's ``messages``, ``logprob_objects.py`` the two
 shapes of log-probs); ``http_server.py`` the routes, the request body, Server-Sent Events and
-one generation at a time (``fair_lock.py``); ``api_errors.py`` errors in OpenAI's shape.
+one generation at a time (``fair_lock.py``), or one batch of waiting requests (``batching.py``,
+``row_feed.py``); ``api_errors.py`` errors in OpenAI's shape.
 
 >>> server = OpenAIServer(lucidlm.load(), "smollm2-135m", port=0)
 >>> threading.Thread(target=server.serve_forever, daemon=True).start()
