@@ -94,7 +94,10 @@ def start_batch(model: Any, members: list[BatchMember], on_end: Callable[[], Non
     thread = threading.Thread(target=_run, args=(model, members, on_end), name="lucidlm-batch", daemon=True)
     try:
         thread.start()
-    except BaseException:
+    except BaseException as exc:  # no thread: the members' threads must not wait on their rows for ever
+        for member in members:
+            for feed in member.feeds:
+                feed.fail(exc)
         on_end()
         raise
     return thread
