@@ -152,12 +152,14 @@ def test_lookahead_queues_the_next_step_before_the_caller_reads_a_token(rows):
 def test_generate_looks_ahead_and_stream_does_not(monkeypatch):
     """A stream's caller runs code between tokens (it may attach a hook that must reach the
     next step), so only generate, whose loop is lucidlm's own, queues a step early."""
-    from lucidlm.generation import api
+    from lucidlm.generation import api, batch_run
 
     asked = []
     original = api.sample_rows
-    monkeypatch.setattr(api, "sample_rows", lambda *args, **kwargs: asked.append(kwargs.get("lookahead", False))
-                        or original(*args, **kwargs))
+    for module in (api, batch_run):  # one prompt runs in api.py, a batch in batch_run.py
+        monkeypatch.setattr(module, "sample_rows",
+                            lambda *args, **kwargs: asked.append(kwargs.get("lookahead", False))
+                            or original(*args, **kwargs))
     model = toy_model(seed=3, max_seq_len=128)
     generate(model, [72, 105], max_new_tokens=4, temperature=0)
     generate(model, [[72, 105], [33]], max_new_tokens=4, temperature=0)
