@@ -2,7 +2,8 @@
 ``--parallel 8`` (waiting requests decode as one batch), on the embedded SmolLM2-135M as
 ``lucidlm.load()`` gives it, in ONE process.
 
-One in-process ``OpenAIServer`` (what ``lucidlm serve`` runs) answers on a free port; each round
+One in-process ``OpenAIServer`` (what ``lucidlm serve`` runs) answers on a free port, served from
+the main thread that loaded the model, as ``lucidlm serve`` does; each round
 8 client threads send their requests at once over HTTP (urllib), each a different greedy
 completion of ``--new-tokens`` tokens. The rounds alternate between the two settings (the
 server's ``parallel`` is set between rounds: same model, same process, same load), after one
@@ -76,16 +77,36 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--serve-from", choices=("main", "thread"), default="main",
+                        help="the thread that serves, so runs the model: main (the one that loaded it, as lucidlm "
+                             "serve does) or another (to measure what that costs)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "serve.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     server = OpenAIServer(lucidlm.load(), "smollm2-135m", port=0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        warm = {parallel: one_round(server, parallel, args.new_tokens) for parallel in SETTINGS}  # untimed
-        rounds = [one_round(server, parallel, args.new_tokens) for _ in range(args.rounds) for parallel in SETTINGS]
-    finally:
-        server.shutdown()
-        server.server_close()
+    measured: dict = {}
+
+    def drive() -> None:  # the clients' side, in a thread: the main thread serves, as `lucidlm serve` does
+        try:
+            measured["warm"] = {parallel: one_round(server, parallel, args.new_tokens) for parallel in SETTINGS}
+            measured["rounds"] = [one_round(server, parallel, args.new_tokens) for _ in range(args.rounds)
+                                  for parallel in SETTINGS]
+        finally:
+            server.shutdown()
+
+    if args.serve_from == "main":
+        threading.Thread(target=drive, daemon=True).start()
+        try:
+            server.serve_forever()  # the model's work on the thread that loaded it (serving/model_worker.py)
+        finally:
+            server.server_close()
+    else:  # served from another thread than the loading one: what serve did before model_worker.py
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            drive()
+        finally:
+            server.server_close()
+    warm, rounds = measured["warm"], measured["rounds"]  # untimed, timed
     texts = warm[SETTINGS[0]]["texts"]
     assert all(r["texts"] == texts for r in [*warm.values(), *rounds]), "a batch changed a greedy answer"
     summary = {}
@@ -102,9 +123,10 @@ def main() -> None:
               f"max {summary[str(parallel)]['max_latency_s']:.2f} s")
     for r in rounds:
         del r["texts"]
-    out = Path(__file__).parent / "results" / "serve.json"
+    out = args.out
     out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **run_record(),
                                "machine": machine(threads=args.threads), "clients": len(PROMPTS),
+                               "served_from": args.serve_from,
                                "new_tokens": args.new_tokens, "median": summary, "rounds": rounds}, indent=1) + "\n")
 
 

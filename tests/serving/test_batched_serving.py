@@ -13,8 +13,6 @@ import json
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any, Callable
 
 import pytest
@@ -22,40 +20,18 @@ import pytest
 import lucidlm
 from lucidlm.generation import generate
 from lucidlm.serving import OpenAIServer
-
-NAME = "smollm2-135m"
+from serving_helpers import NAME, post, served
 
 
 @pytest.fixture(scope="module")
 def server():
-    served = OpenAIServer(lucidlm.load(), NAME, port=0, parallel=8)
-    thread = threading.Thread(target=served.serve_forever, daemon=True)
-    thread.start()
-    yield served
-    served.shutdown()
-    served.server_close()
+    with served(lucidlm.load(), parallel=8) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def oracle():
     return lucidlm.load()
-
-
-def post(server, path: str, body: dict) -> tuple[int, Any]:
-    """(status, JSON body) of a POST; a streamed answer as the list of its events' JSON."""
-    host, port = server.server_address[:2]
-    request = urllib.request.Request(f"http://{host}:{port}{path}", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            data = response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-    if not body.get("stream"):
-        return 200, json.loads(data)
-    events = [line[len("data: "):] for line in data.split("\n\n") if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    return 200, [json.loads(event) for event in events[:-1]]
 
 
 def queued_behind_the_lock(server, calls: list[Callable[[], Any]]) -> list[Any]:

@@ -7,13 +7,11 @@ file. The tokenizer routes are held to transformers' tokenizer of that file."""
 from __future__ import annotations
 
 import json
-import threading
-import urllib.error
 import urllib.request
 
 import pytest
 
-from lucidlm.serving import OpenAIServer
+from serving_helpers import NAME, post, served
 
 lm_eval_models = pytest.importorskip("lm_eval.models.openai_completions")
 from lm_eval.api.instance import Instance  # noqa: E402
@@ -21,7 +19,6 @@ from lm_eval.models.huggingface import HFLM  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-NAME = "smollm2-135m"
 PAIRS = [("The capital of France is", " Paris"), ("The capital of France is", " London"),
          ("Question: What is 2 + 2?\nAnswer:", " 4"), ("Water boils at 100 degrees", " Celsius at sea level."),
          ("Hello", " world, how are you?")]
@@ -29,12 +26,8 @@ PAIRS = [("The capital of France is", " Paris"), ("The capital of France is", " 
 
 @pytest.fixture(scope="module")
 def server(smollm2):
-    served = OpenAIServer(smollm2, NAME, port=0)
-    thread = threading.Thread(target=served.serve_forever, daemon=True)
-    thread.start()
-    yield served
-    served.shutdown()
-    served.server_close()
+    with served(smollm2) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -72,17 +65,6 @@ def test_rolling_loglikelihood_and_generation_are_the_harness_transformers_backe
     asks = [("The capital of France is", {"until": ["\n"], "max_gen_toks": 12, "do_sample": False})]
     assert harness_client.generate_until(requests("generate_until", asks)) == \
         harness_reference.generate_until(requests("generate_until", asks))
-
-
-def post(server, path: str, body: dict) -> tuple[int, dict]:
-    host, port = server.server_address[:2]
-    request = urllib.request.Request(f"http://{host}:{port}{path}", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
 
 
 def test_tokenize_and_detokenize_are_the_files_tokenizer(server, hf_smollm2):

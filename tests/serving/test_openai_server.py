@@ -28,20 +28,16 @@ from lucidlm.generation import generate
 from lucidlm.generation.chat_template import encode_chat
 from lucidlm.generation.prompt_logprobs import prompt_logprobs
 from lucidlm.serving import OpenAIServer
+from serving_helpers import NAME, served
 
-NAME = "smollm2-135m"
 PROMPT = "The capital of France is"
 QUESTION = "What is 2+2?"
 
 
 @pytest.fixture(scope="module")
 def server():
-    served = OpenAIServer(lucidlm.load(), NAME, port=0)
-    thread = threading.Thread(target=served.serve_forever, daemon=True)
-    thread.start()
-    yield served
-    served.shutdown()
-    served.server_close()
+    with served(lucidlm.load()) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,13 @@ completion), ``max_tokens``, ``stop``, streaming or not, and ``n`` (each choice 
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, Optional
 
 from lucidlm.generation.batch_run import BatchRun, fits_together
 from lucidlm.generation.defaults import apply_sampling_defaults
 from lucidlm.generation.request import Request, make_request, stop_strings
 from lucidlm.serving.openai_protocol import GenerationJob, model_refusals
+from lucidlm.serving.model_worker import ModelWorker
 from lucidlm.serving.row_feed import RowFeed
 
 PER_ROW = ("max_new_tokens", "stop")  # the options rows of one batch may differ in
@@ -86,21 +86,12 @@ def joiner(model: Any, leader: BatchMember, parallel: int) -> Callable[[Any], bo
     return wanted
 
 
-def start_batch(model: Any, members: list[BatchMember], on_end: Callable[[], None]) -> threading.Thread:
-    """Decode every member's rows as one batch in a thread of its own, which calls ``on_end``
-    (the server's release of the model) when the batch is over, whatever happened."""
-    leader = members[0]
-    leader.feeds = [RowFeed() for _ in leader.rows]
-    thread = threading.Thread(target=_run, args=(model, members, on_end), name="lucidlm-batch", daemon=True)
-    try:
-        thread.start()
-    except BaseException as exc:  # no thread: the members' threads must not wait on their rows for ever
-        for member in members:
-            for feed in member.feeds:
-                feed.fail(exc)
-        on_end()
-        raise
-    return thread
+def start_batch(model: Any, members: list[BatchMember], on_end: Callable[[], None], worker: ModelWorker) -> None:
+    """Decode every member's rows as one batch on the server's model thread (``worker``), which
+    calls ``on_end`` (the server's release of the model) when the batch is over, whatever happened;
+    the members' own threads read their rows meanwhile."""
+    members[0].feeds = [RowFeed() for _ in members[0].rows]
+    worker.submit(_run, model, members, on_end)
 
 
 def _run(model: Any, members: list[BatchMember], on_end: Callable[[], None]) -> None:

@@ -1,0 +1,125 @@
+"""``serving.model_worker``: the server's model work runs on the thread that serves.
+
+Why it matters (the module's docstring): OpenMP pools in two threads cost a 2-core CPU ~3.7x of
+its decoding speed. Here, a spy on the decode loop's model calls (``DecodeSession.prefill`` and
+``step``) records the thread of every one, for a request alone, a streamed one, a batch, and the
+prompt log-probs of echo; and the worker's own contract (results, errors, the end of a stream,
+work after shutdown) is held to plain calls."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from serving_helpers import NAME, SERVING_THREAD, post, served
+from test_batched_serving import queued_behind_the_lock
+
+import lucidlm
+from lucidlm.generation.decode import DecodeSession
+from lucidlm.serving.model_worker import ModelWorker
+
+
+@pytest.fixture(scope="module")
+def server():
+    with served(lucidlm.load(), parallel=4) as server:
+        yield server
+
+
+@pytest.fixture
+def model_threads(monkeypatch):
+    """The names of the threads that ran each prefill, decode step and forward pass."""
+    names: list[str] = []
+    for method in ("prefill", "step"):
+        original = getattr(DecodeSession, method)
+
+        def spy(self, *args, _original=original, **kwargs):
+            names.append(threading.current_thread().name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(DecodeSession, method, spy)
+    return names
+
+
+def test_every_generation_runs_on_the_serving_thread(server, model_threads):
+    status, _ = post(server, "/v1/completions", {"model": NAME, "prompt": "Hello", "max_tokens": 4, "temperature": 0})
+    assert status == 200 and len(model_threads) >= 2  # a prefill, then steps
+    status, chunks = post(server, "/v1/chat/completions", {"model": NAME, "max_tokens": 4, "stream": True,
+                                                           "messages": [{"role": "user", "content": "Hi"}]})
+    assert status == 200 and chunks
+    before = server.batches.copy()
+    answers = queued_behind_the_lock(server, [
+        lambda p=p: post(server, "/v1/completions", {"model": NAME, "prompt": p, "max_tokens": 3, "temperature": 0})
+        for p in ("One", "Two", "Three")])
+    assert [status for status, _ in answers] == [200] * 3 and server.batches - before == {3: 1}
+    assert set(model_threads) == {SERVING_THREAD}
+
+
+def test_prompt_log_probs_run_on_the_serving_thread(server, monkeypatch):
+    from lucidlm.serving import openai_protocol
+
+    names = []
+    original = openai_protocol.prompt_logprobs
+
+    def spy(*args, **kwargs):
+        names.append(threading.current_thread().name)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(openai_protocol, "prompt_logprobs", spy)
+    status, _ = post(server, "/v1/completions", {"model": NAME, "prompt": "Hello there", "max_tokens": 0,
+                                                 "echo": True, "logprobs": 1})
+    assert status == 200 and names == [SERVING_THREAD]
+
+
+@pytest.fixture
+def worker():
+    worker = ModelWorker()
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(lambda: not stop.is_set(),), kwargs={"poll_interval": 0.01},
+                              name="the-worker", daemon=True)
+    thread.start()
+    yield worker
+    stop.set()
+    thread.join(timeout=10)
+
+
+def test_calls_run_on_the_worker_and_return_or_raise_what_they_did(worker):
+    assert worker.call(lambda: threading.current_thread().name) == "the-worker"
+    assert worker.call(lambda a, b: a + b, 2, 3) == 5
+    with pytest.raises(ZeroDivisionError):
+        worker.call(lambda: 1 / 0)
+    # called from the worker itself: run there and then (a queued call would wait for itself)
+    assert worker.call(lambda: worker.call(lambda: threading.current_thread().name)) == "the-worker"
+
+
+def test_a_stream_steps_on_the_worker_and_ends(worker):
+    class Pieces:
+        result = None
+
+        def __init__(self):
+            self.threads, self.closed = [], None
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            self.threads.append(threading.current_thread().name)
+            if len(self.threads) > 3:
+                self.result = "done"
+                raise StopIteration
+            return str(len(self.threads))
+
+        def close(self):
+            self.closed = threading.current_thread().name
+
+    pieces = Pieces()
+    stream = worker.stream(pieces)
+    assert list(stream) == ["1", "2", "3"] and stream.result == "done"
+    stream.close()
+    assert set(pieces.threads) == {"the-worker"} and pieces.closed == "the-worker"
+
+
+def test_work_after_the_loop_ends_is_refused_not_left_waiting():
+    worker = ModelWorker()
+    worker.run(keep_going=lambda: False)  # ends at once
+    with pytest.raises(RuntimeError, match="the server is shutting down"):
+        worker.call(lambda: 1)
