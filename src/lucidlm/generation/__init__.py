@@ -4,7 +4,8 @@
 >>> result.text, result.token_ids, result.finish_reason
 >>> for piece in stream(model, "Hello", chat=True): print(piece, end="", flush=True)
 
-Where things are: ``api.py`` the entry points and the rules they follow; ``request.py`` option
+Where things are: ``api.py`` the entry points and the rules they follow (``result.py`` what they
+return); ``request.py`` option
 and prompt checks; ``decode.py`` the KV-cached decode loop; ``sampling.py`` the samplers
 (temperature, top-k, top-p, min-p, repetition penalty); ``batch_run.py`` (rows decoded as one
 batch, each with its own budget and stop strings: ``generate_batch``, ``lucidlm serve

@@ -24,6 +24,7 @@ import torch
 from lucidlm.generation.decode import sample_rows
 from lucidlm.generation.logprobs import LogprobRecorder
 from lucidlm.generation.request import Request, fit_to_context, padding_id, private_generator
+from lucidlm.generation.result import GenerationResult, attach_tokenizer
 from lucidlm.generation.streaming import TextAssembler
 
 
@@ -119,8 +120,6 @@ class BatchRun:
 
     def _ended(self, row: int, first: Optional[float], now: float, piece: str = "") -> RowPiece:
         """Row ``row``'s last piece (``piece`` and what its assembler held back) and its result."""
-        from lucidlm.generation.api import GenerationResult, _built  # api.py runs its batches here: import late
-
         assembler = self.assemblers[row]
         if assembler is not None:
             piece += assembler.finish()
@@ -129,7 +128,7 @@ class BatchRun:
         if self.recorder is not None:  # read back now: this row's steps are all recorded
             chosen, tops = self.recorder.rows([len(tokens) for tokens in self.outputs])[row]
             scores = {"logprobs": chosen, "top_logprobs": tops}
-        self.results[row] = _built(GenerationResult(out, assembler.text if assembler else "", list(self.rows[row]),
-                                                    self.reasons[row], prompt_seconds=first if out else None,
-                                                    seconds=now, **scores), self.model.tokenizer)
+        result = GenerationResult(out, assembler.text if assembler else "", list(self.rows[row]), self.reasons[row],
+                                  prompt_seconds=first if out else None, seconds=now, **scores)
+        self.results[row] = attach_tokenizer(result, self.model.tokenizer)
         return RowPiece(row, piece, self.results[row])
