@@ -64,3 +64,25 @@ def test_fits_together_refuses_a_row_that_padding_would_cut_short(smollm2_defaul
     assert fits_together(model, [short, long], [16, 16])
     assert not fits_together(model, [short, long], [context - 10, 16])  # alone it gets 100 - 10 more
     assert fits_together(model, [long], [context])  # alone, the context cuts it as generate does
+
+
+def test_a_row_with_no_budget_ends_once_with_nothing_while_the_others_decode(smollm2_default):
+    """max_tokens 0 (a client that counts its prompt's tokens, or echoes it) beside a row that
+    generates: its one result stays empty, as generate's, and no piece follows it."""
+    model = smollm2_default
+    prompts = ["Hello there", "The capital of France is"]
+    run = BatchRun(model, [prompt_ids(model, p, chat=False) for p in prompts], greedy_request(model), [0, 4],
+                   [[], []])
+    ends, after_end = [], []
+    for pieces in run.pieces():
+        for piece in pieces:
+            if piece.row in [row for row, _ in ends]:
+                after_end.append(piece)
+            if piece.result is not None:
+                ends.append((piece.row, piece.result))
+    first_result = dict(ends)[0]
+    assert [row for row, _ in ends] == [0, 1] and after_end == []
+    alone = generate(model, prompts[0], max_new_tokens=0, temperature=0)
+    assert (first_result.token_ids, first_result.text, first_result.finish_reason) == \
+        (alone.token_ids, alone.text, alone.finish_reason) == ([], "", "length")
+    assert run.results[1].token_ids == generate(model, prompts[1], max_new_tokens=4, temperature=0).token_ids

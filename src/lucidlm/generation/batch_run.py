@@ -81,6 +81,8 @@ class BatchRun:
         start = time.perf_counter()
         first: Optional[float] = None  # the first step gives every row its first token
         ended = [self._ended(i, None, 0.0) for i, n in enumerate(self.max_new) if n == 0]
+        for piece in ended:  # ended for sample_rows too: else its tokens would go on into the result handed out
+            self.finished[piece.row] = True
         if ended:
             yield ended
         eos_ids = self.request.eos_ids
