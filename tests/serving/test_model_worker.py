@@ -123,3 +123,33 @@ def test_work_after_the_loop_ends_is_refused_not_left_waiting():
     worker.run(keep_going=lambda: False)  # ends at once
     with pytest.raises(RuntimeError, match="the server is shutting down"):
         worker.call(lambda: 1)
+
+
+def test_work_queued_while_the_loop_ends_is_refused_not_left_waiting():
+    """submit checked that the loop still ran, then the loop ended (and failed what was queued)
+    before submit's put: that work must still fail, not wait for ever."""
+    worker = ModelWorker()
+    in_put, go_on = threading.Event(), threading.Event()
+    tasks = worker._tasks
+
+    class SlowPut:  # the queue, with submit's put held between its check and the put
+        get, get_nowait = tasks.get, tasks.get_nowait
+
+        def put(self, item):
+            in_put.set()
+            go_on.wait(5)
+            tasks.put(item)
+
+    worker._tasks = SlowPut()
+    futures = []
+    submitter = threading.Thread(target=lambda: futures.append(worker.submit(lambda: 1)), daemon=True)
+    submitter.start()
+    assert in_put.wait(5)
+    loop = threading.Thread(target=worker.run, args=(lambda: False,), daemon=True)
+    loop.start()
+    loop.join(0.3)
+    go_on.set()
+    submitter.join(5)
+    loop.join(5)
+    with pytest.raises(RuntimeError, match="the server is shutting down"):
+        futures[0].result(timeout=2)

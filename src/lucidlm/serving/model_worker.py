@@ -29,13 +29,15 @@ class ModelWorker:
         self._tasks: "queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Future]]" = queue.SimpleQueue()
         self._thread: Optional[int] = None  # the ident of the thread in run(), while it runs
         self._closed = False  # run() has ended: work queued now would wait for ever
+        self._closing = threading.Lock()  # a submit's check and put, or the loop's end and its last sweep
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         """Queue ``fn(*args)`` for the worker thread; its future holds the result or the error."""
-        if self._closed:
-            raise RuntimeError("the server is shutting down")
         done: Future = Future()
-        self._tasks.put((fn, args, done))
+        with self._closing:  # else the loop could end and sweep between the check and the put
+            if self._closed:
+                raise RuntimeError("the server is shutting down")
+            self._tasks.put((fn, args, done))
         return done
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -69,7 +71,8 @@ class ModelWorker:
                 else:
                     done.set_result(result)
         finally:
-            self._thread, self._closed = None, True
+            with self._closing:
+                self._thread, self._closed = None, True
             self._fail_waiting()
 
     def _fail_waiting(self) -> None:
