@@ -17,6 +17,7 @@ from test_batched_serving import queued_behind_the_lock
 import lucidlm
 from lucidlm.generation.decode import DecodeSession
 from lucidlm.serving.model_worker import ModelWorker
+from lucidlm.serving.row_feed import RowFeed
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +124,31 @@ def test_work_after_the_loop_ends_is_refused_not_left_waiting():
     worker.run(keep_going=lambda: False)  # ends at once
     with pytest.raises(RuntimeError, match="the server is shutting down"):
         worker.call(lambda: 1)
+
+
+def test_a_batch_the_worker_never_runs_fails_its_rows_and_lets_go_of_the_model():
+    """The server shut down with a batch still queued (or before it could be queued): its rows
+    raise the shutdown at their reader's next piece and the model is let go, so no request thread
+    waits for ever on a row no one will feed, nor on the model."""
+    from lucidlm.serving.batching import BatchMember, start_batch
+
+    def members():
+        leader = BatchMember(None, [[1, 2]], {"max_new_tokens": 3}, None)
+        rider = BatchMember(None, [[3], [4]], {"max_new_tokens": 3}, None)
+        rider.feeds = [RowFeed(), RowFeed()]  # as joiner gives a rider taken along
+        return [leader, rider]
+
+    queued = ModelWorker()
+    ends: list[str] = []
+    batch = members()
+    start_batch(None, batch, lambda: ends.append("queued"), queued)
+    queued.run(keep_going=lambda: False)  # shut down before the queued batch ran
+    stopped = members()
+    start_batch(None, stopped, lambda: ends.append("refused"), queued)  # shut down already
+    assert ends == ["queued", "refused"]
+    for feed in [feed for member in batch + stopped for feed in member.feeds]:
+        with pytest.raises(RuntimeError, match="the server is shutting down"):
+            next(feed)
 
 
 def test_work_queued_while_the_loop_ends_is_refused_not_left_waiting():

@@ -91,7 +91,26 @@ def start_batch(model: Any, members: list[BatchMember], on_end: Callable[[], Non
     calls ``on_end`` (the server's release of the model) when the batch is over, whatever happened;
     the members' own threads read their rows meanwhile."""
     members[0].feeds = [RowFeed() for _ in members[0].rows]
-    worker.submit(_run, model, members, on_end)
+    feeds = [feed for member in members for feed in member.feeds]
+    try:
+        done = worker.submit(_run, model, members, on_end)
+    except RuntimeError as exc:  # the server is shutting down
+        return _abandon(feeds, exc, on_end)
+    done.add_done_callback(lambda done: _never_ran(done, feeds, on_end))
+
+
+def _never_ran(done: Any, feeds: list[RowFeed], on_end: Callable[[], None]) -> None:
+    """The worker's loop ended with the batch still queued and failed it unrun: no one else will
+    feed its rows or let go of the model. (``_run`` ends every Exception it meets itself, so an
+    Exception here is the worker's refusal.)"""
+    if isinstance(done.exception(), Exception):
+        _abandon(feeds, done.exception(), on_end)
+
+
+def _abandon(feeds: list[RowFeed], error: BaseException, on_end: Callable[[], None]) -> None:
+    for feed in feeds:
+        feed.fail(error)
+    on_end()
 
 
 def _run(model: Any, members: list[BatchMember], on_end: Callable[[], None]) -> None:
