@@ -704,3 +704,36 @@ def test_cache_prompt_runs_only_the_new_turn_with_the_same_answers(server, clien
     # all of the first prompt and answer but its end token's slot, which the template's own
     # end-of-turn token may or may not match: at least the first prompt
     assert opened[1].result.cached_tokens >= len(opened[0].result.prompt_ids)
+
+
+def test_echo_with_logprobs_lines_up_with_the_text_when_the_tokenizer_adds_bos(gemma3):
+    """Gemma 3 reads a text prompt with a BOS first: the BOS is scored (null, no context) but adds
+    nothing to the echoed text, so the tokens still join to the text and each offset is where its
+    token's text begins; a prompt of ids echoes its BOS as text, and keeps it in the tokens."""
+    prompt = "  spaced\tout  café 🙂 text"
+    with served(gemma3) as server:
+        body = http(server, "/v1/completions", "POST", json.dumps(dict(model=NAME, prompt=prompt, max_tokens=3,
+                                                                        temperature=0, echo=True, logprobs=1)).encode())[1]
+        scores = prompt_logprobs(gemma3, prompt, top=1)
+        ids = http(server, "/v1/completions", "POST", json.dumps(dict(model=NAME, prompt=scores.token_ids, max_tokens=3,
+                                                                       temperature=0, echo=True, logprobs=1)).encode())[1]
+    assert scores.token_ids[0] == gemma3.tokenizer.bos_id  # the case this test means
+    for answer, echoed in [(body, prompt), (ids, gemma3.tokenizer.decode(scores.token_ids))]:
+        choice = answer["choices"][0]
+        text, logprobs = choice["text"], choice["logprobs"]
+        assert text.startswith(echoed) and "".join(logprobs["tokens"]) == text
+        assert logprobs["text_offset"] == [len("".join(logprobs["tokens"][:i])) for i in range(len(logprobs["tokens"]))]
+        assert logprobs["token_logprobs"][0] is None
+        assert logprobs["token_logprobs"][1:len(scores.token_ids)] == pytest.approx(scores.logprobs[1:], abs=1e-5)
+    assert ids["choices"][0]["logprobs"]["tokens"][0] == "<bos>" and body["choices"][0]["logprobs"]["tokens"][0] == ""
+
+
+def test_echo_with_logprobs_of_an_empty_prompt_scores_the_bos_it_starts_from_as_no_text(server):
+    """An empty text prompt starts from the BOS (SmolLM2's tokenizer adds none of its own): the
+    echoed text is "", so the BOS adds nothing to it and the answer's first token is at 0."""
+    body = http(server, "/v1/completions", "POST", json.dumps(dict(model=NAME, prompt="", max_tokens=2, temperature=0,
+                                                                    echo=True, logprobs=1)).encode())[1]
+    choice = body["choices"][0]
+    assert choice["logprobs"]["tokens"][0] == "" and choice["logprobs"]["token_logprobs"][0] is None
+    assert "".join(choice["logprobs"]["tokens"]) == choice["text"]
+    assert choice["logprobs"]["text_offset"][:2] == [0, 0]

@@ -48,14 +48,19 @@ def scored_tokens(tokenizer: Any, result: Any) -> list[ScoredToken]:
     return scored
 
 
-def scored_prompt(tokenizer: Any, scores: Any) -> list[ScoredToken]:
+def scored_prompt(tokenizer: Any, scores: Any, added_bos: bool = False) -> list[ScoredToken]:
     """A prompt's tokens with ``generation.prompt_logprobs``' values (echo with logprobs): the
-    first token's log-prob and alternatives are None, as it has no context."""
+    first token's log-prob and alternatives are None, as it has no context. ``added_bos``: the
+    first token is the BOS the tokenizer put before a text prompt, which is not in the echoed
+    text: it adds nothing to it (so the tokens join to the text and the offsets count in it)."""
     previous: Optional[int] = None
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     characters = 0
     scored = []
-    for token, logprob, top in zip(scores.token_ids, scores.logprobs, scores.top_logprobs):
+    for i, (token, logprob, top) in enumerate(zip(scores.token_ids, scores.logprobs, scores.top_logprobs)):
+        if i == 0 and added_bos:
+            scored.append(ScoredToken(b"", 0, logprob, top))  # None, None: the first token's
+            continue  # and the next token's text is a text's first, as the echoed prompt has it
         data = continuation_bytes(tokenizer, previous, token)
         alternatives = None if top is None else [(continuation_bytes(tokenizer, previous, alt), value)
                                                  for alt, value in top]

@@ -191,7 +191,12 @@ class CompletionJob(GenerationJob):
         return completion_logprobs(tokens, with_top=bool(self.logprobs))
 
     def prompt_tokens(self, index: int) -> list[ScoredToken]:
-        return scored_prompt(self.model.tokenizer, self.prompt_scores[index // self.n])
+        prompt, scores, tokenizer = self.prompts[index // self.n], self.prompt_scores[index // self.n], \
+            self.model.tokenizer
+        # echo gives the text as sent, without the BOS the tokenizer adds (or an empty prompt starts from)
+        added_bos = isinstance(prompt, str) and (bool(getattr(tokenizer, "add_bos", False)) or not prompt) and \
+            scores.token_ids[:1] == [tokenizer.bos_id]
+        return scored_prompt(tokenizer, scores, added_bos)
 
     def opening_chunks(self, index: int) -> Iterator[dict[str, Any]]:
         if self.echo:  # the prompt's log-probs with it (the answer's come in the closing chunk)
