@@ -712,11 +712,12 @@ def test_echo_with_logprobs_lines_up_with_the_text_when_the_tokenizer_adds_bos(g
     token's text begins; a prompt of ids echoes its BOS as text, and keeps it in the tokens."""
     prompt = "  spaced\tout  café 🙂 text"
     with served(gemma3) as server:
-        body = http(server, "/v1/completions", "POST", json.dumps(dict(model=NAME, prompt=prompt, max_tokens=3,
-                                                                        temperature=0, echo=True, logprobs=1)).encode())[1]
+        def scored(given):
+            request = dict(model=NAME, prompt=given, max_tokens=3, temperature=0, echo=True, logprobs=1)
+            return http(server, "/v1/completions", "POST", json.dumps(request).encode())[1]
+
         scores = prompt_logprobs(gemma3, prompt, top=1)
-        ids = http(server, "/v1/completions", "POST", json.dumps(dict(model=NAME, prompt=scores.token_ids, max_tokens=3,
-                                                                       temperature=0, echo=True, logprobs=1)).encode())[1]
+        body, ids = scored(prompt), scored(scores.token_ids)
     assert scores.token_ids[0] == gemma3.tokenizer.bos_id  # the case this test means
     for answer, echoed in [(body, prompt), (ids, gemma3.tokenizer.decode(scores.token_ids))]:
         choice = answer["choices"][0]
