@@ -9,8 +9,10 @@ the next batch, so nothing waits behind requests that came after it.
 
 Each response is what the request alone would get, so only what can promise that batches:
 
-- greedy requests (greedy batched tokens equal one-at-a-time ``generate``'s), and unseeded
-  sampling ones (random anyway; the batch shares one generator). A seeded sampling request
+- greedy requests (greedy batched tokens are one-at-a-time ``generate``'s but at near-ties: a
+  left-padded row's prompt pass rounds differently, so where the two likeliest tokens' log-probs
+  lie within ~1e-3 a batched row may take the other; SmolLM2's int4 default, 16 prompts x 48
+  tokens: one such flip), and unseeded sampling ones (random anyway; the batch shares one generator). A seeded sampling request
   promises ``generate(seed=...)``'s answer, so it runs alone;
 - not with log-probs: a left-padded row's prompt pass rounds differently (SmolLM2, int4
   kernels: log-probs off by up to ~1e-3), so they would not be alone's to the digit;
