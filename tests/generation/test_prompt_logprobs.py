@@ -11,7 +11,7 @@ import torch
 
 from lucidlm.errors import GenerationError
 from lucidlm.generation import generate
-from lucidlm.generation.prompt_logprobs import prompt_logprobs
+from lucidlm.generation.prompt_logprobs import CHUNK_ELEMENTS, prompt_logprobs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -20,10 +20,12 @@ TEXT = "Question: What is the capital of France?\nAnswer: Paris, a city on the S
 
 def test_float32_log_probs_and_alternatives_are_transformers(smollm2, hf_smollm2):
     hf, tokenizer = hf_smollm2
-    ids = tokenizer(TEXT)["input_ids"]
+    text = " ".join([TEXT] * 10)  # ~210 tokens: the log-softmax's chunks of 85 positions (49,152 tokens) meet
+    ids = tokenizer(text)["input_ids"]
+    assert len(ids) > 2 * (CHUNK_ELEMENTS // smollm2.config.vocab_size)
     with torch.no_grad():
         expected = hf(torch.tensor([ids])).logits[0, :-1].double().log_softmax(-1)  # (T-1, V)
-    scores = prompt_logprobs(smollm2, TEXT, top=5)
+    scores = prompt_logprobs(smollm2, text, top=5)
     assert scores.token_ids == ids  # the text read as transformers' tokenizer reads it
     assert scores.logprobs[0] is None and scores.top_logprobs[0] is None  # no context for the first token
     reference = expected.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]

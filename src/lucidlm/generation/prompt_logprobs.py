@@ -7,7 +7,8 @@ One forward pass over the prompt, no KV cache: the logits at position t-1 give t
 log-prob, from the model's own distribution (``log_softmax(logits)`` in float32, as
 ``generate``'s greedy log-probs; no temperature or filter applies to text that was given, not
 sampled). The first token has no context, so no log-prob (None, as OpenAI's null). The pass holds
-T x vocabulary float logits at once (SmolLM2, 2,000 tokens: 390 MB).
+T x vocabulary logits at once (SmolLM2, 2,000 tokens: 390 MB in float32); the log-softmax goes a
+few positions at a time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ import torch
 
 from lucidlm.errors import GenerationError
 from lucidlm.generation.request import fit_to_context, prompt_ids
+
+
+# Positions whose float32 log-softmax is taken at once: ~16 MB, not a second copy of the (T, V)
+# logits (Gemma 3's 262,144 tokens: 1 GB per 1,000 prompt tokens).
+CHUNK_ELEMENTS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -43,12 +49,18 @@ def prompt_logprobs(model: Any, prompt: Any, top: int = 0, chat: bool = False) -
     ids = prompt_ids(model, prompt, chat)  # checked against the vocabulary
     fit_to_context(model, [ids], 0)  # ... and the context, with generate's words
     rows = torch.tensor([ids], device=model.device)  # (1, T)
+    chosen: list[float] = []
+    tops: list[list[tuple[int, float]]] = []
     with torch.no_grad():
-        log_probs = model(rows)[0, :-1].float().log_softmax(dim=-1)  # (T-1, V): position t-1 predicts token t
-        chosen = log_probs.gather(1, rows[0, 1:, None])[:, 0].tolist()  # (T-1,)
-        if top:
-            values, indices = log_probs.topk(min(top, log_probs.shape[-1]), dim=-1)  # (T-1, top)
-            tops = [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
-        else:
-            tops = [[] for _ in chosen]
+        logits = model(rows)[0, :-1]  # (T-1, V): position t-1 predicts token t
+        targets = rows[0, 1:]
+        step = max(1, CHUNK_ELEMENTS // logits.shape[-1])
+        for start in range(0, len(targets), step):  # a float32 log-softmax of a few positions at a time
+            log_probs = logits[start:start + step].float().log_softmax(dim=-1)  # (t, V)
+            chosen += log_probs.gather(1, targets[start:start + step, None])[:, 0].tolist()
+            if top:
+                values, indices = log_probs.topk(min(top, log_probs.shape[-1]), dim=-1)  # (t, top)
+                tops += [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
+            else:
+                tops += [[] for _ in range(len(log_probs))]
     return PromptLogprobs(list(ids), [None, *chosen], [None, *tops])
