@@ -69,12 +69,19 @@ def test_rolling_loglikelihood_and_generation_are_the_harness_transformers_backe
 
 def test_tokenize_and_detokenize_are_the_files_tokenizer(server, hf_smollm2):
     _, tokenizer = hf_smollm2
-    text = "Hello <|im_end|> wörld\n\n  tabs\tand 1234"  # a special token's text, non-ASCII, runs of spaces
+    text = "Hello <|im_end|> wörld 日本\n\n  tabs\tand 1234"  # a special token, a split character, spaces
     want = tokenizer(text, add_special_tokens=False)["input_ids"]
     for body in ({"prompt": text}, {"content": text}, {"prompt": text, "add_special_tokens": False},
                  {"content": text, "add_special": True}):
         assert post(server, "/tokenize", body) == (200, {"tokens": want, "count": len(want), "max_model_len": 8192})
     assert 2 in want  # <|im_end|> read as the special token, as vLLM and llama-server read it
+    status, pieces = post(server, "/tokenize", {"content": text, "with_pieces": True})
+    assert status == 200 and [p["id"] for p in pieces["tokens"]] == want
+    # each piece the token's own text, or its bytes where it holds part of a character (日 here)
+    assert any(isinstance(p["piece"], list) for p in pieces["tokens"])
+    joined = b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"])
+                      for p in pieces["tokens"])
+    assert joined.decode() == text
     assert post(server, "/detokenize", {"tokens": want}) == (200, {"prompt": tokenizer.decode(want),
                                                                      "content": tokenizer.decode(want)})
     host, port = server.server_address[:2]

@@ -9,8 +9,9 @@ lucidlm-served model with no tokenizer download of its own.
 Both servers' field names are taken: the text as ``prompt`` (vLLM) or ``content``
 (llama-server); whether to add the tokenizer's BOS as ``add_special_tokens`` (vLLM, default
 true) or ``add_special`` (llama-server, default false). Text that spells a special token
-(``<|endoftext|>``) becomes that token, as both servers read it. ``/detokenize`` answers the
-text under both names.
+(``<|endoftext|>``) becomes that token, as both servers read it. ``with_pieces`` (llama-server's)
+gives each id with its text, or its bytes where a token holds part of a character.
+``/detokenize`` answers the text under both names.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from lucidlm.serving.api_errors import RequestError
 from lucidlm.serving.request_fields import flag, given_fields, shown
 
-TOKENIZE_FIELDS = ("model", "prompt", "content", "add_special_tokens", "add_special")
+TOKENIZE_FIELDS = ("model", "prompt", "content", "add_special_tokens", "add_special", "with_pieces")
 DETOKENIZE_FIELDS = ("model", "tokens")
 
 
@@ -46,7 +47,17 @@ def tokenize(model: Any, body: dict[str, Any]) -> dict[str, Any]:
     bos = tokenizer.bos_id
     if not add_bos and getattr(tokenizer, "add_bos", False) and ids[:1] == [bos]:
         ids = ids[1:]
-    return {"tokens": ids, "count": len(ids), "max_model_len": model.config.max_seq_len}
+    tokens: list[Any] = ids
+    if flag(fields, "with_pieces"):  # llama-server's: each id with its text (its bytes where not whole UTF-8)
+        tokens = [{"id": i, "piece": _piece(tokenizer.decode_bytes([i]))} for i in ids]
+    return {"tokens": tokens, "count": len(ids), "max_model_len": model.config.max_seq_len}
+
+
+def _piece(data: bytes) -> Any:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
 
 
 def detokenize(model: Any, body: dict[str, Any]) -> dict[str, Any]:
