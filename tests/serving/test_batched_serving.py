@@ -175,3 +175,23 @@ def test_parallel_must_be_a_whole_number_of_rows():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match=f"parallel={bad!r} is invalid: use a whole number >= 1"):
             OpenAIServer(None, NAME, port=0, parallel=bad)
+
+
+def test_a_chat_without_max_tokens_batches_beside_a_longer_prompt(server, oracle):
+    """Most chat clients send no max_tokens (until the end of the context): such a request joins a
+    batch whose longest prompt is another's, and its answer is still generate()'s alone."""
+    question = "What is 2+2?"
+    long_prompt = "Here is a long story about a small village by the sea, where the fishermen " * 3
+    before = server.batches.copy()
+    (chat_status, chat_answer), (status, answer) = queued_behind_the_lock(server, [
+        lambda: post(server, "/v1/chat/completions", {"model": NAME, "temperature": 0,
+                                                       "messages": [{"role": "user", "content": question}]}),
+        lambda: post(server, "/v1/completions", {"model": NAME, "temperature": 0, "prompt": long_prompt,
+                                                 "max_tokens": 8})])
+    assert (chat_status, status) == (200, 200) and server.batches - before == {2: 1}
+    want = generate(oracle, question, chat=True, temperature=0, max_new_tokens=oracle.config.max_seq_len)
+    assert want.finish_reason == "eos"
+    assert len(want.prompt_ids) < len(oracle.tokenizer.encode(long_prompt))  # the other prompt is the longest
+    assert chat_answer["choices"][0]["message"]["content"] == want.text
+    assert chat_answer["usage"]["completion_tokens"] == len(want.token_ids)
+    assert answer["choices"][0]["text"] == generate(oracle, long_prompt, temperature=0, max_new_tokens=8).text

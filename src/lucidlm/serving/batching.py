@@ -19,7 +19,9 @@ that batches:
   kernels: log-probs off by up to ~1e-3), so they would not be alone's to the digit;
 - not with ``cache_prompt`` or a server ``--draft``: prompt reuse and speculative decoding
   are one-row techniques;
-- only rows that fit the context after the batch's longest prompt (``fits_together``).
+- only rows that fit the context after the batch's longest prompt (``fits_together``); a chat
+  request without ``max_tokens`` (until the end of the context) fits any batch, its end then the
+  batch's shared one.
 
 Requests share a batch when every option that is not per row is equal (the sampling settings
 after the model's defaults, ``min_new_tokens``, EOS handling); per row are the prompt (chat or
@@ -48,6 +50,12 @@ class BatchMember:
         self.job, self.rows, self.request = job, rows, request
         self.shared = {k: v for k, v in options.items() if k not in PER_ROW}
         self.max_new = [options["max_new_tokens"]] * len(rows)
+        # A chat request without max_tokens runs to the end of the context: in a batch, to the end of
+        # the shared one, (longest prompt - its prompt) tokens sooner than alone. Held to the same fit
+        # as a budget, it would batch only beside shorter prompts, which most chat clients' requests
+        # (no max_tokens) never are; an answer that long is rare, and still ends as "length".
+        open_ended = "max_new_tokens" not in job.options
+        self.fit_budgets = [0 if open_ended else n for n in self.max_new]  # what fits_together holds it to
         self.stops = [stop_strings(options.get("stop"))] * len(rows)
         self.feeds: list[RowFeed] = []
 
@@ -73,16 +81,16 @@ def batch_member(job: GenerationJob, model: Any, server_options: dict[str, Any],
 def joiner(model: Any, leader: BatchMember, parallel: int) -> Callable[[Any], bool]:
     """``FairLock.take_along``'s test for the waiters behind ``leader``: same shared options,
     room for all its rows within ``parallel``, and every row still fitting the context."""
-    rows, max_new = list(leader.rows), list(leader.max_new)
+    rows, budgets = list(leader.rows), list(leader.fit_budgets)
 
     def wanted(member: Any) -> bool:
         if not isinstance(member, BatchMember) or member.shared != leader.shared:
             return False
         if len(rows) + len(member.rows) > parallel or not fits_together(model, rows + member.rows,
-                                                                           max_new + member.max_new):
+                                                                           budgets + member.fit_budgets):
             return False
         rows.extend(member.rows)
-        max_new.extend(member.max_new)
+        budgets.extend(member.fit_budgets)
         member.feeds = [RowFeed() for _ in member.rows]  # before its thread wakes and reads them
         return True
 
