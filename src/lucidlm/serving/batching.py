@@ -46,15 +46,15 @@ class BatchMember:
     """A request that may share a batch: its rows (one per choice), their budgets and stop
     strings, the options its batch must share, and, once in a batch, one ``RowFeed`` a row."""
 
-    def __init__(self, job: GenerationJob, rows: list[list[int]], options: dict[str, Any], request: Request) -> None:
+    def __init__(self, job: GenerationJob, rows: list[list[int]], options: dict[str, Any], request: Request,
+                 open_ended: bool = False) -> None:
         self.job, self.rows, self.request = job, rows, request
         self.shared = {k: v for k, v in options.items() if k not in PER_ROW}
         self.max_new = [options["max_new_tokens"]] * len(rows)
-        # A chat request without max_tokens runs to the end of the context: in a batch, to the end of
+        # open_ended: a chat request without max_tokens runs to the end of the context; in a batch, to the end of
         # the shared one, (longest prompt - its prompt) tokens sooner than alone. Held to the same fit
         # as a budget, it would batch only beside shorter prompts, which most chat clients' requests
         # (no max_tokens) never are; an answer that long is rare, and still ends as "length".
-        open_ended = "max_new_tokens" not in job.options
         self.fit_budgets = [0 if open_ended else n for n in self.max_new]  # what fits_together holds it to
         self.stops = [stop_strings(options.get("stop"))] * len(rows)
         self.feeds: list[RowFeed] = []
@@ -75,7 +75,7 @@ def batch_member(job: GenerationJob, model: Any, server_options: dict[str, Any],
     with model_refusals(job):  # a token id the options name past the vocabulary
         request = make_request(options)
         request.use_model(model)
-    return BatchMember(job, rows, options, request)
+    return BatchMember(job, rows, options, request, open_ended="max_new_tokens" not in job.options)
 
 
 def joiner(model: Any, leader: BatchMember, parallel: int) -> Callable[[Any], bool]:
