@@ -86,3 +86,22 @@ def test_a_row_with_no_budget_ends_once_with_nothing_while_the_others_decode(smo
     assert (first_result.token_ids, first_result.text, first_result.finish_reason) == \
         (alone.token_ids, alone.text, alone.finish_reason) == ([], "", "length")
     assert run.results[1].token_ids == generate(model, prompts[1], max_new_tokens=4, temperature=0).token_ids
+
+
+def test_a_left_padded_row_gets_exactly_the_bits_it_gets_alone(smollm2_default):
+    """Each prompt of a batch is prefilled on its own (``DecodeSession._prefill_each_row``): one
+    padded pass rounded differently, ~1e-3 in the log-probs on this model, and took the other
+    token where the two likeliest were closer than that ("import numpy as np\\n", token 36: a
+    1.3e-3 gap). The log-probs of every token, and its alternatives, equal generate's alone."""
+    from lucidlm.generation import generate_batch
+
+    model = smollm2_default
+    prompts = ["import numpy as np\n", "The quick brown fox jumps over the lazy dog. The dog",
+               "1, 2, 3,", "Q: What is the boiling point of water?\nA:", "Dear Sir,",
+               "The history of the Roman Empire begins", "<html>\n<head>", "Paris is"]
+    batch = generate_batch(model, prompts, max_new_tokens=48, temperature=0, logprobs=2, stop_on_eos=False)
+    assert len({len(r.prompt_ids) for r in batch}) > 4  # left padding of many widths
+    for prompt, got in zip(prompts, batch):
+        want = generate(model, prompt, max_new_tokens=48, temperature=0, logprobs=2, stop_on_eos=False)
+        assert got.token_ids == want.token_ids, prompt
+        assert got.logprobs == want.logprobs and got.top_logprobs == want.top_logprobs, prompt  # to the bit

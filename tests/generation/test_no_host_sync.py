@@ -118,6 +118,8 @@ def _steps_seen_per_token(model, rows, lookahead: bool, new_tokens: int = 12):
     from lucidlm.generation.sampling import SamplingSettings
 
     calls = []
+    # the prompt pass: one call, or one a row where their lengths differ (each prompt runs alone)
+    prefill_calls = len(rows) if len({len(row) for row in rows}) > 1 else 1
     original = model.step
     model.step = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
     try:
@@ -125,7 +127,7 @@ def _steps_seen_per_token(model, rows, lookahead: bool, new_tokens: int = 12):
         tokens, steps_run = [], []
         for next_ids in sample_rows(model, rows, new_tokens, SamplingSettings(temperature=0.0), None, finished,
                                     lookahead=lookahead):
-            steps_run.append(len(calls) - 1)  # the prefill is one call
+            steps_run.append(len(calls) - prefill_calls)
             tokens.append(next_ids.tolist())
     finally:
         del model.step

@@ -45,8 +45,8 @@ def register(subparsers: Any) -> None:
                              "the new tokens' logits round a little otherwise (a shorter pass)")
     parser.add_argument("--parallel", "-np", metavar="N", type=arg_types.parallel_rows, default=DEFAULT_PARALLEL,
                         help=f"decode up to N rows of waiting requests as one batch (llama-server's --parallel): "
-                             f"each answer stays what it is alone (greedy: the same tokens but at near-ties, where "
-                             f"padding's rounding may pick the other; seeded sampling, "
+                             f"each answer stays what it is alone (greedy: the same tokens, to the bit on quantized "
+                             f"models; seeded sampling, "
                              f"log-probs, --cache-prompt and --draft run alone). Default {DEFAULT_PARALLEL}, "
                              f"llama-server's: on SmolLM2, 2 cores, 4 rows decode 2.6x one row's tokens a second, 8 "
                              f"rows 3.7x, but each row's tokens come slower the more rows share a step; 1 serves "

@@ -232,9 +232,12 @@ def generate_batch(model: Transformer, prompts: Sequence[str | Sequence[int]], *
                    min_new_tokens: int = 0, logprobs: Union[bool, int, None] = None,
                    chat: bool = False) -> list[GenerationResult]:
     """Generate for several prompts in one batch (left-padded, one KV cache). Each row
-    stops on its own; greedy results equal one-prompt-at-a-time ``generate`` but at near-ties
-    (a left-padded row's prompt pass rounds differently, ~1e-3 in its log-probs on the int4
-    default, so two tokens that close may swap) and up to the context: the rows share the cache's ``max_seq_len`` slots, so every row gets at most
+    stops on its own. On lucidlm's CPU kernels (quantized models) each row is bit for bit
+    one-prompt-at-a-time ``generate``'s, log-probs included (each prompt is prefilled on its own,
+    ``DecodeSession``); on torch's attention (float models, a GPU) the decode steps over the
+    padded cache round differently (~5e-5 in SmolLM2's float32 logits), so a greedy near-tie that
+    close may go the other way. Up to the context: the rows share the cache's ``max_seq_len``
+    slots, so every row gets at most
     ``max_seq_len`` minus the *longest* prompt's length new tokens (finish reason "length"),
     where a short prompt alone could go on further. There is no beam search here (no
     ``num_beams``, ``length_penalty``): beams search one prompt at a time, with ``generate``,

@@ -46,7 +46,8 @@ class DecodeSession:
     rows: token ids per sequence (B rows, each non-empty, already checked against the
     vocabulary). Rows of different lengths are left-padded to the same length L, so every
     row's next token lands in the same slot, and an attention mask hides the padding
-    (positions count from each row's first real token, so padding does not shift RoPE).
+    (positions count from each row's first real token, so padding does not shift RoPE). Their
+    prompts are prefilled one row at a time, each as it would run alone (``_prefill_each_row``).
     capacity: total slots to allocate, L + the most tokens that will be fed back.
     same_rows: every row is the same prompt (beam search's beams): the prompt runs once, in
     one row, whose cache slots are then copied to the others.
@@ -74,7 +75,8 @@ class DecodeSession:
         # so the model may keep what its decode step looks up (``Transformer.steady_decode``)
         self._steady = model.steady_decode() if steady and hasattr(model, "steady_decode") else None
         self.batch_size = len(rows)
-        self.prompt_len = max(len(r) for r in rows)
+        self.row_lengths = [len(r) for r in rows]
+        self.prompt_len = max(self.row_lengths)
         self.capacity = capacity
         _check_capacity(model, self.prompt_len, capacity)
         device = model.device
@@ -202,6 +204,11 @@ class DecodeSession:
         # does. That pass runs eagerly: a compiled model's prompt graph is traced for a new
         # cache, and a second one for a continued cache would cost another compile (a minute on
         # 2 cores) at a chat's second turn, for a pass of a message's few tokens.
+        # rows of different lengths, each prefilled alone; not for a compiled model, whose prompt graph
+        # for one row against a cache of B rows would be one more graph to compile (a minute on 2 cores)
+        if start == 0 and not self.same_rows and self.attention_mask is not None and \
+                not getattr(self.model, "compiled", False):
+            return self._prefill_each_row()
         run = self._prefill if start == 0 else self.model.step
         once = self.same_rows and start == 0 and self.batch_size > 1  # one row's pass, then its slots copied
         logits = run(self.prompt_ids[:1 if once else self.batch_size, start:], input_pos=slots,
@@ -212,6 +219,26 @@ class DecodeSession:
             logits = logits.expand(self.batch_size, -1, -1)
         self.next_slot = self.prompt_len
         return logits[:, -1].float()  # (B, V)
+
+    def _prefill_each_row(self) -> torch.Tensor:
+        """Prompts of different lengths: each row's prompt runs alone, as ``generate`` runs it
+        (its own slots 0..n-1, no padding), and moves to where its left-padded row keeps it.
+        One padded pass over all rows computes the attention with a padding mask, which rounds
+        differently: SmolLM2's int4 default, log-probs ~1e-3 off the row's alone, and greedy
+        tokens swapped at near-ties (16 prompts x 48 tokens: one). Run so, a row of a batch
+        gets exactly its alone's bits: the decode steps' attention starts at a row's first
+        real slot (``kernels/decode_attention.c``), so padding changes nothing after the prompt.
+        Logits (B, V) for the first new tokens."""
+        L, last = self.prompt_len, []
+        for row in reversed(range(self.batch_size)):  # row 0 last: the others pass through its slots
+            n = self.row_lengths[row]
+            slots = torch.arange(n, device=self.prompt_ids.device)  # (n,)
+            logits = self._prefill(self.prompt_ids[row:row + 1, L - n:], input_pos=slots, attention_mask=None,
+                                   last_token_only=True, new_cache=True)  # (1, 1, V), written in cache row 0
+            self.model.place_kv_row(row, n, L - n)
+            last.append(logits[:, -1])
+        self.next_slot = L
+        return torch.cat(last[::-1]).float()  # (B, V)
 
     @torch.inference_mode()
     def step(self, next_ids: torch.Tensor) -> torch.Tensor:

@@ -47,6 +47,12 @@ class KVCache(nn.Module):
             return cache_k[:, :, :length], cache_v[:, :, :length]  # (B, n_kv, length, hd)
         return cache_k, cache_v
 
+    def place(self, row: int, length: int, start: int) -> None:
+        """Move the first ``length`` slots of row 0 to slots ``start``.. of row ``row`` (a prompt
+        run alone, put where its left-padded row of a batch keeps it)."""
+        for cache in (self.k, self.v):
+            cache[row, :, start:start + length] = cache[0, :, :length].clone()  # the ranges may overlap
+
     def reorder(self, beam_idx: torch.Tensor, length: Optional[int] = None) -> None:
         """Keep the rows ``beam_idx`` (beam search reshuffles hypotheses every step); only the
         first ``length`` slots (those written so far; None: all) of the rows that change are

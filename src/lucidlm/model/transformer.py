@@ -393,6 +393,13 @@ class Transformer(nn.Module):
             if self._steady is mine:
                 self._steady = None
 
+    def place_kv_row(self, row: int, length: int, start: int) -> None:
+        """Move the first ``length`` slots of cache row 0 to slots ``start``.. of row ``row``, in
+        every layer (``KVCache.place``)."""
+        if self.kv_caches is not None:
+            for cache in self.kv_caches:
+                cache.place(row, length, start)
+
     def reorder_kv_cache(self, rows: torch.Tensor, length: Optional[int] = None) -> None:
         """Keep cache rows ``rows`` (B,), in that order (beam search reshuffles hypotheses);
         ``length``: only the first slots hold anything yet (None: all may)."""

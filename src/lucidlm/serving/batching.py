@@ -7,16 +7,15 @@ A request that arrives while a batch runs waits for the next one: rows do not jo
 under way (that is continuous batching, which this is not). The head of the queue always leads
 the next batch, so nothing waits behind requests that came after it.
 
-Each response is what the request alone would get (but at near-ties), so only what can promise
-that batches:
+Each response is what the request alone would get, so only what can promise that batches:
 
-- greedy requests (greedy batched tokens are one-at-a-time ``generate``'s but at near-ties: a
-  left-padded row's prompt pass rounds differently, so where the two likeliest tokens' log-probs
-  lie within ~1e-3 a batched row may take the other; SmolLM2's int4 default, 16 prompts x 48
-  tokens: one such flip), and unseeded sampling ones (random anyway; the batch shares one
-  generator). A seeded sampling request promises ``generate(seed=...)``'s answer, so it runs alone;
-- not with log-probs: a left-padded row's prompt pass rounds differently (SmolLM2, int4
-  kernels: log-probs off by up to ~1e-3), so they would not be alone's to the digit;
+- greedy requests (on lucidlm's CPU kernels a batched row gets exactly its alone's bits: each
+  prompt is prefilled on its own, ``DecodeSession._prefill_each_row``; on torch's attention, a
+  float model's or a GPU's, the decode steps over a padded cache round differently, ~5e-5 in
+  SmolLM2's float32 logits, which could swap a greedy near-tie that close), and unseeded sampling
+  ones (random anyway; the batch shares one generator). A seeded sampling request promises
+  ``generate(seed=...)``'s answer, so it runs alone;
+- not with log-probs, which on torch's attention would not be alone's to the digit;
 - not with ``cache_prompt`` or a server ``--draft``: prompt reuse and speculative decoding
   are one-row techniques;
 - only rows that fit the context after the batch's longest prompt (``fits_together``); a chat
