@@ -8,7 +8,7 @@ A waiter may queue an item (``acquire(item)``): the holder can then take waiters
 their items (``take_along``, ``lucidlm serve --parallel``: requests that can decode in one
 batch with the holder's), out of the queue; their ``acquire`` returns False, as their work is
 the holder's now. The lock is not tied to a thread: whoever holds it may hand the release to
-another (the server's batch thread releases it when the batch ends).
+another (the batch, on the server's model thread, releases it when it ends).
 """
 
 from __future__ import annotations

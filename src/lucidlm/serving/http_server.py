@@ -4,9 +4,10 @@ connection), JSON in and out, Server-Sent Events for ``"stream": true``.
 One model has one KV cache, so one generation runs at a time: a request holds the model
 (``FairLock``, first come, first served) from its first token to its last, and requests that
 arrive meanwhile wait. With ``parallel`` > 1 the request that gets the model takes along the
-waiting requests that can decode in one batch with it (``batching.py``); a thread of the batch's
-own decodes it and lets go of the model at its end, and each request's thread writes its own
-rows' pieces. A client that goes away is noticed when its turn comes (it ran out of
+waiting requests that can decode in one batch with it (``batching.py``); the batch decodes on the
+model's thread and lets go of the model at its end, and each request's thread writes its own
+rows' pieces. Every generation runs on the model's thread, the one that called ``serve_forever``
+(``model_worker.py``); the connections' threads only read and write. A client that goes away is noticed when its turn comes (it ran out of
 patience in the queue: nothing runs for it), at the next event written (streaming) or at the
 next piece of text (not streaming): its generation (in a batch, its rows) is closed there and the
 model passes to the next request.
@@ -236,7 +237,7 @@ class OpenAIRequestHandler(BaseHTTPRequestHandler):
             server.model_turn.release()
 
     def answer_in_batch(self, member: BatchMember) -> None:
-        """Answer from the rows a batch's thread decodes for this request."""
+        """Answer from the rows the batch decodes for this request on the model's thread."""
         member.job.start_in_batch(self.server.model, self.server.model_name, member.feeds)
         if self.client_gone():  # gone while it waited: its rows end at the batch's next step
             member.job.close()

@@ -24,10 +24,10 @@ from typing import Any, Callable, Iterator, Optional, Union
 
 from lucidlm.errors import LucidLMError
 from lucidlm.generation import TextStream, stream
+from lucidlm.generation.prompt_logprobs import prompt_logprobs
 from lucidlm.generation.request import prompt_ids
 from lucidlm.serving.api_errors import RequestError, as_request_error
 from lucidlm.serving.chat_messages import template_messages
-from lucidlm.generation.prompt_logprobs import prompt_logprobs
 from lucidlm.serving.logprob_objects import (ScoredToken, chat_logprobs, completion_logprobs, scored_prompt,
                                              scored_tokens, shifted)
 from lucidlm.serving.request_fields import (COMMON_FIELDS, MAX_N, choice_seed, flag, given_fields,

@@ -1,5 +1,5 @@
 """One row of a batch, as its request's thread reads it: ``TextStream``'s interface (iterate the
-pieces, then ``result``; ``close``) over a queue the batch's thread fills.
+pieces, then ``result``; ``close``) over a queue the batch fills from the model's thread.
 
 The queue has no bound, so a slow client holds up no one: the batch puts its pieces at its own
 pace and each request's thread writes them to its client at the client's.
@@ -28,7 +28,7 @@ class RowFeed(Iterator[str]):
         self.gone = False  # closed by its reader (a client gone): the batch ends the row at its next step
         self._over = False
 
-    # the batch's thread
+    # the model's thread, running the batch
     def put(self, text: str, result: Any = None) -> None:
         """A piece of text, and with ``result`` the row's end."""
         if text:
