@@ -14,12 +14,13 @@ few positions at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional, Sequence, Union
 
 import torch
 
 from lucidlm.errors import GenerationError
 from lucidlm.generation.request import fit_to_context, prompt_ids
+from lucidlm.model.transformer import Transformer
 
 
 # Positions whose float32 log-softmax is taken at once: ~16 MB, not a second copy of the (T, V)
@@ -38,7 +39,8 @@ class PromptLogprobs:
     top_logprobs: list[Optional[list[tuple[int, float]]]]
 
 
-def prompt_logprobs(model: Any, prompt: Any, top: int = 0, chat: bool = False) -> PromptLogprobs:
+def prompt_logprobs(model: Transformer, prompt: Union[str, Sequence[int], torch.Tensor], top: int = 0,
+                    chat: bool = False) -> PromptLogprobs:
     """Each prompt token's log-prob under ``model`` (module docstring). ``prompt``: a text (read by
     the model's tokenizer, BOS included where it adds one, as ``generate`` reads it) or token ids;
     ``chat``: the text as one user message in the model's chat template. ``top``: how many of the
