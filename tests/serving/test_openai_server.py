@@ -493,12 +493,36 @@ def test_a_burst_of_connections_waits_to_be_accepted_not_dropped():
             while data := connection.recv(4096):
                 received += data
             answers.append(received)
-        assert all(a.startswith(b"HTTP/1.1 200 ") and a.endswith(b'{"status": "ok"}') for a in answers)
+        # answered, every one (no model here: as while it loads, 503 "Loading model")
+        assert all(a.startswith(b"HTTP/1.1 503 ") and b"Loading model" in a for a in answers)
     finally:
         for connection in connections:
             connection.close()
         if len(connections) == 64:  # serve_forever runs: stop it
             served.shutdown()
+        served.server_close()
+
+
+def test_while_the_model_loads_every_route_answers_503_loading_model():
+    """``lucidlm serve`` accepts before it loads the model: a health check or a request then gets
+    llama-server's 503 "Loading model" (an error object, type unavailable_error), not an
+    unanswered connection; once the model is set, the same server answers."""
+    import lucidlm
+
+    served = OpenAIServer(None, NAME, port=0)
+    served.start_accepting()
+    try:
+        for path, method, body in [("/health", "GET", None), ("/v1/models", "GET", None),
+                                   ("/v1/completions", "POST", json.dumps({"prompt": "Hi"}).encode()),
+                                   ("/tokenize", "POST", json.dumps({"prompt": "Hi"}).encode())]:
+            status, answer, _ = http(served, path, method, body)
+            assert status == 503, path
+            assert answer["error"]["type"] == "unavailable_error" and "Loading model" in answer["error"]["message"]
+        assert http(served, "/nowhere")[0] == 404  # an unknown path is still one
+        served.model = lucidlm.load()
+        assert http(served, "/health")[:2] == (200, {"status": "ok"})
+    finally:
+        served.stop_accepting()
         served.server_close()
 
 

@@ -66,14 +66,17 @@ def run_serve(args: argparse.Namespace) -> int:
         raise InputError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; choose another --port "
                          f"(0 picks a free one) or --host.") from None
     try:
-        server.model = load_model_and_draft(args, server.generation_options)  # with --draft, the draft in it
+        server.start_accepting()  # while the model loads, every request gets 503 "Loading model" (llama-server's)
+        model = load_model_and_draft(args, server.generation_options)  # with --draft, the draft in it
         if args.cache_prompt:
             server.generation_options["reuse_cache"] = True
-        if server.model.tokenizer is None:
+        if model.tokenizer is None:
             raise GenerationError(f"model {args.model!r} has no tokenizer, so it cannot read text prompts; use a "
                                   f"model directory or GGUF file that includes one.")
+        server.model = model  # the requests from now on are answered
         print(f"lucidlm serve: {server.url} (model {name})", flush=True)
         serve(server, on_stop=lambda: print("lucidlm serve: stopped", file=sys.stderr, flush=True))
     finally:
+        server.stop_accepting()
         server.server_close()
     return 0

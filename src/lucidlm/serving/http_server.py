@@ -7,10 +7,10 @@ arrive meanwhile wait. With ``parallel`` > 1 the request that gets the model tak
 waiting requests that can decode in one batch with it (``batching.py``); the batch decodes on the
 model's thread and lets go of the model at its end, and each request's thread writes its own
 rows' pieces. Every generation runs on the model's thread, the one that called ``serve_forever``
-(``model_worker.py``); the connections' threads only read and write. A client that goes away is noticed when its turn comes (it ran out of
-patience in the queue: nothing runs for it), at the next event written (streaming) or at the
-next piece of text (not streaming): its generation (in a batch, its rows) is closed there and the
-model passes to the next request.
+(``model_worker.py``); the connections' threads only read and write. A client that goes away is
+noticed when its turn comes (it ran out of patience in the queue: nothing runs for it), at the
+next event written (streaming) or at the next piece of text (not streaming): its generation (in a
+batch, its rows) is closed there and the model passes to the next request.
 
 Routes: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/NAME``), ``POST /v1/completions``,
 ``POST /v1/chat/completions``, each but /health also without ``/v1`` as llama-server has them;
@@ -18,8 +18,9 @@ Routes: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/NAME``), ``POST /v
 ``HEAD`` of a GET route, and ``OPTIONS`` of any (a browser's CORS preflight: a page of any origin
 may call the API, as llama-server's and vLLM's defaults allow).
 Every error is OpenAI's error object with its status: 400 a bad field, 404 an unknown path, 405
-a wrong method, 411 no Content-Length, 413 a body over 16 MiB, 500 a bug (the server goes on),
-and the stdlib's own refusals (501 an unknown method, 400 a request line it cannot read).
+a wrong method, 411 no Content-Length, 413 a body over 16 MiB, 503 "Loading model" while the model
+loads (llama-server's), 500 a bug (the server goes on), and the stdlib's own refusals (501 an
+unknown method, 400 a request line it cannot read).
 """
 
 from __future__ import annotations
@@ -91,20 +92,32 @@ class OpenAIServer(ThreadingHTTPServer):
         self.created = int(time.time())
         self.model_turn = FairLock()
         self.worker = ModelWorker()  # the model's one thread: serve_forever's caller (model_worker.py says why)
+        self._http: Optional[threading.Thread] = None  # the thread accepting connections, once started
         super().__init__((host, port), OpenAIRequestHandler)
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         """Answer requests until ``shutdown()``: the connections in threads of their own, every
         generation on the calling thread, which should be the one that loaded the model (another
         thread generates ~3.7x slower on a 2-core CPU: ``model_worker.py``)."""
-        http = threading.Thread(target=super().serve_forever, args=(poll_interval,), name="lucidlm-http",
-                                daemon=True)
-        http.start()
+        http = self.start_accepting(poll_interval)
         try:
             self.worker.run(keep_going=http.is_alive)
         finally:  # Ctrl-C (or a bug) in the model's work: stop accepting too
-            if http.is_alive():
-                super().shutdown()
+            self.stop_accepting()
+
+    def start_accepting(self, poll_interval: float = 0.5) -> threading.Thread:
+        """Answer connections from now on, in a thread of their own (``lucidlm serve`` starts
+        before it loads the model: meanwhile every route answers 503 "Loading model", as
+        llama-server's do, instead of leaving the client's connection unanswered)."""
+        if self._http is None:
+            self._http = threading.Thread(target=super().serve_forever, args=(poll_interval,), name="lucidlm-http",
+                                          daemon=True)
+            self._http.start()
+        return self._http
+
+    def stop_accepting(self) -> None:
+        if self._http is not None and self._http.is_alive():
+            super().shutdown()
 
     def count_batch(self, rows: int) -> None:
         self.batches[rows] += 1
@@ -150,6 +163,9 @@ class OpenAIRequestHandler(BaseHTTPRequestHandler):
             self.body = self.read_body()
             path = self.route = self.route_of(urlsplit(self.path).path)
             methods = ROUTES.get(path) or ({"GET": "model"} if path.startswith(MODEL_PATH) else None)
+            if self.server.model is None and methods is not None and method != "OPTIONS":
+                raise RequestError("Loading model: the server answers once its model is loaded; retry in a moment.",
+                                   status=503, kind="unavailable_error")
             if methods is None:
                 raise RequestError(f"no such endpoint: {path}; this server has {', '.join(ROUTES)}.", status=404,
                                    code="not_found")
