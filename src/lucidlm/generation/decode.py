@@ -76,6 +76,7 @@ class DecodeSession:
         self._steady = model.steady_decode() if steady and hasattr(model, "steady_decode") else None
         self.batch_size = len(rows)
         self.row_lengths = [len(r) for r in rows]
+        self._prompts = [tuple(row) for row in rows]  # on the host: which rows hold the same prompt
         self.prompt_len = max(self.row_lengths)
         self.capacity = capacity
         _check_capacity(model, self.prompt_len, capacity)
@@ -229,16 +230,22 @@ class DecodeSession:
         gets exactly its alone's bits: the decode steps' attention starts at a row's first
         real slot (``kernels/decode_attention.c``), so padding changes nothing after the prompt.
         Logits (B, V) for the first new tokens."""
-        L, last = self.prompt_len, []
-        for row in reversed(range(self.batch_size)):  # row 0 last: the others pass through its slots
-            n = self.row_lengths[row]
+        L = self.prompt_len
+        rows_of: dict[tuple[int, ...], list[int]] = {}  # a prompt -> the rows that hold it (n choices: n rows)
+        for row in range(self.batch_size):
+            rows_of.setdefault(self._prompts[row], []).append(row)
+        last: list[Any] = [None] * self.batch_size
+        # row 0's prompt last: the others pass through its slots; within it, row 0 placed last too
+        for rows in sorted(rows_of.values(), key=lambda rows: rows[0] == 0):
+            n = self.row_lengths[rows[0]]
             slots = torch.arange(n, device=self.prompt_ids.device)  # (n,)
-            logits = self._prefill(self.prompt_ids[row:row + 1, L - n:], input_pos=slots, attention_mask=None,
-                                   last_token_only=True, new_cache=True)  # (1, 1, V), written in cache row 0
-            self.model.place_kv_row(row, n, L - n)
-            last.append(logits[:, -1])
+            logits = self._prefill(self.prompt_ids[rows[0]:rows[0] + 1, L - n:], input_pos=slots,
+                                   attention_mask=None, last_token_only=True, new_cache=True)  # in cache row 0
+            for row in reversed(rows):  # (1, 1, V) logits, once a prompt
+                self.model.place_kv_row(row, n, L - n)
+                last[row] = logits[:, -1]
         self.next_slot = L
-        return torch.cat(last[::-1]).float()  # (B, V)
+        return torch.cat(last).float()  # (B, V)
 
     @torch.inference_mode()
     def step(self, next_ids: torch.Tensor) -> torch.Tensor:
