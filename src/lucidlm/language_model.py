@@ -161,12 +161,13 @@ class LanguageModel(Transformer):
         return run(ids, input_pos, attention_mask, None, last_token_only)
 
     def setup_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None,
-                       dtype: Optional[torch.dtype] = None) -> None:
+                       dtype: Optional[torch.dtype] = None, reserve_rows: int = 0) -> None:
         """``Transformer.setup_kv_cache``; compiled, the length is rounded up to a power of two
         (``CACHE_MIN`` at least) and the previous cache is reused when it has that size, so
-        the compiled step (and its CUDA graph) stays valid."""
+        the compiled step (and its CUDA graph) stays valid (and no rows are reserved: a
+        compiled batch takes no new rows)."""
         if not self.compiled:
-            return super().setup_kv_cache(batch_size, max_seq_len, dtype)
+            return super().setup_kv_cache(batch_size, max_seq_len, dtype, reserve_rows)
         self.kept_kv_cache = None  # its buffers may be the ones handed out again below
         wanted = max_seq_len or self.config.max_seq_len
         wanted = min(max(self.CACHE_MIN, 1 << (wanted - 1).bit_length()), self.config.max_seq_len)

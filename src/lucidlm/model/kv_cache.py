@@ -16,12 +16,26 @@ from lucidlm.devices import as_dtype
 
 
 class KVCache(nn.Module):
+    """``reserve_rows``: room for that many rows in all (a batch under way that takes new
+    prompts, ``add_rows``): ``k`` and ``v`` are then views of the first ``batch_size`` rows of
+    larger buffers, allocated unwritten (so not in memory until used) and zeroed a row at a
+    time as rows are added."""
+
     def __init__(self, batch_size: int, max_seq_len: int, n_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str | None = None) -> None:
+                 dtype: torch.dtype, device: torch.device | str | None = None, reserve_rows: int = 0) -> None:
         super().__init__()
         shape = (batch_size, n_kv_heads, max_seq_len, head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self._reserved: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (R, n_kv, S, hd) each, R >= B
+        if reserve_rows > batch_size:
+            self._reserved = tuple(torch.empty((reserve_rows, *shape[1:]), dtype=dtype, device=device)
+                                   for _ in range(2))
+            for buffer in self._reserved:
+                buffer[:batch_size].zero_()
+            k, v = (buffer[:batch_size] for buffer in self._reserved)
+        else:
+            k, v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+        self.register_buffer("k", k, persistent=False)
+        self.register_buffer("v", v, persistent=False)
 
     @property
     def batch_size(self) -> int:
@@ -52,6 +66,36 @@ class KVCache(nn.Module):
         run alone, put where its left-padded row of a batch keeps it)."""
         for cache in (self.k, self.v):
             cache[row, :, start:start + length] = cache[0, :, :length].clone()  # the ranges may overlap
+
+    def add_rows(self, count: int, written: int) -> None:
+        """``count`` more rows at the end (a batch under way taking new prompts), zeroed: within
+        the reserve, the views grow over it; past it, new buffers, the old rows' first
+        ``written`` slots copied over (the rest are unwritten, masked)."""
+        rows = self.batch_size
+        for i, name in enumerate(("k", "v")):
+            old = getattr(self, name)
+            if self._reserved is not None and rows + count <= self._reserved[i].shape[0]:
+                grown = self._reserved[i][:rows + count]
+                grown[rows:].zero_()  # zero, not stale: a masked slot's value still meets a 0 weight in SDPA
+            else:
+                grown = old.new_zeros((rows + count, *old.shape[1:]))
+                grown[:rows, :, :written] = old[:, :, :written]
+            setattr(self, name, grown)
+
+    def keep_rows(self, count: int) -> None:
+        """Keep the first ``count`` rows (the rows after them have ended): views, so adding
+        rows later reuses the room."""
+        self.k, self.v = self.k[:count], self.v[:count]
+
+    def copy_slots(self, row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A copy of row ``row``'s first ``length`` slots, k and v (n_kv, length, hd) each, for
+        ``write_slots`` to put back (a prompt that joins a batch under way runs in row 0 first)."""
+        return self.k[row, :, :length].clone(), self.v[row, :, :length].clone()
+
+    def write_slots(self, row: int, saved: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Put ``copy_slots``' copy back into the first slots of row ``row``."""
+        for cache, values in zip((self.k, self.v), saved):
+            cache[row, :, :values.shape[1]] = values
 
     def reorder(self, beam_idx: torch.Tensor, length: Optional[int] = None) -> None:
         """Keep the rows ``beam_idx`` (beam search reshuffles hypotheses every step); only the

@@ -352,8 +352,10 @@ class Transformer(nn.Module):
 
     # ------------------------------------------------------------------ KV cache
     def setup_kv_cache(self, batch_size: int, max_seq_len: Optional[int] = None,
-                       dtype: Optional[torch.dtype] = None) -> None:
-        """Preallocate a static cache for every layer (one size for all, one cache each)."""
+                       dtype: Optional[torch.dtype] = None, reserve_rows: int = 0) -> None:
+        """Preallocate a static cache for every layer (one size for all, one cache each).
+        ``reserve_rows``: room for rows added later (``add_kv_rows``), mapped but not written
+        until they are added; none where even the address space could not hold them."""
         self.kept_kv_cache = None
         check_int(batch_size, "batch_size", InputError, low=1)
         if max_seq_len is not None:
@@ -361,11 +363,17 @@ class Transformer(nn.Module):
         max_seq_len = min(max_seq_len or self.config.max_seq_len, self.config.max_seq_len)
         dtype = dtype or self.dtype
         c = self.config
-        check_allocation(2 * len(self.blocks) * batch_size * c.n_kv_heads * max_seq_len * c.head_dim * dtype.itemsize,
-                         f"a KV cache for {batch_size} sequence(s) of {max_seq_len} tokens", InputError,
-                         "use a smaller batch or max_seq_len")
+        row_bytes = 2 * len(self.blocks) * c.n_kv_heads * max_seq_len * c.head_dim * dtype.itemsize
+        check_allocation(batch_size * row_bytes, f"a KV cache for {batch_size} sequence(s) of {max_seq_len} tokens",
+                         InputError, "use a smaller batch or max_seq_len")
+        if reserve_rows > batch_size:
+            try:
+                check_allocation(reserve_rows * row_bytes, "", InputError, "")
+            except InputError:
+                reserve_rows = 0  # rows added past this cache's are new buffers (add_kv_rows checks them)
         self.kv_caches = nn.ModuleList(
-            KVCache(batch_size, max_seq_len, c.n_kv_heads, c.head_dim, dtype, self.device) for _ in self.blocks)
+            KVCache(batch_size, max_seq_len, c.n_kv_heads, c.head_dim, dtype, self.device, reserve_rows)
+            for _ in self.blocks)
 
     def clear_kv_cache(self) -> None:
         """Drop the cache, and the one kept for prompt caching (``reuse_cache``)."""
@@ -399,6 +407,40 @@ class Transformer(nn.Module):
         if self.kv_caches is not None:
             for cache in self.kv_caches:
                 cache.place(row, length, start)
+
+    def add_kv_rows(self, count: int, written: int) -> None:
+        """``count`` more rows in every layer's cache, the old rows' first ``written`` slots kept
+        (``KVCache.add_rows``). What a steady run kept of the caches (``steady_decode``) is
+        forgotten: it pointed at the old buffers."""
+        if self.kv_caches is None:
+            raise InputError("add_kv_rows(): the model has no KV cache; set one up first (setup_kv_cache)")
+        c = self.config
+        rows = self.kv_caches[0].batch_size + count
+        slots = self.kv_caches[0].max_seq_len
+        check_allocation(2 * len(self.blocks) * rows * c.n_kv_heads * slots * c.head_dim * self.kv_caches[0].k.itemsize,
+                         f"a KV cache for {rows} sequence(s) of {slots} tokens", InputError,
+                         "use fewer rows or a smaller max_seq_len")
+        for cache in self.kv_caches:
+            cache.add_rows(count, written)
+        if self._steady is not None:
+            self._steady.clear()
+
+    def keep_kv_rows(self, count: int) -> None:
+        """Keep the first ``count`` rows of every layer's cache (``KVCache.keep_rows``): a batch
+        whose last rows have ended decodes fewer rows. What a steady run kept is forgotten."""
+        for cache in self.kv_caches or ():
+            cache.keep_rows(count)
+        if self._steady is not None:
+            self._steady.clear()
+
+    def copy_kv_slots(self, row: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's copy of cache row ``row``'s first ``length`` slots (``KVCache.copy_slots``)."""
+        return [cache.copy_slots(row, length) for cache in self.kv_caches or ()]
+
+    def write_kv_slots(self, row: int, saved: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Put ``copy_kv_slots``' copies back into row ``row`` of every layer's cache."""
+        for cache, values in zip(self.kv_caches or (), saved, strict=True):
+            cache.write_slots(row, values)
 
     def reorder_kv_cache(self, rows: torch.Tensor, length: Optional[int] = None) -> None:
         """Keep cache rows ``rows`` (B,), in that order (beam search reshuffles hypotheses);
