@@ -10,6 +10,11 @@ keep decoding in lockstep (``decode.sample_rows``); the batch ends when every ro
 The rows share the cache's ``max_seq_len`` slots, so each row gets at most ``max_seq_len``
 minus the *longest* prompt's length new tokens (finish reason "length"): a row whose budget
 reaches past that ends earlier than it would alone (``fits_together`` says whether any does).
+
+With ``join_room``, new prompts may join while the batch runs (``join``; continuous batching,
+``row_joins.py``): each takes over a row that has ended, or adds a row while the batch has fewer
+than ``max_rows``. The cache gets ``join_room`` more slots than the batch's first rows need,
+and a joined row is its own request from then on, with its own budget, stops, text and result.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from lucidlm.generation.decode import sample_rows
 from lucidlm.generation.logprobs import LogprobRecorder
 from lucidlm.generation.request import Request, fit_to_context, padding_id, private_generator
 from lucidlm.generation.result import GenerationResult, attach_tokenizer
+from lucidlm.generation.row_joins import RowJoins
 from lucidlm.generation.streaming import TextAssembler
 
 
@@ -51,10 +57,12 @@ class BatchRun:
     sampling settings, EOS ids, ``min_new_tokens`` and log-probs every row shares (its own
     ``max_new_tokens`` and ``stop`` are not used: each row has its own, ``max_new_tokens[i]``
     and ``stops[i]``). Iterate ``pieces()``; ``end_row(i)`` ends a row early (its client went
-    away), from any thread; ``results`` holds every row's ``GenerationResult`` at the end."""
+    away), from any thread; ``results`` holds every row's ``GenerationResult`` at the end (a
+    row taken over by ``join``: the last one's). ``join_room``: see the module docstring."""
 
     def __init__(self, model: Any, rows: Sequence[Sequence[int]], request: Request,
-                 max_new_tokens: Sequence[int], stops: Sequence[Sequence[str]], lookahead: bool = False) -> None:
+                 max_new_tokens: Sequence[int], stops: Sequence[Sequence[str]], lookahead: bool = False,
+                 join_room: int = 0, max_rows: int = 0) -> None:
         if not len(rows) == len(max_new_tokens) == len(stops):
             raise ValueError(f"BatchRun needs one budget and one stop list per row: {len(rows)} rows, "
                              f"{len(max_new_tokens)} budgets, {len(stops)} stop lists.")
@@ -67,9 +75,73 @@ class BatchRun:
                            for row, stop in zip(self.rows, stops)]
         self.outputs: list[list[int]] = [[] for _ in self.rows]
         self.reasons = ["length"] * len(self.rows)
-        self.finished = torch.zeros(len(self.rows), dtype=torch.bool)  # (B,) sample_rows reads it every step
+        self.max_rows = max(max_rows, len(self.rows))
+        self.live = len(self.rows)  # rows the batch decodes: the ended last ones are dropped (with joins)
+        # (max_rows,) sample_rows stops once all are set; rows not begun yet count as ended
+        self.finished = torch.arange(self.max_rows) >= len(self.rows)
         self.results: list[Any] = [None] * len(self.rows)
         self.recorder = None if request.logprobs is None else LogprobRecorder(request.logprobs)
+        self.started = [0.0] * len(self.rows)  # when each row's request began, in the run's clock
+        self.firsts: list[Optional[float]] = [None] * len(self.rows)  # when each row's first token came
+        self.joins: Optional[RowJoins] = None
+        if join_room > 0:
+            if not self.can_take_joins(model, request, lookahead):
+                raise ValueError("BatchRun(join_room=...): rows cannot join this batch (log-probs, presence or "
+                                 "frequency penalties, lookahead, or a compiled model)")
+            L = max(len(row) for row in self.rows)
+            capacity = min(model.config.max_seq_len, L + max(max(self.max_new) - 1, 0) + join_room)
+            self.joins = RowJoins(capacity, self.max_rows)
+        self._clock = time.perf_counter()
+
+    @staticmethod
+    def can_take_joins(model: Any, request: Request, lookahead: bool = False) -> bool:
+        """Whether rows may join a batch of ``request``'s settings: a joined row's log-probs and
+        presence/frequency penalties would count from the batch's first step, and a compiled
+        model's prompt graph is for a new cache."""
+        settings = request.settings
+        return not (request.logprobs is not None or lookahead or getattr(model, "compiled", False)
+                    or settings.presence_penalty or settings.frequency_penalty)
+
+    def free_rows(self) -> list[int]:
+        """The rows a prompt may take now: ended (their result handed out, none queued for them),
+        then new ones up to ``max_rows``."""
+        if self.joins is None:
+            return []
+        return [i for i in range(self.live) if self.results[i] is not None] + list(range(self.live, self.max_rows))
+
+    def join(self, rows: Sequence[Sequence[int]], max_new_tokens: Sequence[int], stops: Sequence[Sequence[str]],
+             open_ended: bool = False) -> Optional[list[int]]:
+        """Queue ``rows`` (prompts' checked ids, one per row, with their budgets and stops) to take
+        over ended rows at the next step; the rows they got, or None when they do not all fit now
+        (too few free rows, a prompt longer than the batch has run, a budget past the cache). An
+        ``open_ended`` request (a chat without max_tokens) fits with what is left of a cache as
+        long as the context: it ends there, as in a batch it ends at the shared context end.
+        Call between steps, from the thread reading ``pieces``."""
+        free = self.free_rows()
+        if self.joins is None or len(rows) > len(free):
+            return None
+        budgets = []
+        for row, n in zip(rows, max_new_tokens):
+            room = self.joins.room(len(row))
+            whole_context = self.joins.capacity == self.model.config.max_seq_len
+            if room == 0 or n <= 0 or (n > room and not (open_ended and whole_context)):
+                return None
+            budgets.append(min(n, room))
+        now = time.perf_counter() - self._clock
+        taken = free[:len(rows)]
+        for i, row, n, stop in zip(taken, rows, budgets, stops):
+            self.joins.add(i, list(row), n)
+            self.live = max(self.live, i + 1)
+            if i == len(self.rows):  # a new row
+                for per_row in (self.rows, self.max_new, self.outputs, self.assemblers, self.reasons, self.results,
+                                self.started, self.firsts):
+                    per_row.append(None)
+            self.rows[i], self.max_new[i], self.outputs[i] = list(row), n, []
+            self.assemblers[i] = TextAssembler(self.model.tokenizer, stop, self.request.eos_ids, row) \
+                if self.model.tokenizer is not None else None
+            self.reasons[i], self.results[i], self.started[i], self.firsts[i] = "length", None, now, None
+            self.finished[i] = False
+        return taken
 
     def end_row(self, row: int) -> None:
         """Stop generating for ``row`` (its result is what it had, finish reason "length");
@@ -78,9 +150,8 @@ class BatchRun:
 
     def pieces(self) -> Iterator[list[RowPiece]]:
         """Per step, the rows whose text grew or that ended."""
-        start = time.perf_counter()
-        first: Optional[float] = None  # the first step gives every row its first token
-        ended = [self._ended(i, None, 0.0) for i, n in enumerate(self.max_new) if n == 0]
+        self._clock = time.perf_counter()
+        ended = [self._ended(i, 0.0) for i, n in enumerate(self.max_new) if n == 0]
         for piece in ended:  # ended for sample_rows too: else its tokens would go on into the result handed out
             self.finished[piece.row] = True
         if ended:
@@ -89,18 +160,19 @@ class BatchRun:
         steps = sample_rows(self.model, self.rows, max(self.max_new), self.request.settings,
                             private_generator(self.model, self.request.seed), self.finished,
                             padding_id(self.model.tokenizer), self.request.min_new_tokens, eos_ids,
-                            lookahead=self.lookahead, steady=True, recorder=self.recorder)
+                            lookahead=self.lookahead, steady=True, recorder=self.recorder, joins=self.joins)
         with closing(steps):
             for next_ids in steps:
-                now = time.perf_counter() - start
-                first = now if first is None else first
+                now = time.perf_counter() - self._clock
                 grown = []
                 done = self.finished.tolist()  # one read a step: indexing the tensor per row costs more
                 for i, token in enumerate(next_ids.tolist()):
                     if done[i]:
                         if self.results[i] is None:  # ended from outside (end_row) since the last step
-                            grown.append(self._ended(i, first, now))
+                            grown.append(self._ended(i, now))
                         continue
+                    if self.firsts[i] is None:
+                        self.firsts[i] = now
                     self.outputs[i].append(token)
                     piece = self.assemblers[i].add(token) if self.assemblers[i] is not None else ""
                     if token in eos_ids:
@@ -112,15 +184,28 @@ class BatchRun:
                             grown.append(RowPiece(i, piece))
                         continue
                     self.finished[i] = True  # an end as EOS is: sample_rows stops once every row has one
-                    grown.append(self._ended(i, first, now, piece))
+                    grown.append(self._ended(i, now, piece))
+                if self.joins is not None:
+                    self._drop_ended_last_rows()
                 if grown:
                     yield grown
-        now = time.perf_counter() - start
-        ended = [self._ended(i, first, now) for i in range(len(self.rows)) if self.results[i] is None]
+        if self.joins is not None:
+            self.joins.slot = None  # over: nothing joins any more (a queued join would never run)
+        now = time.perf_counter() - self._clock
+        ended = [self._ended(i, now) for i in range(len(self.rows)) if self.results[i] is None]
         if ended:
             yield ended
 
-    def _ended(self, row: int, first: Optional[float], now: float, piece: str = "") -> RowPiece:
+    def _drop_ended_last_rows(self) -> None:
+        """Decode fewer rows from the next step when the last ones have ended (a long answer
+        left alone after a burst then decodes at one row's pace); a join adds them back."""
+        live = self.live
+        while live > 1 and self.results[live - 1] is not None:
+            live -= 1
+        if live < self.live:
+            self.live = self.joins.rows = live
+
+    def _ended(self, row: int, now: float, piece: str = "") -> RowPiece:
         """Row ``row``'s last piece (``piece`` and what its assembler held back) and its result."""
         assembler = self.assemblers[row]
         if assembler is not None:
@@ -130,7 +215,9 @@ class BatchRun:
         if self.recorder is not None:  # read back now: this row's steps are all recorded
             chosen, tops = self.recorder.rows([len(tokens) for tokens in self.outputs])[row]
             scores = {"logprobs": chosen, "top_logprobs": tops}
+        first = self.firsts[row]
         result = GenerationResult(out, assembler.text if assembler else "", list(self.rows[row]), self.reasons[row],
-                                  prompt_seconds=first if out else None, seconds=now, **scores)
+                                  prompt_seconds=first - self.started[row] if out and first is not None else None,
+                                  seconds=now - self.started[row], **scores)
         self.results[row] = attach_tokenizer(result, self.model.tokenizer)
         return RowPiece(row, piece, self.results[row])

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from lucidlm.errors import GenerationError
 from lucidlm.generation.prompt_cache import CacheReuse, KeptCache, model_state, reusable_slots, take_over
+from lucidlm.generation.row_joins import RowJoins
 from lucidlm.model.transformer import Transformer
 
 # model -> the session whose KV cache it holds. A model has one cache, so the last session to
@@ -51,6 +52,9 @@ class DecodeSession:
     capacity: total slots to allocate, L + the most tokens that will be fed back.
     same_rows: every row is the same prompt (beam search's beams): the prompt runs once, in
     one row, whose cache slots are then copied to the others.
+    joinable: new prompts may take over finished rows while it decodes (``join_row``,
+    ``row_joins.py``), so the padding mask is kept even when no row is padded yet;
+    ``reserve_rows``: the most rows it may grow to, for which the cache keeps room.
 
     The model is called through ``prefill_step`` / ``decode_step`` when it has them (a
     ``LanguageModel``, compiled or not), else through ``Transformer.step``: the unchecked
@@ -60,7 +64,7 @@ class DecodeSession:
 
     def __init__(self, model: Transformer, rows: Sequence[Sequence[int]], capacity: int,
                  pad_id: int = 0, steady: bool = False, reuse: Optional[CacheReuse] = None,
-                 same_rows: bool = False) -> None:
+                 same_rows: bool = False, joinable: bool = False, reserve_rows: int = 0) -> None:
         self.model = model
         if same_rows and any(list(row) != list(rows[0]) for row in rows):
             raise GenerationError("DecodeSession(same_rows=True) needs every row to be the same prompt.")
@@ -89,7 +93,14 @@ class DecodeSession:
         self.prompt_ids = padded.to(device)  # (B, L)
         # With no padding, the cache's causal mask alone is exact: skip the padding mask.
         has_padding = any(len(row) < self.prompt_len for row in rows)
-        self.attention_mask: Optional[torch.Tensor] = mask.to(device) if has_padding else None  # (B, capacity)
+        self.has_padding = has_padding
+        self.reserve_rows = reserve_rows if joinable else 0
+        if joinable and getattr(model, "compiled", False):
+            raise GenerationError("a compiled model's batch cannot take new rows while it decodes (its prompt graph is "
+                                  "traced for a new cache); run the batch without joins")
+        self.joinable = joinable
+        # (B, capacity), or None
+        self.attention_mask: Optional[torch.Tensor] = mask.to(device) if has_padding or joinable else None
         self._prefill = getattr(model, "prefill_step", None) or model.step
         self._decode = getattr(model, "decode_step", None) or model.step
         self.input_pos = torch.tensor([self.prompt_len], device=device)  # (1,) the slot of the next token
@@ -123,7 +134,8 @@ class DecodeSession:
             # every set-up forgets what the last generation kept (its buffers may be set up again)
             kept = getattr(self.model, "kept_kv_cache", None)
             try:
-                self.model.setup_kv_cache(self.batch_size, max_seq_len=self.capacity)
+                self.model.setup_kv_cache(self.batch_size, max_seq_len=self.capacity,
+                                          **({"reserve_rows": self.reserve_rows} if self.reserve_rows else {}))
                 if self.reuse is not None:
                     self._take_over(kept)
             except BaseException:
@@ -207,13 +219,14 @@ class DecodeSession:
         # 2 cores) at a chat's second turn, for a pass of a message's few tokens.
         # rows of different lengths, each prefilled alone; not for a compiled model, whose prompt graph
         # for one row against a cache of B rows would be one more graph to compile (a minute on 2 cores)
-        if start == 0 and not self.same_rows and self.attention_mask is not None and \
-                not getattr(self.model, "compiled", False):
+        if start == 0 and not self.same_rows and self.has_padding and not getattr(self.model, "compiled", False):
             return self._prefill_each_row()
         run = self._prefill if start == 0 else self.model.step
         once = self.same_rows and start == 0 and self.batch_size > 1  # one row's pass, then its slots copied
+        # no padding (a joinable session keeps an all-real mask): SDPA's causal path, as without one
+        mask = self.attention_mask if self.has_padding else None
         logits = run(self.prompt_ids[:1 if once else self.batch_size, start:], input_pos=slots,
-                     attention_mask=self.attention_mask, last_token_only=True, new_cache=start == 0)
+                     attention_mask=mask, last_token_only=True, new_cache=start == 0)
         if once:  # the prompt's slots of row 0 to every row: beam search's n beams ran it n times before
             rows = torch.zeros(self.batch_size, dtype=torch.long, device=self.prompt_ids.device)
             self.model.reorder_kv_cache(rows, self.prompt_len)
@@ -246,6 +259,48 @@ class DecodeSession:
                 last[row] = logits[:, -1]
         self.next_slot = L
         return torch.cat(last).float()  # (B, V)
+
+    @torch.inference_mode()
+    def join_row(self, row: int, ids: Sequence[int]) -> torch.Tensor:
+        """A new prompt ``ids`` (n tokens, checked) takes over row ``row``, whose generation has
+        ended, or is a new row (``row`` = ``batch_size``: every layer's cache grows by one row):
+        it runs alone, as ``_prefill_each_row`` runs a prompt, in cache row 0 (whose first n
+        slots are put back after), moves to the n slots before the next free one, and the row's
+        mask hides every slot before it. Logits (V,) for the row's first new token; the next
+        ``step`` feeds it at ``next_slot`` with the others (``row_joins.py``)."""
+        n, end = len(ids), self.next_slot
+        if not self.joinable or self.next_slot == 0:
+            raise GenerationError("DecodeSession.join_row() needs a session opened with joinable=True and its "
+                                  "prompt run (prefill)")
+        if not 0 < n <= end or not 0 <= row <= self.batch_size:
+            raise GenerationError(f"DecodeSession.join_row(): a {n}-token prompt cannot join row {row} with "
+                                  f"{end} slots before the next one ({self.batch_size} rows)")
+        self._check_owner()
+        if row == self.batch_size:  # a new row, all masked until its prompt is placed
+            self.model.add_kv_rows(1, end)
+            self.attention_mask = torch.cat([self.attention_mask, self.attention_mask[:1]])  # (B + 1, S)
+            self.batch_size += 1
+        kept = self.model.copy_kv_slots(0, n) if row != 0 else None  # row 0's own slots, overwritten by the pass
+        prompt = torch.tensor([list(ids)], dtype=torch.long, device=self.prompt_ids.device)  # (1, n)
+        logits = self._prefill(prompt, input_pos=torch.arange(n, device=prompt.device), attention_mask=None,
+                               last_token_only=True, new_cache=True)  # (1, 1, V)
+        self.model.place_kv_row(row, n, end - n)
+        if kept is not None:
+            self.model.write_kv_slots(0, kept)
+        self.attention_mask[row, :end - n] = False  # the row's earlier generation and what came before it
+        self.attention_mask[row, end - n:] = True
+        return logits[0, -1].float()  # (V,)
+
+    def keep_rows(self, count: int) -> None:
+        """Decode only the first ``count`` rows from now on (the others have ended); ``join_row``
+        may add rows again."""
+        if not self.joinable or not 1 <= count <= self.batch_size:
+            raise GenerationError(f"DecodeSession.keep_rows({count}): needs a joinable session and 1 to "
+                                  f"{self.batch_size} rows")
+        self._check_owner()
+        self.model.keep_kv_rows(count)
+        self.attention_mask = self.attention_mask[:count]
+        self.batch_size = count
 
     @torch.inference_mode()
     def step(self, next_ids: torch.Tensor) -> torch.Tensor:
@@ -325,9 +380,9 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
                 generator: Optional[torch.Generator], finished: torch.Tensor, pad_id: int = 0,
                 min_new_tokens: int = 0, eos_ids: Sequence[int] = (),
                 lookahead: bool = False, steady: bool = False, recorder: Any = None,
-                reuse: Optional[CacheReuse] = None) -> Iterator[torch.Tensor]:
+                reuse: Optional[CacheReuse] = None, joins: Optional[RowJoins] = None) -> Iterator[torch.Tensor]:
     """Yield the next token of every row (B,) for up to ``max_new_tokens`` steps; the
-    ``eos_ids`` cannot be chosen in the first ``min_new_tokens`` steps. ``recorder`` (a
+    ``eos_ids`` cannot be chosen in a row's first ``min_new_tokens`` steps. ``recorder`` (a
     ``LogprobRecorder``) keeps each step's log-probs on the device.
 
     ``finished`` (B,) bool is owned by the caller, who sets a row when it ends (EOS, stop
@@ -350,48 +405,90 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
     when the run ends normally: every step done, or the caller closing the generator after
     setting every row's ``finished`` (EOS, a stop string); a caller that stops reading for any
     other reason (Ctrl-C) leaves nothing kept (``prompt_cache.py``).
+
+    ``joins``: new prompts may take over finished rows, or add rows, between steps (continuous
+    batching, ``row_joins.py``): the caller queues them while it holds a step's tokens and
+    clears their rows' ``finished``; the loop then runs until the last joined row's budget too,
+    within the cache's ``joins.capacity`` slots. The caller may also have the last rows, ended,
+    dropped (``joins.rows``): the yielded ids then have fewer rows. Not with ``lookahead``,
+    ``recorder`` or ``reuse``.
     """
     from lucidlm.generation.sampling import sample_next
 
     if max_new_tokens <= 0:
         return
+    if joins is not None and (lookahead or recorder is not None or reuse is not None):
+        raise GenerationError("sample_rows(joins=...) takes no lookahead, recorder or reuse: they are one batch's")
     B, L = len(rows), max(len(r) for r in rows)
-    # Every token seen so far, per row, for the processors that look back (repetition penalty,
-    # n-grams). Padding slots repeat the row's first token: penalising a token twice is the same
-    # as once; the n-gram ban skips them (``padding``).
-    seen = torch.empty((B, L + max_new_tokens), dtype=torch.long)
+    capacity = L + max_new_tokens - 1 if joins is None else joins.capacity
+    if capacity < L + max_new_tokens - 1:
+        raise GenerationError(f"sample_rows: {joins.capacity} cache slots cannot hold a {L}-token prompt and "
+                              f"{max_new_tokens} new tokens")
+    # Every token seen so far, per row and by slot (column L + t holds step t's), for the processors that
+    # look back (repetition penalty, n-grams). Padding slots repeat the row's first token: penalising a
+    # token twice is the same as once; the n-gram ban skips them (``padding``).
+    seen = torch.empty((B, capacity + 1), dtype=torch.long)
     for i, row in enumerate(rows):
         seen[i, :L] = torch.tensor([row[0]] * (L - len(row)) + list(row), dtype=torch.long)
     seen = seen.to(model.device)
     # each row's padding columns (B, 1): n-grams and sequences the processors match must not span them
     padding = torch.tensor([[L - len(row)] for row in rows], device=model.device) \
-        if any(len(row) < L for row in rows) else None
-    readback = TokenReadback(seen.device, B, max_new_tokens)
-    with DecodeSession(model, rows, capacity=L + max_new_tokens - 1, pad_id=pad_id,
-                       steady=lookahead or steady, reuse=reuse) as session:
+        if any(len(row) < L for row in rows) or joins is not None else None
+    readback = TokenReadback(seen.device, B, capacity + 1 - L)
+    born = [0] * B  # the step of each row's first token (a joined row's: the step it joined at)
+    limit = max_new_tokens  # steps to run: the furthest a row's budget reaches
+    with DecodeSession(model, rows, capacity=capacity, pad_id=pad_id, steady=lookahead or steady, reuse=reuse,
+                       joinable=joins is not None, reserve_rows=joins.max_rows if joins is not None else 0) as session:
         logits = session.prefill()
-        for t in range(max_new_tokens):
+        t = 0
+        while True:
             with torch.inference_mode():
-                if t < min_new_tokens:
-                    logits = suppress(logits, eos_ids)
+                if t < max(born) + min_new_tokens:
+                    logits = suppress(logits, eos_ids, [i for i in range(B) if t < born[i] + min_new_tokens])
                 next_ids = sample_next(logits, settings, seen[:, :L + t], generator, recorder, padding, L)  # (B,)
                 seen[:, L + t] = next_ids
             sent = readback.send(t, next_ids)  # before the next step is queued behind the ids
-            last = t + 1 == max_new_tokens  # the last token is never fed back: no forward pass for it
+            last = t + 1 == limit  # the last token is never fed back: no forward pass for it
             if lookahead and not last:
                 logits = session.step(next_ids)  # queued on the device; the caller's read overlaps it
+            if joins is not None:
+                joins.slot = L + t + 1  # a row joining now gets its first token at the next step
             try:
                 yield readback.receive(*sent)
             except GeneratorExit:
                 if reuse is not None and bool(finished.all()):  # the caller ended the row: a normal end
                     session.keep(seen[0, :session.next_slot])
                 raise
-            if last or bool(finished.all()):
+            joined, keep = joins.take() if joins is not None else ([], None)
+            if keep is not None and keep < B:  # the last rows have ended: decode the others only
+                B = keep
+                session.keep_rows(B)
+                next_ids, seen, padding, born = next_ids[:B], seen[:B], padding[:B], born[:B]
+            if joined:
+                limit = max(limit, t + 1 + max(join.max_new_tokens for join in joined))
+            elif last or bool(finished.all()):
                 if reuse is not None:
                     session.keep(seen[0, :session.next_slot])
                 return
             if not lookahead:
                 logits = session.step(next_ids)
+            t += 1
+            for join in sorted(joined, key=lambda join: join.row):  # new rows in order, at the end
+                # after the step, which wrote slot L + t - 1 of every row, the row taken over too
+                with torch.inference_mode():
+                    row_logits = session.join_row(join.row, join.ids)  # (V,)
+                    n = len(join.ids)
+                    row_seen = torch.tensor([join.ids[0]] * (L + t - n) + join.ids, device=seen.device)  # (L + t,)
+                    if join.row == B:  # a new row
+                        logits = torch.cat([logits, row_logits[None]])
+                        seen, padding = torch.cat([seen, seen[:1]]), torch.cat([padding, padding[:1]])
+                        born.append(t)
+                        B += 1
+                        readback.make_room(B)
+                    logits[join.row] = row_logits
+                    seen[join.row, :L + t] = row_seen
+                    padding[join.row] = L + t - n
+                born[join.row] = t
 
 
 class TokenReadback:
@@ -412,14 +509,20 @@ class TokenReadback:
         self.host = (torch.empty((steps, batch_size), dtype=torch.long, pin_memory=True)
                      if device.type == "cuda" else None)  # (steps, B)
 
+    def make_room(self, rows: int) -> None:
+        """Room for ``rows`` ids a step (rows joined the batch; every copy so far was received)."""
+        if self.host is not None and rows > self.host.shape[1]:
+            self.host = torch.empty((self.host.shape[0], rows), dtype=torch.long, pin_memory=True)
+
     def send(self, t: int, ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Start moving step ``t``'s ids (B,) to the host; what ``receive`` takes."""
         if self.host is None:
             return ids, None
-        self.host[t].copy_(ids, non_blocking=True)  # queued on the ids' device's current stream
+        row = self.host[t, :ids.shape[0]]  # a batch whose last rows ended has fewer ids (continuous batching)
+        row.copy_(ids, non_blocking=True)  # queued on the ids' device's current stream
         copied = torch.cuda.Event()
         copied.record(torch.cuda.current_stream(ids.device))  # that stream, also when another GPU is current
-        return self.host[t], copied
+        return row, copied
 
     @staticmethod
     def receive(ids: torch.Tensor, copied: Any) -> torch.Tensor:
@@ -429,10 +532,14 @@ class TokenReadback:
         return ids
 
 
-def suppress(logits: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
-    """logits (B, V) with ``token_ids`` made impossible (min_new_tokens keeps EOS away)."""
+def suppress(logits: torch.Tensor, token_ids: Sequence[int], rows: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """logits (B, V) with ``token_ids`` made impossible in ``rows`` (None: all; min_new_tokens
+    keeps EOS away)."""
     if not token_ids:
         return logits
     logits = logits.clone()
-    logits[:, list(token_ids)] = float("-inf")
+    if rows is None or len(rows) == logits.shape[0]:
+        logits[:, list(token_ids)] = float("-inf")
+    else:
+        logits[torch.tensor(list(rows), device=logits.device)[:, None], list(token_ids)] = float("-inf")
     return logits
