@@ -115,3 +115,19 @@ def test_parallel_reaches_the_server_and_its_default_is_the_servers(monkeypatch)
     assert main(["serve", "-q", "--port", "0", "-np", "8"]) == 1
     assert main(["serve", "-q", "--port", "0"]) == 1
     assert seen == [8, DEFAULT_PARALLEL]
+
+
+def test_cont_batching_is_on_unless_no_cont_batching_says_otherwise(monkeypatch):
+    from lucidlm.cli import main
+    from lucidlm.serving import http_server
+
+    seen = []
+
+    def not_listening(self, *args, cont_batching, **kwargs):
+        seen.append(cont_batching)
+        raise OSError(98, "stop here")
+
+    monkeypatch.setattr(http_server.OpenAIServer, "__init__", not_listening)
+    for flags in ([], ["--no-cont-batching"], ["--cont-batching"], ["-cb"]):
+        assert main(["serve", "-q", "--port", "0", *flags]) == 1
+    assert seen == [True, False, True, True]

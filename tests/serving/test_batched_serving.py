@@ -4,11 +4,14 @@ is still ``generate()``'s on that request alone.
 A batch is forced the way it forms in production: the test holds the server's model lock while
 the requests queue behind it (``waiting`` shows each one), then lets go; the first in line takes
 the others along. ``server.batches`` (rows in a batch -> batches run) shows that they ran as one.
+Requests that come while a batch runs join it (continuous batching): a streamed request read
+event by event keeps its batch running while they come; ``server.joining.joined`` counts them.
 The oracle is ``generate()`` on a second copy of the model, as in test_openai_server.py.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
@@ -195,3 +198,119 @@ def test_a_chat_without_max_tokens_batches_beside_a_longer_prompt(server, oracle
     assert chat_answer["choices"][0]["message"]["content"] == want.text
     assert chat_answer["usage"]["completion_tokens"] == len(want.token_ids)
     assert answer["choices"][0]["text"] == generate(oracle, long_prompt, temperature=0, max_new_tokens=8).text
+
+
+class Streamed:
+    """A streamed request read event by event, so that the test acts while its batch runs."""
+
+    def __init__(self, server, path: str, body: dict) -> None:
+        host, port = server.server_address[:2]
+        self.connection = http.client.HTTPConnection(host, port, timeout=120)
+        self.connection.request("POST", path, json.dumps({"model": NAME, "stream": True, **body}),
+                                {"Content-Type": "application/json"})
+        self.response = self.connection.getresponse()
+        assert self.response.status == 200
+        self.events: list[dict] = []
+
+    def read(self, count: int = 10 ** 9) -> list[dict]:
+        """Read up to ``count`` more events (all of them by default); every event read so far."""
+        for _ in range(count):
+            line = self.response.readline()
+            while line == b"\n":
+                line = self.response.readline()
+            if not line or line == b"data: [DONE]\n":
+                break
+            assert line.startswith(b"data: "), line
+            self.events.append(json.loads(line[len(b"data: "):]))
+        return self.events
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def in_thread(call: Callable[[], Any]) -> Callable[[], Any]:
+    """Start ``call`` in a thread; the returned function waits for its answer."""
+    answer: list[Any] = []
+    thread = threading.Thread(target=lambda: answer.append(call()), daemon=True)
+    thread.start()
+
+    def wait() -> Any:
+        thread.join(timeout=300)
+        assert answer, "no answer within 300 s"
+        return answer[0]
+
+    return wait
+
+
+def test_requests_that_come_while_a_batch_runs_join_it_and_get_their_own_answers(server, oracle):
+    """A streamed request runs alone; a completion with n=2 and a streamed chat come while it
+    runs and join its batch (rows added, the chat's once the batch has run as far as its prompt
+    is long); every answer is generate()'s alone."""
+    story = "Once upon a time, in a small village,"
+    joined = server.joining.joined
+    running = Streamed(server, "/v1/completions", {"prompt": story, "max_tokens": 150, "temperature": 0})
+    try:
+        running.read(5)
+        completion = in_thread(lambda: post(server, "/v1/completions", {
+            "model": NAME, "prompt": "Water boils at", "max_tokens": 12, "temperature": 0, "n": 2, "stop": "."}))
+        chat = in_thread(lambda: post(server, "/v1/chat/completions", {
+            "model": NAME, "messages": [{"role": "user", "content": "What is 2+2?"}], "max_tokens": 20,
+            "temperature": 0, "stream": True}))
+        (status, answer), (chat_status, chat_events) = completion(), chat()
+        assert len(running.read(1)) < 150, "the batch was still running when both were answered"
+        events = running.read()
+    finally:
+        running.close()
+    assert server.joining.joined - joined == 2
+    want = generate(oracle, "Water boils at", max_new_tokens=12, temperature=0, stop=".")
+    assert status == 200 and [c["text"] for c in answer["choices"]] == [want.text] * 2
+    assert answer["usage"]["completion_tokens"] == 2 * len(want.token_ids)
+    want_chat = generate(oracle, "What is 2+2?", chat=True, max_new_tokens=20, temperature=0)
+    assert chat_status == 200 and streamed_text(chat_events) == (want_chat.text, FINISH[want_chat.finish_reason])
+    assert len(want_chat.prompt_ids) > 5 + len(oracle.tokenizer.encode(story))  # it joined once the clock passed it
+    want_story = generate(oracle, story, max_new_tokens=150, temperature=0)
+    assert streamed_text(events) == (want_story.text, "length")
+
+
+def test_no_request_joins_past_an_older_one_that_waits(server, oracle):
+    """A seeded sampling request runs alone: it waits for the running batch to end, and a greedy
+    request that comes after it waits behind it rather than joining the batch."""
+    joined = server.joining.joined
+    running = Streamed(server, "/v1/completions", {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 200, "temperature": 0})
+    try:
+        running.read(3)
+        seeded = in_thread(lambda: post(server, "/v1/completions", {
+            "model": NAME, "prompt": "My favourite food is", "max_tokens": 8, "temperature": 0.9, "seed": 7}))
+        wait_for(lambda: server.model_turn.waiting >= 1, "the seeded request to queue")
+        greedy = in_thread(lambda: post(server, "/v1/completions", {
+            "model": NAME, "prompt": "Water boils at", "max_tokens": 6, "temperature": 0}))
+        wait_for(lambda: server.model_turn.waiting >= 2, "the greedy request to queue")
+        events = running.read()
+    finally:
+        running.close()
+    (seeded_status, seeded_answer), (status, answer) = seeded(), greedy()
+    assert server.joining.joined == joined
+    assert streamed_text(events)[0] == generate(oracle, "1, 2, 3, 4, 5,", max_new_tokens=200, temperature=0).text
+    assert seeded_answer["choices"][0]["text"] == generate(oracle, "My favourite food is", max_new_tokens=8,
+                                                           temperature=0.9, seed=7).text
+    assert answer["choices"][0]["text"] == generate(oracle, "Water boils at", max_new_tokens=6, temperature=0).text
+
+
+def test_without_cont_batching_a_request_waits_for_the_batch_under_way():
+    model = lucidlm.load()
+    with served(model, parallel=8, cont_batching=False) as server:
+        assert server.joining is None
+        running = Streamed(server, "/v1/completions", {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 60,
+                                                       "temperature": 0})
+        try:
+            running.read(3)
+            later = in_thread(lambda: post(server, "/v1/completions", {
+                "model": NAME, "prompt": "Water boils at", "max_tokens": 6, "temperature": 0}))
+            wait_for(lambda: server.model_turn.waiting >= 1, "the later request to queue")
+            events = running.read()
+        finally:
+            running.close()
+        status, answer = later()
+    assert status == 200 and answer["choices"][0]["text"] == generate(model, "Water boils at", max_new_tokens=6,
+                                                                      temperature=0).text
+    assert streamed_text(events)[0] == generate(model, "1, 2, 3, 4, 5,", max_new_tokens=60, temperature=0).text

@@ -72,3 +72,38 @@ def test_the_holder_takes_along_the_waiters_it_wants_and_the_rest_keep_their_ord
         thread.join(timeout=30)
     assert outcome == {"plain": True, "a": False, "b": True, "c": False, "d": True}
     assert order == ["plain", "b", "d"]  # the ones left behind, in the order they came
+
+
+def test_take_along_in_order_stops_at_the_first_waiter_it_does_not_take():
+    """A batch under way takes requests oldest first and none past one that must wait on (one
+    it cannot take, or one that runs alone): that one gets the lock next."""
+    lock = FairLock()
+    outcome: dict[str, bool] = {}
+    order: list[str] = []
+
+    def wait(name: str, item) -> None:
+        outcome[name] = lock.acquire(item)
+        if outcome[name]:
+            order.append(name)
+            lock.release()
+
+    lock.acquire()
+    threads = []
+    for count, (name, item) in enumerate([("a", "batchable"), ("b", "other"), ("c", "batchable"),
+                                          ("d", None), ("e", "batchable")], 1):
+        threads.append(threading.Thread(target=wait, args=(name, item)))
+        threads[-1].start()
+        queued(lock, count)
+    asked: list[str] = []
+
+    def wanted(item) -> bool:
+        asked.append(item)
+        return item == "batchable"
+
+    assert lock.take_along(wanted, in_order=True) == ["batchable"]  # a; b is refused, so c is not asked
+    assert asked == ["batchable", "other"] and lock.waiting == 4
+    lock.release()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert outcome == {"a": False, "b": True, "c": True, "d": True, "e": True}
+    assert order == ["b", "c", "d", "e"]

@@ -526,15 +526,21 @@ def test_while_the_model_loads_every_route_answers_503_loading_model():
         served.server_close()
 
 
-def test_an_unexpected_exception_is_a_500_and_the_server_goes_on(client, oracle, monkeypatch, capsys):
+@pytest.mark.parametrize("path", ["alone", "batch"])
+def test_an_unexpected_exception_is_a_500_and_the_server_goes_on(client, oracle, monkeypatch, capsys, path):
+    """A generation that fails, run alone (a seeded sample) or as a batch others may join
+    (greedy, continuous batching)."""
+    from lucidlm.generation.batch_run import BatchRun
     from lucidlm.serving import openai_protocol
 
     def broken(*args, **kwargs):
         raise RuntimeError("the decode step fell over")
 
     monkeypatch.setattr(openai_protocol, "stream", broken)
+    monkeypatch.setattr(BatchRun, "pieces", broken)
+    request = dict(temperature=0.7, seed=3) if path == "alone" else dict(temperature=0)
     with pytest.raises(openai.InternalServerError, match="RuntimeError: the decode step fell over"):
-        completion(client, prompt=PROMPT, max_tokens=2)
+        completion(client, prompt=PROMPT, max_tokens=2, **request)
     assert "Traceback" in capsys.readouterr().err  # logged for whoever runs the server
     monkeypatch.undo()
     got = completion(client, prompt=PROMPT, max_tokens=2, temperature=0)
@@ -592,13 +598,23 @@ def wait_until(condition, what: str) -> None:
         time.sleep(0.01)
 
 
-def test_a_client_that_leaves_before_its_answer_frees_the_model(client, server, oracle, monkeypatch):
+@pytest.fixture(scope="module")
+def one_at_a_time():
+    """A server that runs one request at a time (--parallel 1): each generation alone, as a stream."""
+    with served(lucidlm.load(), parallel=1) as server:
+        yield server
+
+
+def test_a_client_that_leaves_before_its_answer_frees_the_model(one_at_a_time, oracle, monkeypatch):
     """Clients that give up on an answer (their timeout, Ctrl-C) and close their connection:
     one still waiting its turn gets no generation at all, one whose answer is being generated
     (not streamed) stops it at the next piece. The request behind them does not wait for
-    answers nobody will read."""
+    answers nobody will read. (In a batch: test_batched_serving.py.)"""
     import lucidlm.serving.openai_protocol as protocol
     from lucidlm.weights.hf_generation_config import end_token_ids
+
+    server = one_at_a_time
+    client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
 
     opened = []  # (prompt, its generation) of every generation the server opens
 

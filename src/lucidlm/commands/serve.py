@@ -21,7 +21,8 @@ def register(subparsers: Any) -> None:
         description="Serve the model over HTTP with OpenAI's API: POST /v1/completions and /v1/chat/completions "
                     "(streaming too), GET /v1/models and /health. One batch runs at a time: when the model is "
                     "free, the first request waiting takes along the waiting requests it can decode with, up to "
-                    "--parallel rows (static batching; a request arriving while a batch runs waits for the next). "
+                    "--parallel rows, and a request that arrives while it runs takes over a row that has ended "
+                    "(continuous batching; --no-cont-batching: it waits for the next batch). "
                     "Sampling options a request leaves out take the model's defaults (as "
                     "`lucidlm generate`). Each request is logged on stderr (-q: none). With no --model, serves the "
                     "embedded SmolLM2-135M-Instruct. Ctrl-C stops it.",
@@ -51,6 +52,11 @@ def register(subparsers: Any) -> None:
                              f"llama-server's: on SmolLM2, 2 cores, 4 rows decode 2.6x one row's tokens a second, 8 "
                              f"rows 3.7x, but each row's tokens come slower the more rows share a step; 1 serves "
                              f"one request at a time")
+    parser.add_argument("--cont-batching", "-cb", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --parallel above 1, let a request that arrives while a batch runs take over a row "
+                             "of it that has ended, once the batch has run as many steps as its prompt has tokens "
+                             "(llama-server's --cont-batching, on by default); --no-cont-batching: it waits until "
+                             "the whole batch ends")
     add_draft_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
@@ -61,7 +67,8 @@ def run_serve(args: argparse.Namespace) -> int:
     check_draft_flags(args)
     name = args.served_model_name if args.served_model_name is not None else args.model
     try:  # listen first: a port in use is refused before the model loads
-        server = OpenAIServer(None, name, args.host, args.port, log_requests=not args.quiet, parallel=args.parallel)
+        server = OpenAIServer(None, name, args.host, args.port, log_requests=not args.quiet, parallel=args.parallel,
+                              cont_batching=args.cont_batching)
     except OSError as exc:
         raise InputError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; choose another --port "
                          f"(0 picks a free one) or --host.") from None

@@ -1,11 +1,15 @@
-"""``lucidlm serve --parallel N``: requests that wait for the model together decode as one batch.
+"""``lucidlm serve --parallel N``: requests decode together as one batch of up to N rows.
 
-Static batching, as llama-server's parallel slots fill up: when the model becomes free, the
-request at the head of the queue takes along the waiting requests that can share its batch, up
-to N rows in all, and their rows decode as one left-padded batch (``generation/batch_run.py``).
-A request that arrives while a batch runs waits for the next one: rows do not join a batch
-under way (that is continuous batching, which this is not). The head of the queue always leads
-the next batch, so nothing waits behind requests that came after it.
+When the model becomes free, the request at the head of the queue takes along the waiting
+requests that can share its batch, up to N rows in all, and their rows decode as one
+left-padded batch (``generation/batch_run.py``). While it runs, a request that arrives takes
+over rows that have ended (continuous batching, as llama-server's slots; ``Joining``,
+``generation/row_joins.py``), if it fits: its prompt no longer than the batch has run, its
+budget within the batch's cache, which has ``JOIN_ROOM`` slots more than its first rows
+need. The batch takes waiting requests oldest first and stops at the first it cannot take,
+which then leads the next batch: nothing waits behind requests that came after it.
+``--no-cont-batching`` turns joining off (static batching: a request that arrives while a
+batch runs waits for the next one).
 
 Each response is what the request alone would get, so only what can promise that batches:
 
@@ -15,7 +19,9 @@ Each response is what the request alone would get, so only what can promise that
   SmolLM2's float32 logits, which could swap a greedy near-tie that close), and unseeded sampling
   ones (random anyway; the batch shares one generator). A seeded sampling request promises
   ``generate(seed=...)``'s answer, so it runs alone;
-- not with log-probs, which on torch's attention would not be alone's to the digit;
+- not with log-probs, which on torch's attention would not be alone's to the digit; and rows
+  join a batch under way only without presence or frequency penalties (they count a row's
+  tokens from the batch's first step) and not on a compiled model (``BatchRun.can_take_joins``);
 - not with ``cache_prompt`` or a server ``--draft``: prompt reuse and speculative decoding
   are one-row techniques;
 - only rows that fit the context after the batch's longest prompt (``fits_together``); a chat
@@ -29,16 +35,22 @@ completion), ``max_tokens``, ``stop``, streaming or not, and ``n`` (each choice 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from lucidlm.generation.batch_run import BatchRun, fits_together
 from lucidlm.generation.defaults import apply_sampling_defaults
 from lucidlm.generation.request import Request, make_request, stop_strings
+from lucidlm.serving.fair_lock import FairLock
 from lucidlm.serving.openai_protocol import GenerationJob, model_refusals
 from lucidlm.serving.model_worker import ModelWorker
 from lucidlm.serving.row_feed import RowFeed
 
 PER_ROW = ("max_new_tokens", "stop")  # the options rows of one batch may differ in
+# Cache slots a batch keeps past what its first rows need, for requests that join it under way
+# (a joined row's prompt and answer must end within the batch's cache). SmolLM2-135M's float32
+# cache: 46 KB a slot and row, so 512 slots are 24 MB a row; 4 rows (the default --parallel) 94 MB.
+JOIN_ROOM = 512
 
 
 class BatchMember:
@@ -55,6 +67,7 @@ class BatchMember:
         # as a budget, it would batch only beside shorter prompts, which most chat clients' requests
         # (no max_tokens) never are; an answer that long is rare, and still ends as "length".
         self.fit_budgets = [0 if open_ended else n for n in self.max_new]  # what fits_together holds it to
+        self.open_ended = open_ended
         self.stops = [stop_strings(options.get("stop"))] * len(rows)
         self.feeds: list[RowFeed] = []
 
@@ -96,14 +109,49 @@ def joiner(model: Any, leader: BatchMember, parallel: int) -> Callable[[Any], bo
     return wanted
 
 
-def start_batch(model: Any, members: list[BatchMember], on_end: Callable[[], None], worker: ModelWorker) -> None:
+@dataclass
+class Joining:
+    """Continuous batching's link from a batch under way to the requests waiting for the model
+    (``turn``, the server's queue): after each step, the batch takes the oldest that fit its
+    ended rows (``take_joiners``). ``joined`` counts the requests that joined so."""
+
+    turn: FairLock
+    room: int = JOIN_ROOM
+    joined: int = 0
+
+    def take_joiners(self, run: BatchRun, leader: BatchMember, feeds: list[RowFeed]) -> None:
+        """Queue the waiting requests that fit ``run`` now into its ended rows, oldest first, and
+        point ``feeds`` (one a row) at their rows' feeds."""
+        if not self.turn.waiting or not run.free_rows():
+            return
+
+        def wanted(member: Any) -> bool:
+            if not isinstance(member, BatchMember) or member.shared != leader.shared:
+                return False
+            rows = run.join(member.rows, member.max_new, member.stops, member.open_ended)
+            if rows is None:
+                return False
+            member.feeds = [RowFeed() for _ in member.rows]  # before its thread wakes and reads them
+            for row, feed in zip(rows, member.feeds):
+                if row == len(feeds):  # a new row
+                    feeds.append(feed)
+                feeds[row] = feed
+            return True
+
+        self.joined += len(self.turn.take_along(wanted, in_order=True))
+
+
+def start_batch(model: Any, members: list[BatchMember], on_end: Callable[[], None], worker: ModelWorker,
+                joining: Optional[Joining] = None, max_rows: int = 0) -> None:
     """Decode every member's rows as one batch on the server's model thread (``worker``), which
     calls ``on_end`` (the server's release of the model) when the batch is over, whatever happened;
-    the members' own threads read their rows meanwhile."""
+    the members' own threads read their rows meanwhile. ``joining``: requests that wait may join
+    it (continuous batching), where its settings allow, taking over its ended rows or adding
+    rows up to ``max_rows``."""
     members[0].feeds = [RowFeed() for _ in members[0].rows]
     feeds = [feed for member in members for feed in member.feeds]
     try:
-        done = worker.submit(_run, model, members, on_end)
+        done = worker.submit(_run, model, members, on_end, joining, max_rows)
     except RuntimeError as exc:  # the server is shutting down
         return _abandon(feeds, exc, on_end)
     done.add_done_callback(lambda done: _never_ran(done, feeds, on_end))
@@ -123,19 +171,29 @@ def _abandon(feeds: list[RowFeed], error: BaseException, on_end: Callable[[], No
     on_end()
 
 
-def _run(model: Any, members: list[BatchMember], on_end: Callable[[], None]) -> None:
-    feeds = [feed for member in members for feed in member.feeds]
+def _run(model: Any, members: list[BatchMember], on_end: Callable[[], None], joining: Optional[Joining],
+         max_rows: int) -> None:
+    feeds = [feed for member in members for feed in member.feeds]  # one a row; a joined request's replace ended ones
+    every_feed = list(feeds)  # all it ever fed: a failure reaches each
     try:
-        run = BatchRun(model, [row for m in members for row in m.rows], members[0].request,
-                       [n for m in members for n in m.max_new], [s for m in members for s in m.stops])
+        leader = members[0]
+        if joining is not None and not BatchRun.can_take_joins(model, leader.request):
+            joining = None
+        run = BatchRun(model, [row for m in members for row in m.rows], leader.request,
+                       [n for m in members for n in m.max_new], [s for m in members for s in m.stops],
+                       join_room=joining.room if joining is not None else 0, max_rows=max_rows)
         for pieces in run.pieces():
             for piece in pieces:
                 feeds[piece.row].put(piece.text, piece.result)
             for i, feed in enumerate(feeds):
                 if feed.gone and run.results[i] is None:  # its client went away: end its row, the others go on
                     run.end_row(i)
+            if joining is not None:
+                before = list(feeds)
+                joining.take_joiners(run, leader, feeds)
+                every_feed += [feed for i, feed in enumerate(feeds) if i >= len(before) or feed is not before[i]]
     except BaseException as exc:  # each request's thread answers it (a bug: its 500); none waits for ever
-        for feed in feeds:
+        for feed in every_feed:
             feed.fail(exc)
         if not isinstance(exc, Exception):
             raise

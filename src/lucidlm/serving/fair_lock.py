@@ -43,10 +43,12 @@ class FairLock:
         waiter.turn.wait()  # release() set it: the lock is ours, still marked held; or take_along did
         return not waiter.taken
 
-    def take_along(self, wanted: Callable[[Any], bool]) -> list[Any]:
+    def take_along(self, wanted: Callable[[Any], bool], in_order: bool = False) -> list[Any]:
         """For the holder: the items of the waiters ``wanted`` accepts, asked oldest first (it may
         count what it accepted and refuse the rest), taken out of the queue; those waiters'
-        ``acquire`` returns False. Waiters without an item are never asked."""
+        ``acquire`` returns False. Waiters without an item are never asked. ``in_order``: stop
+        at the first waiter not taken, so none is taken past an older one that waits on
+        (a batch under way taking requests: the one it cannot take gets the model next)."""
         taken = []
         with self._guard:
             for waiter in list(self._waiting):
@@ -54,6 +56,8 @@ class FairLock:
                     self._waiting.remove(waiter)
                     waiter.taken = True
                     taken.append(waiter)
+                elif in_order:
+                    break
         for waiter in taken:
             waiter.turn.set()
         return [waiter.item for waiter in taken]

@@ -4,9 +4,10 @@ connection), JSON in and out, Server-Sent Events for ``"stream": true``.
 One model has one KV cache, so one generation runs at a time: a request holds the model
 (``FairLock``, first come, first served) from its first token to its last, and requests that
 arrive meanwhile wait. With ``parallel`` > 1 the request that gets the model takes along the
-waiting requests that can decode in one batch with it (``batching.py``); the batch decodes on the
-model's thread and lets go of the model at its end, and each request's thread writes its own
-rows' pieces. Every generation runs on the model's thread, the one that called ``serve_forever``
+waiting requests that can decode in one batch with it (``batching.py``), and, with
+``cont_batching``, requests that arrive while it runs take over its ended rows; the batch decodes
+on the model's thread and lets go of the model at its end, and each request's thread writes its
+own rows' pieces. Every generation runs on the model's thread, the one that called ``serve_forever``
 (``model_worker.py``); the connections' threads only read and write. A client that goes away is
 noticed when its turn comes (it ran out of patience in the queue: nothing runs for it), at the
 next event written (streaming) or at the next piece of text (not streaming): its generation (in a
@@ -40,7 +41,7 @@ from urllib.parse import unquote, urlsplit
 from lucidlm.errors import LucidLMError
 from lucidlm.serving import tokenizer_routes
 from lucidlm.serving.api_errors import RequestError, as_request_error, server_error
-from lucidlm.serving.batching import BatchMember, batch_member, joiner, start_batch
+from lucidlm.serving.batching import BatchMember, Joining, batch_member, joiner, start_batch
 from lucidlm.serving.fair_lock import FairLock
 from lucidlm.serving.model_worker import ModelWorker
 from lucidlm.serving.openai_protocol import GenerationJob, parse_chat_request, parse_completion_request
@@ -69,7 +70,9 @@ class OpenAIServer(ThreadingHTTPServer):
     answers; ``url`` is the base URL a client takes (``http://127.0.0.1:PORT/v1``). ``model``
     may be set after (``lucidlm serve`` binds its port before it loads the model), as may
     ``generation_options``: ``generate`` options every request runs with, its own fields on top
-    (``{"draft": "prompt"}``: speculative decoding by prompt lookup, which no OpenAI field asks for)."""
+    (``{"draft": "prompt"}``: speculative decoding by prompt lookup, which no OpenAI field asks for).
+    ``cont_batching``: with ``parallel`` > 1, a request that comes while a batch runs takes over
+    rows that have ended (``batching.Joining``); else it waits for the next batch."""
 
     daemon_threads = True  # an open connection does not keep the process alive after Ctrl-C
     # connections the kernel holds until they are accepted: socketserver's 5 drops a burst's others,
@@ -78,19 +81,20 @@ class OpenAIServer(ThreadingHTTPServer):
 
     def __init__(self, model: Any, model_name: str, host: str = "127.0.0.1", port: int = 8000,
                  log_requests: bool = False, generation_options: Optional[dict[str, Any]] = None,
-                 parallel: int = DEFAULT_PARALLEL) -> None:
+                 parallel: int = DEFAULT_PARALLEL, cont_batching: bool = True) -> None:
         if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
             raise ValueError(f"parallel={parallel!r} is invalid: use a whole number >= 1, the most rows a batch of "
                              f"waiting requests decodes together (1: one request at a time).")
         self.parallel = parallel
-        self.batches: Counter[int] = Counter()  # rows in a batch -> batches of that size run (alone: not counted)
+        self.batches: Counter[int] = Counter()  # rows a batch began with (2 or more) -> batches of that size run
+        self.model_turn = FairLock()
+        self.joining = Joining(self.model_turn) if cont_batching else None  # .joined: requests that joined under way
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.model = model
         self.generation_options = dict(generation_options or {})  # under every request's (e.g. draft="prompt")
         self.model_name = model_name
         self.log_requests = log_requests
         self.created = int(time.time())
-        self.model_turn = FairLock()
         self.worker = ModelWorker()  # the model's one thread: serve_forever's caller (model_worker.py says why)
         self._http: Optional[threading.Thread] = None  # the thread accepting connections, once started
         super().__init__((host, port), OpenAIRequestHandler)
@@ -239,10 +243,12 @@ class OpenAIRequestHandler(BaseHTTPRequestHandler):
         except BaseException:
             server.model_turn.release()
             raise
-        if riders:
+        if riders or (member is not None and server.joining is not None):  # alone, others may still join it
             members = [member, *riders]
-            server.count_batch(sum(len(m.rows) for m in members))
-            start_batch(server.model, members, server.model_turn.release, server.worker)  # it lets go of the model
+            if riders or len(member.rows) > 1:
+                server.count_batch(sum(len(m.rows) for m in members))
+            start_batch(server.model, members, server.model_turn.release, server.worker,  # it lets go of the model
+                        server.joining, server.parallel)
             return self.answer_in_batch(member)
         try:  # alone: its generations opened and stepped on the model's thread, their pieces written from here
             server.worker.call(job.start, server.model, server.model_name, server.generation_options)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 from lucidlm.errors import LucidLMError
 from lucidlm.generation import TextStream, stream
 from lucidlm.generation.prompt_logprobs import prompt_logprobs
-from lucidlm.generation.request import prompt_ids
+from lucidlm.generation.request import fit_to_context, prompt_ids
 from lucidlm.serving.api_errors import RequestError, as_request_error
 from lucidlm.serving.chat_messages import template_messages
 from lucidlm.serving.logprob_objects import (ScoredToken, chat_logprobs, completion_logprobs, scored_prompt,
@@ -96,6 +96,8 @@ class GenerationJob:
         self.model = model
         with model_refusals(self):
             rows = [prompt_ids(model, self.prompt_for_model(prompt), chat=False) for prompt in self.prompts]
+            for row in rows:  # its exact length: a prompt past the context would fail the whole batch
+                fit_to_context(model, [row], 0)
         return [row for row in rows for _ in range(self.n)]
 
     def close(self) -> None:
