@@ -1,18 +1,25 @@
-"""``lucidlm serve`` under 8 concurrent clients: ``--parallel 1`` (one request at a time) against
-``--parallel 8`` (waiting requests decode as one batch), on the embedded SmolLM2-135M as
-``lucidlm.load()`` gives it, in ONE process.
+"""``lucidlm serve`` under 8 clients: ``--parallel 1`` (one request at a time) against
+``--parallel 8`` with static batching (``--no-cont-batching``: waiting requests decode as one
+batch) and with continuous batching (the default: requests that come while a batch runs join
+it), on the embedded SmolLM2-135M as ``lucidlm.load()`` gives it, in ONE process.
 
 One in-process ``OpenAIServer`` (what ``lucidlm serve`` runs) answers on a free port, served from
-the main thread that loaded the model, as ``lucidlm serve`` does; each round
-8 client threads send their requests at once over HTTP (urllib), each a different greedy
-completion of ``--new-tokens`` tokens. The rounds alternate between the two settings (the
-server's ``parallel`` is set between rounds: same model, same process, same load), after one
-untimed round of each. Per round: aggregate completion tokens a second (all tokens / the time
-from the first request sent to the last answer read), mean and max latency of a request. The
-answers must be the same under both settings (greedy: a batch changes no token). Prints a
-table and writes benchmarks/results/serve.json.
+the main thread that loaded the model, as ``lucidlm serve`` does; each round 8 client threads
+send their requests over HTTP (urllib), each a different greedy completion:
+
+- ``--arrivals burst``: all at once, each of ``--new-tokens`` tokens;
+- ``--arrivals staggered``: one every ``--gap`` seconds, with budgets from half to 1.75 times
+  ``--new-tokens`` (rows end at different times, and requests come while a batch runs).
+
+The rounds alternate between the settings (set on the server between rounds: same model, same
+process, same load), after one untimed round of each. Per round: aggregate completion tokens a
+second (all tokens / the time from the first request sent to the last answer read), mean and
+max latency of a request. The answers must be the same under every setting (greedy: a batch
+changes no token). Prints a table and writes benchmarks/results/serve.json (burst) or
+serve_staggered.json.
 
     python benchmarks/bench_serve.py --threads 2 --rounds 3 --new-tokens 64
+    python benchmarks/bench_serve.py --threads 2 --rounds 3 --new-tokens 64 --arrivals staggered
 """
 
 from __future__ import annotations
@@ -29,12 +36,19 @@ import torch
 
 import lucidlm
 from lucidlm.serving import OpenAIServer
+from lucidlm.serving.batching import Joining
 from timing import machine, run_record
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
            "The three primary colors are", "List of planets: Mercury, Venus,", "My favourite recipe for soup is",
            "The history of the Roman Empire began", "To install Python on Linux, first"]
-SETTINGS = (1, 8)
+SETTINGS = ((1, False), (8, False), (8, True))  # (parallel, continuous batching)
+STAGGERED_BUDGETS = (1.0, 1.5, 0.5, 1.25, 0.75, 1.75, 0.625, 1.125)  # x --new-tokens, client by client
+
+
+def label(setting: tuple[int, bool]) -> str:
+    parallel, continuous = setting
+    return "parallel 1" if parallel == 1 else f"parallel {parallel} {'continuous' if continuous else 'static'}"
 
 
 def ask(url: str, prompt: str, new_tokens: int) -> dict:
@@ -45,16 +59,21 @@ def ask(url: str, prompt: str, new_tokens: int) -> dict:
         return json.loads(response.read())
 
 
-def one_round(server: OpenAIServer, parallel: int, new_tokens: int) -> dict:
-    server.parallel = parallel
+def one_round(server: OpenAIServer, setting: tuple[int, bool], new_tokens: int, gap: float = 0.0) -> dict:
+    """All clients at once (``gap`` 0, each ``new_tokens``) or one every ``gap`` seconds with
+    STAGGERED_BUDGETS."""
+    server.parallel, continuous = setting
+    server.joining = Joining(server.model_turn) if continuous else None
     before = server.batches.copy()
     answers, latencies = [None] * len(PROMPTS), [0.0] * len(PROMPTS)
     go = threading.Barrier(len(PROMPTS) + 1)
+    budgets = [round(new_tokens * share) if gap else new_tokens for share in STAGGERED_BUDGETS]
 
     def client(i: int) -> None:
         go.wait()
+        time.sleep(i * gap)
         sent = time.perf_counter()
-        answers[i] = ask(server.url, PROMPTS[i], new_tokens)
+        answers[i] = ask(server.url, PROMPTS[i], budgets[i])
         latencies[i] = time.perf_counter() - sent
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(len(PROMPTS))]
@@ -66,9 +85,11 @@ def one_round(server: OpenAIServer, parallel: int, new_tokens: int) -> dict:
         thread.join()
     wall = time.perf_counter() - start
     tokens = sum(a["usage"]["completion_tokens"] for a in answers)
-    return {"parallel": parallel, "seconds": wall, "completion_tokens": tokens, "tok_per_s": tokens / wall,
+    return {"setting": label(setting), "parallel": setting[0], "continuous": setting[1], "seconds": wall,
+            "completion_tokens": tokens, "tok_per_s": tokens / wall,
             "mean_latency_s": statistics.mean(latencies), "max_latency_s": max(latencies),
             "batches": {str(rows): count for rows, count in sorted((server.batches - before).items())},
+            "joined": server.joining.joined if server.joining is not None else 0,
             "texts": [a["choices"][0]["text"] for a in answers]}
 
 
@@ -80,17 +101,23 @@ def main() -> None:
     parser.add_argument("--serve-from", choices=("main", "thread"), default="main",
                         help="the thread that serves, so runs the model: main (the one that loaded it, as lucidlm "
                              "serve does) or another (to measure what that costs)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "serve.json")
+    parser.add_argument("--arrivals", choices=("burst", "staggered"), default="burst",
+                        help="the clients' requests all at once, or one every --gap seconds with budgets that differ")
+    parser.add_argument("--gap", type=float, default=0.1, help="seconds between requests with --arrivals staggered")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: benchmarks/results/serve.json (burst) or serve_staggered.json")
     args = parser.parse_args()
+    gap = args.gap if args.arrivals == "staggered" else 0.0
+    out = args.out or Path(__file__).parent / "results" / ("serve.json" if not gap else "serve_staggered.json")
     torch.set_num_threads(args.threads)
     server = OpenAIServer(lucidlm.load(), "smollm2-135m", port=0)
     measured: dict = {}
 
     def drive() -> None:  # the clients' side, in a thread: the main thread serves, as `lucidlm serve` does
         try:
-            measured["warm"] = {parallel: one_round(server, parallel, args.new_tokens) for parallel in SETTINGS}
-            measured["rounds"] = [one_round(server, parallel, args.new_tokens) for _ in range(args.rounds)
-                                  for parallel in SETTINGS]
+            measured["warm"] = {setting: one_round(server, setting, args.new_tokens, gap) for setting in SETTINGS}
+            measured["rounds"] = [one_round(server, setting, args.new_tokens, gap) for _ in range(args.rounds)
+                                  for setting in SETTINGS]
         finally:
             server.shutdown()
 
@@ -110,23 +137,22 @@ def main() -> None:
     texts = warm[SETTINGS[0]]["texts"]
     assert all(r["texts"] == texts for r in [*warm.values(), *rounds]), "a batch changed a greedy answer"
     summary = {}
-    print("parallel  round  tok/s  mean latency s  max latency s  batches (rows: count)")
+    print(f"{'setting':22s}  round  tok/s  mean latency s  max latency s  joined  batches (rows: count)")
     for r in rounds:
-        print(f"{r['parallel']:8d}  {rounds.index(r) // len(SETTINGS) + 1:5d}  {r['tok_per_s']:5.0f}  "
-              f"{r['mean_latency_s']:14.2f}  {r['max_latency_s']:13.2f}  {r['batches']}")
-    for parallel in SETTINGS:
-        mine = [r for r in rounds if r["parallel"] == parallel]
-        summary[str(parallel)] = {key: statistics.median(r[key] for r in mine)
-                                  for key in ("tok_per_s", "mean_latency_s", "max_latency_s")}
-        print(f"parallel {parallel}, median of {len(mine)} rounds: {summary[str(parallel)]['tok_per_s']:.0f} tok/s, "
-              f"mean latency {summary[str(parallel)]['mean_latency_s']:.2f} s, "
-              f"max {summary[str(parallel)]['max_latency_s']:.2f} s")
+        print(f"{r['setting']:22s}  {rounds.index(r) // len(SETTINGS) + 1:5d}  {r['tok_per_s']:5.0f}  "
+              f"{r['mean_latency_s']:14.2f}  {r['max_latency_s']:13.2f}  {r['joined']:6d}  {r['batches']}")
+    for setting in SETTINGS:
+        mine = [r for r in rounds if r["setting"] == label(setting)]
+        summary[label(setting)] = {key: statistics.median(r[key] for r in mine)
+                                   for key in ("tok_per_s", "mean_latency_s", "max_latency_s")}
+        print(f"{label(setting)}, median of {len(mine)} rounds: {summary[label(setting)]['tok_per_s']:.0f} tok/s, "
+              f"mean latency {summary[label(setting)]['mean_latency_s']:.2f} s, "
+              f"max {summary[label(setting)]['max_latency_s']:.2f} s")
     for r in rounds:
         del r["texts"]
-    out = args.out
     out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **run_record(),
                                "machine": machine(threads=args.threads), "clients": len(PROMPTS),
-                               "served_from": args.serve_from,
+                               "served_from": args.serve_from, "arrivals": args.arrivals, "gap_s": gap,
                                "new_tokens": args.new_tokens, "median": summary, "rounds": rounds}, indent=1) + "\n")
 
 
