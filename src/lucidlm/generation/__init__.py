@@ -9,7 +9,8 @@ return); ``request.py`` option
 and prompt checks; ``decode.py`` the KV-cached decode loop; ``sampling.py`` the samplers
 (temperature, top-k, top-p, min-p, repetition penalty); ``batch_run.py`` (rows decoded as one
 batch, each with its own budget and stop strings: ``generate_batch``, ``lucidlm serve
---parallel``); ``beam_search.py``; ``sliding.py``
+--parallel``; ``row_joins.py``: prompts that join a batch under way, continuous batching);
+``beam_search.py``; ``sliding.py``
 (generation past the context window); ``streaming.py`` (text pieces, stop strings);
 ``defaults.py`` (sampling settings that come from the model); ``speculative.py`` (drafted
 tokens checked in one pass: ``generate(..., draft="prompt" | model)``); ``chat_template.py`` and
