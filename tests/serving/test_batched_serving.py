@@ -272,23 +272,31 @@ def test_requests_that_come_while_a_batch_runs_join_it_and_get_their_own_answers
     assert streamed_text(events) == (want_story.text, "length")
 
 
+def queued_while_running(server, running: dict, bodies: list[dict]) -> tuple[list[dict], list[Any]]:
+    """Stream ``running`` (a completion) and, while it runs, send ``bodies`` one by one, each
+    queued for the model before the next is sent; (the running one's events, the others'
+    answers)."""
+    stream = Streamed(server, "/v1/completions", running)
+    try:
+        stream.read(3)
+        waits = []
+        for count, body in enumerate(bodies, 1):
+            waits.append(in_thread(lambda body=body: post(server, "/v1/completions", {"model": NAME, **body})))
+            wait_for(lambda: server.model_turn.waiting >= count, f"request {count} to queue")
+        events = stream.read()
+    finally:
+        stream.close()
+    return events, [wait() for wait in waits]
+
+
 def test_no_request_joins_past_an_older_one_that_waits(server, oracle):
     """A seeded sampling request runs alone: it waits for the running batch to end, and a greedy
     request that comes after it waits behind it rather than joining the batch."""
     joined = server.joining.joined
-    running = Streamed(server, "/v1/completions", {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 200, "temperature": 0})
-    try:
-        running.read(3)
-        seeded = in_thread(lambda: post(server, "/v1/completions", {
-            "model": NAME, "prompt": "My favourite food is", "max_tokens": 8, "temperature": 0.9, "seed": 7}))
-        wait_for(lambda: server.model_turn.waiting >= 1, "the seeded request to queue")
-        greedy = in_thread(lambda: post(server, "/v1/completions", {
-            "model": NAME, "prompt": "Water boils at", "max_tokens": 6, "temperature": 0}))
-        wait_for(lambda: server.model_turn.waiting >= 2, "the greedy request to queue")
-        events = running.read()
-    finally:
-        running.close()
-    (seeded_status, seeded_answer), (status, answer) = seeded(), greedy()
+    events, [(_, seeded_answer), (_, answer)] = queued_while_running(
+        server, {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 200, "temperature": 0},
+        [{"prompt": "My favourite food is", "max_tokens": 8, "temperature": 0.9, "seed": 7},
+         {"prompt": "Water boils at", "max_tokens": 6, "temperature": 0}])
     assert server.joining.joined == joined
     assert streamed_text(events)[0] == generate(oracle, "1, 2, 3, 4, 5,", max_new_tokens=200, temperature=0).text
     assert seeded_answer["choices"][0]["text"] == generate(oracle, "My favourite food is", max_new_tokens=8,
@@ -300,17 +308,9 @@ def test_without_cont_batching_a_request_waits_for_the_batch_under_way():
     model = lucidlm.load()
     with served(model, parallel=8, cont_batching=False) as server:
         assert server.joining is None
-        running = Streamed(server, "/v1/completions", {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 60,
-                                                       "temperature": 0})
-        try:
-            running.read(3)
-            later = in_thread(lambda: post(server, "/v1/completions", {
-                "model": NAME, "prompt": "Water boils at", "max_tokens": 6, "temperature": 0}))
-            wait_for(lambda: server.model_turn.waiting >= 1, "the later request to queue")
-            events = running.read()
-        finally:
-            running.close()
-        status, answer = later()
+        events, [(status, answer)] = queued_while_running(
+            server, {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 60, "temperature": 0},
+            [{"prompt": "Water boils at", "max_tokens": 6, "temperature": 0}])
     assert status == 200 and answer["choices"][0]["text"] == generate(model, "Water boils at", max_new_tokens=6,
                                                                       temperature=0).text
     assert streamed_text(events)[0] == generate(model, "1, 2, 3, 4, 5,", max_new_tokens=60, temperature=0).text

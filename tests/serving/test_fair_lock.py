@@ -39,24 +39,35 @@ def test_waiters_get_the_lock_first_come_first_served():
     lock.release()
 
 
+class Waiters:
+    """Threads queued on a held ``lock`` in the given order, each with its item: ``outcome``
+    (name -> what its acquire returned) and ``order`` (the names that got the lock, in turn)."""
+
+    def __init__(self, lock: FairLock, waiters: list[tuple[str, object]]) -> None:
+        self.lock, self.outcome, self.order = lock, {}, []
+        lock.acquire()
+        self.threads = []
+        for count, (name, item) in enumerate(waiters, 1):
+            self.threads.append(threading.Thread(target=self._wait, args=(name, item)))
+            self.threads[-1].start()
+            queued(lock, count)
+
+    def _wait(self, name: str, item) -> None:
+        self.outcome[name] = self.lock.acquire(item)
+        if self.outcome[name]:
+            self.order.append(name)
+            self.lock.release()
+
+    def release_and_join(self) -> None:
+        self.lock.release()
+        for thread in self.threads:
+            thread.join(timeout=30)
+
+
 def test_the_holder_takes_along_the_waiters_it_wants_and_the_rest_keep_their_order():
     lock = FairLock()
-    outcome: dict[str, bool] = {}
-    order: list[str] = []
-
-    def wait(name: str, item) -> None:
-        outcome[name] = lock.acquire(item)
-        if outcome[name]:
-            order.append(name)
-            lock.release()
-
-    lock.acquire()
-    threads = []
-    for count, (name, item) in enumerate([("plain", None), ("a", "batchable"), ("b", "other"), ("c", "batchable"),
-                                          ("d", "batchable")], 1):
-        threads.append(threading.Thread(target=wait, args=(name, item)))
-        threads[-1].start()
-        queued(lock, count)
+    waiters = Waiters(lock, [("plain", None), ("a", "batchable"), ("b", "other"), ("c", "batchable"),
+                             ("d", "batchable")])
     accepted = []
 
     def wanted(item) -> bool:  # at most two, as --parallel 3 with the holder's own row would
@@ -67,33 +78,16 @@ def test_the_holder_takes_along_the_waiters_it_wants_and_the_rest_keep_their_ord
 
     assert lock.take_along(wanted) == ["batchable", "batchable"]
     assert lock.waiting == 3  # plain, b, d
-    lock.release()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert outcome == {"plain": True, "a": False, "b": True, "c": False, "d": True}
-    assert order == ["plain", "b", "d"]  # the ones left behind, in the order they came
+    waiters.release_and_join()
+    assert waiters.outcome == {"plain": True, "a": False, "b": True, "c": False, "d": True}
+    assert waiters.order == ["plain", "b", "d"]  # the ones left behind, in the order they came
 
 
 def test_take_along_in_order_stops_at_the_first_waiter_it_does_not_take():
     """A batch under way takes requests oldest first and none past one that must wait on (one
     it cannot take, or one that runs alone): that one gets the lock next."""
     lock = FairLock()
-    outcome: dict[str, bool] = {}
-    order: list[str] = []
-
-    def wait(name: str, item) -> None:
-        outcome[name] = lock.acquire(item)
-        if outcome[name]:
-            order.append(name)
-            lock.release()
-
-    lock.acquire()
-    threads = []
-    for count, (name, item) in enumerate([("a", "batchable"), ("b", "other"), ("c", "batchable"),
-                                          ("d", None), ("e", "batchable")], 1):
-        threads.append(threading.Thread(target=wait, args=(name, item)))
-        threads[-1].start()
-        queued(lock, count)
+    waiters = Waiters(lock, [("a", "batchable"), ("b", "other"), ("c", "batchable"), ("d", None), ("e", "batchable")])
     asked: list[str] = []
 
     def wanted(item) -> bool:
@@ -102,8 +96,6 @@ def test_take_along_in_order_stops_at_the_first_waiter_it_does_not_take():
 
     assert lock.take_along(wanted, in_order=True) == ["batchable"]  # a; b is refused, so c is not asked
     assert asked == ["batchable", "other"] and lock.waiting == 4
-    lock.release()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert outcome == {"a": False, "b": True, "c": True, "d": True, "e": True}
-    assert order == ["b", "c", "d", "e"]
+    waiters.release_and_join()
+    assert waiters.outcome == {"a": False, "b": True, "c": True, "d": True, "e": True}
+    assert waiters.order == ["b", "c", "d", "e"]
