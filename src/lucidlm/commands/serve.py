@@ -53,10 +53,10 @@ def register(subparsers: Any) -> None:
                              f"rows 3.7x, but each row's tokens come slower the more rows share a step; 1 serves "
                              f"one request at a time")
     parser.add_argument("--cont-batching", "-cb", action=argparse.BooleanOptionalAction, default=True,
-                        help="with --parallel above 1, let a request that arrives while a batch runs take over a row "
-                             "of it that has ended, once the batch has run as many steps as its prompt has tokens "
-                             "(llama-server's --cont-batching, on by default); --no-cont-batching: it waits until "
-                             "the whole batch ends")
+                        help="with --parallel above 1, let a request that arrives while a batch runs join it (in a "
+                             "row that has ended, or a new one while there are fewer than --parallel) once the batch "
+                             "has run as many steps as its prompt has tokens (llama-server's --cont-batching, on by "
+                             "default); --no-cont-batching: it waits until the whole batch ends")
     add_draft_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
