@@ -200,6 +200,7 @@ def test_what_may_join_and_when(smollm2_default):
     whole = BatchRun(model, [short], greedy_request(model), [model.config.max_seq_len], [[]], join_room=8, max_rows=2)
     steps = whole.pieces()
     next(steps)
+    next(steps)  # one step past the prompt: less room than alone has (a step earlier it fits exactly, cut as alone)
     assert whole.join([short], [model.config.max_seq_len], [[]]) is None
     assert whole.join([short], [model.config.max_seq_len], [[]], open_ended=True) == [1]
     steps.close()
@@ -251,3 +252,25 @@ def test_a_batch_whose_last_rows_ended_decodes_fewer_rows_and_grows_again(smollm
             assert got.token_ids == generate(model, prompt, max_new_tokens=n, temperature=0).token_ids
     assert run.results[1].token_ids == generate(model, "The capital of France is", max_new_tokens=10,
                                                 temperature=0).token_ids
+
+
+def test_a_joined_row_ends_at_the_context_end_as_it_does_alone(smollm2_default, monkeypatch):
+    """A batch whose cache is the whole context (a 40-token one here): a prompt of n tokens that
+    joins when the clock is at n has room for context - n + 1 tokens (the last is never fed
+    back), but alone it gets context - n, prompt and answer within the context. A joined row is
+    cut as alone is, asked for that one token more or open-ended."""
+    model = smollm2_default
+    monkeypatch.setattr(model.config, "max_seq_len", 40)
+    lead, joiner = ids_of(model, "Hi"), ids_of(model, "The quick brown fox")
+    n = len(joiner)
+    for open_ended in (False, True):
+        run = BatchRun(model, [lead], greedy_request(model), [40], [[]], join_room=64, max_rows=2)
+        assert run.joins.capacity == 40
+        row = None
+        for _ in run.pieces():
+            if row is None and run.joins.slot == n:
+                row = run.join([joiner], [40 if open_ended else 40 - n + 1], [[]], open_ended=open_ended)[0]
+        want = generate(model, "The quick brown fox", max_new_tokens=40, temperature=0)
+        got = run.results[row]
+        assert len(want.token_ids) == 40 - n and want.finish_reason == "length"
+        assert (got.token_ids, got.finish_reason) == (want.token_ids, want.finish_reason), open_ended

@@ -122,6 +122,9 @@ class BatchRun:
             return None
         budgets = []
         for row, n in zip(rows, max_new_tokens):
+            # cut to the context as alone (fit_to_context): a row's last token is never fed back, so
+            # room reaches one slot past a cache as long as the context, one token more than alone gets
+            n = min(n, self.model.config.max_seq_len - len(row))
             room = self.joins.room(len(row))
             whole_context = self.joins.capacity == self.model.config.max_seq_len
             if room == 0 or n <= 0 or (n > room and not (open_ended and whole_context)):
