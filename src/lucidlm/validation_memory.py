@@ -18,14 +18,26 @@ def check_allocation(n_bytes: Union[int, float], what: str, error: Type[LucidLME
     """Refuse to allocate ``n_bytes`` for ``what`` when it exceeds this machine's memory (or
     what is left of this process's address-space limit, ``ulimit -v``), so an absurd size in a
     file or argument becomes one line instead of a multi-GB allocation."""
+    refusal = _refusal(n_bytes)
+    if refusal is not None:
+        raise error(f"{what} would need {_human(n_bytes)}, {refusal}. {fix[0].upper() + fix[1:]}.")
+
+
+def allocation_fits(n_bytes: Union[int, float]) -> bool:
+    """Whether ``check_allocation`` would let ``n_bytes`` through (for room that is only nice to
+    have, such as a KV cache's reserve of rows)."""
+    return _refusal(n_bytes) is None
+
+
+def _refusal(n_bytes: Union[int, float]) -> Optional[str]:
+    """Why ``n_bytes`` cannot be allocated, or None."""
     total = physical_memory()
     if total and n_bytes > total:
-        raise error(f"{what} would need {_human(n_bytes)}, more than this machine's "
-                    f"{_human(total)} of memory. {fix[0].upper() + fix[1:]}.")
+        return f"more than this machine's {_human(total)} of memory"
     left = address_space_left()
     if left is not None and n_bytes > left:
-        raise error(f"{what} would need {_human(n_bytes)}, more than the {_human(left)} of address space this "
-                    f"process may still use (ulimit -v). {fix[0].upper() + fix[1:]}.")
+        return f"more than the {_human(left)} of address space this process may still use (ulimit -v)"
+    return None
 
 
 def address_space_left() -> Optional[int]:

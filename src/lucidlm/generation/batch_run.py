@@ -112,8 +112,8 @@ class BatchRun:
     def join(self, rows: Sequence[Sequence[int]], max_new_tokens: Sequence[int], stops: Sequence[Sequence[str]],
              open_ended: bool = False) -> Optional[list[int]]:
         """Queue ``rows`` (prompts' checked ids, one per row, with their budgets and stops) to take
-        over ended rows at the next step; the rows they got, or None when they do not all fit now
-        (too few free rows, a prompt longer than the batch has run, a budget past the cache). An
+        free rows (``free_rows``) at the next step; the rows they got, or None when they do not all
+        fit now (too few free rows, a prompt longer than the batch has run, a budget past the cache). An
         ``open_ended`` request (a chat without max_tokens) fits with what is left of a cache as
         long as the context: it ends there, as in a batch it ends at the shared context end.
         Call between steps, from the thread reading ``pieces``."""
@@ -121,12 +121,13 @@ class BatchRun:
         if self.joins is None or len(rows) > len(free):
             return None
         budgets = []
+        context = self.model.config.max_seq_len
         for row, n in zip(rows, max_new_tokens):
             # cut to the context as alone (fit_to_context): a row's last token is never fed back, so
             # room reaches one slot past a cache as long as the context, one token more than alone gets
-            n = min(n, self.model.config.max_seq_len - len(row))
+            n = min(n, context - len(row))
             room = self.joins.room(len(row))
-            whole_context = self.joins.capacity == self.model.config.max_seq_len
+            whole_context = self.joins.capacity == context
             if room == 0 or n <= 0 or (n > room and not (open_ended and whole_context)):
                 return None
             budgets.append(min(n, room))

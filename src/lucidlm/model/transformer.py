@@ -19,6 +19,7 @@ from torch.overrides import TorchFunctionMode
 from lucidlm.config import ModelConfig
 from lucidlm.errors import InputError
 from lucidlm.validation import check_allocation, check_int
+from lucidlm.validation_memory import allocation_fits
 from lucidlm.model.block import Block
 from lucidlm.model.checkpointing import checkpointed_block
 from lucidlm.model.decode_block import nothing_listens, one_call_stack
@@ -363,17 +364,19 @@ class Transformer(nn.Module):
         max_seq_len = min(max_seq_len or self.config.max_seq_len, self.config.max_seq_len)
         dtype = dtype or self.dtype
         c = self.config
-        row_bytes = 2 * len(self.blocks) * c.n_kv_heads * max_seq_len * c.head_dim * dtype.itemsize
+        row_bytes = self._kv_row_bytes(max_seq_len, dtype)
         check_allocation(batch_size * row_bytes, f"a KV cache for {batch_size} sequence(s) of {max_seq_len} tokens",
                          InputError, "use a smaller batch or max_seq_len")
-        if reserve_rows > batch_size:
-            try:
-                check_allocation(reserve_rows * row_bytes, "", InputError, "")
-            except InputError:
-                reserve_rows = 0  # rows added past this cache's are new buffers (add_kv_rows checks them)
+        if not allocation_fits(reserve_rows * row_bytes):
+            reserve_rows = 0  # rows added past this cache's are new buffers (add_kv_rows checks them)
         self.kv_caches = nn.ModuleList(
             KVCache(batch_size, max_seq_len, c.n_kv_heads, c.head_dim, dtype, self.device, reserve_rows)
             for _ in self.blocks)
+
+    def _kv_row_bytes(self, slots: int, dtype: torch.dtype) -> int:
+        """Bytes of one row of every layer's cache: keys and values for ``slots`` tokens."""
+        c = self.config
+        return 2 * len(self.blocks) * c.n_kv_heads * slots * c.head_dim * dtype.itemsize
 
     def clear_kv_cache(self) -> None:
         """Drop the cache, and the one kept for prompt caching (``reuse_cache``)."""
@@ -414,10 +417,8 @@ class Transformer(nn.Module):
         forgotten: it pointed at the old buffers."""
         if self.kv_caches is None:
             raise InputError("add_kv_rows(): the model has no KV cache; set one up first (setup_kv_cache)")
-        c = self.config
-        rows = self.kv_caches[0].batch_size + count
-        slots = self.kv_caches[0].max_seq_len
-        check_allocation(2 * len(self.blocks) * rows * c.n_kv_heads * slots * c.head_dim * self.kv_caches[0].k.itemsize,
+        rows, slots = self.kv_caches[0].batch_size + count, self.kv_caches[0].max_seq_len
+        check_allocation(rows * self._kv_row_bytes(slots, self.kv_caches[0].k.dtype),
                          f"a KV cache for {rows} sequence(s) of {slots} tokens", InputError,
                          "use fewer rows or a smaller max_seq_len")
         for cache in self.kv_caches:

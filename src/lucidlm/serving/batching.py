@@ -119,11 +119,11 @@ class Joining:
     room: int = JOIN_ROOM
     joined: int = 0
 
-    def take_joiners(self, run: BatchRun, leader: BatchMember, feeds: list[RowFeed]) -> None:
-        """Queue the waiting requests that fit ``run`` now into its ended rows, oldest first, and
-        point ``feeds`` (one a row) at their rows' feeds."""
+    def take_joiners(self, run: BatchRun, leader: BatchMember, feeds: list[RowFeed]) -> list[RowFeed]:
+        """Queue the waiting requests that fit ``run`` now into its free rows, oldest first, and
+        point ``feeds`` (one a row) at their rows' feeds; those new feeds."""
         if not self.turn.waiting or not run.free_rows():
-            return
+            return []
 
         def wanted(member: Any) -> bool:
             if not isinstance(member, BatchMember) or member.shared != leader.shared:
@@ -138,7 +138,9 @@ class Joining:
                 feeds[row] = feed
             return True
 
-        self.joined += len(self.turn.take_along(wanted, in_order=True))
+        taken = self.turn.take_along(wanted, in_order=True)
+        self.joined += len(taken)
+        return [feed for member in taken for feed in member.feeds]
 
 
 def start_batch(model: Any, members: list[BatchMember], on_end: Callable[[], None], worker: ModelWorker,
@@ -189,9 +191,7 @@ def _run(model: Any, members: list[BatchMember], on_end: Callable[[], None], joi
                 if feed.gone and run.results[i] is None:  # its client went away: end its row, the others go on
                     run.end_row(i)
             if joining is not None:
-                before = list(feeds)
-                joining.take_joiners(run, leader, feeds)
-                every_feed += [feed for i, feed in enumerate(feeds) if i >= len(before) or feed is not before[i]]
+                every_feed += joining.take_joiners(run, leader, feeds)
     except BaseException as exc:  # each request's thread answers it (a bug: its 500); none waits for ever
         for feed in every_feed:
             feed.fail(exc)
