@@ -32,6 +32,7 @@ from lucidlm.tokenizers.gguf_tokenizer import (  # noqa: F401  (re-exported: thi
     PRE_TOKENIZER_SPLITS, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, tokenizer_from_gguf_fields)
 from lucidlm.tokenizers.hf_decoder import plan_decoder
 from lucidlm.tokenizers.hf_files import tokenizer_from_file, with_bos_post_processor
+from lucidlm.tokenizers import long_text
 from lucidlm.tokenizers.regex_safety import check_backend_regexes
 from lucidlm.validation import Fields
 
@@ -102,6 +103,7 @@ class HFTokenizer(Tokenizer):
         self._subsets: dict[frozenset[str], Any] = {}  # allowed special tokens -> backend, oldest first
         self._bytes: dict[int, bytes] = {}  # id -> bytes, each built when first decoded
         self._added: Optional[dict[int, Any]] = None  # the backend's added tokens, read on first decode
+        self._cuts_safely: Optional[bool] = None  # whether long texts may go in pieces, read on first need
 
     # ----------------------------------------------------------------- constructors
 
@@ -155,18 +157,28 @@ class HFTokenizer(Tokenizer):
         keeps them too)."""
         if len(allowed) == len(self.special_tokens):  # all of them
             with self._lock:
-                return self._guarded(lambda: self._backend.encode(text, add_special_tokens=False).ids)
+                return self._guarded(lambda: self._ids(self._backend, text))
         if not allowed and self._switch_splits_specials:
             # the backend's own switch (what split_special_tokens=True sets): no copy of it
             with self._lock:
                 before = self._backend.encode_special_tokens
                 self._backend.encode_special_tokens = True
                 try:
-                    return self._guarded(lambda: self._backend.encode(text, add_special_tokens=False).ids)
+                    return self._guarded(lambda: self._ids(self._backend, text))
                 finally:
                     self._backend.encode_special_tokens = before
         backend = self._backend_allowing(allowed)
-        return self._guarded(lambda: backend.encode(text, add_special_tokens=False).ids)
+        return self._guarded(lambda: self._ids(backend, text))
+
+    def _ids(self, backend: Any, text: str) -> list[int]:
+        """``backend``'s ids for ``text``; a long text a piece at a time where the pieces give the
+        same ids (``long_text.py``: one call held ~135 bytes per byte of text)."""
+        if len(text) > long_text.LONG_TEXT_CHARS:
+            if self._cuts_safely is None:  # read once: a subset backend differs only in fewer added tokens
+                self._cuts_safely = long_text.cuts_safely(self._backend)
+            if self._cuts_safely:
+                return long_text.encode_in_pieces(backend, text)
+        return backend.encode(text, add_special_tokens=False).ids
 
     def _backend_allowing(self, allowed: frozenset[str]) -> Any:
         """A copy of the backend less the special tokens not in ``allowed``, so that those
