@@ -179,8 +179,8 @@ def test_what_may_join_and_when(smollm2_default):
     with pytest.raises(ValueError, match="already has a prompt"):
         joins.add(0, [1] * 5, 3)
     joins.rows = 2
-    pending, keep = joins.take()
-    assert [j.row for j in pending] == [0] and keep == 2 and joins.take() == ([], None)
+    pending, keep, shift = joins.take()
+    assert [j.row for j in pending] == [0] and keep == 2 and shift == 0 and joins.take() == ([], None, 0)
 
     short, long = ids_of(model, "Water boils at"), ids_of(model, PROMPTS[1])
     run = BatchRun(model, [short], greedy_request(model), [6], [[]], join_room=8, max_rows=2)
@@ -274,3 +274,114 @@ def test_a_joined_row_ends_at_the_context_end_as_it_does_alone(smollm2_default, 
         got = run.results[row]
         assert len(want.token_ids) == 40 - n and want.finish_reason == "length"
         assert (got.token_ids, got.finish_reason) == (want.token_ids, want.finish_reason), open_ended
+
+
+def test_rows_decode_their_alone_bits_across_a_slide(smollm2_default):
+    """Row 1 (the longest prompt, from slot 0) is taken over at step 4 by a shorter prompt; at
+    step 8 no row that goes on reads the first slots any more, and the batch slides left by
+    them, then a third prompt adds row 2. The cache is too short for 16 steps without the
+    slide. Every row's logits equal its alone's at every step, across the slide, to the bit."""
+    model = smollm2_default
+    first = [ids_of(model, PROMPTS[0]), ids_of(model, PROMPTS[1])]
+    L, steps = len(first[1]), 16
+    later = {4: (1, ids_of(model, PROMPTS[4])), 8: (2, ids_of(model, PROMPTS[5]))}
+    seen: dict[tuple[int, int], list[torch.Tensor]] = {}
+    owner = {0: 0, 1: 0}  # row -> the step its prompt joined at
+    shift = min(L - len(first[0]), L + 4 - len(later[4][1]))  # the first real slots of the rows that go on
+    assert shift >= 4
+    with DecodeSession(model, first, capacity=L + steps - shift, joinable=True) as session:
+        logits = session.prefill()
+        for t in range(steps):
+            for row, born in owner.items():
+                seen.setdefault((row, born), []).append(logits[row].clone())
+            logits = session.step(logits.argmax(-1))
+            if t + 1 == 8:
+                session.slide(shift)
+                assert session.next_slot == L + 8 - shift
+            if t + 1 in later:
+                row, ids = later[t + 1]
+                row_logits = session.join_row(row, ids)
+                logits = torch.cat([logits, row_logits[None]]) if row == len(logits) else logits.clone()
+                logits[row] = row_logits
+                owner[row] = t + 1
+    prompts = {(0, 0): first[0], (1, 0): first[1], (1, 4): later[4][1], (2, 8): later[8][1]}
+    for key, ids in prompts.items():
+        got = seen[key]
+        want = alone_logits(model, ids, len(got))
+        assert len(got) > 0 and all(torch.equal(g, w) for g, w in zip(got, want)), key
+
+
+def test_room_counts_the_slide_the_batch_allows(smollm2_default):
+    """A join may have the slots that no row going on reads (the slack), as long as its prompt
+    still fits before the clock after the slide, and no prompt queued before it loses the slide
+    it needs."""
+    joins = RowJoins(capacity=40)
+    joins.slot, joins.slack = 30, 12
+    assert (joins.room(10), joins.room(25), joins.room(30)) == (23, 16, 11)  # slides of 12, 5 and 0
+    joins.add(1, [1] * 10, 23)  # needs the whole slack
+    assert joins.room(25) == 0 and joins.room(5) == 23  # a 25-token prompt would allow a slide of 5 only
+    saved = joins.save()
+    joins.add(2, [1] * 5, 20)
+    joins.restore(saved)
+    pending, keep, shift = joins.take()
+    assert [j.row for j in pending] == [1] and keep is None and shift == 12
+    joins.add(1, [1] * 10, 11)  # fits without a slide: none made
+    assert joins.take()[2] == 0
+
+
+def test_a_batch_under_steady_joins_slides_and_each_answer_is_alone(smollm2_default, monkeypatch):
+    """Requests join one after another as rows end, into a batch whose cache holds a few more
+    slots than its first rows need: without slides the later ones could not join. Each result
+    is generate()'s on that request alone, with a repetition penalty and an n-gram ban, which
+    read each row's tokens by slot."""
+    model = smollm2_default
+    slides = []
+    slide = DecodeSession.slide
+    monkeypatch.setattr(DecodeSession, "slide", lambda self, shift: (slides.append(shift), slide(self, shift)))
+    # Row 1 decodes until its 40 tokens fill the cache but for 6 slots (min_new_tokens keeps EOS away:
+    # rows end on their budgets); the first slide comes while it runs, as far as its first real slot
+    # (one slot further would cut its prompt), the next once it has ended.
+    first = [("Once upon a time, in a small village,", 6, []), ("The capital of France is", 40, [])]
+    later = [(p, 14, []) for p in ("def fibonacci(n):", "List of planets: Mercury, Venus,", "Water boils at",
+                                   "The three primary colors are", "Hello, my name is", "The best way to learn is")]
+    options = dict(repetition_penalty=1.3, no_repeat_ngram_size=3, min_new_tokens=40)  # they read tokens by slot
+    done = run_with_joins(model, greedy_request(model, **options), first, later, max_rows=2, join_every=2, room=6)
+    assert len(slides) >= 2
+    for ((prompt, n, stop), _), got, text in done:
+        want = generate(model, prompt, max_new_tokens=n, stop=stop, temperature=0, **options)
+        assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, want.text, want.finish_reason), prompt
+
+
+MORE_PROMPTS = PROMPTS + ["Hi", "Hello, my name is", "The best way to learn is",
+                          "In 1492, Columbus sailed across the Atlantic Ocean to"]
+
+
+@pytest.mark.parametrize("seed", [2, 7, 9, 10])
+def test_random_schedules_that_slide_give_each_answer_alone(smollm2_default, monkeypatch, seed):
+    """Random first rows, budgets, cache room and join times (3 rows at most, rows ended by their
+    budgets: min_new_tokens keeps EOS away), each schedule sliding the batch two to four times,
+    rows decoding across several slides: every answer is generate()'s alone (with an n-gram ban,
+    which reads the rows' tokens by slot)."""
+    import random
+
+    model = smollm2_default
+    slides = []
+    slide = DecodeSession.slide
+    monkeypatch.setattr(DecodeSession, "slide", lambda self, shift: (slides.append(shift), slide(self, shift)))
+    rng = random.Random(seed)
+    first = [(rng.choice(MORE_PROMPTS), rng.randint(3, 60)) for _ in range(rng.randint(2, 3))]
+    later = [(rng.choice(MORE_PROMPTS), rng.randint(5, 30)) for _ in range(12)]
+    options = dict(min_new_tokens=60, no_repeat_ngram_size=3)
+    run = BatchRun(model, [ids_of(model, p) for p, _ in first], greedy_request(model, **options),
+                   [n for _, n in first], [[] for _ in first], join_room=rng.randint(1, 8), max_rows=3)
+    owner = dict(enumerate(first))
+    done, every = [], rng.randint(1, 3)
+    for step, pieces in enumerate(run.pieces()):
+        done += [(owner[piece.row], piece.result) for piece in pieces if piece.result is not None]
+        if later and step % every == 0:
+            rows = run.join([ids_of(model, later[0][0])], [later[0][1]], [[]])
+            if rows is not None:
+                owner[rows[0]] = later.pop(0)
+    assert len(slides) >= 2 and len(done) >= 8
+    for (prompt, n), got in done:
+        assert got.token_ids == generate(model, prompt, max_new_tokens=n, temperature=0, **options).token_ids, prompt

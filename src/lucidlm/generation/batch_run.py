@@ -13,8 +13,9 @@ reaches past that ends earlier than it would alone (``fits_together`` says wheth
 
 With ``join_room``, new prompts may join while the batch runs (``join``; continuous batching,
 ``row_joins.py``): each takes over a row that has ended, or adds a row while the batch has fewer
-than ``max_rows``. The cache gets ``join_room`` more slots than the batch's first rows need,
-and a joined row is its own request from then on, with its own budget, stops, text and result.
+than ``max_rows``. The cache gets ``join_room`` more slots than the batch's first rows need
+(and slides left when a join needs room past its end), and a joined row is its own request
+from then on, with its own budget, stops, text and result.
 """
 
 from __future__ import annotations
@@ -120,21 +121,22 @@ class BatchRun:
         free = self.free_rows()
         if self.joins is None or len(rows) > len(free):
             return None
-        budgets = []
+        taken, budgets = free[:len(rows)], []
         context = self.model.config.max_seq_len
-        for row, n in zip(rows, max_new_tokens):
+        saved = self.joins.save()  # each row queued as it is checked: a prompt may narrow the slide the next gets
+        for i, row, n in zip(taken, rows, max_new_tokens):
             # cut to the context as alone (fit_to_context): a row's last token is never fed back, so
             # room reaches one slot past a cache as long as the context, one token more than alone gets
             n = min(n, context - len(row))
             room = self.joins.room(len(row))
             whole_context = self.joins.capacity == context
             if room == 0 or n <= 0 or (n > room and not (open_ended and whole_context)):
+                self.joins.restore(saved)
                 return None
             budgets.append(min(n, room))
+            self.joins.add(i, list(row), budgets[-1])
         now = time.perf_counter() - self._clock
-        taken = free[:len(rows)]
         for i, row, n, stop in zip(taken, rows, budgets, stops):
-            self.joins.add(i, list(row), n)
             self.live = max(self.live, i + 1)
             if i == len(self.rows):  # a new row
                 for per_row in (self.rows, self.max_new, self.outputs, self.assemblers, self.reasons, self.results,

@@ -303,6 +303,26 @@ class DecodeSession:
         self.batch_size = count
 
     @torch.inference_mode()
+    def slide(self, shift: int) -> None:
+        """Move every row's slots ``shift`` to the left (``row_joins.py``: no row that goes on
+        reads the slots before ``shift``, and a prompt joining needs room at the end), with their
+        mask: positions count a row's real slots, so a row that goes on keeps its own. The
+        freed slots at the end are real, as decoded slots are; the next token goes ``shift``
+        slots earlier. A row whose real slots began earlier has ended: what it reads no longer
+        matters."""
+        if not self.joinable or not 0 < shift < self.next_slot:
+            raise GenerationError(f"DecodeSession.slide({shift}): needs a joinable session and 0 < shift < "
+                                  f"{self.next_slot} (the next free slot)")
+        self._check_owner()
+        self.model.shift_kv_slots(shift, self.next_slot)
+        mask = self.attention_mask  # (B, S)
+        mask[:, :-shift] = mask[:, shift:].clone()
+        mask[:, -shift:] = True
+        self.next_slot -= shift
+        self.input_pos -= shift  # on the device, as step() bumps it
+        self.prompt_len = max(self.prompt_len - shift, 0)  # step() bumps input_pos once past it
+
+    @torch.inference_mode()
     def step(self, next_ids: torch.Tensor) -> torch.Tensor:
         """Feed one new token per row (B,); logits (B, V) for the token after it."""
         # Python-side counts only: nothing is read back from the device. Past the end, a
@@ -431,12 +451,15 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
     for i, row in enumerate(rows):
         seen[i, :L] = torch.tensor([row[0]] * (L - len(row)) + list(row), dtype=torch.long)
     seen = seen.to(model.device)
-    # each row's padding columns (B, 1): n-grams and sequences the processors match must not span them
-    padding = torch.tensor([[L - len(row)] for row in rows], device=model.device) \
-        if any(len(row) < L for row in rows) or joins is not None else None
+    # each row's padding columns, its first real slot: n-grams and sequences the processors match must not
+    # span them (padding (B, 1) on the device); on the host, the joins' slack
+    starts = [L - len(row) for row in rows]
+    padding = torch.tensor([[start] for start in starts], device=model.device) if any(starts) or joins is not None \
+        else None
     readback = TokenReadback(seen.device, B, capacity + 1 - L)
     born = [0] * B  # the step of each row's first token (a joined row's: the step it joined at)
     limit = max_new_tokens  # steps to run: the furthest a row's budget reaches
+    moved = 0  # slots the batch has slid left (joins): step t's token goes to slot L + t - moved
     with DecodeSession(model, rows, capacity=capacity, pad_id=pad_id, steady=lookahead or steady, reuse=reuse,
                        joinable=joins is not None, reserve_rows=joins.max_rows if joins is not None else 0) as session:
         logits = session.prefill()
@@ -445,25 +468,28 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
             with torch.inference_mode():
                 if t < max(born) + min_new_tokens:
                     logits = suppress(logits, eos_ids, [i for i in range(B) if t < born[i] + min_new_tokens])
-                next_ids = sample_next(logits, settings, seen[:, :L + t], generator, recorder, padding, L)  # (B,)
-                seen[:, L + t] = next_ids
+                next_ids = sample_next(logits, settings, seen[:, :L + t - moved], generator, recorder, padding,
+                                       max(L - moved, 0))  # (B,)
+                seen[:, L + t - moved] = next_ids
             sent = readback.send(t, next_ids)  # before the next step is queued behind the ids
             last = t + 1 == limit  # the last token is never fed back: no forward pass for it
             if lookahead and not last:
                 logits = session.step(next_ids)  # queued on the device; the caller's read overlaps it
             if joins is not None:
-                joins.slot = L + t + 1  # a row joining now gets its first token at the next step
+                joins.slot = L + t + 1 - moved  # a row joining now gets its first token at the next step
+                going_on = [start for start, done in zip(starts, finished[:B].tolist()) if not done]
+                joins.slack = min(going_on, default=joins.slot)
             try:
                 yield readback.receive(*sent)
             except GeneratorExit:
                 if reuse is not None and bool(finished.all()):  # the caller ended the row: a normal end
                     session.keep(seen[0, :session.next_slot])
                 raise
-            joined, keep = joins.take() if joins is not None else ([], None)
+            joined, keep, shift = joins.take() if joins is not None else ([], None, 0)
             if keep is not None and keep < B:  # the last rows have ended: decode the others only
                 B = keep
                 session.keep_rows(B)
-                next_ids, seen, padding, born = next_ids[:B], seen[:B], padding[:B], born[:B]
+                next_ids, seen, born, starts = next_ids[:B], seen[:B], born[:B], starts[:B]
             if joined:
                 limit = max(limit, t + 1 + max(join.max_new_tokens for join in joined))
             elif last or bool(finished.all()):
@@ -473,22 +499,31 @@ def sample_rows(model: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, 
             if not lookahead:
                 logits = session.step(next_ids)
             t += 1
+            if shift:  # the joins need room at the cache's end: every row's slots move left (row_joins.py)
+                session.slide(shift)
+                moved += shift
+                with torch.inference_mode():
+                    seen[:, :-shift] = seen[:, shift:].clone()
+                starts = [max(start - shift, 0) for start in starts]  # a row that began earlier has ended
             for join in sorted(joined, key=lambda join: join.row):  # new rows in order, at the end
-                # after the step, which wrote slot L + t - 1 of every row, the row taken over too
+                # after the step, which wrote slot L + t - moved - 1 of every row, the row taken over too
                 with torch.inference_mode():
                     row_logits = session.join_row(join.row, join.ids)  # (V,)
-                    n = len(join.ids)
-                    row_seen = torch.tensor([join.ids[0]] * (L + t - n) + join.ids, device=seen.device)  # (L + t,)
+                    n, end = len(join.ids), L + t - moved
+                    row_seen = torch.tensor([join.ids[0]] * (end - n) + join.ids, device=seen.device)  # (end,)
                     if join.row == B:  # a new row
                         logits = torch.cat([logits, row_logits[None]])
-                        seen, padding = torch.cat([seen, seen[:1]]), torch.cat([padding, padding[:1]])
+                        seen = torch.cat([seen, seen[:1]])
                         born.append(t)
+                        starts.append(0)
                         B += 1
                         readback.make_room(B)
                     logits[join.row] = row_logits
-                    seen[join.row, :L + t] = row_seen
-                    padding[join.row] = L + t - n
+                    seen[join.row, :end] = row_seen
                 born[join.row] = t
+                starts[join.row] = end - n
+            if joins is not None and (joined or shift or keep is not None):
+                padding = torch.tensor([[start] for start in starts], device=model.device)  # (B, 1)
 
 
 class TokenReadback:
@@ -518,7 +553,9 @@ class TokenReadback:
         """Start moving step ``t``'s ids (B,) to the host; what ``receive`` takes."""
         if self.host is None:
             return ids, None
-        row = self.host[t, :ids.shape[0]]  # a batch whose last rows ended has fewer ids (continuous batching)
+        # a batch that slides (continuous batching) runs past its steps: the rows come round again, each
+        # copy received before the next is sent; one whose last rows ended has fewer ids
+        row = self.host[t % self.host.shape[0], :ids.shape[0]]
         row.copy_(ids, non_blocking=True)  # queued on the ids' device's current stream
         copied = torch.cuda.Event()
         copied.record(torch.cuda.current_stream(ids.device))  # that stream, also when another GPU is current

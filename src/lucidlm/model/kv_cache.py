@@ -87,6 +87,13 @@ class KVCache(nn.Module):
         rows later reuses the room."""
         self.k, self.v = self.k[:count], self.v[:count]
 
+    def shift_slots(self, shift: int, end: int) -> None:
+        """Move every row's slots ``shift``..``end``-1 to 0..``end - shift``-1: a batch under way
+        drops slots that no row still decoding reads, so that prompts joining it find room at
+        the end. The two ranges overlap, so the source is copied first."""
+        for cache in (self.k, self.v):
+            cache[:, :, :end - shift] = cache[:, :, shift:end].clone()
+
     def copy_slots(self, row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A copy of row ``row``'s first ``length`` slots, k and v (n_kv, length, hd) each, for
         ``write_slots`` to put back (a prompt that joins a batch under way runs in row 0 first)."""

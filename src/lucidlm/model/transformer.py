@@ -434,6 +434,12 @@ class Transformer(nn.Module):
         if self._steady is not None:
             self._steady.clear()
 
+    def shift_kv_slots(self, shift: int, end: int) -> None:
+        """Move every row's slots ``shift``..``end``-1 to the cache's start, in every layer
+        (``KVCache.shift_slots``); in place, so a steady run's kept operands still hold."""
+        for cache in self.kv_caches or ():
+            cache.shift_slots(shift, end)
+
     def copy_kv_slots(self, row: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's copy of cache row ``row``'s first ``length`` slots (``KVCache.copy_slots``)."""
         return [cache.copy_slots(row, length) for cache in self.kv_caches or ()]

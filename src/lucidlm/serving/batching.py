@@ -6,8 +6,10 @@ left-padded batch (``generation/batch_run.py``). While it runs, a request that a
 over rows that have ended (continuous batching, as llama-server's slots; ``Joining``,
 ``generation/row_joins.py``), if it fits: its prompt no longer than the batch has run, its
 budget within the batch's cache, which has ``JOIN_ROOM`` slots more than its first rows
-need. The batch takes waiting requests oldest first and stops at the first it cannot take,
-which then leads the next batch: nothing waits behind requests that came after it.
+need, and slides left when the rows that read its first slots have ended (so under steady
+load a batch goes on taking requests). The batch takes waiting requests oldest first and
+stops at the first it cannot take, which then leads the next batch: nothing waits behind
+requests that came after it.
 ``--no-cont-batching`` turns joining off (static batching: a request that arrives while a
 batch runs waits for the next one).
 
