@@ -385,3 +385,25 @@ def test_random_schedules_that_slide_give_each_answer_alone(smollm2_default, mon
     assert len(slides) >= 2 and len(done) >= 8
     for (prompt, n), got in done:
         assert got.token_ids == generate(model, prompt, max_new_tokens=n, temperature=0, **options).token_ids, prompt
+
+
+def test_a_prompt_that_asks_to_join_as_the_cache_fills_does_not_fail_the_batch(smollm2_default):
+    """A joined row whose answer reaches one slot past the cache (its budget is all the room it
+    had) is at its last token: the step that would take a join now feeds that token at the
+    cache's end, which no slide made before it can move. A prompt asking to join then (the
+    slack is the ended row's first slot, so the slide looks possible) waits for the next batch
+    instead of failing the step, and every answer is still alone's."""
+    model = smollm2_default
+    lead, joiner, late = ids_of(model, PROMPTS[1]), ids_of(model, "Water boils at"), ids_of(model, "Hi")
+    run = BatchRun(model, [lead], greedy_request(model, min_new_tokens=100), [6], [[]], join_room=4, max_rows=2)
+    row, asked = None, None
+    for step, _ in enumerate(run.pieces()):
+        if step == 1:
+            room = run.joins.room(len(joiner))
+            row = run.join([joiner], [room], [[]])[0]
+        elif row is not None and asked is None and run.results[row] is not None:
+            assert run.joins.slot == run.joins.capacity + 1 and run.joins.slack > 0  # its last token at the end
+            asked = run.join([late], [1], [[]])
+    assert asked is None
+    want = generate(model, "Water boils at", max_new_tokens=room, temperature=0, min_new_tokens=100)
+    assert run.results[row].token_ids == want.token_ids

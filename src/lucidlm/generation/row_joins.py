@@ -60,6 +60,8 @@ class RowJoins:
         back, so tokens reach one slot past the cache."""
         if self.slot is None or not 0 < prompt_len <= self.slot:
             return 0
+        if self.slot > self.capacity:  # the step that takes a join would feed a row's token past the cache's
+            return 0  # end, before any slide: a row's last token is there, every row ends now
         if not self.slides:
             return max(self.capacity + 1 - self.slot, 0)
         shift = min(self.slack, self.slot - prompt_len, self._most if self._pending else self.slack)
