@@ -175,3 +175,20 @@ def _with_switch(backend: Tokenizer, run):
         return run()
     finally:
         backend.encode_special_tokens = False
+
+
+def test_an_lstrip_token_that_nfc_starts_with_a_letter_encodes_whole(smollm2_tokenizer, monkeypatch):
+    """A token flagged normalized is matched as its content normalized: NFC makes the Kelvin sign
+    an ASCII "K", so "\\u212aelvin" with lstrip takes the newline before a line's "Kelvin" in the
+    whole text, which a piece starting at "Kelvin" has not."""
+    backend = Tokenizer.from_str(smollm2_tokenizer.backend.to_str())
+    backend.normalizer = normalizers.NFC()
+    backend.add_tokens([AddedToken("\u212aelvin", lstrip=True, normalized=True)])
+    text = "Temperature.\nKelvin scale.\n" * 4
+    whole = backend.encode(text, add_special_tokens=False).ids
+    parts = long_text.pieces(text, 8)
+    assert len(parts) > 1 and [i for part in parts for i in backend.encode(part, add_special_tokens=False).ids] != whole
+    assert not long_text.cuts_safely(backend)
+    monkeypatch.setattr(long_text, "LONG_TEXT_CHARS", 16)
+    monkeypatch.setattr(long_text, "PIECE_CHARS", 8)
+    assert HFTokenizer(backend).encode(text) == whole

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from typing import Any
 
 from lucidlm.tokenizers.gguf_tokenizer import PRE_TOKENIZER_SPLITS
@@ -62,8 +63,15 @@ def cuts_safely(backend: Any) -> bool:
                     and last.get("type") == "ByteLevel" and last.get("use_regex") is False)
     if not regex_ok or steps[-1].get("add_prefix_space"):
         return False
-    return not any("\n" in t.content or (t.lstrip and t.content[:1].isascii() and t.content[:1].isalpha())
-                   for t in backend.get_added_tokens_decoder().values())
+    # A token flagged normalized is matched in the normalized text, as its own content normalized:
+    # NFC makes the Kelvin sign "\u212a" an ASCII "K", so "\u212aelvin" with lstrip takes the newline
+    # before a line's "Kelvin" in the whole text but not at a piece's start.
+    contents = [(t.content, t.lstrip) for t in backend.get_added_tokens_decoder().values()]
+    if normalizer:
+        contents += [(unicodedata.normalize("NFC", t.content), t.lstrip)
+                     for t in backend.get_added_tokens_decoder().values() if t.normalized]
+    return not any("\n" in content or (lstrip and content[:1].isascii() and content[:1].isalpha())
+                   for content, lstrip in contents)
 
 
 def pieces(text: str, size: int) -> list[str]:
