@@ -177,14 +177,18 @@ def _with_switch(backend: Tokenizer, run):
         backend.encode_special_tokens = False
 
 
-def test_an_lstrip_token_that_nfc_starts_with_a_letter_encodes_whole(smollm2_tokenizer, monkeypatch):
-    """A token flagged normalized is matched as its content normalized: NFC makes the Kelvin sign
-    an ASCII "K", so "\\u212aelvin" with lstrip takes the newline before a line's "Kelvin" in the
-    whole text, which a piece starting at "Kelvin" has not."""
+
+@pytest.mark.parametrize("token, text", [("\u212aelvin", "Temperature.\nKelvin scale.\n"),
+                                         ("\u00e9t\u00e9", "Summer.\ne\u0301te\u0301 is hot.\n")])
+def test_an_lstrip_token_that_nfc_matches_at_a_letter_encodes_whole(smollm2_tokenizer, token, text, monkeypatch):
+    """A token flagged normalized is matched in the NFC text as its content made NFC, which can
+    start at a line's first ASCII letter though its own first character is none: the Kelvin sign
+    is "K"; "e" and U+0301 become "é". With lstrip it takes the newline before that letter in the
+    whole text, which a piece starting at the letter has not."""
     backend = Tokenizer.from_str(smollm2_tokenizer.backend.to_str())
     backend.normalizer = normalizers.NFC()
-    backend.add_tokens([AddedToken("\u212aelvin", lstrip=True, normalized=True)])
-    text = "Temperature.\nKelvin scale.\n" * 4
+    backend.add_tokens([AddedToken(token, lstrip=True, normalized=True)])
+    text *= 4
     whole = backend.encode(text, add_special_tokens=False).ids
     parts = long_text.pieces(text, 8)
     assert len(parts) > 1 and [i for part in parts for i in backend.encode(part, add_special_tokens=False).ids] != whole

@@ -63,12 +63,13 @@ def cuts_safely(backend: Any) -> bool:
                     and last.get("type") == "ByteLevel" and last.get("use_regex") is False)
     if not regex_ok or steps[-1].get("add_prefix_space"):
         return False
-    # A token flagged normalized is matched in the normalized text, as its own content normalized:
-    # NFC makes the Kelvin sign "\u212a" an ASCII "K", so "\u212aelvin" with lstrip takes the newline
-    # before a line's "Kelvin" in the whole text but not at a piece's start.
+    # A token flagged normalized is matched in the NFC text, as its content made NFC: one whose
+    # decomposed form starts with an ASCII letter (the Kelvin sign "\u212a" is "K"; "é" is "e" and
+    # U+0301) can start at a line's first letter ("Kelvin", or "e" and U+0301 that NFC makes "é")
+    # and, with lstrip, take the newline before it in the whole text but not at a piece's start.
     contents = [(t.content, t.lstrip) for t in backend.get_added_tokens_decoder().values()]
     if normalizer:
-        contents += [(unicodedata.normalize("NFC", t.content), t.lstrip)
+        contents += [(unicodedata.normalize("NFD", t.content), t.lstrip)
                      for t in backend.get_added_tokens_decoder().values() if t.normalized]
     return not any("\n" in content or (lstrip and content[:1].isascii() and content[:1].isalpha())
                    for content, lstrip in contents)
