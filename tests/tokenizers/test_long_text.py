@@ -17,9 +17,8 @@ from lucidlm.weights.gguf import open_gguf, read_metadata, tokenizer_from_metada
 
 from tokenizer_assets import shared_file
 
-# The pre-tokenizer names whose regexes long_text.py vouches for: GPT-2's (smollm) and each of
-# gguf_tokenizer.PRE_TOKENIZER_SPLITS' five.
-SPLIT_NAMES = ["smollm", "llama-bpe", "qwen2", "qwen35", "gpt-4o", "tekken"]
+# The pre-tokenizer names whose regexes long_text.py vouches for: GPT-2's (smollm) and VOUCHED_SPLITS.
+SPLIT_NAMES = ["smollm", *long_text.VOUCHED_SPLITS]
 # Fragments for random texts: every kind of whitespace run, newlines after and before every kind of
 # character, contractions, digits, marks, special-token text.
 FRAGMENTS = ["\n", "\n\n", "\r\n", "\r", " ", "  ", "\t", " \n", "a", "Hello", "B", "z.", "x,", "1", "234", "'s", "'LL",
