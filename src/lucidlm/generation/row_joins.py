@@ -64,10 +64,15 @@ class RowJoins:
             return 0  # end, before any slide: a row's last token is there, every row ends now
         if not self.slides:
             return max(self.capacity + 1 - self.slot, 0)
-        shift = min(self.slack, self.slot - prompt_len, self._most if self._pending else self.slack)
+        shift = self._slide_with(prompt_len)
         if shift < self._least:
             return 0
         return max(self.capacity + 1 - self.slot + shift, 0)
+
+    def _slide_with(self, prompt_len: int) -> int:
+        """The furthest slide allowed with a prompt of ``prompt_len`` tokens queued too: the
+        slack, the prompts queued before, and its own prompt before the clock after it."""
+        return min(self.slack, self.slot - prompt_len, self._most if self._pending else self.slack)
 
     def add(self, row: int, ids: list[int], max_new_tokens: int) -> None:
         if not 0 < max_new_tokens <= self.room(len(ids)):
@@ -75,7 +80,7 @@ class RowJoins:
                              f"{self.slot} of a {self.capacity}-slot batch (room: {self.room(len(ids))})")
         if any(join.row == row for join in self._pending):
             raise ValueError(f"row {row} already has a prompt waiting to join")
-        self._most = min(self.slack, self.slot - len(ids), self._most if self._pending else self.slack)
+        self._most = self._slide_with(len(ids))
         self._least = max(self._least, self.slot + max_new_tokens - 1 - self.capacity)
         self._pending.append(Join(row, list(ids), max_new_tokens))
 

@@ -13,9 +13,9 @@ ASCII character and comes before an ASCII letter. Byte-level BPE never merges ac
 and the pre-tokenizer's regex (GPT-2's, or one of ``VOUCHED_SPLITS`` in
 ``gguf_tokenizer.PRE_TOKENIZER_SPLITS``: Llama 3, Qwen 2 and 3.5, GPT-4o, tekken) has no
 lookbehind or anchor, so from the cut on it matches the same chunks with or without the text
-before. Before the cut, in each regex no
-chunk runs from a newline into a letter (``\\s+(?!\\S)`` and ``\\s*[\\r\\n]+`` stop at it; a
-letter run takes no newline before it; a punctuation run's ``[\\r\\n]*`` tail ends at it), and
+before. Before the cut, in each regex no chunk runs from a newline into a letter
+(``\\s+(?!\\S)`` and ``\\s*[\\r\\n]+`` stop at it; a letter run takes no newline before it;
+a punctuation run's ``[\\r\\n]*`` tail ends at it), and
 the newline, following a character that is not whitespace, is a whitespace run of one: in the
 piece, where the text ends after it, it is the same chunk. After a space or ``\\r`` it would not
 be (``" \\n"`` at the end of a piece is one chunk, but ``" "`` and ``"\\n"`` before a letter), so
@@ -72,10 +72,10 @@ def cuts_safely(backend: Any) -> bool:
     # decomposed form starts with an ASCII letter (the Kelvin sign "\u212a" is "K"; "é" is "e" and
     # U+0301) can start at a line's first letter ("Kelvin", or "e" and U+0301 that NFC makes "é")
     # and, with lstrip, take the newline before it in the whole text but not at a piece's start.
-    contents = [(t.content, t.lstrip) for t in backend.get_added_tokens_decoder().values()]
+    added = backend.get_added_tokens_decoder().values()
+    contents = [(t.content, t.lstrip) for t in added]
     if normalizer:
-        contents += [(unicodedata.normalize("NFD", t.content), t.lstrip)
-                     for t in backend.get_added_tokens_decoder().values() if t.normalized]
+        contents += [(unicodedata.normalize("NFD", t.content), t.lstrip) for t in added if t.normalized]
     return not any("\n" in content or (lstrip and content[:1].isascii() and content[:1].isalpha())
                    for content, lstrip in contents)
 
